@@ -1,0 +1,83 @@
+"""The SlurmClient protocol: everything slurmgpu asks of Slurm, and the errors it raises.
+
+Implementations: ``slurmgpu.slurm.cli.CliSlurmClient`` (squeue/sinfo/scontrol JSON),
+``slurmgpu.slurm.pyslurm.PySlurmClient`` (optional) and ``slurmgpu.sim`` (virtual time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Protocol, runtime_checkable
+
+from slurmgpu.model import Job, Node
+
+
+class SlurmError(Exception):
+    """Base class of every error raised through the SlurmClient seam."""
+
+
+class SlurmUnavailableError(SlurmError):
+    """slurmctld did not answer (down, slow, or the command timed out)."""
+
+
+class SlurmParseError(SlurmError):
+    """Slurm answered with output we cannot understand (malformed or unknown format)."""
+
+
+class SlurmCommandError(SlurmError):
+    """Slurm understood the request and refused it (bad job id, permission denied…)."""
+
+    def __init__(self, message: str, *, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
+@runtime_checkable
+class SlurmClient(Protocol):
+    """What slurmgpu needs from Slurm. One call returns all jobs or all nodes."""
+
+    def version(self) -> str:
+        """Return the Slurm release, e.g. ``"22.05.8"``."""
+        ...
+
+    def jobs(self) -> list[Job]:
+        """Return every job slurmctld knows (one squeue call, never one per job)."""
+        ...
+
+    def nodes(self) -> list[Node]:
+        """Return every node (one sinfo call)."""
+        ...
+
+    def submit(
+        self,
+        sbatch_args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> int:
+        """Submit with sbatch (arguments passed as a list, never through a shell)."""
+        ...
+
+    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+        """``scontrol update JobId=J K=V…``."""
+        ...
+
+    def hold(self, job_id: str | int) -> None: ...
+
+    def release(self, job_id: str | int) -> None: ...
+
+    def requeue(self, job_id: str | int, *, hold: bool = False) -> None:
+        """Requeue a job (``requeuehold`` when ``hold``); address array tasks as ``A_i``."""
+        ...
+
+    def signal(self, job_id: str | int, signal: str, *, batch_only: bool = False) -> None: ...
+
+    def cancel(self, job_id: str | int) -> None: ...
+
+    def set_array_throttle(self, array_job_id: int, max_running: int) -> None:
+        """``scontrol update JobId=A ArrayTaskThrottle=N`` (0 = unlimited)."""
+        ...
+
+    def set_time_limit(self, job_id: str | int, limit: timedelta) -> None: ...
