@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Install what slurmgpu's demo and tests need on a Debian 12/13 machine (run as root):
+# Debian's Slurm (slurm-wlm) and MUNGE, a Python >= 3.11 with venv, and the project
+# itself in .venv with its dev extras. Safe to run again: it skips what is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v slurmctld-wlm >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld-wlm ] || need_apt+=(slurm-wlm)
+command -v sinfo >/dev/null 2>&1 || need_apt+=(slurm-client)
+[ -x /usr/sbin/munged ] || need_apt+=(munge)
+
+PY=""
+for cand in python3.13 python3.12 python3.11 python3; do
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    PY=$(command -v "$cand"); break
+  fi
+done
+[ -n "$PY" ] || need_apt+=(python3 python3-venv python3-pip)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: need root to install: ${need_apt[*]}" >&2; exit 1
+  fi
+  echo "bootstrap: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+[ -n "$PY" ] || PY=$(command -v python3)
+
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v -i -E 'warning|^\s*$' || true
+.venv/bin/python -c 'import slurmgpu' || { echo "bootstrap: install failed" >&2; exit 1; }
+echo "bootstrap: ready ($(.venv/bin/sgpu --version), $(/usr/sbin/slurmctld-wlm -V 2>/dev/null || echo 'slurm ?'))"

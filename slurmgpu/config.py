@@ -1,0 +1,255 @@
+"""TOML configuration → validated, typed settings, with errors that name file, line and key.
+
+Example (every key is optional; these are the defaults)::
+
+    [daemon]
+    poll_interval = "30s"
+    max_backoff = "5m"
+    database = "sqlite:////var/lib/slurmgpu/state.db"
+    listen = "127.0.0.1:8787"
+    mode = "advise"            # observe | advise | enforce
+    vanish_after_cycles = 2
+
+    [slurm]
+    backend = "auto"           # auto | cli | pyslurm
+    command_timeout = "30s"
+    cluster = ""               # label stored with every job; default: ClusterName
+
+Precedence: command-line options > environment (``SGPU_DB``, ``SGPU_CONFIG``) > file >
+defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG_PATH = Path("/etc/slurmgpu/config.toml")
+MODES = ("observe", "advise", "enforce")
+BACKENDS = ("auto", "cli", "pyslurm")
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased as one line a user can act on."""
+
+    def __init__(self, message: str, *, path: Path | None = None, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.reason = message
+        where = ""
+        if path is not None:
+            where = f" in {path}" + (f", line {line}" if line else "")
+        super().__init__(f"config error{where}: {message}")
+
+
+def parse_duration(text: str | int | float) -> timedelta:
+    """Return the timedelta of ``"30s"``, ``"5m"``, ``"1h30m"``, ``"2d"`` or a number of seconds.
+
+    >>> parse_duration("1h30m")
+    datetime.timedelta(seconds=5400)
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a duration")
+    if isinstance(text, int | float):
+        if text < 0:
+            raise ValueError(f"{text!r} is negative")
+        return timedelta(seconds=text)
+    s = text.strip().lower()
+    if not s:
+        raise ValueError("empty duration")
+    if re.fullmatch(r"\d+(?:\.\d+)?", s):
+        return timedelta(seconds=float(s))
+    pos = 0
+    total = 0.0
+    for m in _DURATION_PART.finditer(s):
+        if m.start() != pos and s[pos : m.start()].strip():
+            break
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if pos == 0 or s[pos:].strip():
+        raise ValueError(f'{text!r} is not a duration like "30s", "5m" or "1h30m"')
+    return timedelta(seconds=total)
+
+
+def default_database_url() -> str:
+    """Return the default SQLite URL: system-wide for root, per-user otherwise."""
+    if os.geteuid() == 0:
+        return "sqlite:////var/lib/slurmgpu/state.db"
+    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    return f"sqlite:///{state / 'slurmgpu' / 'state.db'}"
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSettings:
+    poll_interval: timedelta = timedelta(seconds=30)
+    max_backoff: timedelta = timedelta(minutes=5)
+    database: str = field(default_factory=default_database_url)
+    listen: str = "127.0.0.1:8787"
+    mode: str = "advise"
+    vanish_after_cycles: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSettings:
+    backend: str = "auto"
+    command_timeout: timedelta = timedelta(seconds=30)
+    cluster: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every setting slurmgpu reads, validated."""
+
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    source: Path | None = None
+
+    def with_database(self, url: str) -> Settings:
+        return replace(self, daemon=replace(self.daemon, database=url))
+
+
+def _key_line(text: str, table: str, key: str) -> int | None:
+    """Return the 1-based line where ``key`` is set inside ``[table]`` (best effort)."""
+    current = ""
+    header = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$")
+    assign = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    for number, line in enumerate(text.splitlines(), start=1):
+        h = header.match(line)
+        if h:
+            current = h.group(1)
+            continue
+        if current == table and assign.match(line):
+            return number
+    for number, line in enumerate(text.splitlines(), start=1):
+        h = header.match(line)
+        if h and h.group(1) == table:
+            return number
+    return None
+
+
+class _Reader:
+    """Reads one table of the TOML document, turning problems into ConfigError."""
+
+    def __init__(self, doc: dict[str, Any], text: str, path: Path | None, table: str) -> None:
+        raw = doc.get(table, {})
+        self.text = text
+        self.path = path
+        self.table = table
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"[{table}] must be a table", path=path, line=_key_line(text, "", table)
+            )
+        self.raw: dict[str, Any] = dict(raw)
+
+    def _fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(
+            f"{self.table}.{key} {message}",
+            path=self.path,
+            line=_key_line(self.text, self.table, key),
+        )
+
+    def duration(
+        self, key: str, default: timedelta, *, minimum: timedelta | None = None
+    ) -> timedelta:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        try:
+            d = parse_duration(value)
+        except ValueError:
+            raise self._fail(key, f'must be a duration like "30s", not {value!r}') from None
+        if minimum is not None and d < minimum:
+            raise self._fail(key, f"must be at least {minimum.total_seconds():g}s")
+        return d
+
+    def string(self, key: str, default: str, *, choices: tuple[str, ...] | None = None) -> str:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, str):
+            raise self._fail(key, f"must be a string, not {value!r}")
+        if choices is not None and value not in choices:
+            raise self._fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
+        return value
+
+    def integer(self, key: str, default: int, *, minimum: int = 0) -> int:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self._fail(key, f"must be an integer >= {minimum}, not {value!r}")
+        return value
+
+    def finish(self) -> None:
+        if self.raw:
+            key = sorted(self.raw)[0]
+            raise self._fail(key, "is not a known setting (check the spelling)")
+
+
+def parse_settings(text: str, path: Path | None = None) -> Settings:
+    """Return validated Settings from TOML text, or raise ConfigError naming line and key."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise ConfigError(
+            f"not valid TOML: {exc}", path=path, line=int(m.group(1)) if m else None
+        ) from None
+    unknown = sorted(set(doc) - {"daemon", "slurm", "policy", "agent", "notify", "report"})
+    if unknown:
+        raise ConfigError(
+            f"[{unknown[0]}] is not a known section",
+            path=path,
+            line=_key_line(text, unknown[0], ""),
+        )
+    d = _Reader(doc, text, path, "daemon")
+    daemon = DaemonSettings(
+        poll_interval=d.duration(
+            "poll_interval", timedelta(seconds=30), minimum=timedelta(seconds=1)
+        ),
+        max_backoff=d.duration("max_backoff", timedelta(minutes=5), minimum=timedelta(seconds=1)),
+        database=d.string("database", default_database_url()),
+        listen=d.string("listen", "127.0.0.1:8787"),
+        mode=d.string("mode", "advise", choices=MODES),
+        vanish_after_cycles=d.integer("vanish_after_cycles", 2, minimum=1),
+    )
+    d.finish()
+    s = _Reader(doc, text, path, "slurm")
+    slurm = SlurmSettings(
+        backend=s.string("backend", "auto", choices=BACKENDS),
+        command_timeout=s.duration(
+            "command_timeout", timedelta(seconds=30), minimum=timedelta(seconds=1)
+        ),
+        cluster=s.string("cluster", ""),
+    )
+    s.finish()
+    return Settings(daemon=daemon, slurm=slurm, source=path)
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Return settings from ``path``, ``$SGPU_CONFIG`` or /etc/slurmgpu/config.toml if present.
+
+    ``$SGPU_DB`` overrides the database URL from the file.
+    """
+    explicit = path is not None or "SGPU_CONFIG" in os.environ
+    candidate = path or Path(os.environ.get("SGPU_CONFIG", DEFAULT_CONFIG_PATH))
+    settings = Settings()
+    if candidate.exists() or explicit:
+        try:
+            text = candidate.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read the file: {exc.strerror}", path=candidate) from None
+        except UnicodeDecodeError:
+            raise ConfigError("the file is not UTF-8 text", path=candidate) from None
+        settings = parse_settings(text, candidate)
+    if os.environ.get("SGPU_DB"):
+        settings = settings.with_database(os.environ["SGPU_DB"])
+    return settings

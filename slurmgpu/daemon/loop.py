@@ -1,0 +1,93 @@
+"""The daemon's main loop: observe every poll interval, back off when Slurm is away.
+
+SIGTERM and SIGINT end the loop after the current cycle (the cycle's writes are one
+transaction, so stopping never leaves half a cycle stored).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from types import FrameType
+
+from slurmgpu.daemon.observer import CycleResult, Observer
+
+log = logging.getLogger("slurmgpu.daemon")
+
+
+def next_delay(interval: timedelta, failures: int, max_backoff: timedelta) -> float:
+    """Return seconds to wait: the interval, doubled per consecutive failure, capped."""
+    if failures <= 0:
+        return interval.total_seconds()
+    return float(min(interval.total_seconds() * 2.0 ** min(failures, 16), max_backoff.total_seconds()))
+
+
+class DaemonLoop:
+    """Runs :class:`Observer` cycles until stopped."""
+
+    def __init__(
+        self,
+        observer: Observer,
+        *,
+        interval: timedelta,
+        max_backoff: timedelta,
+        on_cycle: Callable[[CycleResult], None] | None = None,
+    ) -> None:
+        self.observer = observer
+        self.interval = interval
+        self.max_backoff = max_backoff
+        self.on_cycle = on_cycle
+        self.stop_event = threading.Event()
+        self.failures = 0
+        self.cycles = 0
+
+    def install_signal_handlers(self) -> None:
+        def _stop(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s, stopping after this cycle", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+
+    def run_once(self) -> CycleResult:
+        result = self.observer.cycle()
+        self.cycles += 1
+        if result.ok:
+            if self.failures:
+                log.info("slurm reachable again after %d failed cycle(s)", self.failures)
+            self.failures = 0
+            level = (
+                logging.INFO
+                if (result.new or result.changed or result.gone or result.vanished)
+                else logging.DEBUG
+            )
+            log.log(
+                level,
+                "cycle: %d jobs (%d new, %d changed, %d gone, %d vanished), "
+                "%d nodes changed, %.2fs",
+                result.jobs_seen,
+                result.new,
+                result.changed,
+                result.gone,
+                result.vanished,
+                result.nodes_changed,
+                result.seconds,
+            )
+        else:
+            self.failures += 1
+            delay = next_delay(self.interval, self.failures, self.max_backoff)
+            log.warning("%s; keeping previous state, retrying in %.0fs", result.error, delay)
+        if self.on_cycle is not None:
+            self.on_cycle(result)
+        return result
+
+    def run(self, *, max_cycles: int | None = None) -> None:
+        while not self.stop_event.is_set():
+            self.run_once()
+            if max_cycles is not None and self.cycles >= max_cycles:
+                break
+            self.stop_event.wait(next_delay(self.interval, self.failures, self.max_backoff))
+        log.info("daemon stopped after %d cycle(s)", self.cycles)

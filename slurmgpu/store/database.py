@@ -1,0 +1,92 @@
+"""Engine creation, SQLite pragmas, file permissions and Alembic migrations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
+class StoreError(Exception):
+    """The database cannot be opened, migrated or written; one line for the user."""
+
+
+def _sqlite_path(url: str) -> Path | None:
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
+
+
+def _prepare_sqlite_file(path: Path) -> None:
+    """Create the directory and an empty 0600 database file so no one else can read it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+
+
+def create_store_engine(url: str, *, create: bool = True) -> Engine:
+    """Return an Engine for ``url``; SQLite gets WAL, foreign keys and a busy timeout."""
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"database URL {url!r} is not a valid SQLAlchemy URL") from None
+    path = _sqlite_path(url)
+    if path is not None:
+        if create:
+            try:
+                _prepare_sqlite_file(path)
+            except OSError as exc:
+                raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
+        elif not path.exists():
+            raise StoreError(f"database {path} does not exist (start the daemon first)")
+    try:
+        engine = create_engine(u)
+    except Exception as exc:  # missing driver, bad options
+        raise StoreError(f"cannot open database {url!r}: {exc}") from None
+    if engine.dialect.name == "sqlite":
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=10000")
+            cur.close()
+
+    return engine
+
+
+def alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str | None:
+    script = ScriptDirectory(str(MIGRATIONS))
+    return script.get_current_head()
+
+
+def upgrade(engine: Engine) -> None:
+    """Migrate the database to the newest schema (no-op when already there)."""
+    if current_revision(engine) == head_revision():
+        return
+    command.upgrade(alembic_config(engine), "head")

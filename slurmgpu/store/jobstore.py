@@ -1,0 +1,349 @@
+"""Reads and writes of jobs, job events, nodes, GPUs and submissions.
+
+All writes of one observe cycle happen in one transaction: a cycle is stored whole or
+not at all. Only bound parameters reach the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, and_, bindparam, func, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from slurmgpu.daemon.diff import JobDiff
+from slurmgpu.model import Job, Node
+from slurmgpu.store import schema
+from slurmgpu.store.database import StoreError
+from slurmgpu.store.rows import job_to_row, node_to_row, row_to_job, row_to_node
+
+_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    """A job as the store knows it: the model plus our bookkeeping."""
+
+    row_id: int
+    job: Job
+    cluster: str
+    first_seen: datetime
+    last_seen: datetime
+    gone: bool
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class JobStore:
+    """The store's job-facing API, bound to one cluster label."""
+
+    def __init__(self, engine: Engine, cluster: str = "") -> None:
+        self.engine = engine
+        self.cluster = cluster
+
+    # -- reads ---------------------------------------------------------------
+
+    def active_jobs(self) -> dict[int, tuple[int, Job]]:
+        """Return job id → (row id, Job) for every job not yet gone (the observer's memory)."""
+        j = schema.jobs
+        stmt = select(j).where(and_(j.c.cluster == self.cluster, j.c.gone.is_(False)))
+        out: dict[int, tuple[int, Job]] = {}
+        with self.engine.connect() as conn:
+            for row in conn.execute(stmt).mappings():
+                out[int(row["job_id"])] = (int(row["id"]), row_to_job(row))
+        return out
+
+    def known_nodes(self) -> dict[str, Node]:
+        """Return the nodes as last stored (to write only nodes that changed)."""
+        n = schema.nodes
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(n).where(n.c.cluster == self.cluster)).mappings()
+            return {r["name"]: row_to_node(r) for r in rows}
+
+    def jobs(
+        self,
+        *,
+        states: Sequence[str] | None = None,
+        user: str | None = None,
+        job_ids: Sequence[int] | None = None,
+        include_gone: bool = True,
+        limit: int | None = None,
+    ) -> list[StoredJob]:
+        """Return stored jobs, newest first, filtered as asked."""
+        j = schema.jobs
+        stmt = select(j).where(j.c.cluster == self.cluster)
+        if states:
+            stmt = stmt.where(j.c.state.in_(list(states)))
+        if user:
+            stmt = stmt.where(j.c.user == user)
+        if job_ids:
+            stmt = stmt.where(j.c.job_id.in_(list(job_ids)))
+        if not include_gone:
+            stmt = stmt.where(j.c.gone.is_(False))
+        stmt = stmt.order_by(j.c.job_id.desc(), j.c.id.desc())
+        if limit:
+            stmt = stmt.limit(limit)
+        with self.engine.connect() as conn:
+            return [
+                StoredJob(
+                    row_id=int(r["id"]),
+                    job=row_to_job(r),
+                    cluster=r["cluster"],
+                    first_seen=r["first_seen"],
+                    last_seen=r["last_seen"],
+                    gone=bool(r["gone"]),
+                )
+                for r in conn.execute(stmt).mappings()
+            ]
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        """Return the events of the newest row for ``job_id``, oldest first."""
+        j, e = schema.jobs, schema.job_events
+        with self.engine.connect() as conn:
+            row_id = conn.execute(
+                select(func.max(j.c.id)).where(
+                    and_(j.c.cluster == self.cluster, j.c.job_id == job_id)
+                )
+            ).scalar()
+            if row_id is None:
+                return []
+            stmt = select(e).where(e.c.job_row == row_id).order_by(e.c.id)
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
+    def count_jobs(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(schema.jobs)).scalar() or 0)
+
+    # -- writes --------------------------------------------------------------
+
+    def apply_cycle(
+        self,
+        diff: JobDiff,
+        row_ids: dict[int, int],
+        nodes: Sequence[Node],
+        at: datetime,
+    ) -> None:
+        """Store one observe cycle atomically; fills ``row_ids`` for new jobs.
+
+        ``row_ids`` maps Slurm job ids to our row ids for the jobs the observer tracks; it
+        is only updated after the transaction commits, so a failed write changes nothing.
+        """
+        j, e = schema.jobs, schema.job_events
+        new_ids: dict[int, int] = {}
+        try:
+            with self.engine.begin() as conn:
+                if diff.new:
+                    reattach = self._reattachable(conn, diff.new)
+                    fresh: list[dict[str, Any]] = []
+                    for job in diff.new:
+                        row = job_to_row(job)
+                        rid = reattach.get(job.job_id)
+                        if rid is not None:
+                            new_ids[job.job_id] = rid
+                            continue
+                        row.update(
+                            cluster=self.cluster,
+                            first_seen=at,
+                            last_seen=at,
+                            updated_at=at,
+                            gone=False,
+                        )
+                        fresh.append(row)
+                    if reattach:
+                        self._update_rows(
+                            conn, [job for job in diff.new if job.job_id in reattach], new_ids, at
+                        )
+                    for chunk in _chunks(fresh):
+                        result = conn.execute(
+                            insert(j).returning(j.c.id, j.c.job_id, sort_by_parameter_order=True),
+                            list(chunk),
+                        )
+                        for rid, job_id in result:
+                            new_ids[int(job_id)] = int(rid)
+                ids = {**row_ids, **new_ids}
+                if diff.changed:
+                    self._update_rows(conn, diff.changed, ids, at)
+                ended = [ids[i] for i in (*diff.gone, *diff.vanished) if i in ids]
+                if ended:
+                    for chunk in _chunks(ended):
+                        conn.execute(
+                            update(j).where(j.c.id.in_(list(chunk))).values(gone=True, last_seen=at)
+                        )
+                events = [
+                    {
+                        "job_row": ids[t.job_id],
+                        "at": at,
+                        "kind": t.kind,
+                        "from_state": t.from_state,
+                        "to_state": t.to_state,
+                        "restart_count": t.restart_count,
+                        "detail": None,
+                    }
+                    for t in diff.transitions
+                    if t.job_id in ids
+                ]
+                if events:
+                    conn.execute(insert(e), events)
+                if nodes:
+                    self._upsert_nodes(conn, nodes, at)
+        except SQLAlchemyError as exc:
+            cause = getattr(exc, "orig", None) or exc
+            raise StoreError(f"could not store the observe cycle: {cause}") from exc
+        row_ids.update(new_ids)
+        for job_id in (*diff.gone, *diff.vanished):
+            row_ids.pop(job_id, None)
+
+    def _reattachable(self, conn: Any, jobs: Sequence[Job]) -> dict[int, int]:
+        """Return job id → row id for new jobs that are a row we marked gone too early.
+
+        A job id Slurm reuses (new submit time) gets a new row instead.
+        """
+        j = schema.jobs
+        by_id = {job.job_id: job for job in jobs}
+        out: dict[int, int] = {}
+        for chunk in _chunks(list(by_id)):
+            stmt = (
+                select(j.c.id, j.c.job_id, j.c.submit_time)
+                .where(and_(j.c.cluster == self.cluster, j.c.job_id.in_(list(chunk))))
+                .order_by(j.c.id)
+            )
+            for rid, job_id, submit_time in conn.execute(stmt):
+                job = by_id[int(job_id)]
+                if (
+                    submit_time is not None
+                    and job.submit_time is not None
+                    and submit_time == job.submit_time
+                ) or (submit_time is None and job.submit_time is None):
+                    out[int(job_id)] = int(rid)
+                else:
+                    out.pop(int(job_id), None)
+        return out
+
+    def _update_rows(
+        self, conn: Any, jobs: Sequence[Job], ids: Mapping[int, int], at: datetime
+    ) -> None:
+        j = schema.jobs
+        rows = []
+        for job in jobs:
+            row = job_to_row(job)
+            row["_rid"] = ids[job.job_id]
+            row["last_seen"] = at
+            row["updated_at"] = at
+            row["gone"] = False
+            rows.append(row)
+        if not rows:
+            return
+        cols = [k for k in rows[0] if k != "_rid"]
+        stmt = update(j).where(j.c.id == bindparam("_rid")).values({c: bindparam(c) for c in cols})
+        for chunk in _chunks(rows):
+            conn.execute(stmt, list(chunk))
+
+    def _upsert_nodes(self, conn: Any, nodes: Sequence[Node], at: datetime) -> None:
+        n, g = schema.nodes, schema.gpus
+        names = [node.name for node in nodes]
+        existing: set[str] = set()
+        known_gpus: set[tuple[str, int]] = set()
+        for chunk in _chunks(names):
+            existing.update(
+                r[0]
+                for r in conn.execute(
+                    select(n.c.name).where(
+                        and_(n.c.cluster == self.cluster, n.c.name.in_(list(chunk)))
+                    )
+                )
+            )
+            known_gpus.update(
+                (r[0], int(r[1]))
+                for r in conn.execute(
+                    select(g.c.node, g.c.index).where(
+                        and_(g.c.cluster == self.cluster, g.c.node.in_(list(chunk)))
+                    )
+                )
+            )
+        inserts, updates, gpu_rows = [], [], []
+        for node in nodes:
+            row = node_to_row(node)
+            row["last_seen"] = at
+            if node.name in existing:
+                row["_name"] = node.name
+                updates.append(row)
+            else:
+                row["cluster"] = self.cluster
+                inserts.append(row)
+            for index in range(node.gpus):
+                if (node.name, index) not in known_gpus:
+                    gpu_rows.append(
+                        {
+                            "cluster": self.cluster,
+                            "node": node.name,
+                            "index": index,
+                            "gpu_type": node.gpu_type,
+                            "last_seen": at,
+                        }
+                    )
+        if inserts:
+            conn.execute(insert(n), inserts)
+        if updates:
+            cols = [k for k in updates[0] if k not in {"_name", "name"}]
+            stmt = (
+                update(n)
+                .where(and_(n.c.cluster == self.cluster, n.c.name == bindparam("_name")))
+                .values({c: bindparam(c) for c in cols})
+            )
+            for chunk in _chunks(updates):
+                conn.execute(stmt, list(chunk))
+        if gpu_rows:
+            conn.execute(insert(g), gpu_rows)
+
+    def record_submission(
+        self,
+        job_id: int,
+        *,
+        at: datetime,
+        uid: int,
+        user: str,
+        cwd: str,
+        argv: Sequence[str],
+        malleable: tuple[int, int] | None = None,
+        checkpoint_signal: str | None = None,
+        checkpoint_grace_s: int | None = None,
+        hints: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Remember what ``sgpu submit`` sent for ``job_id``."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    insert(schema.submissions),
+                    {
+                        "cluster": self.cluster,
+                        "job_id": job_id,
+                        "submitted_at": at,
+                        "uid": uid,
+                        "user": user,
+                        "cwd": cwd,
+                        "argv": list(argv),
+                        "malleable_min": malleable[0] if malleable else None,
+                        "malleable_max": malleable[1] if malleable else None,
+                        "checkpoint_signal": checkpoint_signal,
+                        "checkpoint_grace_s": checkpoint_grace_s,
+                        "hints": dict(hints) if hints else None,
+                    },
+                )
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not record the submission: {exc}") from exc
+
+    def submissions(self, job_id: int) -> list[dict[str, Any]]:
+        s = schema.submissions
+        stmt = (
+            select(s)
+            .where(and_(s.c.cluster == self.cluster, s.c.job_id == job_id))
+            .order_by(s.c.id)
+        )
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]

@@ -1,0 +1,263 @@
+"""The database schema (SQLAlchemy 2 Core tables). Alembic migrations mirror it exactly.
+
+Tables:
+- ``jobs``: one row per job incarnation (a Slurm job id can be reused after slurmctld
+  loses its state, so ``id`` is ours and ``job_id`` is Slurm's).
+- ``job_events``: state transitions, requeues and disappearances of a job, in order.
+- ``nodes``, ``gpus``: the inventory as Slurm and the agents report it.
+- ``submissions``: what ``sgpu submit`` recorded (argv, uid, later the malleable spec).
+- ``samples``: raw per-GPU/per-process usage from node agents (issue: telemetry).
+- ``actions``: the audit of every policy decision, taken or suppressed.
+- ``transactions``: persisted multi-step actions (resize, requeue, co-locate).
+- ``meta``: small key/value facts (daemon lease, last cycle).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always read back timezone-aware (SQLite drops zones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use timezone-aware UTC")
+        return value.astimezone(UTC).replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+TS = UtcDateTime()
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("job_id", BigInteger, nullable=False),
+    Column("name", String(256), nullable=False, default=""),
+    Column("user", String(64), nullable=False, default=""),
+    Column("uid", Integer),
+    Column("account", String(64), nullable=False, default=""),
+    Column("partition", String(64), nullable=False, default=""),
+    Column("qos", String(64), nullable=False, default=""),
+    Column("state", String(24), nullable=False),
+    Column("state_flags", String(256), nullable=False, default=""),
+    Column("reason", String(256), nullable=False, default=""),
+    Column("array_job_id", BigInteger),
+    Column("array_task_id", Integer),
+    Column("array_task_spec", String(256)),
+    Column("array_max_tasks", Integer),
+    Column("submit_time", TS),
+    Column("eligible_time", TS),
+    Column("start_time", TS),
+    Column("end_time", TS),
+    Column("time_limit_s", BigInteger),
+    Column("cpus", Integer, nullable=False, default=0),
+    Column("memory_mib", BigInteger),
+    Column("node_count", Integer, nullable=False, default=0),
+    Column("tasks", Integer, nullable=False, default=0),
+    Column("gpus", Integer, nullable=False, default=0),
+    Column("gpus_per_node", Integer),
+    Column("gpus_per_job", Integer),
+    Column("gpus_per_task", Integer),
+    Column("gpu_type", String(64)),
+    Column("shards", Integer, nullable=False, default=0),
+    Column("shards_per_node", Integer),
+    Column("gpu_sources", String(128), nullable=False, default=""),
+    Column("nodes", Text, nullable=False, default=""),
+    Column("gpu_alloc", JSON, nullable=False, default=list),
+    Column("restart_count", Integer, nullable=False, default=0),
+    Column("requeue", Boolean, nullable=False, default=False),
+    Column("comment", Text, nullable=False, default=""),
+    Column("admin_comment", Text, nullable=False, default=""),
+    Column("work_dir", Text, nullable=False, default=""),
+    Column("command", Text, nullable=False, default=""),
+    Column("exit_code", Integer),
+    Column("batch", Boolean, nullable=False, default=True),
+    Column("first_seen", TS, nullable=False),
+    Column("last_seen", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    Column("gone", Boolean, nullable=False, default=False),
+    Index(None, "cluster", "job_id"),
+    Index(None, "state"),
+    Index(None, "end_time"),
+    Index(None, "user"),
+)
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_row", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("at", TS, nullable=False),
+    Column("kind", String(24), nullable=False),  # submitted | state | requeue | gone | vanished
+    Column("from_state", String(24)),
+    Column("to_state", String(24)),
+    Column("restart_count", Integer, nullable=False, default=0),
+    Column("detail", JSON),
+    Index(None, "job_row", "at"),
+)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("cluster", String(64), primary_key=True, default=""),
+    Column("name", String(128), primary_key=True),
+    Column("state", String(24), nullable=False),
+    Column("state_flags", String(256), nullable=False, default=""),
+    Column("cpus", Integer, nullable=False, default=0),
+    Column("cpus_allocated", Integer, nullable=False, default=0),
+    Column("memory_mib", BigInteger, nullable=False, default=0),
+    Column("memory_allocated_mib", BigInteger, nullable=False, default=0),
+    Column("gpus", Integer, nullable=False, default=0),
+    Column("gpu_type", String(64)),
+    Column("shards", Integer, nullable=False, default=0),
+    Column("gpus_used", Integer, nullable=False, default=0),
+    Column("gpu_indices_used", String(256), nullable=False, default=""),
+    Column("shards_used", Integer, nullable=False, default=0),
+    Column("partitions", String(256), nullable=False, default=""),
+    Column("reason", Text, nullable=False, default=""),
+    Column("address", String(256), nullable=False, default=""),
+    Column("last_seen", TS, nullable=False),
+)
+
+gpus = Table(
+    "gpus",
+    metadata,
+    Column("cluster", String(64), primary_key=True, default=""),
+    Column("node", String(128), primary_key=True),
+    Column("index", Integer, primary_key=True),  # Slurm's device index on the node
+    Column("gpu_type", String(64)),
+    Column("uuid", String(64)),
+    Column("pci_bus_id", String(32)),
+    Column("minor", Integer),
+    Column("memory_total_mib", BigInteger),
+    Column("last_seen", TS, nullable=False),
+)
+
+submissions = Table(
+    "submissions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("job_id", BigInteger, nullable=False),
+    Column("submitted_at", TS, nullable=False),
+    Column("uid", Integer, nullable=False),
+    Column("user", String(64), nullable=False, default=""),
+    Column("cwd", Text, nullable=False, default=""),
+    Column("argv", JSON, nullable=False),
+    Column("malleable_min", Integer),
+    Column("malleable_max", Integer),
+    Column("checkpoint_signal", String(16)),
+    Column("checkpoint_grace_s", Integer),
+    Column("hints", JSON),
+    Index(None, "cluster", "job_id"),
+)
+
+samples = Table(
+    "samples",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("sample_uid", String(64), nullable=False),  # idempotency key from the agent
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("job_id", BigInteger),
+    Column("node", String(128), nullable=False),
+    Column("gpu_index", Integer),
+    Column("pid", Integer),
+    Column("at", TS, nullable=False),
+    Column("gpu_util_pct", Float),
+    Column("gpu_mem_used_mib", Float),
+    Column("gpu_mem_total_mib", Float),
+    Column("power_w", Float),
+    Column("temperature_c", Float),
+    Column("cpu_pct", Float),
+    Column("rss_mib", Float),
+    UniqueConstraint("sample_uid"),
+    Index(None, "job_id", "at"),
+    Index(None, "at"),
+)
+
+actions = Table(
+    "actions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", TS, nullable=False),
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("job_id", BigInteger),
+    Column("policy", String(32), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("mode", String(16), nullable=False),
+    Column("taken", Boolean, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("numbers", JSON),
+    Column("caller_uid", Integer),
+    Column("transaction_id", Integer, ForeignKey("transactions.id")),
+    Index(None, "job_id", "at"),
+    Index(None, "at"),
+)
+
+transactions = Table(
+    "transactions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("job_id", BigInteger, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("created_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    Column("deadline", TS),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("payload", JSON),
+    Column("error", Text),
+    Index(None, "state"),
+    Index(None, "job_id"),
+)
+
+meta = Table(
+    "meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at", TS, nullable=False),
+)

@@ -1,0 +1,87 @@
+"""A faithful in-memory SlurmClient for unit tests (same protocol as the real backends)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import timedelta
+
+from slurmgpu.model import Job, JobState, Node
+from slurmgpu.slurm.client import SlurmCommandError, SlurmError
+
+
+class FakeSlurm:
+    """Holds jobs and nodes in memory; ``fail_with`` makes the next listings raise."""
+
+    def __init__(self, jobs: Sequence[Job] = (), nodes: Sequence[Node] = ()) -> None:
+        self._jobs: dict[int, Job] = {j.job_id: j for j in jobs}
+        self._nodes = list(nodes)
+        self.fail_with: SlurmError | None = None
+        self.calls: list[str] = []
+        self._next_id = max(self._jobs, default=0) + 1
+
+    def set_jobs(self, jobs: Sequence[Job]) -> None:
+        self._jobs = {j.job_id: j for j in jobs}
+
+    def version(self) -> str:
+        return "22.05.8"
+
+    def jobs(self) -> list[Job]:
+        self.calls.append("jobs")
+        if self.fail_with is not None:
+            raise self.fail_with
+        return list(self._jobs.values())
+
+    def nodes(self) -> list[Node]:
+        self.calls.append("nodes")
+        if self.fail_with is not None:
+            raise self.fail_with
+        return list(self._nodes)
+
+    def submit(
+        self,
+        sbatch_args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> int:
+        job_id = self._next_id
+        self._next_id += 1
+        self._jobs[job_id] = Job(job_id=job_id, name="job", user="u", state=JobState.PENDING)
+        return job_id
+
+    def _get(self, job_id: str | int) -> Job:
+        try:
+            return self._jobs[int(job_id)]
+        except (KeyError, ValueError):
+            raise SlurmCommandError(f"Invalid job id specified: {job_id}") from None
+
+    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+        self._get(job_id)
+
+    def hold(self, job_id: str | int) -> None:
+        self._get(job_id)
+
+    def release(self, job_id: str | int) -> None:
+        self._get(job_id)
+
+    def requeue(self, job_id: str | int, *, hold: bool = False) -> None:
+        job = self._get(job_id)
+        self._jobs[job.job_id] = replace(
+            job, state=JobState.PENDING, restart_count=job.restart_count + 1, start_time=None
+        )
+
+    def signal(self, job_id: str | int, signal: str, *, batch_only: bool = False) -> None:
+        self._get(job_id)
+
+    def cancel(self, job_id: str | int) -> None:
+        job = self._get(job_id)
+        self._jobs[job.job_id] = replace(job, state=JobState.CANCELLED)
+
+    def set_array_throttle(self, array_job_id: int, max_running: int) -> None:
+        self._get(array_job_id)
+
+    def set_time_limit(self, job_id: str | int, limit: timedelta) -> None:
+        job = self._get(job_id)
+        self._jobs[job.job_id] = replace(job, time_limit=limit)

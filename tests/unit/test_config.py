@@ -1,0 +1,109 @@
+"""Config parsing: defaults, validation, and errors that name file, line and key."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurmgpu.config import ConfigError, load_settings, parse_duration, parse_settings
+
+
+def test_empty_config_gives_documented_defaults() -> None:
+    s = parse_settings("")
+    assert s.daemon.poll_interval == timedelta(seconds=30)
+    assert s.daemon.mode == "advise"
+    assert s.daemon.listen == "127.0.0.1:8787"
+    assert s.slurm.backend == "auto"
+
+
+def test_values_are_read_and_typed() -> None:
+    s = parse_settings(
+        '[daemon]\npoll_interval = "1m30s"\nmode = "observe"\n[slurm]\nbackend = "cli"\n'
+    )
+    assert s.daemon.poll_interval == timedelta(seconds=90)
+    assert s.daemon.mode == "observe"
+    assert s.slurm.backend == "cli"
+
+
+def test_bad_duration_error_names_file_line_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[daemon]\nmode = "advise"\n\npoll_interval = "soon"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    message = str(info.value)
+    assert message == (
+        f'config error in {path}, line 4: daemon.poll_interval must be a duration like "30s", '
+        "not 'soon'"
+    )
+    assert "\n" not in message
+
+
+def test_unknown_key_is_refused_with_its_line() -> None:
+    with pytest.raises(ConfigError, match=r"line 3: daemon.pol_interval is not a known setting"):
+        parse_settings('[daemon]\nmode = "advise"\npol_interval = "30s"\n', Path("c.toml"))
+
+
+def test_bad_choice_lists_the_choices() -> None:
+    with pytest.raises(ConfigError, match="must be one of observe, advise, enforce"):
+        parse_settings('[daemon]\nmode = "yolo"\n')
+
+
+def test_invalid_toml_reports_the_line() -> None:
+    with pytest.raises(ConfigError, match=r"line 2: not valid TOML"):
+        parse_settings("[daemon]\nmode = \n", Path("c.toml"))
+
+
+def test_unknown_section_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"\[deamon\] is not a known section"):
+        parse_settings("[deamon]\n")
+
+
+def test_missing_explicit_file_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        load_settings(tmp_path / "nope.toml")
+
+
+def test_sgpu_db_environment_overrides_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[daemon]\ndatabase = "sqlite:////tmp/a.db"\n')
+    monkeypatch.setenv("SGPU_DB", "sqlite:////tmp/b.db")
+    assert load_settings(path).daemon.database == "sqlite:////tmp/b.db"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30s", 30),
+        ("5m", 300),
+        ("1h30m", 5400),
+        ("2d", 172800),
+        ("45", 45),
+        ("250ms", 0.25),
+        (12, 12),
+    ],
+)
+def test_durations(text: str | int, seconds: float) -> None:
+    assert parse_duration(text).total_seconds() == seconds
+
+
+@given(st.text(max_size=20))
+def test_any_text_is_a_duration_or_a_value_error(text: str) -> None:
+    try:
+        d = parse_duration(text)
+    except ValueError:
+        return
+    assert d >= timedelta(0)
+
+
+@given(st.text(max_size=200))
+def test_any_config_text_parses_or_raises_config_error(text: str) -> None:
+    try:
+        parse_settings(text)
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
