@@ -1,0 +1,12 @@
+-- job_submit.lua: placeholder that logs each submission and lets everything through.
+-- (A later issue replaces it.) Loaded by JobSubmitPlugins=lua from slurm.conf's directory.
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   slurm.log_info("job_submit.lua: name=%s uid=%s", tostring(job_desc.name), tostring(submit_uid))
+   return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   return slurm.SUCCESS
+end
+
+return slurm.SUCCESS

@@ -1,0 +1,74 @@
+#!/bin/sh
+# sgpu-entrypoint ROLE -- ROLE is one of:
+#   config     render /etc/slurm from the templates and create the munge key, then exit
+#   slurmctld  run the controller          (needs config done)
+#   slurmd     run one compute node; NodeName = the container's hostname (gpu1..gpuN)
+#   slurmdbd   run the accounting daemon   (profile "accounting")
+#   anything else is exec'd as a command (e.g. "sinfo")
+set -eu
+
+ROLE=${1:-slurmd}
+CONF_DIR=$(dirname "${SLURM_CONF:-/etc/slurm/slurm.conf}")
+KEY=/etc/munge/munge.key
+WAIT_S=${SGPU_WAIT_S:-60}
+
+log() { echo "sgpu-entrypoint[$ROLE]: $*" >&2; }
+
+wait_for_file() {  # poll with a deadline, never a fixed sleep
+  end=$(( $(date +%s) + WAIT_S ))
+  while [ ! -s "$1" ]; do
+    [ "$(date +%s)" -lt "$end" ] || { log "timed out waiting for $1"; exit 1; }
+    sleep 0.2
+  done
+}
+
+make_config() {
+  mkdir -p "$CONF_DIR" /etc/munge
+  if [ ! -s "$KEY" ]; then
+    mungekey --create --keyfile="$KEY.tmp" 2>/dev/null \
+      || dd if=/dev/urandom of="$KEY.tmp" bs=1024 count=1 2>/dev/null
+    mv "$KEY.tmp" "$KEY"
+  fi
+  chown -R munge:munge /etc/munge && chmod 0700 /etc/munge && chmod 0400 "$KEY"
+  set -- --mode docker --out "$CONF_DIR" --nodes "${SGPU_NODES:-4}"
+  [ "${SGPU_ACCOUNTING:-0}" = 1 ] && set -- "$@" --accounting
+  python3 -m slurmgpu.labcluster.render "$@"
+}
+
+start_munge() {
+  wait_for_file "$KEY"
+  mkdir -p /run/munge && chown munge:munge /run/munge && chmod 0755 /run/munge
+  runuser -u munge -- /usr/sbin/munged
+  end=$(( $(date +%s) + WAIT_S ))
+  until munge -n | unmunge >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$end" ] || { log "munged not answering"; exit 1; }
+    sleep 0.2
+  done
+}
+
+prepare_dirs() {
+  mkdir -p /var/log/slurm /run/slurm /var/spool/slurmctld /var/spool/slurmd
+  wait_for_file "$CONF_DIR/slurm.conf"
+}
+
+fake_gpus() {  # compose maps /dev/null to /dev/fakegpuN; create them if it did not
+  for i in 0 1 2 3; do
+    [ -e "/dev/fakegpu$i" ] || mknod -m 0666 "/dev/fakegpu$i" c 1 3 || touch "/dev/fakegpu$i"
+  done
+}
+
+case "$ROLE" in
+  config)
+    make_config ;;
+  slurmctld)
+    start_munge; prepare_dirs
+    exec /usr/local/sbin/slurmctld -D -i -f "$CONF_DIR/slurm.conf" ;;
+  slurmd)
+    start_munge; prepare_dirs; fake_gpus
+    exec /usr/local/sbin/slurmd -D -f "$CONF_DIR/slurm.conf" -d /usr/local/sbin/slurmstepd ;;
+  slurmdbd)
+    start_munge; prepare_dirs; wait_for_file "$CONF_DIR/slurmdbd.conf"
+    exec /usr/local/sbin/slurmdbd -D ;;
+  *)
+    exec "$@" ;;
+esac

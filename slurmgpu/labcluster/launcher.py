@@ -1,0 +1,679 @@
+"""Start and stop a real multi-node Slurm cluster with fake GPUs on this (Debian) host.
+
+One slurmctld and one slurmd per node (``slurmd -N gpuN``), all on 127.0.0.1 and told
+apart by port, each node with 4 fake GPUs (``gres/gpu`` backed by ``/dev/tty[0-3]``) and 16
+shards. Everything lives under one root directory::
+
+    root/etc     slurm.conf gres.conf cgroup.conf job_submit.lua  (rendered templates)
+    root/sbin    slurmctld slurmd slurmstepd -> /usr/sbin/*-wlm   (argv[0] must be exact)
+    root/run     slurmctld.pid slurmd-gpuN.pid cluster.json        (what we started)
+    root/log     slurmctld.log slurmd-gpuN.log *.out jobcomp.txt
+    root/state   StateSaveLocation;  root/spool/gpuN  SlurmdSpoolDir
+
+``down()`` signals only the pids recorded in ``root/run``, after checking that each one is
+still a daemon of this cluster, so other clusters on the host are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurmgpu.labcluster.render import (
+    ClusterConfig,
+    RenderError,
+    detect_slurm_version,
+    find_templates,
+    write,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+__all__ = [
+    "LabCluster",
+    "LabClusterError",
+    "ensure_munge",
+    "ensure_packages",
+    "find_daemon",
+    "packages_present",
+]
+
+DAEMONS = ("slurmctld", "slurmd", "slurmstepd")
+CLIENTS = ("sinfo", "squeue", "scontrol", "scancel", "sbatch")
+APT_PACKAGES = ("slurm-wlm", "munge")
+MUNGE_KEY = Path("/etc/munge/munge.key")
+MUNGE_RUN = Path("/run/munge")
+
+_POLL_S = 0.1
+_CMD_TIMEOUT_S = 5.0
+_LOG_TAIL_LINES = 25
+# sinfo %T states of a node that answers and can run (or is running) jobs
+_SERVING_STATES = frozenset({"idle", "mixed", "allocated", "completing", "planned", "reserved"})
+
+
+class LabClusterError(RuntimeError):
+    """The lab cluster could not be installed, started, queried or stopped."""
+
+
+# --------------------------------------------------------------------------- packages
+
+
+def find_daemon(name: str) -> Path | None:
+    """The real binary of a Slurm daemon (``/usr/sbin/NAME-wlm`` on Debian), or None.
+
+    Debian ships ``/usr/sbin/NAME`` as an alternatives link that may point at the
+    *emulator* (front-end) build; that one is refused.
+    """
+    wlm = Path(f"/usr/sbin/{name}-wlm")
+    if os.access(wlm, os.X_OK):
+        return wlm
+    for cand in (shutil.which(name), f"/usr/sbin/{name}"):
+        if not cand:
+            continue
+        real = Path(cand).resolve()
+        if os.access(real, os.X_OK) and "emulator" not in real.name:
+            return real
+    return None
+
+
+def packages_present() -> bool:
+    """True when the Slurm daemons, the client commands and munge are installed."""
+    return (
+        all(find_daemon(d) is not None for d in DAEMONS)
+        and all(shutil.which(c) is not None for c in CLIENTS)
+        and all(shutil.which(m) or Path(f"/usr/sbin/{m}").exists() for m in ("munge", "munged"))
+    )
+
+
+def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def ensure_packages() -> None:
+    """Install Debian's ``slurm-wlm`` and ``munge`` with apt-get when they are missing.
+
+    Raises ``LabClusterError`` when they are missing and we are not root or have no apt-get.
+    """
+    if packages_present():
+        return
+    if os.geteuid() != 0:
+        raise LabClusterError(
+            "Slurm is not installed (need slurmctld-wlm, slurmd-wlm, sinfo, munged) and "
+            "installing it needs root: run as root, or `apt-get install slurm-wlm munge`"
+        )
+    apt = shutil.which("apt-get")
+    if apt is None:
+        raise LabClusterError(
+            "Slurm is not installed and there is no apt-get here; install "
+            "slurmctld, slurmd, the Slurm client commands and munge yourself"
+        )
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for argv in (
+        [apt, "-q", "update"],
+        [apt, "-q", "-y", "install", "--no-install-recommends", *APT_PACKAGES],
+    ):
+        try:
+            proc = subprocess.run(
+                argv, env=env, capture_output=True, text=True, timeout=900, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LabClusterError(f"{' '.join(argv)} failed: {exc}") from exc
+        if proc.returncode != 0:
+            raise LabClusterError(
+                f"{' '.join(argv)} exited {proc.returncode}:\n{_tail(proc.stdout + proc.stderr)}"
+            )
+    if not packages_present():
+        raise LabClusterError(
+            f"apt-get installed {' '.join(APT_PACKAGES)} but the Slurm daemons are still "
+            "missing (no /usr/sbin/slurmctld-wlm or /usr/sbin/slurmctld)"
+        )
+
+
+# --------------------------------------------------------------------------- munge
+
+
+def _munge_works() -> bool:
+    munge, unmunge = shutil.which("munge"), shutil.which("unmunge")
+    if munge is None or unmunge is None:
+        return False
+    try:
+        cred = subprocess.run(
+            [munge, "-n"], capture_output=True, timeout=_CMD_TIMEOUT_S, check=False
+        )
+        if cred.returncode != 0:
+            return False
+        check = subprocess.run(
+            [unmunge],
+            input=cred.stdout,
+            capture_output=True,
+            timeout=_CMD_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return check.returncode == 0
+
+
+def ensure_munge(timeout_s: float = 10.0) -> None:
+    """Make ``munge -n | unmunge`` work: run dir, key, and munged (started as user munge)."""
+    if _munge_works():
+        return
+    if os.geteuid() != 0:
+        raise LabClusterError("munged is not running and starting it needs root")
+    try:
+        user = pwd.getpwnam("munge")
+    except KeyError as exc:
+        raise LabClusterError("there is no 'munge' user; install the munge package") from exc
+    MUNGE_RUN.mkdir(parents=True, exist_ok=True)
+    os.chown(MUNGE_RUN, user.pw_uid, user.pw_gid)
+    MUNGE_RUN.chmod(0o755)
+    if not MUNGE_KEY.exists():
+        MUNGE_KEY.parent.mkdir(parents=True, exist_ok=True)
+        mungekey = shutil.which("mungekey") or "/usr/sbin/mungekey"
+        made = False
+        if os.access(mungekey, os.X_OK):
+            made = (
+                subprocess.run(
+                    [mungekey, "--create", f"--keyfile={MUNGE_KEY}"],
+                    capture_output=True,
+                    timeout=30,
+                    check=False,
+                ).returncode
+                == 0
+            )
+        if not made:
+            MUNGE_KEY.write_bytes(os.urandom(1024))
+    os.chown(MUNGE_KEY, user.pw_uid, user.pw_gid)
+    MUNGE_KEY.chmod(0o400)
+    munged = shutil.which("munged") or "/usr/sbin/munged"
+    try:
+        # munged daemonizes itself; the parent exits once the socket is ready
+        proc = subprocess.run(
+            [munged],
+            user=user.pw_uid,
+            group=user.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LabClusterError(f"could not start munged: {exc}") from exc
+    deadline = time.monotonic() + timeout_s
+    while not _munge_works():
+        if time.monotonic() > deadline:
+            raise LabClusterError(
+                f"munged (exit {proc.returncode}) is not answering after {timeout_s:.0f} s: "
+                f"{_tail(proc.stdout + proc.stderr, 5)}"
+            )
+        time.sleep(_POLL_S)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _proc_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` from /proc (``None`` if there is no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) S ..." -- comm may contain spaces and parentheses
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class LabCluster:
+    """A native multi-node Slurm lab cluster rooted at ``root``.
+
+    ``ctld_port`` is slurmctld's port; node ``gpuN`` listens on ``slurmd_port_base + N - 1``.
+    ``templates`` overrides where the config templates are read from (default
+    ``$SGPU_CLUSTER_TEMPLATES``, else the repository's ``docker-slurm/conf``).
+    """
+
+    def __init__(
+        self,
+        root: Path | str,
+        nodes: int = 4,
+        ctld_port: int = 6817,
+        slurmd_port_base: int = 17001,
+        templates: Path | None = None,
+    ) -> None:
+        self.root = Path(root).absolute()
+        self.nodes = nodes
+        self.ctld_port = ctld_port
+        self.slurmd_port_base = slurmd_port_base
+        self.templates = templates
+        try:  # validates node count and ports early
+            self._config(None)
+        except RenderError as exc:
+            raise LabClusterError(str(exc)) from exc
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @classmethod
+    def from_root(cls, root: Path | str, templates: Path | None = None) -> LabCluster:
+        """The cluster last brought up at ``root`` (nodes and ports from ``run/cluster.json``)."""
+        root = Path(root).absolute()
+        meta: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            meta = json.loads((root / "run" / "cluster.json").read_text())
+        return cls(
+            root,
+            nodes=int(meta.get("nodes", 4)),
+            ctld_port=int(meta.get("ctld_port", 6817)),
+            slurmd_port_base=int(meta.get("slurmd_port_base", 17001)),
+            templates=templates,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"LabCluster(root={str(self.root)!r}, nodes={self.nodes}, "
+            f"ctld_port={self.ctld_port}, slurmd_port_base={self.slurmd_port_base})"
+        )
+
+    # ------------------------------------------------------------------ paths & names
+
+    @property
+    def etc_dir(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def conf_path(self) -> Path:
+        return self.etc_dir / "slurm.conf"
+
+    @property
+    def sbin_dir(self) -> Path:
+        return self.root / "sbin"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"gpu{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def daemon_names(self) -> list[str]:
+        """``slurmctld`` and ``slurmd-gpuN``: the keys of pid files and of ``status()``."""
+        return ["slurmctld", *(f"slurmd-{n}" for n in self.node_names)]
+
+    def env(self) -> dict[str, str]:
+        """Environment that points Slurm's client commands at this cluster."""
+        return {"SLURM_CONF": str(self.conf_path)}
+
+    def _config(self, version: tuple[int, int] | None) -> ClusterConfig:
+        return ClusterConfig.native(
+            self.root,
+            nodes=self.nodes,
+            ctld_port=self.ctld_port,
+            slurmd_port_base=self.slurmd_port_base,
+            slurm_version=version,
+        )
+
+    def _pid_file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    # ------------------------------------------------------------------ process bookkeeping
+
+    def _recorded_pid(self, name: str) -> int | None:
+        try:
+            return int(self._pid_file(name).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _alive_pid(self, name: str) -> int | None:
+        """The pid of daemon ``name`` if it is running and is ours, else None."""
+        proc = self._procs.get(name)
+        pid = self._recorded_pid(name)
+        if proc is not None and proc.pid == pid:
+            # our own child: trust waitpid. (Its /proc cmdline can still be empty just after
+            # Popen returns: exec closes the CLOEXEC pipe before it sets up the new argv.)
+            return pid if proc.poll() is None else None
+        if pid is None:
+            return None
+        state = _proc_state(pid)
+        if state is None or state in ("Z", "X"):
+            return None
+        # guard against pid reuse: the process must be one we started from root/sbin
+        return pid if str(self.sbin_dir) in _cmdline(pid) else None
+
+    def _alive(self) -> dict[str, int | None]:
+        return {name: self._alive_pid(name) for name in self.daemon_names}
+
+    def is_up(self) -> bool:
+        """True when slurmctld and every slurmd of this cluster are running (no Slurm RPC)."""
+        return all(pid is not None for pid in self._alive().values())
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with (self.log_dir / f"{name}.out").open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.root,
+                env={**os.environ, **self.env()},
+            )
+        self._procs[name] = proc
+        self._pid_file(name).write_text(f"{proc.pid}\n")
+
+    def _signal_and_wait(self, names: Sequence[str], timeout_s: float) -> None:
+        """TERM the named daemons, wait for them, KILL what is left; forget their pids."""
+        targets = {n: pid for n in names if (pid := self._alive_pid(n)) is not None}
+        for pid in targets.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while any(self._alive_pid(n) is not None for n in targets):
+            if time.monotonic() > deadline:
+                for n in targets:
+                    if (pid := self._alive_pid(n)) is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                kill_deadline = time.monotonic() + 5.0
+                while (
+                    any(self._alive_pid(n) is not None for n in targets)
+                    and time.monotonic() < kill_deadline
+                ):
+                    time.sleep(_POLL_S)
+                break
+            time.sleep(_POLL_S)
+        for n in names:
+            proc = self._procs.pop(n, None)
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=1.0)
+            if self._alive_pid(n) is None:
+                self._pid_file(n).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ slurm commands
+
+    def _run(self, *argv: str, timeout: float = _CMD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv),
+            env={**os.environ, **self.env()},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def node_states(self) -> dict[str, str]:
+        """``{node: state}`` from sinfo (e.g. ``idle``, ``mixed``, ``idle*``); {} if no answer."""
+        try:
+            proc = self._run("sinfo", "-h", "-N", "-o", "%N %T")
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        if proc.returncode != 0:
+            return {}
+        states: dict[str, str] = {}
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                states[parts[0]] = parts[1]
+        return states
+
+    def _idle_nodes(self) -> set[str]:
+        try:
+            proc = self._run("sinfo", "-h", "-N", "-t", "idle", "-o", "%N %T")
+        except (OSError, subprocess.TimeoutExpired):
+            return set()
+        if proc.returncode != 0:
+            return set()
+        return {
+            parts[0]
+            for line in proc.stdout.splitlines()
+            if len(parts := line.split()) == 2 and parts[1] == "idle"
+        }
+
+    def _ctld_answers(self) -> bool:
+        try:
+            return self._run("sinfo", "-h", "-o", "%P").returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def _log_tail(self, name: str) -> str:
+        chunks = []
+        for path in (self.log_dir / f"{name}.log", self.log_dir / f"{name}.out"):
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace")
+                if text.strip():
+                    chunks.append(f"--- {path} ---\n{_tail(text)}")
+        return "\n".join(chunks) or f"(no log for {name} in {self.log_dir})"
+
+    def _check_daemons(self, names: Iterable[str]) -> None:
+        for name in names:
+            if self._alive_pid(name) is None:
+                proc = self._procs.get(name)
+                code = "" if proc is None else f" (exit {proc.returncode})"
+                raise LabClusterError(f"{name} died during start-up{code}\n{self._log_tail(name)}")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _prepare(self) -> None:
+        for d in (self.etc_dir, self.sbin_dir, self.run_dir / "slurm", self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.root / "state").mkdir(exist_ok=True)
+        for node in self.node_names:
+            (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
+        for daemon in DAEMONS:
+            real = find_daemon(daemon)
+            if real is None:
+                raise LabClusterError(f"cannot find the {daemon} binary (/usr/sbin/{daemon}-wlm)")
+            link = self.sbin_dir / daemon
+            if link.is_symlink() and Path(os.readlink(link)) == real:
+                continue
+            link.unlink(missing_ok=True)
+            link.symlink_to(real)  # argv[0] must be "slurmctld"/"slurmd", not "*-wlm"
+        version = detect_slurm_version(self.sbin_dir / "slurmctld")
+        try:
+            write(self._config(version), self.etc_dir, find_templates(self.templates))
+        except RenderError as exc:
+            raise LabClusterError(str(exc)) from exc
+        meta = {
+            "nodes": self.nodes,
+            "ctld_port": self.ctld_port,
+            "slurmd_port_base": self.slurmd_port_base,
+            "slurm_conf": str(self.conf_path),
+            "slurm_version": ".".join(map(str, version)) if version else None,
+        }
+        (self.run_dir / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    def _check_ports(self, names: Iterable[str]) -> None:
+        ports = {"slurmctld": self.ctld_port}
+        ports.update(
+            {f"slurmd-{n}": self.slurmd_port_base + i for i, n in enumerate(self.node_names)}
+        )
+        busy = [f"{ports[n]} ({n})" for n in names if _port_in_use(ports[n])]
+        if busy:
+            raise LabClusterError(
+                f"port(s) already in use: {', '.join(busy)}; another Slurm cluster may be "
+                "running -- pick other ports (ctld_port / slurmd_port_base, --port)"
+            )
+
+    def _ctld_argv(self) -> list[str]:
+        # -D foreground, -i ignore unreadable state; never -c: keep jobs across restarts
+        return [str(self.sbin_dir / "slurmctld"), "-D", "-i", "-f", str(self.conf_path)]
+
+    def _slurmd_argv(self, node: str) -> list[str]:
+        return [
+            str(self.sbin_dir / "slurmd"),
+            "-D",
+            "-f",
+            str(self.conf_path),
+            "-N",
+            node,
+            "-d",
+            str(self.sbin_dir / "slurmstepd"),
+        ]
+
+    def up(self, timeout_s: float = 30.0, progress: Callable[[str], None] | None = None) -> float:
+        """Start the cluster (installing Slurm/munge if needed); returns seconds from launching
+        the daemons until every node is idle. Raises ``LabClusterError`` (with the tail of
+        slurmctld's log) if a daemon dies or ``timeout_s`` passes first."""
+        say = progress or (lambda _msg: None)
+        if self.is_up():
+            # already running (perhaps with jobs): wait only until every node answers
+            say(f"already running under {self.root}")
+            t0 = time.monotonic()
+            return self._wait_nodes(t0, t0 + timeout_s, timeout_s, busy_ok=True)
+        # a half-running cluster from an earlier attempt: stop what is left of it first
+        if any(pid is not None for pid in self._alive().values()):
+            say("stopping the remains of an earlier start")
+            self._signal_and_wait(self.daemon_names, timeout_s=10.0)
+
+        say("checking Slurm and munge packages")
+        ensure_packages()
+        ensure_munge()
+        self._check_ports(self.daemon_names)
+        say(f"rendering config into {self.etc_dir}")
+        self._prepare()
+
+        say(f"starting slurmctld (port {self.ctld_port}) and {self.nodes} slurmd")
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        self._spawn("slurmctld", self._ctld_argv())
+        for node in self.node_names:
+            self._spawn(f"slurmd-{node}", self._slurmd_argv(node))
+        try:
+            return self._wait_nodes(t0, deadline, timeout_s, busy_ok=False)
+        except LabClusterError:
+            self._signal_and_wait(self.daemon_names, timeout_s=5.0)
+            raise
+
+    def _ready_nodes(self, busy_ok: bool) -> set[str]:
+        if not busy_ok:
+            return self._idle_nodes()
+        return {n for n, st in self.node_states().items() if st.lower() in _SERVING_STATES}
+
+    def _wait_nodes(self, t0: float, deadline: float, timeout_s: float, busy_ok: bool) -> float:
+        """Poll sinfo until every node is idle (or, with ``busy_ok``, serving jobs)."""
+        want = set(self.node_names)
+        while True:
+            self._check_daemons(self.daemon_names)
+            ready = self._ready_nodes(busy_ok)
+            if want <= ready:
+                return time.monotonic() - t0
+            if time.monotonic() > deadline:
+                states = self.node_states()
+                shown = ", ".join(f"{n}={states.get(n, '?')}" for n in self.node_names)
+                what = "up" if busy_ok else "idle"
+                raise LabClusterError(
+                    f"only {len(ready & want)}/{self.nodes} nodes {what} after {timeout_s:.0f} s "
+                    f"({shown if states else 'slurmctld not answering'})\n"
+                    f"{self._log_tail('slurmctld')}"
+                )
+            time.sleep(_POLL_S)
+
+    def stop_ctld(self, timeout_s: float = 15.0) -> None:
+        """Stop slurmctld only (TERM, so it saves state); slurmd and running jobs go on."""
+        self._signal_and_wait(["slurmctld"], timeout_s=timeout_s)
+
+    def start_ctld(self, timeout_s: float = 30.0) -> float:
+        """Start slurmctld again without ``-c`` (jobs and node states are recovered);
+        returns seconds until it answers."""
+        if self._alive_pid("slurmctld") is not None:
+            return 0.0
+        if not self.conf_path.exists():
+            raise LabClusterError(f"{self.conf_path} does not exist; run up() first")
+        self._check_ports(["slurmctld"])
+        t0 = time.monotonic()
+        self._spawn("slurmctld", self._ctld_argv())
+        while not self._ctld_answers():
+            self._check_daemons(["slurmctld"])
+            if time.monotonic() - t0 > timeout_s:
+                raise LabClusterError(
+                    f"slurmctld not answering {timeout_s:.0f} s after restart\n"
+                    f"{self._log_tail('slurmctld')}"
+                )
+            time.sleep(_POLL_S)
+        return time.monotonic() - t0
+
+    def _cancel_jobs(self, timeout_s: float) -> None:
+        try:
+            ids = self._run("squeue", "-h", "-o", "%A").stdout.split()
+            if ids:
+                self._run("scancel", *sorted(set(ids)))
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                left = self._run("squeue", "-h", "-t", "PD,R,CG,S", "-o", "%A")
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            if left.returncode != 0 or not left.stdout.strip():
+                return
+            time.sleep(0.2)
+
+    def down(self, cancel_jobs: bool = True) -> None:
+        """Stop this cluster's daemons -- only the pids recorded under ``root/run``.
+
+        With ``cancel_jobs`` (default) all jobs are cancelled first, so no slurmstepd is left
+        behind; pass False to keep them (state is saved, ``up()`` recovers them).
+        """
+        if cancel_jobs and self._alive_pid("slurmctld") is not None:
+            self._cancel_jobs(timeout_s=20.0)
+        # slurmd first, so slurmctld does not log every node as lost
+        self._signal_and_wait([n for n in self.daemon_names if n != "slurmctld"], 10.0)
+        self._signal_and_wait(["slurmctld"], 10.0)
+
+    def status(self) -> dict[str, Any]:
+        """Which daemons are alive (with pids) and, if slurmctld answers, each node's state."""
+        alive = self._alive()
+        daemons = {
+            name: {
+                "pid": pid if pid is not None else self._recorded_pid(name),
+                "alive": pid is not None,
+            }
+            for name, pid in alive.items()
+        }
+        ctld_alive = alive["slurmctld"] is not None
+        return {
+            "root": str(self.root),
+            "slurm_conf": str(self.conf_path),
+            "ctld_port": self.ctld_port,
+            "slurmd_ports": {n: self.slurmd_port_base + i for i, n in enumerate(self.node_names)},
+            "up": all(pid is not None for pid in alive.values()),
+            "daemons": daemons,
+            "nodes": self.node_states() if ctld_alive else {},
+        }

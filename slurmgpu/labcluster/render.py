@@ -1,0 +1,397 @@
+"""Render the lab cluster's Slurm config from the templates in ``docker-slurm/conf``.
+
+One set of templates serves both ways of running the lab cluster:
+
+* ``native``: slurmctld + N slurmd on 127.0.0.1 of this host, distinguished by port
+  (``slurmgpu.labcluster.launcher.LabCluster``);
+* ``docker``: one container per daemon, ``NodeAddr=gpuN`` and default ports
+  (``docker-slurm/docker-compose.yml``).
+
+This module uses the standard library only, so the docker entrypoint can run it with the
+image's ``python3`` and no installed dependencies::
+
+    python3 -m slurmgpu.labcluster.render --mode docker --out /etc/slurm
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+__all__ = [
+    "CONFIG_FILES",
+    "TEMPLATES_ENV",
+    "ClusterConfig",
+    "NodeSpec",
+    "RenderError",
+    "detect_slurm_version",
+    "find_templates",
+    "main",
+    "node_range",
+    "render",
+    "write",
+]
+
+TEMPLATES_ENV = "SGPU_CLUSTER_TEMPLATES"
+
+# rendered file name -> template file name
+CONFIG_FILES: Mapping[str, str] = {
+    "slurm.conf": "slurm.conf.in",
+    "gres.conf": "gres.conf.in",
+    "cgroup.conf": "cgroup.conf",
+    "job_submit.lua": "job_submit.lua",
+}
+_DBD_FILE = ("slurmdbd.conf", "slurmdbd.conf.in")
+
+Mode = Literal["native", "docker"]
+
+# CgroupPlugin=disabled exists from Slurm 23.02 on; 22.05 rejects it.
+_CGROUP_DISABLED_SINCE = (23, 2)
+
+
+class RenderError(Exception):
+    """The templates are missing or cannot be rendered."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One compute node as slurm.conf declares it."""
+
+    name: str
+    addr: str
+    port: int
+    hostname: str | None = None
+
+    def line(self) -> str:
+        parts = [f"NodeName={self.name}"]
+        if self.hostname is not None:
+            parts.append(f"NodeHostname={self.hostname}")
+        parts += [f"NodeAddr={self.addr}", f"Port={self.port}"]
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Everything the templates are filled with. Build it with ``native()`` or ``docker()``."""
+
+    mode: Mode
+    nodes: int
+    ctld_host: str
+    ctld_addr: str
+    ctld_port: int
+    slurmd_port_base: int
+    state_dir: str
+    spool_dir: str
+    run_dir: str
+    log_dir: str
+    gpu_files: str
+    slurm_user: str = "root"
+    cluster_name: str = "lab"
+    accounting: bool = False
+    dbd_host: str = "slurmdbd"
+    storage_host: str = "mariadb"
+    storage_user: str = "slurm"
+    storage_pass: str = "slurm"  # noqa: S105 - a throwaway lab database, documented as such
+    slurm_version: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise RenderError(f"a cluster needs at least 1 node, not {self.nodes}")
+        ports = [self.ctld_port, self.slurmd_port_base]
+        if self.mode == "native":
+            ports.append(self.slurmd_port_base + self.nodes - 1)
+        for port in ports:
+            if not 1 <= port <= 65535:
+                raise RenderError(f"port {port} is outside 1-65535")
+        if self.mode == "native" and (
+            self.slurmd_port_base <= self.ctld_port < self.slurmd_port_base + self.nodes
+        ):
+            raise RenderError(
+                f"slurmctld port {self.ctld_port} collides with the slurmd ports "
+                f"{self.slurmd_port_base}-{self.slurmd_port_base + self.nodes - 1}"
+            )
+        if self.accounting and self.mode != "docker":
+            raise RenderError("accounting (slurmdbd + MariaDB) is only rendered for --mode docker")
+
+    @classmethod
+    def native(
+        cls,
+        root: Path,
+        *,
+        nodes: int = 4,
+        ctld_port: int = 6817,
+        slurmd_port_base: int = 17001,
+        slurm_user: str = "root",
+        slurm_version: tuple[int, int] | None = None,
+    ) -> ClusterConfig:
+        """All daemons on 127.0.0.1 of this host, state under ``root``."""
+        root = Path(root).absolute()
+        return cls(
+            mode="native",
+            nodes=nodes,
+            ctld_host="localhost",
+            ctld_addr="127.0.0.1",
+            ctld_port=ctld_port,
+            slurmd_port_base=slurmd_port_base,
+            state_dir=str(root / "state"),
+            spool_dir=str(root / "spool"),
+            run_dir=str(root / "run" / "slurm"),
+            log_dir=str(root / "log"),
+            gpu_files="/dev/tty[0-3]",
+            slurm_user=slurm_user,
+            slurm_version=slurm_version,
+        )
+
+    @classmethod
+    def docker(
+        cls,
+        *,
+        nodes: int = 4,
+        accounting: bool = False,
+        slurm_user: str = "root",
+        slurm_version: tuple[int, int] | None = None,
+    ) -> ClusterConfig:
+        """One container per daemon: ``slurmctld`` and ``gpu1..gpuN``, default ports."""
+        return cls(
+            mode="docker",
+            nodes=nodes,
+            ctld_host="slurmctld",
+            ctld_addr="slurmctld",
+            ctld_port=6817,
+            slurmd_port_base=6818,
+            state_dir="/var/spool/slurmctld",
+            spool_dir="/var/spool/slurmd",
+            run_dir="/run/slurm",
+            log_dir="/var/log/slurm",
+            gpu_files="/dev/fakegpu[0-3]",
+            slurm_user=slurm_user,
+            accounting=accounting,
+            slurm_version=slurm_version,
+        )
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"gpu{i}" for i in range(1, self.nodes + 1)]
+
+    def node_specs(self) -> list[NodeSpec]:
+        if self.mode == "native":
+            return [
+                NodeSpec(name, "127.0.0.1", self.slurmd_port_base + i, hostname="localhost")
+                for i, name in enumerate(self.node_names)
+            ]
+        return [NodeSpec(name, name, self.slurmd_port_base) for name in self.node_names]
+
+    def accounting_lines(self) -> str:
+        if not self.accounting:
+            return "AccountingStorageType=accounting_storage/none"
+        return "\n".join(
+            [
+                "AccountingStorageType=accounting_storage/slurmdbd",
+                f"AccountingStorageHost={self.dbd_host}",
+                "AccountingStoragePort=6819",
+            ]
+        )
+
+    def cgroup_line(self) -> str:
+        version = self.slurm_version or (22, 5)
+        if version >= _CGROUP_DISABLED_SINCE:
+            return "CgroupPlugin=disabled"
+        return "IgnoreSystemdOnFailure=yes"
+
+    def variables(self) -> dict[str, str]:
+        return {
+            "CLUSTER_NAME": self.cluster_name,
+            "CTLD_HOST": self.ctld_host,
+            "CTLD_ADDR": self.ctld_addr,
+            "CTLD_PORT": str(self.ctld_port),
+            "SLURM_USER": self.slurm_user,
+            "STATE_DIR": self.state_dir,
+            "SPOOL_DIR": self.spool_dir,
+            "RUN_DIR": self.run_dir,
+            "LOG_DIR": self.log_dir,
+            "ACCOUNTING": self.accounting_lines(),
+            "NODE_COUNT": str(self.nodes),
+            "NODE_RANGE": node_range(self.nodes),
+            "NODE_LINES": "\n".join(spec.line() for spec in self.node_specs()),
+            "GPU_FILES": self.gpu_files,
+            "DBD_HOST": self.dbd_host,
+            "STORAGE_HOST": self.storage_host,
+            "STORAGE_USER": self.storage_user,
+            "STORAGE_PASS": self.storage_pass,
+        }
+
+
+def node_range(nodes: int) -> str:
+    """The hostlist expression of ``gpu1..gpuN``: ``gpu1`` or ``gpu[1-N]``."""
+    return "gpu1" if nodes == 1 else f"gpu[1-{nodes}]"
+
+
+def _default_template_dirs() -> list[Path]:
+    here = Path(__file__).resolve()
+    return [here.parents[2] / "docker-slurm" / "conf", here.parent / "templates"]
+
+
+def find_templates(templates: Path | str | None = None) -> Path:
+    """The template directory: ``templates``, else ``$SGPU_CLUSTER_TEMPLATES``, else the
+    repository's ``docker-slurm/conf``. Raises ``RenderError`` naming what was tried."""
+    if templates is not None:
+        candidates = [Path(templates)]
+    elif os.environ.get(TEMPLATES_ENV):
+        candidates = [Path(os.environ[TEMPLATES_ENV])]
+    else:
+        candidates = _default_template_dirs()
+    required = list(CONFIG_FILES.values())
+    for candidate in candidates:
+        if all((candidate / name).is_file() for name in required):
+            return candidate
+    tried = ", ".join(str(c) for c in candidates)
+    raise RenderError(
+        f"lab cluster templates not found (need {', '.join(required)}); tried {tried}. "
+        f"Pass templates=... or set {TEMPLATES_ENV} to the docker-slurm/conf directory."
+    )
+
+
+def _substitute(path: Path, variables: Mapping[str, str]) -> str:
+    try:
+        return Template(path.read_text()).substitute(variables)
+    except KeyError as exc:
+        raise RenderError(f"{path}: unknown placeholder ${{{exc.args[0]}}}") from exc
+    except ValueError as exc:
+        raise RenderError(f"{path}: bad placeholder syntax: {exc}") from exc
+
+
+def render(config: ClusterConfig, templates: Path | str | None = None) -> dict[str, str]:
+    """Render every config file; returns ``{file name: content}``."""
+    tdir = find_templates(templates)
+    variables = config.variables()
+    out: dict[str, str] = {}
+    for name, template in CONFIG_FILES.items():
+        path = tdir / template
+        if name == "cgroup.conf":
+            text = path.read_text()
+            if not text.endswith("\n"):
+                text += "\n"
+            out[name] = text + config.cgroup_line() + "\n"
+        elif name == "job_submit.lua":
+            out[name] = path.read_text()
+        else:
+            out[name] = _substitute(path, variables)
+    if config.accounting:
+        dbd_name, dbd_template = _DBD_FILE
+        if not (tdir / dbd_template).is_file():
+            raise RenderError(f"accounting needs {tdir / dbd_template}")
+        out[dbd_name] = _substitute(tdir / dbd_template, variables)
+    return out
+
+
+def write(
+    config: ClusterConfig, out_dir: Path | str, templates: Path | str | None = None
+) -> dict[str, Path]:
+    """Render into ``out_dir`` (created if needed); returns ``{file name: path}``.
+
+    Files are replaced atomically; slurmdbd.conf is written 0600 as slurmdbd demands.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for name, text in render(config, templates).items():
+        target = out_dir / name
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.chmod(0o600 if name == "slurmdbd.conf" else 0o644)
+        tmp.replace(target)
+        written[name] = target
+    return written
+
+
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)")
+
+
+def detect_slurm_version(binary: str | Path | None = None) -> tuple[int, int] | None:
+    """``(major, minor)`` of the installed Slurm (``slurmctld -V`` or ``sinfo -V``), or None."""
+    candidates = [str(binary)] if binary is not None else []
+    candidates += ["/usr/sbin/slurmctld-wlm", "slurmctld", "slurmd", "sinfo"]
+    for candidate in candidates:
+        exe = candidate if os.path.isabs(candidate) else shutil.which(candidate)
+        if not exe or not os.access(exe, os.X_OK):
+            continue
+        try:
+            proc = subprocess.run(
+                [exe, "-V"], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        match = _VERSION_RE.search(proc.stdout + proc.stderr)
+        if proc.returncode == 0 and match:
+            return int(match.group(1)), int(match.group(2))
+    return None
+
+
+def _parse_version(text: str) -> tuple[int, int]:
+    match = _VERSION_RE.fullmatch(text.strip()) or _VERSION_RE.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a Slurm version like 22.05, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m slurmgpu.labcluster.render",
+        description="Render the lab cluster's slurm.conf, gres.conf, cgroup.conf, job_submit.lua.",
+    )
+    parser.add_argument("--mode", choices=["native", "docker"], default="native")
+    parser.add_argument("--out", type=Path, required=True, help="directory to write into")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--root", type=Path, help="native mode: the cluster's state directory")
+    parser.add_argument("--port", type=int, default=6817, help="native mode: slurmctld port")
+    parser.add_argument("--slurmd-port-base", type=int, default=17001, help="native mode")
+    parser.add_argument("--accounting", action="store_true", help="docker mode: use slurmdbd")
+    parser.add_argument("--slurm-user", default="root")
+    parser.add_argument(
+        "--slurm-version",
+        type=_parse_version,
+        help="Slurm major.minor the config is for (default: detect the installed one, else 22.05)",
+    )
+    parser.add_argument("--templates", type=Path, help=f"template dir (default ${TEMPLATES_ENV})")
+    args = parser.parse_args(argv)
+
+    version: tuple[int, int] | None = args.slurm_version or detect_slurm_version()
+    try:
+        if args.mode == "docker":
+            config = ClusterConfig.docker(
+                nodes=args.nodes,
+                accounting=args.accounting,
+                slurm_user=args.slurm_user,
+                slurm_version=version,
+            )
+        else:
+            config = ClusterConfig.native(
+                args.root or args.out.parent,
+                nodes=args.nodes,
+                ctld_port=args.port,
+                slurmd_port_base=args.slurmd_port_base,
+                slurm_user=args.slurm_user,
+                slurm_version=version,
+            )
+        written = write(config, args.out, args.templates)
+    except (RenderError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for path in written.values():
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
