@@ -1,0 +1,314 @@
+"""``CliSlurmClient``: the SlurmClient backend that runs Slurm's own commands.
+
+Listings are one ``squeue --json`` and one ``sinfo --json`` per call, decoded by
+:mod:`slurmgpu.slurm.jsonformat` (``decode_squeue`` / ``decode_sinfo`` are re-exported
+here). Actions use ``sbatch``, ``scontrol`` and ``scancel``. Every command goes through
+:meth:`CliSlurmClient._run`: an argument list (never a shell), a timeout, and one place
+that turns failures into :class:`SlurmUnavailableError` (timeout, controller not
+answering, command missing) or :class:`SlurmCommandError` (Slurm refused; the message is
+the first line of stderr).
+
+``SLURM_CONF`` is read from the environment at each call unless ``slurm_conf`` is given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Final
+
+from slurmgpu.model import Job, Node
+from slurmgpu.slurm.client import (
+    SlurmCommandError,
+    SlurmError,
+    SlurmParseError,
+    SlurmUnavailableError,
+)
+from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
+from slurmgpu.slurm.parse import SlurmValueError, format_time_limit
+
+__all__ = ["CliSlurmClient", "decode_sinfo", "decode_squeue", "parse_version_output"]
+
+DEFAULT_TIMEOUT_S: Final = 30.0
+
+# What Slurm's commands print when slurmctld (or munge) is not answering.
+_UNAVAILABLE_RE: Final = re.compile(
+    r"unable to contact slurm controller|connection refused|connect failure|"
+    r"socket timed out|timed out|communication connection failure|zero bytes were transmitted|"
+    r"transport endpoint|munge|authentication|credential|slurm_persist_conn|"
+    r"backup controller|in standby mode|slurmctld.*(?:not responding|down)|"
+    # 22.05 scontrol update/hold reports a failed connection this way:
+    r"unexpected message received",
+    re.IGNORECASE,
+)
+# sbatch --parsable prints "jobid" or "jobid;cluster".
+_PARSABLE_RE: Final = re.compile(r"^\s*(\d+)(?:;(\S+))?\s*$")
+# Job ids we pass on: 123, 123_4, 123_[1-3,5], 123+1 (hetjob component).
+_JOB_ID_RE: Final = re.compile(r"\d+(?:_(?:\d+|\[[\d,\-%]+\]))?(?:\+\d+)?")
+_UPDATE_KEY_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_SIGNAL_RE: Final = re.compile(r"(?:SIG)?[A-Z][A-Z0-9+]*|\d{1,2}", re.IGNORECASE)
+_VERSION_RE: Final = re.compile(r"(\d+\.\d+\.\d+[\w.\-]*)")
+# scancel -v lines for a job that is already over: cancelling it again is a no-op.
+_ALREADY_DONE_RE: Final = re.compile(r"already completing or completed", re.IGNORECASE)
+
+
+def parse_version_output(text: str) -> str:
+    """``"slurm 23.11.4"`` / ``"slurm-wlm 22.05.8"`` → ``"23.11.4"``."""
+    m = _VERSION_RE.search(text)
+    if not m:
+        raise SlurmParseError(f"cannot find a Slurm version in {text.strip()[:80]!r}")
+    return m.group(1)
+
+
+def _first_line(*texts: bytes | str | None) -> str:
+    for t in texts:
+        if not t:
+            continue
+        s = t.decode("utf-8", "replace") if isinstance(t, bytes) else t
+        for line in s.splitlines():
+            if line.strip():
+                return line.strip()
+    return ""
+
+
+def _job_id(job_id: str | int) -> str:
+    text = str(job_id).strip()
+    if isinstance(job_id, bool) or not _JOB_ID_RE.fullmatch(text):
+        raise SlurmCommandError(f"invalid job id {str(job_id)[:40]!r}")
+    return text
+
+
+class CliSlurmClient:
+    """SlurmClient over ``squeue``/``sinfo``/``sbatch``/``scontrol``/``scancel``.
+
+    Args:
+        timeout_s: seconds each command may take before the call raises
+            :class:`SlurmUnavailableError` (the command is killed).
+        slurm_conf: path for ``SLURM_CONF``; default: the environment's at call time.
+        bin_dir: directory holding the Slurm commands; default: ``PATH``.
+        all_states: add ``--states=all`` to squeue so jobs that finished within
+            ``MinJobAge`` are listed too.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        slurm_conf: str | None = None,
+        bin_dir: str | None = None,
+        all_states: bool = True,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
+        self.timeout_s = timeout_s
+        self.slurm_conf = slurm_conf
+        self.bin_dir = bin_dir
+        self.all_states = all_states
+        self._version: str | None = None
+
+    def __repr__(self) -> str:
+        return f"CliSlurmClient(timeout_s={self.timeout_s!r}, slurm_conf={self.slurm_conf!r})"
+
+    # ------------------------------------------------------------------ the one runner
+
+    def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        if extra:
+            env.update(extra)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        check: bool = True,
+        big_output: bool = False,
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run one Slurm command (argument list, no shell); every call goes through here.
+
+        Raises SlurmUnavailableError on timeout, a missing command, or when stderr says
+        the controller did not answer; SlurmCommandError on any other non-zero exit
+        (when ``check``), with stderr's first line. ``big_output`` sends stdout to a
+        temporary file read back in one piece, so a listing of hundreds of MiB is held
+        once in memory rather than as pipe chunks plus their join.
+        """
+        args = list(argv)
+        if self.bin_dir:
+            args[0] = os.path.join(self.bin_dir, args[0])
+        try:
+            if big_output:
+                with tempfile.TemporaryFile(prefix="slurmgpu-") as out:
+                    proc = subprocess.run(
+                        args,
+                        input=stdin,
+                        stdin=None if stdin is not None else subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.PIPE,
+                        env=self._env(env),
+                        cwd=cwd,
+                        timeout=self.timeout_s,
+                        check=False,
+                    )
+                    out.seek(0)
+                    proc.stdout = out.read()
+            else:
+                proc = subprocess.run(
+                    args,
+                    input=stdin,
+                    stdin=None if stdin is not None else subprocess.DEVNULL,
+                    capture_output=True,
+                    env=self._env(env),
+                    cwd=cwd,
+                    timeout=self.timeout_s,
+                    check=False,
+                )
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailableError(
+                f"{argv[0]} did not finish within {self.timeout_s:g} s"
+            ) from None
+        except FileNotFoundError as exc:
+            if cwd and not os.path.isdir(cwd):
+                raise SlurmCommandError(f"{argv[0]}: no such directory {cwd!r}") from None
+            raise SlurmUnavailableError(f"{argv[0]}: command not found ({exc.strerror})") from None
+        except PermissionError as exc:
+            raise SlurmUnavailableError(f"{argv[0]}: cannot run: {exc.strerror}") from None
+        except OSError as exc:
+            raise SlurmError(f"{argv[0]}: cannot run: {exc}") from None
+        if proc.returncode != 0 and check:
+            raise self._failure(argv[0], proc)
+        return proc
+
+    @staticmethod
+    def _failure(cmd: str, proc: subprocess.CompletedProcess[bytes]) -> SlurmError:
+        line = _first_line(proc.stderr, proc.stdout) or f"exit status {proc.returncode}"
+        msg = line if line.startswith(cmd) else f"{cmd}: {line}"
+        err = proc.stderr.decode("utf-8", "replace") if proc.stderr else ""
+        if _UNAVAILABLE_RE.search(err) or _UNAVAILABLE_RE.search(line):
+            return SlurmUnavailableError(msg)
+        return SlurmCommandError(msg, returncode=proc.returncode)
+
+    def _listing(self, argv: Sequence[str]) -> bytes:
+        """Run a ``--json`` listing; a failing exit with JSON errors is decoded by the caller."""
+        proc = self._run(argv, check=False, big_output=True)
+        if proc.returncode == 0:
+            return proc.stdout
+        out = proc.stdout.lstrip()
+        if out.startswith(b"{"):
+            return proc.stdout  # Slurm's JSON "errors" say why; decode_* raises from them
+        raise self._failure(argv[0], proc)
+
+    # ------------------------------------------------------------------ listings
+
+    def version(self) -> str:
+        if self._version is None:
+            proc = self._run(["sinfo", "--version"])
+            self._version = parse_version_output(proc.stdout.decode("utf-8", "replace"))
+        return self._version
+
+    def jobs(self) -> list[Job]:
+        argv = ["squeue", "--json", "--all"]
+        if self.all_states:
+            argv.append("--states=all")
+        jobs, release = decode_squeue(self._listing(argv))
+        if release and self._version is None:
+            self._version = release
+        return jobs
+
+    def nodes(self) -> list[Node]:
+        # --Node: on 23.11+ one "sinfo" record per node and partition (22.05 ignores it).
+        return decode_sinfo(self._listing(["sinfo", "--json", "--Node"]))
+
+    # ------------------------------------------------------------------ actions
+
+    def submit(
+        self,
+        sbatch_args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> int:
+        """``sbatch --parsable ARGS``; ``env`` is added to this process's environment."""
+        args = [str(a) for a in sbatch_args]
+        proc = self._run(["sbatch", "--parsable", *args], stdin=stdin, env=env, cwd=cwd)
+        out = proc.stdout.decode("utf-8", "replace")
+        for line in out.splitlines():
+            m = _PARSABLE_RE.match(line)
+            if m:
+                return int(m.group(1))
+        raise SlurmParseError(f"sbatch --parsable printed no job id: {out.strip()[:80]!r}")
+
+    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+        jid = _job_id(job_id)
+        if not fields:
+            raise SlurmCommandError("scontrol update: no fields to update")
+        pairs = []
+        for key, value in fields.items():
+            if not _UPDATE_KEY_RE.fullmatch(key):
+                raise SlurmCommandError(f"scontrol update: invalid field name {key!r}")
+            text = str(value)
+            if "\n" in text or "\0" in text:
+                raise SlurmCommandError(f"scontrol update: invalid value for {key}")
+            pairs.append(f"{key}={text}")
+        self._run(["scontrol", "update", f"JobId={jid}", *pairs])
+
+    def hold(self, job_id: str | int) -> None:
+        self._run(["scontrol", "hold", _job_id(job_id)])
+
+    def release(self, job_id: str | int) -> None:
+        self._run(["scontrol", "release", _job_id(job_id)])
+
+    def requeue(self, job_id: str | int, *, hold: bool = False) -> None:
+        self._run(["scontrol", "requeuehold" if hold else "requeue", _job_id(job_id)])
+
+    def signal(self, job_id: str | int, signal: str, *, batch_only: bool = False) -> None:
+        sig = str(signal).strip()
+        if not _SIGNAL_RE.fullmatch(sig):
+            raise SlurmCommandError(f"scancel: invalid signal {sig[:20]!r}")
+        argv = ["scancel", f"--signal={sig}"]
+        if batch_only:
+            argv.append("--batch")
+        argv.append(_job_id(job_id))
+        self._scancel(argv)
+
+    def cancel(self, job_id: str | int) -> None:
+        """``scancel``; a job that already ended is not an error (it is cancelled)."""
+        self._scancel(["scancel", _job_id(job_id)], ok_if_done=True)
+
+    def _scancel(self, argv: list[str], *, ok_if_done: bool = False) -> None:
+        # scancel exits 0 (and prints nothing) for an unknown job id unless --verbose,
+        # so run it verbose and read its "error:" lines.
+        proc = self._run([argv[0], "--verbose", *argv[1:]], check=False)
+        err = proc.stderr.decode("utf-8", "replace")
+        errors = [ln.strip() for ln in err.splitlines() if "error:" in ln]
+        if ok_if_done:
+            errors = [ln for ln in errors if not _ALREADY_DONE_RE.search(ln)]
+        if errors:
+            line = errors[0]
+            msg = line if line.startswith("scancel") else f"scancel: {line}"
+            if _UNAVAILABLE_RE.search(line):
+                raise SlurmUnavailableError(msg)
+            raise SlurmCommandError(msg, returncode=proc.returncode)
+        if proc.returncode != 0 and not ok_if_done:
+            raise self._failure("scancel", proc)
+
+    def set_array_throttle(self, array_job_id: int, max_running: int) -> None:
+        if isinstance(max_running, bool) or int(max_running) < 0:
+            raise SlurmCommandError(f"invalid array throttle {max_running!r}")
+        self.update_job(array_job_id, {"ArrayTaskThrottle": str(int(max_running))})
+
+    def set_time_limit(self, job_id: str | int, limit: timedelta) -> None:
+        try:
+            text = format_time_limit(limit)
+        except SlurmValueError as exc:
+            raise SlurmCommandError(str(exc)) from None
+        self.update_job(job_id, {"TimeLimit": text})
