@@ -9,6 +9,9 @@ Example (every key is optional; these are the defaults)::
     listen = "127.0.0.1:8787"
     mode = "advise"            # observe | advise | enforce
     vanish_after_cycles = 2
+    api = true                 # serve the agent ingest API on `listen`
+    secret_file = "/etc/slurmgpu/site.secret"   # for agents without MUNGE (0600, created)
+    admin_comment = false      # copy each job's usage summary into its AdminComment
 
     [slurm]
     backend = "auto"           # auto | cli | pyslurm
@@ -87,6 +90,14 @@ def default_database_url() -> str:
     return f"sqlite:///{state / 'slurmgpu' / 'state.db'}"
 
 
+def default_secret_file() -> str:
+    """Return where the daemon keeps its site secret for agent tokens."""
+    if os.geteuid() == 0:
+        return "/etc/slurmgpu/site.secret"
+    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    return str(state / "slurmgpu" / "site.secret")
+
+
 @dataclass(frozen=True, slots=True)
 class DaemonSettings:
     poll_interval: timedelta = timedelta(seconds=30)
@@ -95,6 +106,9 @@ class DaemonSettings:
     listen: str = "127.0.0.1:8787"
     mode: str = "advise"
     vanish_after_cycles: int = 2
+    api: bool = True
+    secret_file: str = field(default_factory=default_secret_file)
+    admin_comment: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +194,14 @@ class _Reader:
             raise self._fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
         return value
 
+    def boolean(self, key: str, default: bool) -> bool:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, bool):
+            raise self._fail(key, f"must be true or false, not {value!r}")
+        return value
+
     def integer(self, key: str, default: int, *, minimum: int = 0) -> int:
         if key not in self.raw:
             return default
@@ -220,6 +242,9 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
         listen=d.string("listen", "127.0.0.1:8787"),
         mode=d.string("mode", "advise", choices=MODES),
         vanish_after_cycles=d.integer("vanish_after_cycles", 2, minimum=1),
+        api=d.boolean("api", True),
+        secret_file=d.string("secret_file", default_secret_file()),
+        admin_comment=d.boolean("admin_comment", False),
     )
     d.finish()
     s = _Reader(doc, text, path, "slurm")

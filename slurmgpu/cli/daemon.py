@@ -1,15 +1,20 @@
-"""``sgpu daemon``: observe Slurm every poll interval and store what changed."""
+"""``sgpu daemon``: observe Slurm every poll interval, serve the agent API, store it all."""
 
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from pathlib import Path
 
 import click
 
 from slurmgpu.cli.main import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
+from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
 from slurmgpu.daemon.loop import DaemonLoop
-from slurmgpu.daemon.observer import Observer
+from slurmgpu.daemon.observer import CycleResult, Observer
+from slurmgpu.daemon.summary import Summarizer
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
 log = logging.getLogger("slurmgpu.daemon")
 
@@ -20,9 +25,20 @@ log = logging.getLogger("slurmgpu.daemon")
 )
 @click.option("--interval", metavar="DURATION", help='Poll interval, e.g. "30s" (default: config).')
 @click.option("--cycles", type=click.IntRange(min=1), help="Stop after this many cycles.")
+@click.option(
+    "--listen", metavar="HOST:PORT", help="API address (default: config, 127.0.0.1:8787)."
+)
+@click.option("--no-api", is_flag=True, help="Do not serve the agent ingest API.")
 @pass_app
-def daemon(app: AppContext, once: bool, interval: str | None, cycles: int | None) -> None:
-    """Run the slurmgpu daemon (observe → store; policies come in later releases)."""
+def daemon(
+    app: AppContext,
+    once: bool,
+    interval: str | None,
+    cycles: int | None,
+    listen: str | None,
+    no_api: bool,
+) -> None:
+    """Run the slurmgpu daemon: observe → store, and ingest agents' usage samples."""
     settings = app.settings
     poll = (
         timedelta(seconds=duration_option(interval)) if interval else settings.daemon.poll_interval
@@ -31,11 +47,24 @@ def daemon(app: AppContext, once: bool, interval: str | None, cycles: int | None
         fail("--interval must be at least 0.1s", 2)
     store = app.store(migrate=True)
     slurm = app.slurm()
+    usage = UsageStore(store.engine, store.cluster)
     try:
         observer = Observer(slurm, store, vanish_after_cycles=settings.daemon.vanish_after_cycles)
     except Exception as exc:  # the store could not be read back
         fail(f"cannot load state from {settings.daemon.database}: {exc}", EXIT_STORE)
-    loop = DaemonLoop(observer, interval=poll, max_backoff=settings.daemon.max_backoff)
+    summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
+
+    def on_cycle(result: CycleResult) -> None:
+        if not result.ended or result.snapshot is None:
+            return
+        ended = set(result.ended)
+        for job in result.snapshot.jobs:
+            if job.job_id in ended:
+                summarizer.job_ended(job, result.at)
+
+    loop = DaemonLoop(
+        observer, interval=poll, max_backoff=settings.daemon.max_backoff, on_cycle=on_cycle
+    )
     if once:
         result = loop.run_once()
         if not result.ok:
@@ -45,6 +74,31 @@ def daemon(app: AppContext, once: bool, interval: str | None, cycles: int | None
             f"{result.gone} gone; {result.nodes_changed} nodes updated in {result.seconds:.2f}s"
         )
         return
+    server = None
+    if settings.daemon.api and not no_api:
+        try:
+            host, port = parse_listen(listen or settings.daemon.listen)
+        except ValueError as exc:
+            fail(str(exc), 2)
+        try:
+            secret = load_or_create_site_secret(Path(settings.daemon.secret_file))
+        except (AuthError, OSError) as exc:
+            fail(f"site secret: {exc}", 1)
+        directory = NodeDirectory(lambda: observer.latest)
+        auth = Authenticator(
+            site_secret=secret, allow_munge=munge_available(), node_addresses=directory.addresses
+        )
+        try:
+            server = ApiServer(IngestService(usage, auth, directory), host, port)
+        except OSError as exc:
+            fail(f"cannot listen on {host}:{port}: {exc.strerror}", 1)
+        server.start()
+        log.info(
+            "API listening on http://%s:%d (MUNGE auth %s)",
+            host,
+            server.address[1],
+            "on" if auth.allow_munge else "off",
+        )
     loop.install_signal_handlers()
     log.info(
         "daemon started: database %s, poll every %.0fs, mode %s",
@@ -52,4 +106,8 @@ def daemon(app: AppContext, once: bool, interval: str | None, cycles: int | None
         poll.total_seconds(),
         settings.daemon.mode,
     )
-    loop.run(max_cycles=cycles)
+    try:
+        loop.run(max_cycles=cycles)
+    finally:
+        if server is not None:
+            server.stop()

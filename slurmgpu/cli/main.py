@@ -139,6 +139,7 @@ def main(
 def _register() -> None:
     from slurmgpu.cli.daemon import daemon
     from slurmgpu.cli.db import db
+    from slurmgpu.cli.fakeload import fakeload
     from slurmgpu.cli.jobs import jobs
     from slurmgpu.cli.submit import submit
 
@@ -146,6 +147,7 @@ def _register() -> None:
     main.add_command(submit)
     main.add_command(jobs)
     main.add_command(db)
+    main.add_command(fakeload)
     try:
         from slurmgpu.cli.cluster import cluster
     except ImportError:  # pragma: no cover - the lab launcher is optional in a wheel

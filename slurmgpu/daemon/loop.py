@@ -22,7 +22,9 @@ def next_delay(interval: timedelta, failures: int, max_backoff: timedelta) -> fl
     """Return seconds to wait: the interval, doubled per consecutive failure, capped."""
     if failures <= 0:
         return interval.total_seconds()
-    return float(min(interval.total_seconds() * 2.0 ** min(failures, 16), max_backoff.total_seconds()))
+    return float(
+        min(interval.total_seconds() * 2.0 ** min(failures, 16), max_backoff.total_seconds())
+    )
 
 
 class DaemonLoop:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from slurmgpu.daemon.diff import JobDiff, diff_jobs
-from slurmgpu.model import ClusterSnapshot, Job, Node
+from slurmgpu.model import ClusterSnapshot, Job, JobState, Node
 from slurmgpu.slurm.client import SlurmClient, SlurmError, SlurmParseError, SlurmUnavailableError
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.jobstore import JobStore
@@ -35,6 +35,7 @@ class CycleResult:
     gone: int = 0
     vanished: int = 0
     nodes_changed: int = 0
+    ended: tuple[int, ...] = ()  # jobs that reached a terminal state in this cycle
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     snapshot: ClusterSnapshot | None = None
@@ -64,6 +65,8 @@ class Observer:
         self._row_ids: dict[int, int] = {jid: rid for jid, (rid, _) in active.items()}
         self._missing: dict[int, int] = {}
         self._nodes: dict[str, Node] = store.known_nodes()
+        # The last successful snapshot, for the API thread (replaced whole, never mutated).
+        self.latest: ClusterSnapshot | None = None
 
     def cycle(self) -> CycleResult:
         """Observe once; never raises for Slurm or store trouble (the result says why)."""
@@ -122,6 +125,15 @@ class Observer:
             self._jobs.pop(job_id, None)
         for node in changed_nodes:
             self._nodes[node.name] = node
+        ended = tuple(
+            t.job_id
+            for t in diff.transitions
+            if t.to_state is not None
+            and t.kind in {"state", "submitted"}
+            and JobState(t.to_state).is_terminal
+        )
+        snapshot = ClusterSnapshot(taken_at=at, jobs=tuple(jobs), nodes=tuple(nodes))
+        self.latest = snapshot
         timings = dict(t_fetch or {})
         timings.update(diff=t_diff - t_diff0, store=t_store - t_diff)
         return CycleResult(
@@ -134,7 +146,8 @@ class Observer:
             gone=len(diff.gone),
             vanished=len(diff.vanished),
             nodes_changed=len(changed_nodes),
+            ended=ended,
             seconds=time.perf_counter() - t0,
             timings=timings,
-            snapshot=ClusterSnapshot(taken_at=at, jobs=tuple(jobs), nodes=tuple(nodes)),
+            snapshot=snapshot,
         )

@@ -6,7 +6,8 @@ Tables:
 - ``job_events``: state transitions, requeues and disappearances of a job, in order.
 - ``nodes``, ``gpus``: the inventory as Slurm and the agents report it.
 - ``submissions``: what ``sgpu submit`` recorded (argv, uid, later the malleable spec).
-- ``samples``: raw per-GPU/per-process usage from node agents (issue: telemetry).
+- ``samples``: raw per-job GPU and host usage from node agents (idempotent by sample_uid).
+- ``job_summaries``: the per-job usage summary written when a job ends (kept for ever).
 - ``actions``: the audit of every policy decision, taken or suppressed.
 - ``transactions``: persisted multi-step actions (resize, requeue, co-locate).
 - ``meta``: small key/value facts (daemon lease, last cycle).
@@ -198,23 +199,39 @@ samples = Table(
     "samples",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("sample_uid", String(64), nullable=False),  # idempotency key from the agent
+    Column("sample_uid", String(128), nullable=False),  # idempotency key from the agent
     Column("cluster", String(64), nullable=False, default=""),
-    Column("job_id", BigInteger),
     Column("node", String(128), nullable=False),
-    Column("gpu_index", Integer),
-    Column("pid", Integer),
+    Column("kind", String(4), nullable=False),  # gpu | host
+    Column("job_id", BigInteger),  # None: unattributed process or unallocated GPU
+    Column("gpu_index", Integer),  # Slurm's device index; None for host samples
     Column("at", TS, nullable=False),
-    Column("gpu_util_pct", Float),
-    Column("gpu_mem_used_mib", Float),
-    Column("gpu_mem_total_mib", Float),
+    Column("util_pct", Float),
+    Column("memory_used_mib", Float),
+    Column("memory_total_mib", Float),
     Column("power_w", Float),
     Column("temperature_c", Float),
+    Column("processes", Integer),
+    Column("shared", Boolean),
+    Column("source", String(8)),  # process | device | idle | error
     Column("cpu_pct", Float),
+    Column("cpus_allocated", Integer),
     Column("rss_mib", Float),
+    Column("cgroup_memory_mib", Float),
     UniqueConstraint("sample_uid"),
-    Index(None, "job_id", "at"),
+    Index(None, "job_id", "kind", "at"),
     Index(None, "at"),
+)
+
+job_summaries = Table(
+    "job_summaries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("job_id", BigInteger, nullable=False),
+    Column("created_at", TS, nullable=False),
+    Column("summary", JSON, nullable=False),  # jobstats-style per-node/per-GPU summary
+    Index(None, "cluster", "job_id"),
 )
 
 actions = Table(

@@ -32,6 +32,20 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("cluster", "node", "index", name=op.f("pk_gpus")),
     )
     op.create_table(
+        "job_summaries",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("cluster", sa.String(length=64), nullable=False),
+        sa.Column("job_id", sa.BigInteger(), nullable=False),
+        sa.Column("created_at", slurmgpu.store.schema.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("summary", sa.JSON(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_job_summaries")),
+    )
+    with op.batch_alter_table("job_summaries", schema=None) as batch_op:
+        batch_op.create_index(
+            batch_op.f("ix_job_summaries_cluster_job_id"), ["cluster", "job_id"], unique=False
+        )
+
+    op.create_table(
         "jobs",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
         sa.Column("cluster", sa.String(length=64), nullable=False),
@@ -122,26 +136,33 @@ def upgrade() -> None:
     op.create_table(
         "samples",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("sample_uid", sa.String(length=64), nullable=False),
+        sa.Column("sample_uid", sa.String(length=128), nullable=False),
         sa.Column("cluster", sa.String(length=64), nullable=False),
-        sa.Column("job_id", sa.BigInteger(), nullable=True),
         sa.Column("node", sa.String(length=128), nullable=False),
+        sa.Column("kind", sa.String(length=4), nullable=False),
+        sa.Column("job_id", sa.BigInteger(), nullable=True),
         sa.Column("gpu_index", sa.Integer(), nullable=True),
-        sa.Column("pid", sa.Integer(), nullable=True),
         sa.Column("at", slurmgpu.store.schema.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("gpu_util_pct", sa.Float(), nullable=True),
-        sa.Column("gpu_mem_used_mib", sa.Float(), nullable=True),
-        sa.Column("gpu_mem_total_mib", sa.Float(), nullable=True),
+        sa.Column("util_pct", sa.Float(), nullable=True),
+        sa.Column("memory_used_mib", sa.Float(), nullable=True),
+        sa.Column("memory_total_mib", sa.Float(), nullable=True),
         sa.Column("power_w", sa.Float(), nullable=True),
         sa.Column("temperature_c", sa.Float(), nullable=True),
+        sa.Column("processes", sa.Integer(), nullable=True),
+        sa.Column("shared", sa.Boolean(), nullable=True),
+        sa.Column("source", sa.String(length=8), nullable=True),
         sa.Column("cpu_pct", sa.Float(), nullable=True),
+        sa.Column("cpus_allocated", sa.Integer(), nullable=True),
         sa.Column("rss_mib", sa.Float(), nullable=True),
+        sa.Column("cgroup_memory_mib", sa.Float(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_samples")),
         sa.UniqueConstraint("sample_uid", name=op.f("uq_samples_sample_uid")),
     )
     with op.batch_alter_table("samples", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_samples_at"), ["at"], unique=False)
-        batch_op.create_index(batch_op.f("ix_samples_job_id_at"), ["job_id", "at"], unique=False)
+        batch_op.create_index(
+            batch_op.f("ix_samples_job_id_kind_at"), ["job_id", "kind", "at"], unique=False
+        )
 
     op.create_table(
         "submissions",
@@ -250,7 +271,7 @@ def downgrade() -> None:
 
     op.drop_table("submissions")
     with op.batch_alter_table("samples", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_samples_job_id_at"))
+        batch_op.drop_index(batch_op.f("ix_samples_job_id_kind_at"))
         batch_op.drop_index(batch_op.f("ix_samples_at"))
 
     op.drop_table("samples")
@@ -263,4 +284,8 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f("ix_jobs_cluster_job_id"))
 
     op.drop_table("jobs")
+    with op.batch_alter_table("job_summaries", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_job_summaries_cluster_job_id"))
+
+    op.drop_table("job_summaries")
     op.drop_table("gpus")

@@ -1,0 +1,268 @@
+"""The daemon's HTTP API: agent ingest and node job lists (later: status, /metrics).
+
+Endpoints (JSON; see slurmgpu.wire for the schemas and authentication):
+
+- ``POST /v1/samples``: a SampleBatch from a node agent → ``{"accepted", "duplicates"}``.
+- ``GET /v1/nodes/<node>/jobs``: the running jobs on a node with their GPU indices.
+- ``GET /healthz``: ``{"ok": true}`` (no authentication, no data).
+
+Status codes: 400 bad payload, 401 not authenticated, 403 authenticated but not for that
+node, 404 unknown path, 413 body too large, 503 database busy (retry). Every rejection is
+logged as one line with the peer address and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from slurmgpu.model import ClusterSnapshot, JobState
+from slurmgpu.store.database import StoreError
+from slurmgpu.store.usage import StoreBusyError, UsageStore
+from slurmgpu.wire import (
+    MAX_BODY_BYTES,
+    AuthError,
+    Caller,
+    IngestResult,
+    NodeJob,
+    NodeJobs,
+    WireError,
+    decode_batch,
+    encode,
+    verify_hmac,
+    verify_munge,
+)
+
+log = logging.getLogger("slurmgpu.api")
+
+
+@dataclass
+class Authenticator:
+    """Checks a request's Authorization header and that the caller may speak for a node."""
+
+    site_secret: bytes | None = None
+    allow_munge: bool = True
+    agent_uids: frozenset[int] = frozenset({0})
+    node_addresses: Callable[[str], set[str] | None] = lambda _node: None
+
+    def authenticate(self, header: str | None, body: bytes) -> Caller:
+        if not header:
+            raise AuthError("no Authorization header")
+        if header.startswith("Munge "):
+            if not self.allow_munge:
+                raise AuthError("MUNGE authentication is disabled on this daemon")
+            caller = verify_munge(header, body)
+            if caller.uid not in self.agent_uids:
+                raise AuthError(f"uid {caller.uid} may not report samples")
+            return caller
+        if header.startswith("Sgpu-HMAC "):
+            if self.site_secret is None:
+                raise AuthError("token authentication is not configured on this daemon")
+            return verify_hmac(header, body, self.site_secret)
+        raise AuthError("unsupported Authorization scheme")
+
+    def authorize_node(self, caller: Caller, node: str) -> None:
+        """Raise PermissionError unless ``caller`` proved it is ``node``."""
+        if caller.node != node:
+            raise PermissionError(f"credential is for node {caller.node!r}, not {node!r}")
+        addresses = self.node_addresses(node)
+        if addresses is None:
+            raise PermissionError(f"unknown node {node!r}")
+        if (
+            caller.method == "munge"
+            and caller.host_addr
+            and addresses
+            and caller.host_addr not in addresses
+        ):
+            raise PermissionError(
+                f"credential made on {caller.host_addr}, not on node {node}'s address"
+            )
+
+
+@dataclass
+class NodeDirectory:
+    """Which nodes exist and their addresses, from the daemon's latest snapshot."""
+
+    snapshot: Callable[[], ClusterSnapshot | None]
+    _resolved: dict[str, set[str]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def addresses(self, node: str) -> set[str] | None:
+        snap = self.snapshot()
+        if snap is None:
+            return None
+        match = next((n for n in snap.nodes if n.name == node), None)
+        if match is None:
+            return None
+        key = match.address or match.name
+        with self._lock:
+            if key not in self._resolved:
+                try:
+                    addrs = {str(ai[4][0]) for ai in socket.getaddrinfo(key, None)}
+                except OSError:
+                    addrs = set()
+                self._resolved[key] = addrs | {key}
+            return set(self._resolved[key])
+
+    def jobs_on(self, node: str) -> NodeJobs:
+        snap = self.snapshot()
+        jobs: list[NodeJob] = []
+        if snap is not None:
+            for job in snap.jobs:
+                if job.state is not JobState.RUNNING or node not in job.nodes:
+                    continue
+                alloc = next((a for a in job.gpu_allocations if a.node == node), None)
+                per_node_cpus = job.cpus // max(job.node_count or len(job.nodes), 1)
+                jobs.append(
+                    NodeJob(
+                        job_id=job.job_id,
+                        gpu_indices=list(alloc.gpu_indices) if alloc else [],
+                        shard_indices=list(alloc.shard_indices) if alloc else [],
+                        shards=alloc.shards if alloc else 0,
+                        cpus=per_node_cpus,
+                        user=job.user,
+                    )
+                )
+        return NodeJobs(node=node, jobs=jobs)
+
+
+class IngestService:
+    """The request logic, independent of the HTTP server (tested directly and over HTTP)."""
+
+    def __init__(self, usage: UsageStore, auth: Authenticator, directory: NodeDirectory) -> None:
+        self.usage = usage
+        self.auth = auth
+        self.directory = directory
+        self.accepted = 0
+        self.rejected = 0
+
+    def _reject(self, peer: str, status: HTTPStatus, reason: str) -> tuple[int, bytes]:
+        self.rejected += 1
+        log.warning("rejected request from %s: %d %s", peer, status.value, reason)
+        return status.value, json.dumps({"error": reason}).encode()
+
+    def post_samples(self, peer: str, header: str | None, body: bytes) -> tuple[int, bytes]:
+        try:
+            caller = self.auth.authenticate(header, body)
+        except AuthError as exc:
+            return self._reject(peer, HTTPStatus.UNAUTHORIZED, str(exc))
+        try:
+            batch = decode_batch(body)
+        except WireError as exc:
+            return self._reject(peer, HTTPStatus.BAD_REQUEST, str(exc))
+        try:
+            self.auth.authorize_node(caller, batch.node)
+        except PermissionError as exc:
+            return self._reject(peer, HTTPStatus.FORBIDDEN, str(exc))
+        try:
+            accepted, duplicates = self.usage.ingest(batch)
+        except StoreBusyError as exc:
+            log.warning("ingest from %s deferred: %s", batch.node, exc)
+            return HTTPStatus.SERVICE_UNAVAILABLE.value, json.dumps({"error": str(exc)}).encode()
+        except StoreError as exc:
+            log.error("ingest from %s failed: %s", batch.node, exc)
+            return HTTPStatus.SERVICE_UNAVAILABLE.value, json.dumps({"error": str(exc)}).encode()
+        self.accepted += accepted
+        if batch.dropped:
+            log.debug("node %s reports %d samples dropped by its spool", batch.node, batch.dropped)
+        return HTTPStatus.OK.value, encode(IngestResult(accepted=accepted, duplicates=duplicates))
+
+    def get_node_jobs(self, peer: str, header: str | None, node: str) -> tuple[int, bytes]:
+        try:
+            caller = self.auth.authenticate(header, b"")
+            self.auth.authorize_node(caller, node)
+        except AuthError as exc:
+            return self._reject(peer, HTTPStatus.UNAUTHORIZED, str(exc))
+        except PermissionError as exc:
+            return self._reject(peer, HTTPStatus.FORBIDDEN, str(exc))
+        return HTTPStatus.OK.value, encode(self.directory.jobs_on(node))
+
+
+def _handler(service: IngestService) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "slurmgpu"
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s " + format, self.client_address[0], *args)
+
+        def _send(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            peer = self.client_address[0]
+            parts = self.path.split("?", 1)[0].strip("/").split("/")
+            if parts == ["healthz"]:
+                self._send(200, b'{"ok": true}')
+            elif len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] == "jobs":
+                self._send(
+                    *service.get_node_jobs(peer, self.headers.get("Authorization"), parts[2])
+                )
+            else:
+                self._send(404, b'{"error": "not found"}')
+
+        def do_POST(self) -> None:
+            peer = self.client_address[0]
+            if self.path.split("?", 1)[0].rstrip("/") != "/v1/samples":
+                self._send(404, b'{"error": "not found"}')
+                return
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                self._send(411, b'{"error": "Content-Length required"}')
+                return
+            if length < 0 or length > MAX_BODY_BYTES:
+                self.close_connection = True
+                self._send(
+                    *service._reject(
+                        peer, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes"
+                    )
+                )
+                return
+            body = self.rfile.read(length)
+            self._send(*service.post_samples(peer, self.headers.get("Authorization"), body))
+
+    return Handler
+
+
+class ApiServer:
+    """A threaded HTTP server for the API, started and stopped with the daemon."""
+
+    def __init__(self, service: IngestService, host: str, port: int) -> None:
+        self.httpd = ThreadingHTTPServer((host, port), _handler(service))
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, name="sgpu-api", daemon=True
+        )
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.httpd.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """Return (host, port) from ``"127.0.0.1:8787"``, ``"[::1]:8787"`` or ``":8787"``."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"listen address {listen!r} must look like 127.0.0.1:8787")
+    return (host.strip("[]") or "127.0.0.1"), int(port)

@@ -1,0 +1,289 @@
+"""Usage samples: idempotent batched ingest, per-job aggregates in SQL, end-of-job summaries.
+
+Aggregation happens in the database (works on SQLite and PostgreSQL), never in Python
+loops over samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, case, func, insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from slurmgpu.store import schema
+from slurmgpu.store.database import StoreError
+from slurmgpu.wire import SampleBatch
+
+# A GPU counts as busy in a sample above this utilisation (NVML reports integers).
+IDLE_UTIL_PCT = 0.5
+
+
+class StoreBusyError(StoreError):
+    """The database is locked or unreachable right now; the caller may retry."""
+
+
+def _epoch(at: float) -> datetime:
+    return datetime.fromtimestamp(at, UTC)
+
+
+class UsageStore:
+    """Writes agents' samples and answers per-job usage questions."""
+
+    def __init__(self, engine: Engine, cluster: str = "") -> None:
+        self.engine = engine
+        self.cluster = cluster
+
+    def ingest(self, batch: SampleBatch) -> tuple[int, int]:
+        """Store a batch in one transaction; return (accepted, duplicates ignored)."""
+        rows: list[dict[str, Any]] = [
+            {
+                "sample_uid": s.sample_uid,
+                "cluster": self.cluster,
+                "node": batch.node,
+                "kind": "gpu",
+                "job_id": s.job_id,
+                "gpu_index": s.gpu_index,
+                "at": _epoch(s.at),
+                "util_pct": s.util_pct,
+                "memory_used_mib": s.memory_used_mib,
+                "memory_total_mib": s.memory_total_mib,
+                "power_w": s.power_w,
+                "temperature_c": s.temperature_c,
+                "processes": s.processes,
+                "shared": s.shared,
+                "source": s.source,
+                "cpu_pct": None,
+                "cpus_allocated": None,
+                "rss_mib": None,
+                "cgroup_memory_mib": None,
+            }
+            for s in batch.gpu
+        ]
+        rows.extend(
+            {
+                "sample_uid": h.sample_uid,
+                "cluster": self.cluster,
+                "node": batch.node,
+                "kind": "host",
+                "job_id": h.job_id,
+                "gpu_index": None,
+                "at": _epoch(h.at),
+                "util_pct": None,
+                "memory_used_mib": None,
+                "memory_total_mib": None,
+                "power_w": None,
+                "temperature_c": None,
+                "processes": None,
+                "shared": None,
+                "source": None,
+                "cpu_pct": h.cpu_pct,
+                "cpus_allocated": h.cpus_allocated,
+                "rss_mib": h.rss_mib,
+                "cgroup_memory_mib": h.cgroup_memory_mib,
+            }
+            for h in batch.host
+        )
+        if not rows:
+            return 0, 0
+        unique = list({r["sample_uid"]: r for r in rows}.values())
+        s = schema.samples
+        if self.engine.dialect.name == "sqlite":
+            stmt: Any = sqlite_insert(s).on_conflict_do_nothing(index_elements=["sample_uid"])
+        elif self.engine.dialect.name == "postgresql":
+            stmt = pg_insert(s).on_conflict_do_nothing(index_elements=["sample_uid"])
+        else:  # pragma: no cover - other databases would need their own upsert
+            stmt = insert(s)
+        try:
+            with self.engine.begin() as conn:
+                result = conn.execute(stmt, unique)
+                accepted = result.rowcount
+                if accepted is None or accepted < 0:  # driver did not count; ask
+                    accepted = self._count_uids(conn, [r["sample_uid"] for r in unique])
+        except OperationalError as exc:
+            raise StoreBusyError(f"database busy or unavailable: {exc.orig}") from exc
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not store samples: {exc}") from exc
+        return accepted, len(rows) - accepted
+
+    def _count_uids(self, conn: Any, uids: Sequence[str]) -> int:
+        s = schema.samples
+        total = 0
+        for i in range(0, len(uids), 500):
+            chunk = list(uids[i : i + 500])
+            total += int(
+                conn.execute(select(func.count()).where(s.c.sample_uid.in_(chunk))).scalar() or 0
+            )
+        return total
+
+    # -- aggregates ------------------------------------------------------------
+
+    def gpu_usage(self, job_id: int, *, since: datetime | None = None) -> list[GpuUsage]:
+        """Return per-GPU aggregates of a job (mean/max util, max memory, trailing idle)."""
+        s = schema.samples
+        busy = case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), else_=None)
+        cond = [s.c.cluster == self.cluster, s.c.job_id == job_id, s.c.kind == "gpu"]
+        if since is not None:
+            cond.append(s.c.at >= since)
+        stmt = (
+            select(
+                s.c.node,
+                s.c.gpu_index,
+                func.count().label("n"),
+                func.avg(s.c.util_pct).label("mean_util"),
+                func.max(s.c.util_pct).label("max_util"),
+                func.max(s.c.memory_used_mib).label("max_mem"),
+                func.max(s.c.memory_total_mib).label("mem_total"),
+                func.min(s.c.at).label("first_at"),
+                func.max(s.c.at).label("last_at"),
+                func.max(busy).label("last_busy_at"),
+                func.max(case((s.c.shared.is_(True), 1), else_=0)).label("shared"),
+                func.sum(case((s.c.source == "error", 1), else_=0)).label("errors"),
+            )
+            .where(and_(*cond))
+            .group_by(s.c.node, s.c.gpu_index)
+            .order_by(s.c.node, s.c.gpu_index)
+        )
+        with self.engine.connect() as conn:
+            out = []
+            for r in conn.execute(stmt).mappings():
+                first, last = _aware(r["first_at"]), _aware(r["last_at"])
+                last_busy = _aware(r["last_busy_at"])
+                idle_since = first if last_busy is None else last_busy
+                out.append(
+                    GpuUsage(
+                        node=r["node"],
+                        gpu_index=int(r["gpu_index"]),
+                        samples=int(r["n"]),
+                        mean_util_pct=_f(r["mean_util"]),
+                        max_util_pct=_f(r["max_util"]),
+                        max_memory_mib=_f(r["max_mem"]),
+                        memory_total_mib=_f(r["mem_total"]),
+                        first_at=first,
+                        last_at=last,
+                        trailing_idle=max(last - idle_since, timedelta(0)),
+                        never_busy=last_busy is None,
+                        shared=bool(r["shared"]),
+                        error_samples=int(r["errors"] or 0),
+                    )
+                )
+            return out
+
+    def host_usage(self, job_id: int) -> list[HostUsage]:
+        """Return per-node CPU and memory aggregates of a job."""
+        s = schema.samples
+        mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
+        stmt = (
+            select(
+                s.c.node,
+                func.count().label("n"),
+                func.avg(s.c.cpu_pct).label("mean_cpu"),
+                func.max(s.c.cpu_pct).label("max_cpu"),
+                func.max(s.c.cpus_allocated).label("cpus"),
+                func.max(mem).label("max_mem"),
+            )
+            .where(and_(s.c.cluster == self.cluster, s.c.job_id == job_id, s.c.kind == "host"))
+            .group_by(s.c.node)
+            .order_by(s.c.node)
+        )
+        with self.engine.connect() as conn:
+            return [
+                HostUsage(
+                    node=r["node"],
+                    samples=int(r["n"]),
+                    mean_cpu_pct=_f(r["mean_cpu"]),
+                    max_cpu_pct=_f(r["max_cpu"]),
+                    cpus_allocated=int(r["cpus"]) if r["cpus"] is not None else None,
+                    max_memory_mib=_f(r["max_mem"]),
+                )
+                for r in conn.execute(stmt).mappings()
+            ]
+
+    def count_samples(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(schema.samples)).scalar() or 0)
+
+    def save_summary(self, job_id: int, summary: dict[str, Any], at: datetime) -> None:
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    insert(schema.job_summaries),
+                    {
+                        "cluster": self.cluster,
+                        "job_id": job_id,
+                        "created_at": at,
+                        "summary": summary,
+                    },
+                )
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not store the summary of job {job_id}: {exc}") from exc
+
+    def summary(self, job_id: int) -> dict[str, Any] | None:
+        j = schema.job_summaries
+        stmt = (
+            select(j.c.summary)
+            .where(and_(j.c.cluster == self.cluster, j.c.job_id == job_id))
+            .order_by(j.c.id.desc())
+            .limit(1)
+        )
+        with self.engine.connect() as conn:
+            value = conn.execute(stmt).scalar()
+        return dict(value) if value is not None else None
+
+
+def _f(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _aware(value: Any) -> datetime:
+    """Aggregates bypass the column type on SQLite (strings or naive datetimes come back)."""
+    if value is None:
+        return datetime.fromtimestamp(0, UTC)
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if not isinstance(moment, datetime):
+        raise TypeError(f"not a timestamp: {value!r}")
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """What one job did with one GPU over the samples we have."""
+
+    node: str
+    gpu_index: int
+    samples: int
+    mean_util_pct: float | None
+    max_util_pct: float | None
+    max_memory_mib: float | None
+    memory_total_mib: float | None
+    first_at: datetime
+    last_at: datetime
+    trailing_idle: timedelta  # how long it has been idle up to the last sample
+    never_busy: bool
+    shared: bool
+    error_samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostUsage:
+    """What one job did with the CPUs and memory of one node."""
+
+    node: str
+    samples: int
+    mean_cpu_pct: float | None
+    max_cpu_pct: float | None
+    cpus_allocated: int | None
+    max_memory_mib: float | None
+
+    @property
+    def cpu_efficiency_pct(self) -> float | None:
+        if self.mean_cpu_pct is None or not self.cpus_allocated:
+            return None
+        return self.mean_cpu_pct / self.cpus_allocated

@@ -1,0 +1,283 @@
+"""The agent ↔ daemon wire format and its authentication, shared by both sides.
+
+Payloads are JSON decoded with msgspec into the structs below (unknown fields refused,
+types checked, sizes bounded). Every request carries one ``Authorization`` header:
+
+- ``Munge <credential>``: a MUNGE credential (the Slurm-native way) whose payload is
+  ``"<node>\\n<sha256 of the body>"``. The daemon decodes it with ``unmunge``: munged
+  checks it was made on a host sharing the key, refuses replays and gives the uid.
+- ``Sgpu-HMAC node=<node>,ts=<epoch>,sig=<hex>``: when munged is not running. Each
+  node holds only its own token, ``HMAC(site_secret, "node:" + node)``, in a 0600 file, and
+  signs ``ts\\nnode\\nsha256(body)`` with it; the daemon, which holds the site secret,
+  recomputes the token, so a node can only speak for itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+import re
+import secrets
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_SAMPLES_PER_BATCH = 20_000
+HMAC_MAX_SKEW_S = 300
+NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class GpuSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One job's use of one GPU at one instant, as the agent attributed it."""
+
+    sample_uid: str
+    at: float  # epoch seconds
+    gpu_index: int  # Slurm's device index on the node
+    job_id: int | None = None  # None: unattributed process or unallocated device
+    util_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    processes: int = 0
+    shared: bool = False
+    source: str = "device"  # process | device | idle | error
+
+
+class HostSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One job's CPU and memory on this node at one instant."""
+
+    sample_uid: str
+    at: float
+    job_id: int
+    cpu_pct: float | None = None  # 100 = one core busy
+    cpus_allocated: int | None = None
+    rss_mib: float | None = None
+    cgroup_memory_mib: float | None = None
+
+
+class SampleBatch(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What an agent POSTs to ``/v1/samples``."""
+
+    node: str
+    gpu: list[GpuSampleIn] = []
+    host: list[HostSampleIn] = []
+    agent: str = ""
+    dropped: int = 0  # samples the agent's bounded spool had to drop so far
+
+
+class NodeJob(msgspec.Struct, frozen=True):
+    """A running job on a node, as ``GET /v1/nodes/<node>/jobs`` reports it."""
+
+    job_id: int
+    gpu_indices: list[int]
+    shard_indices: list[int]
+    shards: int
+    cpus: int
+    user: str = ""
+
+
+class NodeJobs(msgspec.Struct, frozen=True):
+    node: str
+    jobs: list[NodeJob]
+
+
+class IngestResult(msgspec.Struct, frozen=True):
+    accepted: int
+    duplicates: int
+
+
+class WireError(ValueError):
+    """A payload that does not match the schema, in one line."""
+
+
+_SOURCES = frozenset({"process", "device", "idle", "error"})
+_node_re = re.compile(NODE_NAME)
+
+
+def decode_batch(body: bytes) -> SampleBatch:
+    """Return the validated batch in ``body`` or raise WireError saying what is wrong."""
+    if len(body) > MAX_BODY_BYTES:
+        raise WireError(f"body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+    try:
+        batch = msgspec.json.decode(body, type=SampleBatch)
+    except msgspec.ValidationError as exc:
+        raise WireError(f"invalid batch: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise WireError(f"not JSON: {exc}") from None
+    if not _node_re.match(batch.node):
+        raise WireError(f"invalid node name {batch.node[:64]!r}")
+    if len(batch.gpu) + len(batch.host) > MAX_SAMPLES_PER_BATCH:
+        raise WireError(f"more than {MAX_SAMPLES_PER_BATCH} samples in one batch")
+    for s in batch.gpu:
+        if s.source not in _SOURCES:
+            raise WireError(f"sample {s.sample_uid[:64]!r}: unknown source {s.source[:32]!r}")
+        if not 0 <= s.gpu_index < 1024:
+            raise WireError(f"sample {s.sample_uid[:64]!r}: gpu_index out of range")
+        for name in ("util_pct", "memory_used_mib", "memory_total_mib", "power_w"):
+            v = getattr(s, name)
+            if v is not None and (math.isnan(v) or v < 0 or v > 1e9):
+                raise WireError(f"sample {s.sample_uid[:64]!r}: {name} out of range")
+    for h in batch.host:
+        for name in ("cpu_pct", "rss_mib", "cgroup_memory_mib"):
+            v = getattr(h, name)
+            if v is not None and (math.isnan(v) or v < 0 or v > 1e9):
+                raise WireError(f"sample {h.sample_uid[:64]!r}: {name} out of range")
+    stamps: list[tuple[str, float]] = [(g.sample_uid, g.at) for g in batch.gpu]
+    stamps.extend((h.sample_uid, h.at) for h in batch.host)
+    for uid, at in stamps:
+        if not uid or len(uid) > 128:
+            raise WireError("sample_uid must be 1-128 characters")
+        if not 1e9 < at < 1e11:
+            raise WireError(f"sample {uid[:64]!r}: timestamp out of range")
+    return batch
+
+
+def encode(obj: object) -> bytes:
+    return msgspec.json.encode(obj)
+
+
+# -- authentication ---------------------------------------------------------------
+
+
+def body_digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def node_token(site_secret: bytes, node: str) -> bytes:
+    """Return the token a node signs with; derived, so the site secret never leaves the daemon."""
+    return hmac.new(site_secret, b"node:" + node.encode(), hashlib.sha256).digest()
+
+
+def hmac_header(token: bytes, node: str, body: bytes, *, now: float | None = None) -> str:
+    ts = int(time.time() if now is None else now)
+    msg = f"{ts}\n{node}\n{body_digest(body)}".encode()
+    sig = hmac.new(token, msg, hashlib.sha256).hexdigest()
+    return f"Sgpu-HMAC node={node},ts={ts},sig={sig}"
+
+
+class AuthError(Exception):
+    """The request is not authenticated, or not for the node it claims."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request, as authentication proved it."""
+
+    node: str
+    method: str  # "munge" | "hmac"
+    uid: int | None = None
+    host_addr: str | None = None
+
+
+def verify_hmac(
+    header: str, body: bytes, site_secret: bytes, *, now: float | None = None
+) -> Caller:
+    m = re.fullmatch(r"Sgpu-HMAC node=([^,\s]+),ts=(\d{1,12}),sig=([0-9a-f]{64})", header.strip())
+    if not m:
+        raise AuthError("malformed Sgpu-HMAC authorization header")
+    node, ts, sig = m.group(1), int(m.group(2)), m.group(3)
+    current = time.time() if now is None else now
+    if abs(current - ts) > HMAC_MAX_SKEW_S:
+        raise AuthError(f"signature timestamp is {current - ts:+.0f}s off (clock skew or replay)")
+    expected = hmac_header(node_token(site_secret, node), node, body, now=ts).rsplit("sig=", 1)[1]
+    if not hmac.compare_digest(expected, sig):
+        raise AuthError(f"bad signature for node {node}")
+    return Caller(node=node, method="hmac")
+
+
+def munge_header(node: str, body: bytes, *, timeout_s: float = 10.0) -> str:
+    """Return a ``Munge`` authorization header (runs the ``munge`` client)."""
+    payload = f"{node}\n{body_digest(body)}".encode()
+    try:
+        proc = subprocess.run(
+            ["munge"], input=payload, capture_output=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AuthError(f"munge failed: {exc}") from None
+    if proc.returncode != 0:
+        raise AuthError(f"munge failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
+    return "Munge " + proc.stdout.decode().strip()
+
+
+def verify_munge(header: str, body: bytes, *, timeout_s: float = 10.0) -> Caller:
+    """Decode a ``Munge`` header with ``unmunge``; check the payload binds node and body."""
+    cred = header.strip().removeprefix("Munge").strip()
+    if not re.fullmatch(r"MUNGE:[A-Za-z0-9+/=:_-]{16,4096}", cred):
+        raise AuthError("malformed MUNGE credential")
+    try:
+        proc = subprocess.run(
+            ["unmunge"], input=cred.encode(), capture_output=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AuthError(f"unmunge failed: {exc}") from None
+    text = proc.stdout.decode(errors="replace")
+    if proc.returncode != 0:
+        err = (proc.stderr.decode(errors="replace").strip() or text.strip()).splitlines()
+        raise AuthError(f"MUNGE credential rejected: {err[0][:200] if err else proc.returncode}")
+    head, _, payload = text.partition("\n\n")
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in head.splitlines())
+    )
+    node, _, digest = payload.rstrip("\n").partition("\n")
+    if digest != body_digest(body):
+        raise AuthError("MUNGE credential does not match the request body")
+    uid_m = re.search(r"\((\d+)\)", fields.get("UID", ""))
+    addr_m = re.search(r"\(([^)]+)\)", fields.get("ENCODE_HOST", ""))
+    return Caller(
+        node=node,
+        method="munge",
+        uid=int(uid_m.group(1)) if uid_m else None,
+        host_addr=addr_m.group(1) if addr_m else None,
+    )
+
+
+def munge_available(timeout_s: float = 5.0) -> bool:
+    """True when a local munged answers (``munge -n | unmunge`` works)."""
+    try:
+        cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=timeout_s, check=False)
+        if cred.returncode != 0:
+            return False
+        ok = subprocess.run(
+            ["unmunge"], input=cred.stdout, capture_output=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return ok.returncode == 0
+
+
+def write_secret(path: Path, data: bytes) -> None:
+    """Write a secret file 0600 atomically (never world-readable, even briefly)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def load_or_create_site_secret(path: Path) -> bytes:
+    """Return the daemon's site secret, creating a random one (0600) on first use."""
+    if path.exists():
+        mode = path.stat().st_mode & 0o077
+        if mode:
+            raise AuthError(
+                f"{path} is readable by others "
+                f"(mode {oct(path.stat().st_mode & 0o777)}); chmod 600 it"
+            )
+        data = path.read_bytes().strip()
+        if len(data) < 32:
+            raise AuthError(f"{path} holds a secret shorter than 32 bytes")
+        return data
+    secret = secrets.token_hex(32).encode()
+    write_secret(path, secret)
+    return secret
