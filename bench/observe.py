@@ -121,6 +121,10 @@ def make_documents(n_jobs: int, n_nodes: int, seed: int = 1) -> tuple[bytes, byt
 
 
 def _peak_rss_mib() -> float:
+    """Peak resident memory of this process (VmHWM; ru_maxrss carries the parent's over exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -141,11 +145,12 @@ class ReplaySlurm:
     def __init__(self, squeue: Path, sinfo: Path) -> None:
         self.squeue = squeue
         self.sinfo = sinfo
+        self.memo: dict[int, Any] = {}  # as CliSlurmClient keeps between listings
 
     def jobs(self) -> list[Any]:
         from slurmgpu.slurm.cli import decode_squeue
 
-        jobs: list[Any] = decode_squeue(self.squeue.read_bytes())[0]
+        jobs: list[Any] = decode_squeue(self.squeue.read_bytes(), self.memo)[0]
         return jobs
 
     def nodes(self) -> list[Any]:
@@ -223,8 +228,8 @@ def main() -> None:
         print(json.dumps(child_baseline(Path(a.paths[0]), a.repeats)))
         return
     if a.child == "pipeline":
-        cold, warm, sinfo = (Path(p) for p in a.paths)
-        print(json.dumps(child_pipeline(cold, warm, sinfo, a.repeats)))
+        cold_path, warm_path, sinfo_path = (Path(p) for p in a.paths)
+        print(json.dumps(child_pipeline(cold_path, warm_path, sinfo_path, a.repeats)))
         return
     t = time.perf_counter()
     cold, warm, sinfo = make_documents(a.jobs, a.nodes)

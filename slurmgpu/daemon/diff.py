@@ -83,7 +83,7 @@ def diff_jobs(
             )
             continue
         missing.pop(job.job_id, None)
-        if prev == job:
+        if prev is job or prev == job:
             continue
         diff.changed.append(job)
         t = _transition(prev, job)

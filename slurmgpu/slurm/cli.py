@@ -28,7 +28,7 @@ from slurmgpu.slurm.client import (
     SlurmParseError,
     SlurmUnavailableError,
 )
-from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
+from slurmgpu.slurm.jsonformat import JobRecord, decode_sinfo, decode_squeue
 from slurmgpu.slurm.parse import SlurmValueError, format_time_limit
 
 __all__ = ["CliSlurmClient", "decode_sinfo", "decode_squeue", "parse_version_output"]
@@ -109,6 +109,8 @@ class CliSlurmClient:
         self.bin_dir = bin_dir
         self.all_states = all_states
         self._version: str | None = None
+        # The previous listing's records and jobs: unchanged jobs are not normalised again.
+        self._memo: dict[int, tuple[JobRecord, Job]] = {}
 
     def __repr__(self) -> str:
         return f"CliSlurmClient(timeout_s={self.timeout_s!r}, slurm_conf={self.slurm_conf!r})"
@@ -218,7 +220,7 @@ class CliSlurmClient:
         argv = ["squeue", "--json", "--all"]
         if self.all_states:
             argv.append("--states=all")
-        jobs, release = decode_squeue(self._listing(argv))
+        jobs, release = decode_squeue(self._listing(argv), self._memo)
         if release and self._version is None:
             self._version = release
         return jobs

@@ -744,7 +744,9 @@ def _gpu_request_fallback(
 _NO_GPUS: Final = GpuRequest()
 
 
-def decode_squeue(data: bytes | str) -> tuple[list[Job], str]:
+def decode_squeue(
+    data: bytes | str, memo: dict[int, tuple[JobRecord, Job]] | None = None
+) -> tuple[list[Job], str]:
     """Decode ``squeue --json`` output into jobs and the Slurm release (``"22.05.8"``).
 
     The release comes from ``meta`` (``""`` when absent). Raises
@@ -752,6 +754,11 @@ def decode_squeue(data: bytes | str) -> tuple[list[Job], str]:
     carries msgspec's path, e.g. ``$.jobs[3].job_id``), and
     :class:`SlurmUnavailableError` / :class:`SlurmCommandError` when Slurm answered
     only with ``errors``.
+
+    ``memo`` (job id → the record and Job of the previous listing) lets a poller skip
+    normalising jobs whose record did not change: comparing two decoded records is a
+    C-level field comparison, much cheaper than building the Job again. It is updated
+    in place to hold this listing.
     """
     doc = _decode(_SQUEUE_DECODER, data, "squeue --json")
     if doc.errors and not doc.jobs:
@@ -761,6 +768,7 @@ def decode_squeue(data: bytes | str) -> tuple[list[Job], str]:
     problems = _Problems()
     jobs: list[Job] = []
     append = jobs.append
+    fresh: dict[int, tuple[JobRecord, Job]] | None = {} if memo is not None else None
     with _gc_paused():
         for r in doc.jobs:
             if type(r.job_id) is not int and _num(r.job_id) is None:
@@ -769,8 +777,18 @@ def decode_squeue(data: bytes | str) -> tuple[list[Job], str]:
                     f"squeue --json: unexpected shape{_version_hint(data)}: "
                     f"no job id number - at `$.jobs[{i}].job_id`"
                 )
-            append(job_from_record(r, problems))
+            if memo is None or fresh is None:
+                append(job_from_record(r, problems))
+                continue
+            key = r.job_id if type(r.job_id) is int else _num(r.job_id)
+            seen = memo.get(key)  # type: ignore[arg-type]
+            job = seen[1] if seen is not None and seen[0] == r else job_from_record(r, problems)
+            fresh[job.job_id] = (r, job)
+            append(job)
     problems.log("squeue --json")
+    if memo is not None and fresh is not None:
+        memo.clear()
+        memo.update(fresh)
     return jobs, _release(doc.meta)
 
 

@@ -140,31 +140,27 @@ class JobStore:
             with self.engine.begin() as conn:
                 if diff.new:
                     reattach = self._reattachable(conn, diff.new)
-                    fresh: list[dict[str, Any]] = []
-                    for job in diff.new:
-                        row = job_to_row(job)
-                        rid = reattach.get(job.job_id)
+                    for rid_job in diff.new:
+                        rid = reattach.get(rid_job.job_id)
                         if rid is not None:
-                            new_ids[job.job_id] = rid
-                            continue
-                        row.update(
-                            cluster=self.cluster,
-                            first_seen=at,
-                            last_seen=at,
-                            updated_at=at,
-                            gone=False,
-                        )
-                        fresh.append(row)
+                            new_ids[rid_job.job_id] = rid
                     if reattach:
                         self._update_rows(
                             conn, [job for job in diff.new if job.job_id in reattach], new_ids, at
                         )
+                    fresh = [job for job in diff.new if job.job_id not in reattach]
+                    extra = {
+                        "cluster": self.cluster,
+                        "first_seen": at,
+                        "last_seen": at,
+                        "updated_at": at,
+                        "gone": False,
+                    }
+                    stmt = insert(j).returning(j.c.id, j.c.job_id, sort_by_parameter_order=True)
+                    # Rows are built a chunk at a time: 100k row dicts at once cost ~300 MB.
                     for chunk in _chunks(fresh):
-                        result = conn.execute(
-                            insert(j).returning(j.c.id, j.c.job_id, sort_by_parameter_order=True),
-                            list(chunk),
-                        )
-                        for rid, job_id in result:
+                        rows = [{**job_to_row(job), **extra} for job in chunk]
+                        for rid, job_id in conn.execute(stmt, rows):
                             new_ids[int(job_id)] = int(rid)
                 ids = {**row_ids, **new_ids}
                 if diff.changed:
@@ -228,21 +224,15 @@ class JobStore:
     def _update_rows(
         self, conn: Any, jobs: Sequence[Job], ids: Mapping[int, int], at: datetime
     ) -> None:
-        j = schema.jobs
-        rows = []
-        for job in jobs:
-            row = job_to_row(job)
-            row["_rid"] = ids[job.job_id]
-            row["last_seen"] = at
-            row["updated_at"] = at
-            row["gone"] = False
-            rows.append(row)
-        if not rows:
+        if not jobs:
             return
-        cols = [k for k in rows[0] if k != "_rid"]
+        j = schema.jobs
+        extra = {"last_seen": at, "updated_at": at, "gone": False}
+        cols = [*job_to_row(jobs[0]), *extra]
         stmt = update(j).where(j.c.id == bindparam("_rid")).values({c: bindparam(c) for c in cols})
-        for chunk in _chunks(rows):
-            conn.execute(stmt, list(chunk))
+        for chunk in _chunks(jobs):
+            rows = [{**job_to_row(job), **extra, "_rid": ids[job.job_id]} for job in chunk]
+            conn.execute(stmt, rows)
 
     def _upsert_nodes(self, conn: Any, nodes: Sequence[Node], at: datetime) -> None:
         n, g = schema.nodes, schema.gpus
