@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from slurmgpu.cli.main import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
+from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.observer import CycleResult, Observer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from slurmgpu.cli.main import EXIT_STORE, AppContext, fail, pass_app
+from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
 from slurmgpu.store import StoreError, create_store_engine, upgrade
 from slurmgpu.store.database import current_revision, head_revision
 

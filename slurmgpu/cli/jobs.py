@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from slurmgpu.cli.main import AppContext, pass_app
+from slurmgpu.cli.context import AppContext, pass_app
 from slurmgpu.model import Job
 from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.store import StoredJob

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import click
 
-from slurmgpu.cli.main import EXIT_SLURM, AppContext, fail, pass_app
+from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 from slurmgpu.store import StoreError, open_store
 
