@@ -33,7 +33,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv with $PY"
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v -i -E 'warning|^\s*$' || true
+log=$(mktemp)
+if ! { .venv/bin/python -m pip install -q --disable-pip-version-check -U pip &&
+       .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'; } >"$log" 2>&1; then
+  echo "bootstrap: pip install failed:" >&2; tail -n 30 "$log" >&2; rm -f "$log"; exit 1
+fi
+rm -f "$log"
 .venv/bin/python -c 'import slurmgpu' || { echo "bootstrap: install failed" >&2; exit 1; }
 echo "bootstrap: ready ($(.venv/bin/sgpu --version), $(/usr/sbin/slurmctld-wlm -V 2>/dev/null || echo 'slurm ?'))"

@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 
 ROOT=${SGPU_LAB_ROOT:-/var/tmp/slurmgpu-demo}
+# Start from nothing: a previous run's cluster state and database would mix in old jobs.
+sgpu cluster down --root "$ROOT/cluster" >/dev/null 2>&1 || true
+rm -rf "$ROOT"
 mkdir -p "$ROOT"
 export SGPU_DB="sqlite:///$ROOT/state.db"
 JOBDIR="$ROOT/jobs"; mkdir -p "$JOBDIR"

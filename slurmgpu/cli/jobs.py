@@ -152,4 +152,7 @@ def jobs(
             format_time_limit(job.time_limit),
             str(job.restart_count),
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped or logged: never cut columns to 80 characters
+        console = Console(width=max(console.width, 160))
+    console.print(table)
