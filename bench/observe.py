@@ -163,9 +163,8 @@ class ReplaySlurm:
 def child_pipeline(cold: Path, warm: Path, sinfo: Path, repeats: int) -> dict[str, float]:
     from datetime import UTC, datetime, timedelta
 
-    from slurmgpu.slurm.cli import decode_squeue
-
     from slurmgpu.daemon.observer import Observer
+    from slurmgpu.slurm.cli import decode_squeue
     from slurmgpu.store import open_store
 
     warm_bytes = warm.read_bytes()

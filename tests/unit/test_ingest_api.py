@@ -38,8 +38,12 @@ class Api:
     usage: UsageStore
     service: IngestService
 
-    def call(self, path: str, body: bytes | None, auth: str | None) -> tuple[int, dict[str, object]]:
-        req = urllib.request.Request(self.url + path, data=body, method="POST" if body is not None else "GET")
+    def call(
+        self, path: str, body: bytes | None, auth: str | None
+    ) -> tuple[int, dict[str, object]]:
+        req = urllib.request.Request(
+            self.url + path, data=body, method="POST" if body is not None else "GET"
+        )
         if auth:
             req.add_header("Authorization", auth)
         try:
@@ -87,13 +91,23 @@ def batch(node: str = "gpu1", n: int = 3, uid: str = "u") -> bytes:
             node=node,
             gpu=[
                 GpuSampleIn(
-                    sample_uid=f"{uid}{i}", at=now - 10 * (n - i), gpu_index=0, job_id=42,
-                    util_pct=80.0, memory_used_mib=1000.0, memory_total_mib=81920.0,
-                    processes=1, source="device",
+                    sample_uid=f"{uid}{i}",
+                    at=now - 10 * (n - i),
+                    gpu_index=0,
+                    job_id=42,
+                    util_pct=80.0,
+                    memory_used_mib=1000.0,
+                    memory_total_mib=81920.0,
+                    processes=1,
+                    source="device",
                 )
                 for i in range(n)
             ],
-            host=[HostSampleIn(sample_uid=f"{uid}h", at=now, job_id=42, cpu_pct=150.0, cpus_allocated=4)],
+            host=[
+                HostSampleIn(
+                    sample_uid=f"{uid}h", at=now, job_id=42, cpu_pct=150.0, cpus_allocated=4
+                )
+            ],
         )
     )
 
@@ -122,7 +136,9 @@ def test_resending_a_batch_stores_no_duplicates(api: Api) -> None:
     assert api.usage.count_samples() == 4
 
 
-def test_unauthenticated_batch_is_rejected_and_logged(api: Api, caplog: pytest.LogCaptureFixture) -> None:
+def test_unauthenticated_batch_is_rejected_and_logged(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="slurmgpu.api"):
         status, reply = api.call("/v1/samples", batch(), None)
     assert status == 401
@@ -170,9 +186,15 @@ def test_stale_signature_is_rejected(api: Api) -> None:
         b'{"node": "gpu1", "gpu": [{"sample_uid": "x"}]}',
         b'{"node": "gpu1", "gpu": [], "extra": 1}',
         b'{"node": "../etc", "gpu": []}',
-        json.dumps({"node": "gpu1", "gpu": [{"sample_uid": "x", "at": time.time(), "gpu_index": 0,
-                                             "util_pct": -5}]}).encode(),
-        json.dumps({"node": "gpu1", "gpu": [{"sample_uid": "x", "at": 12, "gpu_index": 0}]}).encode(),
+        json.dumps(
+            {
+                "node": "gpu1",
+                "gpu": [{"sample_uid": "x", "at": time.time(), "gpu_index": 0, "util_pct": -5}],
+            }
+        ).encode(),
+        json.dumps(
+            {"node": "gpu1", "gpu": [{"sample_uid": "x", "at": 12, "gpu_index": 0}]}
+        ).encode(),
     ],
     ids=["not-json", "missing-fields", "unknown-field", "bad-node", "negative-util", "bad-time"],
 )
@@ -188,14 +210,24 @@ def test_node_job_list_has_the_slurm_gpu_indices(api: Api) -> None:
     assert status == 200
     assert reply == {
         "node": "gpu1",
-        "jobs": [{"job_id": 42, "gpu_indices": [0, 1], "shard_indices": [], "shards": 0, "cpus": 4,
-                  "user": "alice"}],
+        "jobs": [
+            {
+                "job_id": 42,
+                "gpu_indices": [0, 1],
+                "shard_indices": [],
+                "shards": 0,
+                "cpus": 4,
+                "user": "alice",
+            }
+        ],
     }
     status, _ = api.call("/v1/nodes/gpu1/jobs", None, signed("gpu2", b""))
     assert status == 403
 
 
-@pytest.mark.skipif(not munge_available(), reason="munged is not running here (MUNGE auth untestable)")
+@pytest.mark.skipif(
+    not munge_available(), reason="munged is not running here (MUNGE auth untestable)"
+)
 def test_munge_credential_is_accepted_and_is_single_use(api: Api) -> None:
     body = batch()
     header = munge_header("gpu1", body)
@@ -205,7 +237,9 @@ def test_munge_credential_is_accepted_and_is_single_use(api: Api) -> None:
     assert "Replayed" in str(reply["error"]) or "rejected" in str(reply["error"])
 
 
-@pytest.mark.skipif(not munge_available(), reason="munged is not running here (MUNGE auth untestable)")
+@pytest.mark.skipif(
+    not munge_available(), reason="munged is not running here (MUNGE auth untestable)"
+)
 def test_munge_credential_for_other_body_is_rejected(api: Api) -> None:
     header = munge_header("gpu1", batch(uid="a"))
     status, reply = api.call("/v1/samples", batch(uid="b"), header)
@@ -218,8 +252,14 @@ def test_trailing_idle_time_counts_from_the_last_busy_sample(tmp_path: Path) -> 
     usage = UsageStore(store.engine)
     t0 = time.time() - 600
     samples = [
-        GpuSampleIn(sample_uid=f"s{i}", at=t0 + 10 * i, gpu_index=1, job_id=7,
-                    util_pct=90.0 if i < 20 else 0.0, source="device")
+        GpuSampleIn(
+            sample_uid=f"s{i}",
+            at=t0 + 10 * i,
+            gpu_index=1,
+            job_id=7,
+            util_pct=90.0 if i < 20 else 0.0,
+            source="device",
+        )
         for i in range(50)
     ]
     usage.ingest(SampleBatch(node="gpu1", gpu=samples))
