@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 import os
 import re
 import secrets
@@ -24,6 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -33,43 +33,52 @@ HMAC_MAX_SKEW_S = 300
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
+Uid = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+Epoch = Annotated[float, msgspec.Meta(gt=1e9, lt=1e11)]  # 2001 … 5138
+Amount = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+Source = Literal["process", "device", "idle", "error"]
+
+# Bounds are declared on the types so msgspec checks them in C while decoding: validating
+# 20,000 samples a second in Python loops would cost more than storing them.
+
+
 class GpuSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """One job's use of one GPU at one instant, as the agent attributed it."""
 
-    sample_uid: str
-    at: float  # epoch seconds
-    gpu_index: int  # Slurm's device index on the node
-    job_id: int | None = None  # None: unattributed process or unallocated device
-    util_pct: float | None = None
-    memory_used_mib: float | None = None
-    memory_total_mib: float | None = None
-    power_w: float | None = None
-    temperature_c: float | None = None
-    processes: int = 0
+    sample_uid: Uid
+    at: Epoch  # epoch seconds
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, lt=1024)]  # Slurm's device index on the node
+    job_id: Annotated[int, msgspec.Meta(ge=0)] | None = None  # None: unattributed/unallocated
+    util_pct: Annotated[float, msgspec.Meta(ge=0, le=100)] | None = None
+    memory_used_mib: Amount | None = None
+    memory_total_mib: Amount | None = None
+    power_w: Amount | None = None
+    temperature_c: Annotated[float, msgspec.Meta(ge=-100, le=300)] | None = None
+    processes: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 0
     shared: bool = False
-    source: str = "device"  # process | device | idle | error
+    source: Source = "device"
 
 
 class HostSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """One job's CPU and memory on this node at one instant."""
 
-    sample_uid: str
-    at: float
-    job_id: int
-    cpu_pct: float | None = None  # 100 = one core busy
-    cpus_allocated: int | None = None
-    rss_mib: float | None = None
-    cgroup_memory_mib: float | None = None
+    sample_uid: Uid
+    at: Epoch
+    job_id: Annotated[int, msgspec.Meta(ge=0)]
+    cpu_pct: Amount | None = None  # 100 = one core busy
+    cpus_allocated: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    rss_mib: Amount | None = None
+    cgroup_memory_mib: Amount | None = None
 
 
 class SampleBatch(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """What an agent POSTs to ``/v1/samples``."""
 
-    node: str
+    node: Annotated[str, msgspec.Meta(pattern=NODE_NAME)]
     gpu: list[GpuSampleIn] = []
     host: list[HostSampleIn] = []
-    agent: str = ""
-    dropped: int = 0  # samples the agent's bounded spool had to drop so far
+    agent: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    dropped: Annotated[int, msgspec.Meta(ge=0)] = 0  # samples the agent's spool dropped so far
 
 
 class NodeJob(msgspec.Struct, frozen=True):
@@ -97,8 +106,7 @@ class WireError(ValueError):
     """A payload that does not match the schema, in one line."""
 
 
-_SOURCES = frozenset({"process", "device", "idle", "error"})
-_node_re = re.compile(NODE_NAME)
+_BATCH_DECODER = msgspec.json.Decoder(SampleBatch)
 
 
 def decode_batch(body: bytes) -> SampleBatch:
@@ -106,36 +114,13 @@ def decode_batch(body: bytes) -> SampleBatch:
     if len(body) > MAX_BODY_BYTES:
         raise WireError(f"body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
     try:
-        batch = msgspec.json.decode(body, type=SampleBatch)
+        batch = _BATCH_DECODER.decode(body)
     except msgspec.ValidationError as exc:
         raise WireError(f"invalid batch: {exc}") from None
     except msgspec.DecodeError as exc:
         raise WireError(f"not JSON: {exc}") from None
-    if not _node_re.match(batch.node):
-        raise WireError(f"invalid node name {batch.node[:64]!r}")
     if len(batch.gpu) + len(batch.host) > MAX_SAMPLES_PER_BATCH:
         raise WireError(f"more than {MAX_SAMPLES_PER_BATCH} samples in one batch")
-    for s in batch.gpu:
-        if s.source not in _SOURCES:
-            raise WireError(f"sample {s.sample_uid[:64]!r}: unknown source {s.source[:32]!r}")
-        if not 0 <= s.gpu_index < 1024:
-            raise WireError(f"sample {s.sample_uid[:64]!r}: gpu_index out of range")
-        for name in ("util_pct", "memory_used_mib", "memory_total_mib", "power_w"):
-            v = getattr(s, name)
-            if v is not None and (math.isnan(v) or v < 0 or v > 1e9):
-                raise WireError(f"sample {s.sample_uid[:64]!r}: {name} out of range")
-    for h in batch.host:
-        for name in ("cpu_pct", "rss_mib", "cgroup_memory_mib"):
-            v = getattr(h, name)
-            if v is not None and (math.isnan(v) or v < 0 or v > 1e9):
-                raise WireError(f"sample {h.sample_uid[:64]!r}: {name} out of range")
-    stamps: list[tuple[str, float]] = [(g.sample_uid, g.at) for g in batch.gpu]
-    stamps.extend((h.sample_uid, h.at) for h in batch.host)
-    for uid, at in stamps:
-        if not uid or len(uid) > 128:
-            raise WireError("sample_uid must be 1-128 characters")
-        if not 1e9 < at < 1e11:
-            raise WireError(f"sample {uid[:64]!r}: timestamp out of range")
     return batch
 
 

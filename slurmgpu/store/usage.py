@@ -12,8 +12,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, and_, case, func, insert, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from slurmgpu.store import schema
@@ -28,8 +26,55 @@ class StoreBusyError(StoreError):
     """The database is locked or unreachable right now; the caller may retry."""
 
 
+_SAMPLE_COLUMNS = (
+    "sample_uid",
+    "cluster",
+    "node",
+    "kind",
+    "job_id",
+    "gpu_index",
+    "at",
+    "util_pct",
+    "memory_used_mib",
+    "memory_total_mib",
+    "power_w",
+    "temperature_c",
+    "processes",
+    "shared",
+    "source",
+    "cpu_pct",
+    "cpus_allocated",
+    "rss_mib",
+    "cgroup_memory_mib",
+)
+
+
 def _epoch(at: float) -> datetime:
     return datetime.fromtimestamp(at, UTC)
+
+
+_SECOND_TEXT: dict[int, str] = {}
+
+
+def _sqlite_time(at: float) -> str:
+    """The text SQLAlchemy's SQLite DateTime stores (UTC, microseconds), so reads agree.
+
+    Samples of one batch share a few seconds, so the formatted second is cached.
+    """
+    second = int(at)
+    prefix = _SECOND_TEXT.get(second)
+    if prefix is None:
+        if len(_SECOND_TEXT) > 4096:
+            _SECOND_TEXT.clear()
+        prefix = _SECOND_TEXT[second] = datetime.fromtimestamp(second, UTC).strftime(
+            "%Y-%m-%d %H:%M:%S"
+        )
+    return f"{prefix}.{round((at - second) * 1e6) % 1_000_000:06d}"
+
+
+def _total_changes(conn: Any) -> int:
+    """SQLite's count of rows changed on this connection (exact even for executemany)."""
+    return int(conn.connection.dbapi_connection.total_changes)
 
 
 class UsageStore:
@@ -40,71 +85,80 @@ class UsageStore:
         self.cluster = cluster
 
     def ingest(self, batch: SampleBatch) -> tuple[int, int]:
-        """Store a batch in one transaction; return (accepted, duplicates ignored)."""
-        rows: list[dict[str, Any]] = [
-            {
-                "sample_uid": s.sample_uid,
-                "cluster": self.cluster,
-                "node": batch.node,
-                "kind": "gpu",
-                "job_id": s.job_id,
-                "gpu_index": s.gpu_index,
-                "at": _epoch(s.at),
-                "util_pct": s.util_pct,
-                "memory_used_mib": s.memory_used_mib,
-                "memory_total_mib": s.memory_total_mib,
-                "power_w": s.power_w,
-                "temperature_c": s.temperature_c,
-                "processes": s.processes,
-                "shared": s.shared,
-                "source": s.source,
-                "cpu_pct": None,
-                "cpus_allocated": None,
-                "rss_mib": None,
-                "cgroup_memory_mib": None,
-            }
+        """Store a batch in one transaction; return (accepted, duplicates ignored).
+
+        Rows go straight to the driver's ``executemany`` as tuples: at 20,000+ samples a
+        second the per-row parameter processing of a Core insert is the bottleneck.
+        The ON CONFLICT clause makes a resent sample a no-op (idempotent ingest).
+        """
+        sqlite = self.engine.dialect.name == "sqlite"
+        at = _sqlite_time if sqlite else _epoch
+        c, node = self.cluster, batch.node
+        rows: list[tuple[Any, ...]] = [
+            (
+                s.sample_uid,
+                c,
+                node,
+                "gpu",
+                s.job_id,
+                s.gpu_index,
+                at(s.at),
+                s.util_pct,
+                s.memory_used_mib,
+                s.memory_total_mib,
+                s.power_w,
+                s.temperature_c,
+                s.processes,
+                s.shared,
+                s.source,
+                None,
+                None,
+                None,
+                None,
+            )
             for s in batch.gpu
         ]
         rows.extend(
-            {
-                "sample_uid": h.sample_uid,
-                "cluster": self.cluster,
-                "node": batch.node,
-                "kind": "host",
-                "job_id": h.job_id,
-                "gpu_index": None,
-                "at": _epoch(h.at),
-                "util_pct": None,
-                "memory_used_mib": None,
-                "memory_total_mib": None,
-                "power_w": None,
-                "temperature_c": None,
-                "processes": None,
-                "shared": None,
-                "source": None,
-                "cpu_pct": h.cpu_pct,
-                "cpus_allocated": h.cpus_allocated,
-                "rss_mib": h.rss_mib,
-                "cgroup_memory_mib": h.cgroup_memory_mib,
-            }
+            (
+                h.sample_uid,
+                c,
+                node,
+                "host",
+                h.job_id,
+                None,
+                at(h.at),
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                h.cpu_pct,
+                h.cpus_allocated,
+                h.rss_mib,
+                h.cgroup_memory_mib,
+            )
             for h in batch.host
         )
         if not rows:
             return 0, 0
-        unique = list({r["sample_uid"]: r for r in rows}.values())
-        s = schema.samples
-        if self.engine.dialect.name == "sqlite":
-            stmt: Any = sqlite_insert(s).on_conflict_do_nothing(index_elements=["sample_uid"])
-        elif self.engine.dialect.name == "postgresql":
-            stmt = pg_insert(s).on_conflict_do_nothing(index_elements=["sample_uid"])
-        else:  # pragma: no cover - other databases would need their own upsert
-            stmt = insert(s)
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+        sql = (
+            f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)}) "
+            f"VALUES ({', '.join([mark] * len(_SAMPLE_COLUMNS))}) "
+            "ON CONFLICT (sample_uid) DO NOTHING"
+        )
         try:
             with self.engine.begin() as conn:
-                result = conn.execute(stmt, unique)
-                accepted = result.rowcount
+                before = _total_changes(conn) if sqlite else None
+                result = conn.exec_driver_sql(sql, rows)
+                accepted = (
+                    _total_changes(conn) - before if before is not None else result.rowcount
+                )
                 if accepted is None or accepted < 0:  # driver did not count; ask
-                    accepted = self._count_uids(conn, [r["sample_uid"] for r in unique])
+                    accepted = self._count_uids(conn, [r[0] for r in rows])
         except OperationalError as exc:
             raise StoreBusyError(f"database busy or unavailable: {exc.orig}") from exc
         except SQLAlchemyError as exc:
