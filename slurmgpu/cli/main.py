@@ -50,17 +50,21 @@ def main(
 
 
 def _register() -> None:
+    from slurmgpu.cli.agent import agent
     from slurmgpu.cli.daemon import daemon
     from slurmgpu.cli.db import db
     from slurmgpu.cli.fakeload import fakeload
     from slurmgpu.cli.jobs import jobs
     from slurmgpu.cli.submit import submit
+    from slurmgpu.cli.token import node_token_command
 
+    main.add_command(agent)
     main.add_command(daemon)
     main.add_command(submit)
     main.add_command(jobs)
     main.add_command(db)
     main.add_command(fakeload)
+    main.add_command(node_token_command)
     try:
         from slurmgpu.cli.cluster import cluster
     except ImportError:  # pragma: no cover - the lab launcher is optional in a wheel

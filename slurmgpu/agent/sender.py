@@ -1,0 +1,285 @@
+"""``DaemonClient``: the agent's two HTTP calls to the slurmgpu daemon, and their outcomes.
+
+- ``GET  /v1/nodes/<node>/jobs`` → ``NodeJobs`` (the jobs running here, with GPU indices);
+- ``POST /v1/samples`` with an encoded ``SampleBatch`` → ``IngestResult``.
+
+Every request carries an ``Authorization`` header (``wire.munge_header`` when munged
+runs, else ``wire.hmac_header`` with this node's token), made fresh for each attempt so a
+batch resent from the spool an hour later still has a current timestamp.
+
+A POST ends in one of three ways (``SendOutcome``): ``SENT``; ``RETRY`` (connection
+refused or reset, timeout, 408/429/5xx: the daemon is away or busy, keep the batch);
+``REJECTED`` (400/401/403/413 and other 4xx: sending the same bytes again cannot succeed,
+so the batch is dropped and counted, never retried forever).
+
+Requests bypass ``http_proxy``/``https_proxy``: the daemon is on the cluster network and a
+site's web proxy would only see (and log) the node's telemetry.
+"""
+
+from __future__ import annotations
+
+import enum
+import http.client
+import json
+import logging
+import os
+import stat
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import quote
+
+import msgspec
+
+from slurmgpu.wire import (
+    AuthError,
+    IngestResult,
+    NodeJobs,
+    hmac_header,
+    munge_available,
+    munge_header,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DAEMON_URL = "http://127.0.0.1:8787"
+DEFAULT_TOKEN_FILE = Path("/etc/slurmgpu/node.token")
+DEFAULT_TIMEOUT_S = 5.0
+_RETRYABLE_STATUS = frozenset({408, 425, 429})
+_MAX_ERROR_CHARS = 300
+_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+class AgentAuthError(Exception):
+    """The agent cannot authenticate (no munged, token file missing or too open)."""
+
+
+class Authenticator(Protocol):
+    """Makes the ``Authorization`` header of one request."""
+
+    method: str
+
+    def header(self, node: str, body: bytes) -> str: ...
+
+
+class MungeAuth:
+    """``Munge <credential>`` from the local munged (the Slurm-native way)."""
+
+    method = "munge"
+
+    def header(self, node: str, body: bytes) -> str:
+        try:
+            return munge_header(node, body)
+        except AuthError as exc:
+            raise AgentAuthError(str(exc)) from None
+
+
+class HmacAuth:
+    """``Sgpu-HMAC`` signed with this node's token (``wire.node_token``)."""
+
+    method = "hmac"
+
+    def __init__(self, token: bytes) -> None:
+        self._token = token
+
+    def header(self, node: str, body: bytes) -> str:
+        return hmac_header(self._token, node, body)
+
+
+def read_node_token(path: Path) -> bytes:
+    """Return the node token in ``path``; refuse a file that group or others can read.
+
+    The file holds ``wire.node_token(site_secret, node)`` as 64 hex digits (a trailing
+    newline is fine), or as its 32 raw bytes.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise AgentAuthError(
+            f"node token file {path} does not exist and munged is not answering: "
+            "start munge, or install this node's token there with mode 600"
+        ) from None
+    except OSError as exc:
+        raise AgentAuthError(f"cannot open node token file {path}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o077:
+            raise AgentAuthError(
+                f"node token file {path} is readable by group or others "
+                f"(mode {stat.S_IMODE(mode):o}): chmod 600 {path}"
+            )
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    text = data.strip()
+    if len(text) == 64:
+        try:
+            return bytes.fromhex(text.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            pass
+    if len(data) == 32:
+        return data
+    raise AgentAuthError(
+        f"node token file {path} does not hold a node token (64 hex digits expected)"
+    )
+
+
+def choose_auth(mode: str, token_file: Path) -> Authenticator:
+    """Return the authenticator for ``mode`` (``auto``: MUNGE when munged answers, else HMAC)."""
+    if mode == "munge" or (mode == "auto" and munge_available()):
+        return MungeAuth()
+    if mode not in ("auto", "hmac"):
+        raise ValueError(f"unknown authentication mode {mode!r}")
+    return HmacAuth(read_node_token(token_file))
+
+
+class SendOutcome(enum.Enum):
+    SENT = "sent"
+    RETRY = "retry"  # the daemon is away or busy: keep the batch
+    REJECTED = "rejected"  # the daemon refused this batch for good: drop it
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """How one request ended; ``error`` is one line for the log (empty when sent)."""
+
+    outcome: SendOutcome
+    status: int | None = None  # HTTP status, None when no response came back
+    error: str = ""
+    ingest: IngestResult | None = None
+
+    @property
+    def unreachable(self) -> bool:
+        """True when no HTTP response came back at all (refused, reset, timed out)."""
+        return self.outcome is SendOutcome.RETRY and self.status is None
+
+
+class JobsUnavailableError(Exception):
+    """``GET /v1/nodes/<node>/jobs`` failed; ``result`` says how."""
+
+    def __init__(self, result: SendResult) -> None:
+        super().__init__(result.error)
+        self.result = result
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line[:_MAX_ERROR_CHARS]
+
+
+def _error_text(status: int, body: bytes) -> str:
+    """Return the daemon's ``{"error": ...}`` message, else the start of the body."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        return _one_line(f"HTTP {status}: {doc['error']}")
+    text = body.decode(errors="replace").strip()
+    return _one_line(f"HTTP {status}: {text}" if text else f"HTTP {status}")
+
+
+class DaemonClient:
+    """Talks to the daemon at ``base_url`` as ``node``.
+
+    >>> client = DaemonClient("http://127.0.0.1:8787", "gpu1", HmacAuth(b"t"))  # doctest: +SKIP
+    >>> client.post_samples(body).outcome  # doctest: +SKIP
+    <SendOutcome.SENT: 'sent'>
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        node: str,
+        auth: Authenticator,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"{base_url!r} is not an http:// or https:// URL")
+        self.base_url = base_url.rstrip("/")
+        self.node = node
+        self.auth = auth
+        self.timeout_s = timeout_s
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _request(self, method: str, path: str, body: bytes) -> tuple[SendResult, bytes]:
+        """Do one request; return how it ended and the response body (when 200)."""
+        try:
+            authorization = self.auth.header(self.node, body)
+        except AgentAuthError as exc:
+            # munged hiccups are transient (restart, full queue): keep the data.
+            return SendResult(SendOutcome.RETRY, None, _one_line(str(exc))), b""
+        headers = {"Authorization": authorization, "User-Agent": "slurmgpu-agent"}
+        if method == "POST":
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(  # noqa: S310 - the scheme is checked in __init__
+            self.base_url + path,
+            data=body if method == "POST" else None,
+            headers=headers,
+            method=method,
+        )
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                status = int(response.status)
+                payload = response.read(_MAX_RESPONSE_BYTES)
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+            try:
+                error_body = exc.read(64 * 1024)
+            except (OSError, http.client.HTTPException):
+                error_body = b""
+            finally:
+                exc.close()
+            text = _error_text(status, error_body)
+            if status >= 500 or status in _RETRYABLE_STATUS:
+                return SendResult(SendOutcome.RETRY, status, text), b""
+            return SendResult(SendOutcome.REJECTED, status, text), b""
+        except TimeoutError:
+            return SendResult(SendOutcome.RETRY, None, f"no answer within {self.timeout_s:g}s"), b""
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            why = reason.strerror if isinstance(reason, OSError) and reason.strerror else reason
+            return SendResult(SendOutcome.RETRY, None, _one_line(str(why))), b""
+        except (OSError, http.client.HTTPException) as exc:  # reset, bad status line, ...
+            error = _one_line(f"{type(exc).__name__}: {exc}")
+            return SendResult(SendOutcome.RETRY, None, error), b""
+        if status != 200:
+            return SendResult(SendOutcome.REJECTED, status, f"unexpected HTTP {status}"), b""
+        return SendResult(SendOutcome.SENT, status), payload
+
+    def post_samples(self, body: bytes) -> SendResult:
+        """POST one encoded ``SampleBatch``; never raises."""
+        result, payload = self._request("POST", "/v1/samples", body)
+        if result.outcome is not SendOutcome.SENT:
+            return result
+        try:
+            ingest = msgspec.json.decode(payload, type=IngestResult)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # The batch was taken (200); an odd reply is not a reason to send it again.
+            log.debug("daemon answered 200 with an unexpected body: %r", payload[:200])
+            ingest = None
+        return SendResult(SendOutcome.SENT, result.status, ingest=ingest)
+
+    def fetch_jobs(self) -> NodeJobs:
+        """Return the jobs the daemon says run on this node; raise JobsUnavailableError."""
+        result, payload = self._request("GET", f"/v1/nodes/{quote(self.node, safe='')}/jobs", b"")
+        if result.outcome is not SendOutcome.SENT:
+            raise JobsUnavailableError(result)
+        try:
+            jobs = msgspec.json.decode(payload, type=NodeJobs)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise JobsUnavailableError(
+                SendResult(SendOutcome.REJECTED, result.status, _one_line(f"bad job list: {exc}"))
+            ) from None
+        if jobs.node != self.node:
+            raise JobsUnavailableError(
+                SendResult(
+                    SendOutcome.REJECTED,
+                    result.status,
+                    f"daemon sent the jobs of node {jobs.node[:64]!r}, not {self.node!r}",
+                )
+            )
+        return jobs
