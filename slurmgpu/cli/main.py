@@ -53,6 +53,7 @@ def _register() -> None:
     from slurmgpu.cli.agent import agent
     from slurmgpu.cli.daemon import daemon
     from slurmgpu.cli.db import db
+    from slurmgpu.cli.eff import eff
     from slurmgpu.cli.fakeload import fakeload
     from slurmgpu.cli.jobs import jobs
     from slurmgpu.cli.submit import submit
@@ -63,6 +64,7 @@ def _register() -> None:
     main.add_command(submit)
     main.add_command(jobs)
     main.add_command(db)
+    main.add_command(eff)
     main.add_command(fakeload)
     main.add_command(node_token_command)
     try:

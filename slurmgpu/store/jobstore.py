@@ -72,6 +72,8 @@ class JobStore:
         states: Sequence[str] | None = None,
         user: str | None = None,
         job_ids: Sequence[int] | None = None,
+        array_job_id: int | None = None,
+        array_task_id: int | None = None,
         include_gone: bool = True,
         limit: int | None = None,
     ) -> list[StoredJob]:
@@ -84,6 +86,10 @@ class JobStore:
             stmt = stmt.where(j.c.user == user)
         if job_ids:
             stmt = stmt.where(j.c.job_id.in_(list(job_ids)))
+        if array_job_id is not None:
+            stmt = stmt.where(j.c.array_job_id == array_job_id)
+        if array_task_id is not None:
+            stmt = stmt.where(j.c.array_task_id == array_task_id)
         if not include_gone:
             stmt = stmt.where(j.c.gone.is_(False))
         stmt = stmt.order_by(j.c.job_id.desc(), j.c.id.desc())

@@ -154,9 +154,7 @@ class UsageStore:
             with self.engine.begin() as conn:
                 before = _total_changes(conn) if sqlite else None
                 result = conn.exec_driver_sql(sql, rows)
-                accepted = (
-                    _total_changes(conn) - before if before is not None else result.rowcount
-                )
+                accepted = _total_changes(conn) - before if before is not None else result.rowcount
                 if accepted is None or accepted < 0:  # driver did not count; ask
                     accepted = self._count_uids(conn, [r[0] for r in rows])
         except OperationalError as exc:
@@ -198,6 +196,7 @@ class UsageStore:
                 func.max(busy).label("last_busy_at"),
                 func.max(case((s.c.shared.is_(True), 1), else_=0)).label("shared"),
                 func.sum(case((s.c.source == "error", 1), else_=0)).label("errors"),
+                func.max(s.c.processes).label("max_processes"),
             )
             .where(and_(*cond))
             .group_by(s.c.node, s.c.gpu_index)
@@ -207,7 +206,8 @@ class UsageStore:
             out = []
             for r in conn.execute(stmt).mappings():
                 first, last = _aware(r["first_at"]), _aware(r["last_at"])
-                last_busy = _aware(r["last_busy_at"])
+                # _aware(None) is the epoch: keep "never busy" as None, not 1970.
+                last_busy = None if r["last_busy_at"] is None else _aware(r["last_busy_at"])
                 idle_since = first if last_busy is None else last_busy
                 out.append(
                     GpuUsage(
@@ -224,6 +224,7 @@ class UsageStore:
                         never_busy=last_busy is None,
                         shared=bool(r["shared"]),
                         error_samples=int(r["errors"] or 0),
+                        max_processes=int(r["max_processes"] or 0),
                     )
                 )
             return out
@@ -323,6 +324,9 @@ class GpuUsage:
     never_busy: bool
     shared: bool
     error_samples: int
+    # Most processes of the job seen on it in one sample; 0: allocated but never used.
+    # None when unknown (a usage rebuilt from an end-of-job summary).
+    max_processes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

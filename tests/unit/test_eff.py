@@ -1,0 +1,729 @@
+"""``sgpu eff``: per-job efficiency figures and the notes users act on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from slurmgpu.cli.context import AppContext
+from slurmgpu.cli.eff import eff as eff_command
+from slurmgpu.daemon.diff import diff_jobs
+from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
+from slurmgpu.report.eff import (
+    EffThresholds,
+    JobEfficiency,
+    Note,
+    job_efficiency,
+    notes,
+    to_json,
+    usage_from_summary,
+)
+from slurmgpu.report.eff_render import render_report
+from slurmgpu.store import JobStore, open_store
+from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
+from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
+
+T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
+GIB = 1024
+H100_MIB = 81559.0
+
+
+def make_job(
+    *,
+    job_id: int = 100,
+    state: JobState = JobState.COMPLETED,
+    elapsed: timedelta = timedelta(hours=2),
+    time_limit: timedelta | None = timedelta(hours=3),
+    cpus: int = 4,
+    memory_mib: int | None = None,
+    gpus: dict[str, tuple[int, ...]] | None = None,
+    shards: int = 0,
+    tasks: int = 1,
+    **extra: Any,
+) -> Job:
+    gpus = {"gpu1": (0,)} if gpus is None else gpus
+    allocations = tuple(NodeGpuAllocation(node, indices) for node, indices in gpus.items())
+    total = sum(len(i) for i in gpus.values())
+    return Job(
+        job_id=job_id,
+        name="train",
+        user="alice",
+        account="ml",
+        partition="gpu",
+        state=state,
+        start_time=T0,
+        end_time=T0 + elapsed if state.is_terminal else None,
+        time_limit=time_limit,
+        cpus=cpus,
+        memory_mib=memory_mib,
+        node_count=len(gpus) or 1,
+        tasks=tasks,
+        gpus=GpuRequest(gpus=total, shards=shards),
+        nodes=tuple(gpus) or ("gpu1",),
+        gpu_allocations=allocations,
+        **extra,
+    )
+
+
+def gpu(
+    index: int,
+    mean: float,
+    *,
+    node: str = "gpu1",
+    peak: float | None = None,
+    memory_mib: float = 20_000.0,
+    total_mib: float | None = H100_MIB,
+    idle: timedelta = timedelta(0),
+    never_busy: bool | None = None,
+    processes: int | None = 1,
+    samples: int = 240,
+    errors: int = 0,
+    span: timedelta = timedelta(hours=2),
+) -> GpuUsage:
+    never = mean == 0 and (peak or 0) == 0 if never_busy is None else never_busy
+    return GpuUsage(
+        node=node,
+        gpu_index=index,
+        samples=samples,
+        mean_util_pct=mean,
+        max_util_pct=peak if peak is not None else min(100.0, mean * 1.2),
+        max_memory_mib=memory_mib,
+        memory_total_mib=total_mib,
+        first_at=T0,
+        last_at=T0 + span,
+        trailing_idle=span if never else idle,
+        never_busy=never,
+        shared=False,
+        error_samples=errors,
+        max_processes=processes,
+    )
+
+
+def host(node: str, cpu_pct: float, cpus: int, memory_mib: float = 4 * GIB) -> HostUsage:
+    return HostUsage(
+        node=node,
+        samples=240,
+        mean_cpu_pct=cpu_pct,
+        max_cpu_pct=cpu_pct,
+        cpus_allocated=cpus,
+        max_memory_mib=memory_mib,
+    )
+
+
+def ended(job: Job) -> datetime:
+    return (job.end_time or T0) + timedelta(minutes=5)
+
+
+def kinds(found: list[Note]) -> list[str]:
+    return [n.kind for n in found]
+
+
+def one(found: list[Note], kind: str) -> Note:
+    (note,) = [n for n in found if n.kind == kind]
+    return note
+
+
+# -- figures and GPU notes ----------------------------------------------------------------
+
+
+def test_a_busy_two_gpu_job_gets_exact_figures_and_no_notes() -> None:
+    job = make_job(
+        gpus={"gpu1": (0, 1)},
+        cpus=8,
+        memory_mib=64 * GIB,
+        time_limit=timedelta(hours=2, minutes=30),
+    )
+    report = job_efficiency(
+        job,
+        [gpu(0, 80.0, memory_mib=30_000.0), gpu(1, 80.0, memory_mib=40_000.0)],
+        [host("gpu1", 700.0, 8, memory_mib=50 * GIB)],
+        ended(job),
+    )
+    assert report.elapsed == timedelta(hours=2)
+    assert report.time_use_pct == pytest.approx(80.0)
+    assert report.cpu_util_pct == pytest.approx(87.5)
+    assert report.cpu_memory_use_pct == pytest.approx(50 / 64 * 100)
+    assert report.gpu_util_pct == pytest.approx(80.0)
+    assert (report.gpus_allocated, report.gpus_busy) == (2, 2)
+    assert report.gpu_memory_max_mib == 40_000.0
+    assert [g.status for g in report.gpus] == ["ok", "ok"]
+    assert notes(report) == []
+
+
+def test_a_gpu_idle_for_the_last_70_minutes_of_a_running_job_is_an_alert() -> None:
+    job = make_job(job_id=101, state=JobState.RUNNING, cpus=1)
+    now = T0 + timedelta(hours=3)
+    report = job_efficiency(
+        job, [gpu(0, 40.0, idle=timedelta(minutes=70))], [host("gpu1", 90.0, 1)], now
+    )
+    assert report.running and report.elapsed == timedelta(hours=3)
+    (g,) = report.gpus
+    assert g.status == "idle" and g.ever_busy
+    found = notes(report)
+    assert kinds(found) == ["idle-gpu"]
+    alert = found[0]
+    assert alert.severity == "alert"
+    assert alert.text.startswith(
+        "GPU gpu1:0 has been idle for the last 70 min (the idle-GPU limit is 60 min)"
+    )
+    assert "scancel 101" in alert.text
+
+
+def test_a_gpu_idle_for_59_minutes_is_not_yet_an_alert() -> None:
+    job = make_job(state=JobState.RUNNING, cpus=1)
+    report = job_efficiency(
+        job, [gpu(0, 40.0, idle=timedelta(minutes=59))], [], T0 + timedelta(hours=3)
+    )
+    assert report.gpus[0].status == "ok"
+    assert "idle-gpu" not in kinds(notes(report))
+
+
+def test_a_four_gpu_job_with_one_busy_gpu_is_told_to_ask_for_one() -> None:
+    job = make_job(gpus={"gpu1": (0, 1, 2, 3)}, cpus=4)
+    usage = [gpu(0, 90.0)] + [gpu(i, 0.0, memory_mib=500.0) for i in (1, 2, 3)]
+    report = job_efficiency(job, usage, [host("gpu1", 350.0, 4)], ended(job))
+    assert report.gpu_util_pct == pytest.approx(22.5)
+    assert (report.gpus_allocated, report.gpus_busy) == (4, 1)
+    assert [g.status for g in report.gpus] == ["ok", "idle", "idle", "idle"]
+    found = notes(report)
+    assert kinds(found) == ["gpus"]
+    note = found[0]
+    assert note.option == "--gpus=1"
+    assert note.severity == "warn"
+    assert "only 1 of 4 allocated GPUs was ever busy (gpu1:0)" in note.text
+    assert "never busy: gpu1:1, gpu1:2, gpu1:3" in note.text
+
+
+def test_a_multi_node_job_whose_busy_gpus_are_on_one_node_is_told_to_use_one_node() -> None:
+    job = make_job(gpus={"gpu1": (0, 1), "gpu2": (0, 1)}, cpus=8)
+    usage = [gpu(0, 70.0), gpu(1, 60.0)] + [
+        gpu(i, 0.0, node="gpu2", memory_mib=400.0) for i in (0, 1)
+    ]
+    report = job_efficiency(
+        job, usage, [host("gpu1", 300.0, 4), host("gpu2", 300.0, 4)], ended(job)
+    )
+    assert one(notes(report), "gpus").option == "--nodes=1 --gpus=2"
+
+
+def test_an_allocated_gpu_with_no_process_is_shown_as_such_and_counted_as_idle() -> None:
+    job = make_job(gpus={"gpu1": (0, 1)}, cpus=2)
+    usage = [gpu(0, 85.0), gpu(1, 0.0, memory_mib=0.0, processes=0)]
+    report = job_efficiency(job, usage, [host("gpu1", 150.0, 2)], ended(job))
+    no_proc = report.gpus[1]
+    assert no_proc.status == "no-process"
+    assert no_proc.counted_as_zero and not no_proc.ever_busy
+    assert report.gpu_util_pct == pytest.approx(42.5)
+    assert report.gpus_busy == 1
+    note = one(notes(report), "gpus")
+    assert note.option == "--gpus=1"
+    assert "gpu1:1 (no process)" in note.text
+
+
+def test_a_running_job_whose_gpu_never_had_a_process_gets_an_alert() -> None:
+    job = make_job(state=JobState.RUNNING, cpus=1)
+    usage = [gpu(0, 0.0, memory_mib=0.0, processes=0, span=timedelta(minutes=80))]
+    report = job_efficiency(job, usage, [], T0 + timedelta(minutes=81))
+    assert report.gpus[0].status == "no-process"
+    assert report.gpu_util_pct == 0.0
+    alert = one(notes(report), "idle-gpu")
+    assert alert.text.startswith("GPU gpu1:0 (no process) has been idle for the last 80 min")
+
+
+def test_a_finished_job_that_never_used_its_gpu_is_an_alert_to_fix_the_program() -> None:
+    job = make_job(cpus=1)
+    report = job_efficiency(
+        job, [gpu(0, 0.0, memory_mib=600.0)], [host("gpu1", 90.0, 1)], ended(job)
+    )
+    assert report.gpus[0].status == "idle" and not report.gpus[0].ever_busy
+    found = notes(report)
+    assert kinds(found) == ["no-gpu-use"]
+    assert found[0].severity == "alert"
+    assert found[0].text.startswith("none of the 1 allocated GPU(s) was ever busy (gpu1:0)")
+
+
+def test_a_running_job_not_yet_using_its_gpu_after_10_minutes_is_only_warned() -> None:
+    job = make_job(state=JobState.RUNNING, cpus=1)
+    usage = [gpu(0, 0.0, memory_mib=600.0, span=timedelta(minutes=10))]
+    report = job_efficiency(job, usage, [], T0 + timedelta(minutes=10))
+    assert [(n.kind, n.severity) for n in notes(report)] == [("no-gpu-use", "warn")]
+
+
+def test_a_gpu_the_agent_never_reported_on_a_reporting_node_counts_as_zero() -> None:
+    job = make_job(gpus={"gpu1": (0, 1)}, cpus=2)
+    report = job_efficiency(job, [gpu(0, 60.0)], [host("gpu1", 150.0, 2)], ended(job))
+    missing = report.gpus[1]
+    assert (missing.status, missing.counted_as_zero) == ("no-data", True)
+    assert report.gpu_util_pct == pytest.approx(30.0)
+    assert "gpu1:1 (no samples)" in one(notes(report), "gpus").text
+
+
+def test_a_silent_node_is_not_counted_as_idle_and_the_agent_is_blamed() -> None:
+    job = make_job(gpus={"gpu1": (0,), "gpu2": (0,)}, cpus=4)
+    report = job_efficiency(job, [gpu(0, 70.0)], [host("gpu1", 200.0, 2)], ended(job))
+    assert report.silent_nodes == ("gpu2",)
+    assert [(g.label, g.status, g.counted_as_zero) for g in report.gpus] == [
+        ("gpu1:0", "ok", False),
+        ("gpu2:0", "no-data", False),
+    ]
+    assert report.gpu_util_pct == pytest.approx(70.0)
+    found = notes(report)
+    assert one(found, "no-samples").text == (
+        "no usage samples from gpu2: is `sgpu agent` running on gpu2?"
+    )
+    assert "gpus" not in kinds(found)  # gpu2's use is unknown, not zero
+
+
+def test_error_samples_are_unknown_use_not_idleness() -> None:
+    job = make_job(cpus=1)
+    usage = [gpu(0, 0.0, memory_mib=0.0, processes=0, errors=240, samples=240)]
+    report = job_efficiency(job, usage, [host("gpu1", 90.0, 1)], ended(job))
+    assert report.gpus[0].status == "error"
+    assert report.gpu_util_pct is None
+    assert [n for n in notes(report) if n.severity == "alert"] == []
+
+
+def test_a_light_one_gpu_job_is_offered_shards_sized_by_its_gpu_memory() -> None:
+    job = make_job(cpus=1)
+    usage = [gpu(0, 8.0, peak=30.0, memory_mib=9000.0, total_mib=40960.0)]
+    report = job_efficiency(job, usage, [host("gpu1", 95.0, 1)], ended(job))
+    found = notes(report)
+    assert kinds(found) == ["shard"]
+    # ceil(16 shards * 1.2 * 9000 MiB / 40960 MiB) = ceil(4.22) = 5
+    assert found[0].option == "--gres=shard:5"
+    assert "peaked at 8.8 GiB of 40.0 GiB" in found[0].text
+
+
+def test_a_shard_job_or_a_job_with_much_gpu_memory_is_not_offered_shards() -> None:
+    big = make_job(cpus=1)
+    report = job_efficiency(
+        big, [gpu(0, 8.0, memory_mib=30_000.0)], [host("gpu1", 95.0, 1)], ended(big)
+    )
+    assert "shard" not in kinds(notes(report))
+    assert one(notes(report), "gpu-util").severity == "warn"
+
+
+# -- time, memory, CPU --------------------------------------------------------------------
+
+
+def test_an_over_asked_time_limit_gets_the_exact_time_to_ask_for() -> None:
+    job = make_job(elapsed=timedelta(hours=1, minutes=2), time_limit=timedelta(hours=24))
+    report = job_efficiency(job, [gpu(0, 70.0)], [host("gpu1", 380.0, 4)], ended(job))
+    note = one(notes(report), "time")
+    # ceil(1.3 * 3720 s / 900 s) * 900 s = 6 * 900 s = 1:30:00; 4 % of the limit is red
+    assert note.option == "--time=01:30:00"
+    assert note.severity == "warn"
+    assert "ran 01:02:00, 4% of its 1-00:00:00 limit" in note.text
+
+
+def test_the_time_suggestion_is_not_pushed_up_by_float_noise() -> None:
+    job = make_job(elapsed=timedelta(hours=2, minutes=30), time_limit=timedelta(hours=8))
+    report = job_efficiency(job, [gpu(0, 70.0)], [host("gpu1", 380.0, 4)], ended(job))
+    note = one(notes(report), "time")
+    assert note.option == "--time=03:15:00"  # 1.3 * 9000 s is exactly 13 * 900 s
+    assert note.severity == "info"
+
+
+@pytest.mark.parametrize(
+    ("state", "elapsed", "limit"),
+    [
+        (JobState.RUNNING, timedelta(hours=1), timedelta(hours=24)),
+        (JobState.CANCELLED, timedelta(hours=1), timedelta(hours=24)),
+        (JobState.COMPLETED, timedelta(minutes=15), timedelta(hours=24)),
+        (JobState.COMPLETED, timedelta(hours=3), timedelta(hours=5)),  # 60 % used
+        (JobState.COMPLETED, timedelta(hours=1), None),
+    ],
+)
+def test_no_time_note_unless_completed_longer_than_15_min_and_under_60_percent(
+    state: JobState, elapsed: timedelta, limit: timedelta | None
+) -> None:
+    job = make_job(state=state, elapsed=elapsed, time_limit=limit)
+    report = job_efficiency(job, [gpu(0, 70.0)], [], T0 + elapsed)
+    assert "time" not in kinds(notes(report))
+
+
+def test_over_asked_memory_gets_the_exact_mem_to_ask_for() -> None:
+    job = make_job(memory_mib=256 * GIB)
+    report = job_efficiency(
+        job, [gpu(0, 70.0)], [host("gpu1", 380.0, 4, memory_mib=5 * GIB)], ended(job)
+    )
+    note = one(notes(report), "memory")
+    assert note.option == "--mem=6G"  # ceil(1.2 * 5 GiB), not 7 from float noise
+    assert "used 2% of its 256.0 GiB of memory (peak 5.0 GiB)" in note.text
+
+
+def test_memory_used_at_70_percent_gets_no_note() -> None:
+    job = make_job(memory_mib=10 * GIB)
+    report = job_efficiency(
+        job, [gpu(0, 70.0)], [host("gpu1", 380.0, 4, memory_mib=7 * GIB)], ended(job)
+    )
+    assert report.cpu_memory_use_pct == pytest.approx(70.0)
+    assert "memory" not in kinds(notes(report))
+
+
+def test_a_running_job_is_told_what_it_used_so_far() -> None:
+    job = make_job(state=JobState.RUNNING, memory_mib=64 * GIB, time_limit=timedelta(days=2))
+    report = job_efficiency(
+        job,
+        [gpu(0, 70.0)],
+        [host("gpu1", 380.0, 4, memory_mib=8 * GIB)],
+        T0 + timedelta(hours=1),
+    )
+    note = one(notes(report), "memory")
+    assert "has used 12% of its 64.0 GiB of memory so far" in note.text
+    assert note.option == "--mem=10G"
+    assert "time" not in kinds(notes(report))
+
+
+def test_a_run_under_five_minutes_gets_no_notes() -> None:
+    job = make_job(gpus={"gpu1": (0, 1)}, elapsed=timedelta(minutes=4), memory_mib=256 * GIB)
+    usage = [gpu(i, 0.0, span=timedelta(minutes=4)) for i in (0, 1)]
+    report = job_efficiency(job, usage, [host("gpu1", 10.0, 4)], ended(job))
+    found = notes(report)
+    assert kinds(found) == ["short-run"]
+    assert found[0].text == (
+        "run time 00:04:00 is under 5 min: no efficiency notes for runs this short"
+    )
+
+
+def test_multi_node_cpu_efficiency_weights_nodes_by_their_cores() -> None:
+    job = make_job(gpus={"gpu1": (0,), "gpu2": (0,)}, cpus=16, tasks=2)
+    report = job_efficiency(
+        job,
+        [gpu(0, 70.0), gpu(0, 70.0, node="gpu2")],
+        [host("gpu1", 1200.0, 12), host("gpu2", 0.0, 4)],
+        ended(job),
+    )
+    assert [(n.node, n.cores, n.cpu_util_pct) for n in report.nodes] == [
+        ("gpu1", 12, 100.0),
+        ("gpu2", 4, 0.0),
+    ]
+    assert report.cpu_util_pct == pytest.approx(75.0)  # not the 50 % mean of the nodes
+    assert "cpu" not in kinds(notes(report))
+
+
+def test_low_cpu_use_on_many_cores_suggests_fewer_cores_per_task() -> None:
+    job = make_job(gpus={"gpu1": (0,), "gpu2": (0,)}, cpus=32, tasks=2)
+    report = job_efficiency(
+        job,
+        [gpu(0, 70.0), gpu(0, 70.0, node="gpu2")],
+        [host("gpu1", 200.0, 16), host("gpu2", 100.0, 16)],
+        ended(job),
+    )
+    assert report.cpu_util_pct == pytest.approx(300 / 32)
+    note = one(notes(report), "cpu")
+    assert note.option == "-c 3"  # ceil(1.2 * 2 busy cores on the busiest node)
+    assert "9% of 32 cores (3.0 busy on average)" in note.text
+
+
+def test_low_cpu_use_on_few_cores_is_not_a_note() -> None:
+    job = make_job(cpus=2)
+    report = job_efficiency(job, [gpu(0, 70.0)], [host("gpu1", 20.0, 2)], ended(job))
+    assert report.cpu_util_pct == pytest.approx(10.0)
+    assert "cpu" not in kinds(notes(report))
+
+
+def test_a_job_without_samples_reports_what_slurm_knows_and_asks_about_the_agent() -> None:
+    job = make_job(elapsed=timedelta(hours=1), time_limit=timedelta(hours=24))
+    report = job_efficiency(job, [], [], ended(job))
+    assert report.source == "none" and not report.has_samples
+    assert report.gpu_util_pct is None and report.cpu_util_pct is None
+    assert [(g.label, g.status, g.counted_as_zero) for g in report.gpus] == [
+        ("gpu1:0", "no-data", False)
+    ]
+    found = notes(report)
+    assert one(found, "no-samples").text == "no usage samples: is `sgpu agent` running on gpu1?"
+    assert one(found, "time").option == "--time=01:30:00"  # Slurm's own figures still count
+
+
+def test_thresholds_can_be_overridden() -> None:
+    job = make_job(state=JobState.RUNNING, cpus=1)
+    usage = [gpu(0, 40.0, idle=timedelta(minutes=70))]
+    strict = EffThresholds(idle_alert=timedelta(minutes=90))
+    now = T0 + timedelta(hours=3)
+    assert "idle-gpu" not in kinds(notes(job_efficiency(job, usage, [], now, thresholds=strict)))
+
+
+def test_a_summary_is_turned_back_into_usage() -> None:
+    job = make_job(gpus={"gpu1": (0, 1)}, cpus=4)
+    summary = {
+        "version": 1,
+        "nodes": {
+            "gpu1": {
+                "host": {"samples": 10, "cpus": 4, "cpu_pct_mean": 200.0, "memory_max_mib": 900},
+                "gpus": {
+                    "1": {"samples": 10, "util_pct_mean": 0.0, "util_pct_max": 0.0,
+                          "memory_max_mib": 0.0, "memory_total_mib": H100_MIB,
+                          "idle_trailing_s": 7200, "never_busy": True, "shared": False},
+                    "0": {"samples": 10, "util_pct_mean": 55.0, "util_pct_max": 99.0,
+                          "memory_max_mib": 12000.0, "memory_total_mib": H100_MIB,
+                          "idle_trailing_s": 0, "never_busy": False, "shared": False},
+                },
+            }
+        },
+    }  # fmt: skip
+    gpus, hosts = usage_from_summary(job, summary)
+    assert [(g.gpu_index, g.mean_util_pct) for g in gpus] == [(0, 55.0), (1, 0.0)]
+    assert hosts[0].cpu_efficiency_pct == 50.0
+    report = job_efficiency(job, gpus, hosts, ended(job), source="summary")
+    assert [g.status for g in report.gpus] == ["ok", "no-process"]  # no memory: no process
+
+
+def test_the_terminal_report_shows_bars_tables_and_notes() -> None:
+    job = make_job(gpus={"gpu1": (0, 1, 2, 3)}, cpus=4, memory_mib=64 * GIB)
+    usage = [gpu(0, 90.0)] + [gpu(i, 0.0, memory_mib=500.0) for i in (1, 2, 3)]
+    report = job_efficiency(job, usage, [host("gpu1", 350.0, 4)], ended(job))
+    text = _render(report)
+    for expected in (
+        "CPU util",
+        "88%",
+        "GPU util",
+        "22%",  # 22.5 rounds to even
+        "gpu1[0,1,2,3]",
+        "gpu1:3",
+        "idle",
+        "Notes",
+        "--gpus=1",
+    ):
+        assert expected in text, expected
+
+
+def _render(report: JobEfficiency) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render_report(report, notes(report)))
+    return console.export_text()
+
+
+# -- the command against a real store -----------------------------------------------------
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, AppContext]:
+    monkeypatch.delenv("SGPU_DB", raising=False)
+    monkeypatch.delenv("SGPU_CONFIG", raising=False)
+    config = tmp_path / "config.toml"
+    config.write_text("")
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    open_store(url)
+    return url, AppContext(config_path=config, db_override=url)
+
+
+def _store_job(url: str, job: Job) -> JobStore:
+    store = open_store(url)
+    store.apply_cycle(diff_jobs({}, [job]), {}, [], T0)
+    return store
+
+
+def _array_task_with_samples(url: str) -> Job:
+    job = replace(
+        make_job(
+            job_id=123,
+            gpus={"gpu1": (0, 1)},
+            cpus=8,
+            memory_mib=64 * GIB,
+            time_limit=timedelta(hours=8),
+            tasks=1,
+        ),
+        array_job_id=120,
+        array_task_id=3,
+    )
+    store = _store_job(url, job)
+    gpu_samples, host_samples = [], []
+    for minute in range(121):
+        at = (T0 + timedelta(minutes=minute)).timestamp()
+        gpu_samples.append(
+            GpuSampleIn(
+                sample_uid=f"g0-{minute}", at=at, gpu_index=0, job_id=123, util_pct=80.0,
+                memory_used_mib=30_000.0, memory_total_mib=H100_MIB, processes=1,
+            )
+        )  # fmt: skip
+        gpu_samples.append(
+            GpuSampleIn(
+                sample_uid=f"g1-{minute}", at=at, gpu_index=1, job_id=123, util_pct=0.0,
+                memory_used_mib=0.0, memory_total_mib=H100_MIB, processes=0, source="idle",
+            )
+        )  # fmt: skip
+        host_samples.append(
+            HostSampleIn(
+                sample_uid=f"h-{minute}", at=at, job_id=123, cpu_pct=400.0, cpus_allocated=8,
+                rss_mib=8 * GIB,
+            )
+        )  # fmt: skip
+    usage = UsageStore(store.engine, store.cluster)
+    usage.ingest(SampleBatch(node="gpu1", gpu=gpu_samples, host=host_samples))
+    return job
+
+
+def test_eff_prints_the_figures_and_notes_of_an_array_task(db: tuple[str, AppContext]) -> None:
+    url, app = db
+    _array_task_with_samples(url)
+    result = CliRunner().invoke(eff_command, ["120_3"], obj=app)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for expected in (
+        "120_3 (job id 123)",
+        "COMPLETED",
+        "02:00:00",
+        "08:00:00 (25% used)",
+        "50%",  # CPU util: 4 of 8 cores
+        "40%",  # GPU util: (80 + 0) / 2
+        "no-process",
+        "--gpus=1",
+        "--mem=10G",
+        "--time=02:45:00",
+        "-c 5",
+    ):
+        assert expected in out, expected
+
+
+def test_eff_json_has_stable_keys_and_exact_figures(db: tuple[str, AppContext]) -> None:
+    url, app = db
+    _array_task_with_samples(url)
+    result = CliRunner().invoke(eff_command, ["120_3", "--json"], obj=app)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert set(data) == {
+        "version", "job", "source", "running", "elapsed_s", "time_use_pct", "cpu", "nodes",
+        "gpu", "gpus", "silent_nodes", "notes",
+    }  # fmt: skip
+    assert data["job"]["display_id"] == "120_3" and data["job"]["job_id"] == 123
+    assert data["source"] == "samples"
+    assert data["elapsed_s"] == 7200 and data["time_use_pct"] == 25.0
+    assert data["cpu"] == {
+        "util_pct": 50.0,
+        "cores": 8,
+        "memory_max_mib": 8192.0,
+        "memory_node_max_mib": 8192.0,
+        "memory_requested_mib": 65536,
+        "memory_use_pct": 12.5,
+    }
+    assert data["gpu"] == {
+        "allocated": 2,
+        "busy": 1,
+        "util_pct": 40.0,
+        "memory_max_mib": 30000.0,
+        "memory_use_pct": 36.8,
+    }
+    assert [(g["index"], g["status"], g["counted_as_zero"]) for g in data["gpus"]] == [
+        (0, "ok", False),
+        (1, "no-process", True),
+    ]
+    options = {n["kind"]: n["option"] for n in data["notes"]}
+    assert options == {"gpus": "--gpus=1", "cpu": "-c 5", "memory": "--mem=10G",
+                       "time": "--time=02:45:00"}  # fmt: skip
+
+
+def test_eff_of_a_job_without_samples_uses_the_stored_summary(
+    db: tuple[str, AppContext],
+) -> None:
+    url, app = db
+    job = make_job(job_id=200, cpus=4)
+    store = _store_job(url, job)
+    summary = {
+        "version": 1,
+        "nodes": {
+            "gpu1": {
+                "host": {"samples": 5, "cpus": 4, "cpu_pct_mean": 300.0, "memory_max_mib": 512},
+                "gpus": {"0": {"samples": 5, "util_pct_mean": 66.0, "util_pct_max": 90.0,
+                               "memory_max_mib": 20000.0, "memory_total_mib": H100_MIB,
+                               "idle_trailing_s": 0, "never_busy": False, "shared": False}},
+            }
+        },
+    }  # fmt: skip
+    UsageStore(store.engine, store.cluster).save_summary(200, summary, T0 + timedelta(hours=2))
+    result = CliRunner().invoke(eff_command, ["200", "--json"], obj=app)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["source"] == "summary"
+    assert data["gpu"]["util_pct"] == 66.0 and data["cpu"]["util_pct"] == 75.0
+
+
+def test_eff_of_a_job_with_no_samples_asks_whether_the_agent_runs(
+    db: tuple[str, AppContext],
+) -> None:
+    url, app = db
+    _store_job(url, make_job(job_id=300, cpus=4))
+    result = CliRunner().invoke(eff_command, ["300"], obj=app)
+    assert result.exit_code == 0, result.output
+    assert "no usage samples: is `sgpu agent` running on gpu1?" in result.output
+
+
+def test_eff_of_an_unknown_job_is_one_line_and_exit_1(db: tuple[str, AppContext]) -> None:
+    _, app = db
+    result = CliRunner().invoke(eff_command, ["999"], obj=app)
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("sgpu: job 999 is not in the store")
+
+
+def test_eff_of_an_unknown_array_task_is_exit_1(db: tuple[str, AppContext]) -> None:
+    url, app = db
+    _array_task_with_samples(url)
+    result = CliRunner().invoke(eff_command, ["120_4"], obj=app)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("sgpu: job 120_4 is not in the store")
+
+
+def test_eff_refuses_a_malformed_job_id_with_exit_2(db: tuple[str, AppContext]) -> None:
+    _, app = db
+    result = CliRunner().invoke(eff_command, ["12x"], obj=app)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "sgpu: JOBID must look like 123 or 120_3 (array task), not '12x'"
+    )
+
+
+def test_json_of_a_pending_job_has_every_key_with_nulls() -> None:
+    job = replace(make_job(state=JobState.PENDING), start_time=None, gpu_allocations=())
+    report = job_efficiency(job, [], [], T0)
+    data = to_json(report, notes(report))
+    assert data["elapsed_s"] is None and data["time_use_pct"] is None
+    assert data["gpu"] == {
+        "allocated": 0,
+        "busy": 0,
+        "util_pct": None,
+        "memory_max_mib": None,
+        "memory_use_pct": None,
+    }
+    assert data["notes"] == [
+        {
+            "kind": "not-started",
+            "severity": "info",
+            "text": "the job has not started: nothing to measure yet",
+            "option": None,
+        }
+    ]
+
+
+def test_the_store_reports_a_gpu_that_was_never_busy_as_never_busy(
+    db: tuple[str, AppContext],
+) -> None:
+    url, _ = db
+    store = open_store(url)
+    samples = [
+        GpuSampleIn(
+            sample_uid=f"n-{minute}",
+            at=(T0 + timedelta(minutes=minute)).timestamp(),
+            gpu_index=2,
+            job_id=55,
+            util_pct=0.0,
+            memory_used_mib=0.0,
+            processes=0,
+            source="idle",
+        )
+        for minute in range(11)
+    ]
+    usage = UsageStore(store.engine, store.cluster)
+    usage.ingest(SampleBatch(node="gpu1", gpu=samples))
+    (g,) = usage.gpu_usage(55)
+    assert g.never_busy
+    assert g.trailing_idle == timedelta(minutes=10)  # from the first sample, not from 1970
+    assert g.max_processes == 0
