@@ -14,10 +14,21 @@ sgpu cluster down --root "$ROOT/cluster" >/dev/null 2>&1 || true
 rm -rf "$ROOT"
 mkdir -p "$ROOT"
 export SGPU_DB="sqlite:///$ROOT/state.db"
-JOBDIR="$ROOT/jobs"; mkdir -p "$JOBDIR"
+export SGPU_SIMGPU_DIR="$ROOT/simgpu"     # where fakeload declares usage for the sim probe
+PORT=${SGPU_DEMO_PORT:-8787}
+export SGPU_CONFIG="$ROOT/config.toml"
+cat >"$SGPU_CONFIG" <<CONF
+[daemon]
+listen = "127.0.0.1:$PORT"
+secret_file = "$ROOT/site.secret"
+CONF
+JOBDIR="$ROOT/jobs"; mkdir -p "$JOBDIR" "$SGPU_SIMGPU_DIR"
+NODES="gpu1 gpu2 gpu3 gpu4"
+PIDS=()
 
 cleanup() {
-  [ -n "${DAEMON_PID:-}" ] && kill -TERM "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   sgpu cluster down --root "$ROOT/cluster" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -27,22 +38,43 @@ sgpu cluster up --root "$ROOT/cluster"
 eval "$(sgpu cluster env --root "$ROOT/cluster")"
 sinfo -N -o "%N %T %G"
 
-echo "== 2. slurmgpu daemon (poll every 2s, log in $ROOT/daemon.log)"
+echo "== 2. slurmgpu daemon (poll every 2s, API on 127.0.0.1:$PORT, log in $ROOT/daemon.log)"
 sgpu db upgrade
 sgpu daemon --interval 2s >"$ROOT/daemon.log" 2>&1 &
-DAEMON_PID=$!
+PIDS+=($!)
+python3 - "$PORT" <<'PY'
+import sys, time, urllib.request
+for _ in range(100):  # wait for the API, at most 20 s
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/healthz", timeout=1); break
+    except OSError:
+        time.sleep(0.2)
+else:
+    sys.exit("demo: the daemon's API did not come up; see the daemon log")
+PY
 
-echo "== 3. a mixed workload through sgpu submit"
+echo "== 3. one node agent per node (simulated GPUs, per-node tokens, sampling every 2s)"
+for n in $NODES; do
+  sgpu node-token "$n" --out "$ROOT/tokens/$n.token" >/dev/null
+  sgpu agent --node "$n" --daemon "http://127.0.0.1:$PORT" --interval 2s --probe sim \
+    --sim-dir "$SGPU_SIMGPU_DIR" --gres-conf "$ROOT/cluster/etc/gres.conf" --auth hmac \
+    --token-file "$ROOT/tokens/$n.token" --spool-dir "$ROOT/spool/$n" >"$ROOT/agent-$n.log" 2>&1 &
+  PIDS+=($!)
+done
+
+echo "== 4. a mixed workload through sgpu submit"
 J=examples/workload/gpu_job.sh
-sgpu submit -J train-2gpu --gres=gpu:2 -o "$JOBDIR/%j.out" --requeue $J 25
-sgpu submit -J per-node   --gpus-per-node=1 -o "$JOBDIR/%j.out" $J 15
-sgpu submit -J light-shard --gres=shard:4 -o "$JOBDIR/%j.out" $J 15
-sgpu submit -J sweep -a 0-3%2 --gres=gpu:1 -o "$JOBDIR/%A_%a.out" $J 8
+T=examples/workload/fake_train.sh
+TRAIN=$(sgpu submit --parsable -J train-2gpu --gres=gpu:2 -t 1:00:00 --mem=2G -o "$JOBDIR/%j.out" --requeue $T 40s 85 20GiB)
+sgpu submit -J idle-after --gpus-per-node=1 -o "$JOBDIR/%j.out" $T 40s 70 4GiB idle-after:10s
+sgpu submit -J light-a --gres=shard:4 -w gpu3 -o "$JOBDIR/%j.out" $T 30s 12 3GiB
+sgpu submit -J light-b --gres=shard:4 -w gpu3 -o "$JOBDIR/%j.out" $T 30s 8 2GiB
+sgpu submit -J sweep -a 0-3%2 --gres=gpu:1 -o "$JOBDIR/%A_%a.out" $T 10s 60 8GiB
 sgpu submit -J big-2node -N 2 --gres=gpu:4 -t 10 -o "$JOBDIR/%j.out" $J 10
 sgpu submit -J cpu-only -c 2 -o "$JOBDIR/%j.out" $J 5
 sgpu submit -J crashes --gpus=1 -o "$JOBDIR/%j.out" $J 3 1
 
-echo "== 4. what slurmgpu sees (sgpu jobs), until every job has finished"
+echo "== 5. what slurmgpu sees (sgpu jobs), until every job has finished"
 deadline=$(( $(date +%s) + 180 ))
 while :; do
   sleep 5
@@ -52,7 +84,9 @@ while :; do
   [ "$(date +%s)" -ge "$deadline" ] && { echo "demo: jobs still active after 180 s" >&2; exit 1; }
 done
 sleep 3   # one more daemon cycle to see the final states
-echo "== 5. final state"
+echo "== 6. final state"
 sgpu jobs
 echo "== job outputs"; head -n1 "$JOBDIR"/*.out
 echo "== daemon log (last lines)"; tail -n 5 "$ROOT/daemon.log"
+echo "== 7. what job $TRAIN really used (sgpu eff $TRAIN)"
+sgpu eff "$TRAIN"
