@@ -22,8 +22,9 @@ from slurmgpu.labcluster import LabCluster, LabClusterError, ensure_packages
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-SESSION_CTLD_PORT = 6917
-SESSION_SLURMD_PORT_BASE = 17101
+# Two test sessions on one machine can use different ports with these variables.
+SESSION_CTLD_PORT = int(os.environ.get("SGPU_TEST_CTLD_PORT", "6917"))
+SESSION_SLURMD_PORT_BASE = int(os.environ.get("SGPU_TEST_SLURMD_PORT_BASE", "17101"))
 _SLURM_TESTS_DIR = Path(__file__).parent / "slurm"
 
 
