@@ -166,7 +166,12 @@ def test_running_job_survives_slurmctld_stop_and_start(
 
 def test_down_stops_exactly_its_own_pids(slurm_cluster: LabCluster, tmp_path: Path) -> None:
     others = slurm_daemon_pids()  # the session cluster, and e.g. a lab on the default ports
-    second = LabCluster(tmp_path / "second", nodes=2, ctld_port=6927, slurmd_port_base=17201)
+    second = LabCluster(
+        tmp_path / "second",
+        nodes=2,
+        ctld_port=slurm_cluster.ctld_port + 10,
+        slurmd_port_base=slurm_cluster.slurmd_port_base + 50,
+    )
     second.up(timeout_s=30.0)
     own = {d["pid"] for d in second.status()["daemons"].values()}
     assert len(own) == 3 and not own & others
