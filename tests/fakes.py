@@ -18,6 +18,7 @@ class FakeSlurm:
         self._nodes = list(nodes)
         self.fail_with: SlurmError | None = None
         self.calls: list[str] = []
+        self.updates: list[tuple[int, dict[str, str]]] = []
         self._next_id = max(self._jobs, default=0) + 1
 
     def set_jobs(self, jobs: Sequence[Job]) -> None:
@@ -58,7 +59,8 @@ class FakeSlurm:
             raise SlurmCommandError(f"Invalid job id specified: {job_id}") from None
 
     def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
-        self._get(job_id)
+        job = self._get(job_id)
+        self.updates.append((job.job_id, dict(fields)))
 
     def hold(self, job_id: str | int) -> None:
         self._get(job_id)
