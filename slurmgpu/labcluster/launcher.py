@@ -5,6 +5,7 @@ apart by port, each node with 4 fake GPUs (``gres/gpu`` backed by ``/dev/tty[0-3
 shards. Everything lives under one root directory::
 
     root/etc     slurm.conf gres.conf cgroup.conf job_submit.lua  (rendered templates)
+    root/etc/slurmgpu  recommendations.{json,tsv}  (read by job_submit.lua; none at start)
     root/sbin    slurmctld slurmd slurmstepd -> /usr/sbin/*-wlm   (argv[0] must be exact)
     root/run     slurmctld.pid slurmd-gpuN.pid cluster.json        (what we started)
     root/log     slurmctld.log slurmd-gpuN.log *.out jobcomp.txt
@@ -326,6 +327,12 @@ class LabCluster:
     @property
     def node_names(self) -> list[str]:
         return [f"gpu{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def recommendations_path(self) -> Path:
+        """Where the daemon's JSON export goes for this cluster (``etc/slurmgpu/``); the
+        installed job_submit.lua reads the ``.tsv`` next to it at every submission."""
+        return Path(self._config(None).recommendations_json)
 
     @property
     def daemon_names(self) -> list[str]:

@@ -37,6 +37,8 @@ __all__ = [
     "RenderError",
     "detect_slurm_version",
     "find_templates",
+    "install_job_submit",
+    "job_submit_source",
     "main",
     "node_range",
     "render",
@@ -53,6 +55,13 @@ CONFIG_FILES: Mapping[str, str] = {
     "job_submit.lua": "job_submit.lua",
 }
 _DBD_FILE = ("slurmdbd.conf", "slurmdbd.conf.in")
+
+# The real plugin, preferred over the placeholder template when the repository (or the
+# docker image) has it: <repo>/plugins/job_submit.lua next to <repo>/docker-slurm/conf.
+PLUGIN_RELPATH = Path("plugins") / "job_submit.lua"
+DEFAULT_RECOMMENDATIONS = "/etc/slurmgpu/recommendations.json"
+# the one line of plugins/job_submit.lua that names the recommendations file
+_RECOMMENDATIONS_LINE = re.compile(r'^local RECOMMENDATIONS_FILE = "[^"\n]*"$', re.MULTILINE)
 
 Mode = Literal["native", "docker"]
 
@@ -104,6 +113,8 @@ class ClusterConfig:
     storage_user: str = "slurm"
     storage_pass: str = "slurm"  # noqa: S105 - a throwaway lab database, documented as such
     slurm_version: tuple[int, int] | None = None
+    # the daemon's JSON export; job_submit.lua reads the .tsv next to it
+    recommendations_json: str = DEFAULT_RECOMMENDATIONS
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -151,6 +162,7 @@ class ClusterConfig:
             gpu_files="/dev/tty[0-3]",
             slurm_user=slurm_user,
             slurm_version=slurm_version,
+            recommendations_json=str(root / "etc" / "slurmgpu" / "recommendations.json"),
         )
 
     @classmethod
@@ -183,6 +195,11 @@ class ClusterConfig:
     @property
     def node_names(self) -> list[str]:
         return [f"gpu{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def recommendations_tsv(self) -> str:
+        """What job_submit.lua reads: the JSON export's path with the suffix ``.tsv``."""
+        return str(Path(self.recommendations_json).with_suffix(".tsv"))
 
     def node_specs(self) -> list[NodeSpec]:
         if self.mode == "native":
@@ -262,6 +279,28 @@ def find_templates(templates: Path | str | None = None) -> Path:
     )
 
 
+def job_submit_source(templates: Path) -> Path:
+    """The job_submit.lua to install: ``plugins/job_submit.lua`` of the repository the
+    templates belong to (``templates/../../plugins``) if present, else the template's
+    placeholder ``job_submit.lua``."""
+    plugin = templates.parent.parent / PLUGIN_RELPATH
+    return plugin if plugin.is_file() else templates / "job_submit.lua"
+
+
+def install_job_submit(text: str, recommendations_tsv: str) -> str:
+    """``text`` of a job_submit.lua with its ``local RECOMMENDATIONS_FILE = "..."`` line
+    pointed at ``recommendations_tsv``; a script without that line is returned as is."""
+    if any(ch in recommendations_tsv for ch in '"\\\n\r'):
+        raise RenderError(
+            f"the recommendations path cannot go in a Lua string: {recommendations_tsv!r}"
+        )
+    line = f'local RECOMMENDATIONS_FILE = "{recommendations_tsv}"'
+    new, count = _RECOMMENDATIONS_LINE.subn(lambda _m: line, text)
+    if count > 1:
+        raise RenderError("job_submit.lua sets RECOMMENDATIONS_FILE more than once")
+    return new
+
+
 def _substitute(path: Path, variables: Mapping[str, str]) -> str:
     try:
         return Template(path.read_text()).substitute(variables)
@@ -284,7 +323,8 @@ def render(config: ClusterConfig, templates: Path | str | None = None) -> dict[s
                 text += "\n"
             out[name] = text + config.cgroup_line() + "\n"
         elif name == "job_submit.lua":
-            out[name] = path.read_text()
+            source = job_submit_source(tdir)
+            out[name] = install_job_submit(source.read_text(), config.recommendations_tsv)
         else:
             out[name] = _substitute(path, variables)
     if config.accounting:

@@ -132,14 +132,20 @@ def test_shard_job_runs_with_its_shards(slurm_cluster: LabCluster, tmp_path: Pat
     wait_state(job, "COMPLETED")
 
 
-def test_job_submit_lua_placeholder_logs_and_accepts_jobs(
+def test_job_submit_lua_plugin_runs_and_accepts_jobs(
     slurm_cluster: LabCluster, tmp_path: Path
 ) -> None:
-    job = sbatch("-J", "lua-probe", "-o", str(tmp_path / "lua.out"), "--wrap", "true")
+    # the lab installs plugins/job_submit.lua; it logs malleable submissions
+    out = str(tmp_path / "lua.out")
+    job = sbatch("-J", "lua-probe", "--comment", "sgpu:malleable=1:2", "-o", out, "--wrap", "true")
     log = slurm_cluster.log_dir / "slurmctld.log"
 
     wait_for(
-        lambda: True if "job_submit.lua: name=lua-probe" in log.read_text() else None,
+        lambda: (
+            True
+            if "slurmgpu: malleable submission user=root name=lua-probe" in log.read_text()
+            else None
+        ),
         "job_submit.lua log line",
     )
     wait_state(job, "COMPLETED")

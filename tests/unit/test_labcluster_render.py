@@ -193,8 +193,44 @@ def test_cgroup_conf_gets_the_line_its_slurm_version_understands(
     assert conf_lines(text) == [line]
 
 
-def test_job_submit_lua_is_copied_verbatim(native: dict[str, str]) -> None:
-    assert native["job_submit.lua"] == (REPO_TEMPLATES / "job_submit.lua").read_text()
+REPO_PLUGIN = REPO_TEMPLATES.parents[1] / "plugins" / "job_submit.lua"
+
+
+def test_job_submit_lua_is_the_plugin_reading_the_labs_recommendations(tmp_path: Path) -> None:
+    root = tmp_path / "lab"
+    text = render(ClusterConfig.native(root))["job_submit.lua"]
+
+    line = f'local RECOMMENDATIONS_FILE = "{root}/etc/slurmgpu/recommendations.tsv"'
+    assert [ln for ln in text.splitlines() if "RECOMMENDATIONS_FILE =" in ln] == [line]
+    original = REPO_PLUGIN.read_text().splitlines()
+    assert [ln for ln in text.splitlines() if ln != line] == [
+        ln for ln in original if "RECOMMENDATIONS_FILE =" not in ln
+    ]
+
+
+def test_docker_mode_plugin_keeps_the_default_recommendations_path() -> None:
+    text = render(ClusterConfig.docker())["job_submit.lua"]
+    assert 'local RECOMMENDATIONS_FILE = "/etc/slurmgpu/recommendations.tsv"' in text
+
+
+def test_placeholder_job_submit_lua_is_copied_verbatim_without_the_plugin(
+    tmp_path: Path,
+) -> None:
+    templates = tmp_path / "a" / "conf"  # no a/../plugins/job_submit.lua here
+    templates.mkdir(parents=True)
+    for f in REPO_TEMPLATES.iterdir():
+        (templates / f.name).write_text(f.read_text())
+
+    text = render(ClusterConfig.native(tmp_path / "lab"), templates)["job_submit.lua"]
+
+    assert text == (REPO_TEMPLATES / "job_submit.lua").read_text()
+
+
+def test_lab_cluster_names_its_recommendations_path(tmp_path: Path) -> None:
+    lab = LabCluster(tmp_path / "lab", ctld_port=6917, slurmd_port_base=17101)
+    assert lab.recommendations_path == tmp_path / "lab" / "etc" / "slurmgpu" / (
+        "recommendations.json"
+    )
 
 
 @pytest.mark.parametrize(
