@@ -16,6 +16,7 @@ Tables:
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -65,6 +66,18 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
+
+
+def as_utc(value: Any) -> datetime:
+    """Aggregates bypass the column type on SQLite (strings or naive datetimes come back)."""
+    if value is None:
+        return datetime.fromtimestamp(0, UTC)
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if not isinstance(moment, datetime):
+        raise TypeError(f"not a timestamp: {value!r}")
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
 
 
 TS = UtcDateTime()
@@ -247,6 +260,15 @@ actions = Table(
     Column("taken", Boolean, nullable=False),
     Column("reason", Text, nullable=False, default=""),
     Column("numbers", JSON),
+    Column("user", String(64), nullable=False, default=""),
+    Column("alert", String(64), nullable=False, default=""),
+    Column("fields", JSON),  # the scontrol update fields, for updates
+    Column("execute", Boolean, nullable=False, default=False),  # the engine's verdict
+    Column("notify", Boolean, nullable=False, default=False),
+    Column("suppressed", Text, nullable=False, default=""),  # why a guardrail held it back
+    # pending → done | failed | skipped (not executed) | notified; "taken" = done
+    Column("outcome", String(32), nullable=False, default="pending"),
+    Column("error", Text),
     Column("caller_uid", Integer),
     Column("transaction_id", Integer, ForeignKey("transactions.id")),
     Index(None, "job_id", "at"),
@@ -277,4 +299,20 @@ meta = Table(
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
     Column("updated_at", TS, nullable=False),
+)
+
+# One row per user email decision (sent, rate_limited, dry_run, failed): the per-(user, alert)
+# rate limit reads it, and it answers "was this user told about job J, and when?".
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("user", String(64), nullable=False),
+    Column("alert", String(64), nullable=False),
+    Column("job_id", BigInteger),  # None for admin reports
+    Column("sent_at", TS, nullable=False),
+    Column("subject", Text, nullable=False, default=""),
+    Column("outcome", String(16), nullable=False),  # sent | rate_limited | dry_run | failed
+    Index(None, "cluster", "user", "alert", "sent_at"),
 )
