@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what slurmgpu's demo and tests need on a Debian 12/13 machine (run as root):
-# Debian's Slurm (slurm-wlm) and MUNGE, a Python >= 3.11 with venv, and the project
-# itself in .venv with its dev extras. Safe to run again: it skips what is present.
+# Debian's Slurm (slurm-wlm) and MUNGE, PostgreSQL (for the store's tests), a Python
+# >= 3.11 with venv, and the project itself in .venv with its dev extras. Safe to run
+# again: it skips what is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,9 @@ need_apt=()
 command -v slurmctld-wlm >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld-wlm ] || need_apt+=(slurm-wlm)
 command -v sinfo >/dev/null 2>&1 || need_apt+=(slurm-client)
 [ -x /usr/sbin/munged ] || need_apt+=(munge)
+# A throwaway PostgreSQL server for the store's tests (tests/conftest.py postgres_url;
+# ~25 MB, ~15 s); the services it would start are not used.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 
 PY=""
 for cand in python3.13 python3.12 python3.11 python3; do

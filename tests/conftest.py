@@ -8,8 +8,12 @@ Tests under ``tests/slurm/`` are marked ``slurm`` automatically (deselect: ``-m 
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pwd
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -70,3 +74,114 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
             print(f"\nslurm_cluster: kept {root} (logs in {lab.log_dir})", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+_PG_DB = "sgpu_test"
+_PG_TIMEOUT_S = 60.0
+
+
+def _pg_bin_dir() -> Path | None:
+    """Where Debian's ``initdb``/``pg_ctl`` live (``/usr/lib/postgresql/N/bin``), or PATH."""
+    versions = []
+    for d in Path("/usr/lib/postgresql").glob("*/bin"):
+        if (d / "initdb").is_file() and (d / "pg_ctl").is_file() and d.parent.name.isdigit():
+            versions.append((int(d.parent.name), d))
+    if versions:
+        return max(versions)[1]
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        return Path(initdb).parent
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pg_skip(reason: str) -> NoReturn:
+    print(f"\npostgres_url: skipping: {reason}", file=sys.stderr)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A throwaway PostgreSQL server for the session: ``postgresql+psycopg://`` URL.
+
+    ``initdb`` into a temporary directory (as the ``postgres`` user when run as root),
+    ``pg_ctl start`` on 127.0.0.1 and a free port with its unix socket in that directory,
+    one database ``sgpu_test``; stopped and removed at the end. Skipped, with the reason
+    printed, when Debian's ``postgresql`` binaries or the ``psycopg`` driver are missing.
+    """
+    bin_dir = _pg_bin_dir()
+    if bin_dir is None:
+        _pg_skip("PostgreSQL server binaries not found (apt-get install postgresql)")
+    if importlib.util.find_spec("psycopg") is None:
+        _pg_skip("the psycopg driver is not installed (pip install 'psycopg[binary]')")
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            _pg_skip("running as root but there is no 'postgres' user for initdb")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    root = Path(tempfile.mkdtemp(prefix="sgpu-pg-", dir="/tmp"))
+    data, sock, logfile = root / "data", root / "sock", root / "postgres.log"
+    sock.mkdir()
+    if as_user:
+        for p in (root, sock):
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+
+    def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*as_user, *map(str, argv)],
+            capture_output=True,
+            text=True,
+            timeout=_PG_TIMEOUT_S,
+            check=False,
+            cwd=root,
+        )
+
+    port = _free_port()
+    started = False
+    try:
+        init = run(
+            bin_dir / "initdb",
+            "-D",
+            data,
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "--no-sync",
+        )
+        if init.returncode != 0:
+            _pg_skip(f"initdb failed: {(init.stderr or init.stdout).strip()[-300:]}")
+        options = (
+            f"-c listen_addresses=127.0.0.1 -p {port} -k {sock} "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
+        start = run(
+            bin_dir / "pg_ctl", "-D", data, "-l", logfile, "-w", "-t", "30", "-o", options, "start"
+        )
+        if start.returncode != 0:
+            log_tail = logfile.read_text(errors="replace")[-600:] if logfile.exists() else ""
+            pytest.fail(f"pg_ctl start failed: {start.stdout}{start.stderr}\n{log_tail}")
+        started = True
+        created = run(
+            bin_dir / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", _PG_DB
+        )
+        if created.returncode != 0:
+            pytest.fail(f"createdb failed: {created.stderr.strip()}")
+        print(f"\npostgres_url: PostgreSQL ({bin_dir}) on 127.0.0.1:{port}", file=sys.stderr)
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/{_PG_DB}"
+    finally:
+        if started:
+            run(bin_dir / "pg_ctl", "-D", data, "-m", "fast", "-w", "stop")
+        shutil.rmtree(root, ignore_errors=True)

@@ -11,12 +11,25 @@ from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 
 
 class FakeSlurm:
-    """Holds jobs and nodes in memory; ``fail_with`` makes the next listings raise."""
+    """Holds jobs and nodes in memory; ``fail_with`` makes the next listings raise.
 
-    def __init__(self, jobs: Sequence[Job] = (), nodes: Sequence[Node] = ()) -> None:
+    Also an ``AccountingClient``: ``accounting`` (job id → Job, as ``sacct`` would report
+    it) answers :meth:`finished_jobs`; ``None`` (the default) behaves like a cluster with
+    accounting storage disabled (``[]``), and ``accounting_fail_with`` makes it raise.
+    """
+
+    def __init__(
+        self,
+        jobs: Sequence[Job] = (),
+        nodes: Sequence[Node] = (),
+        accounting: Mapping[int, Job] | None = None,
+    ) -> None:
         self._jobs: dict[int, Job] = {j.job_id: j for j in jobs}
         self._nodes = list(nodes)
         self.fail_with: SlurmError | None = None
+        self.accounting: dict[int, Job] | None = None if accounting is None else dict(accounting)
+        self.accounting_fail_with: BaseException | None = None
+        self.sacct_queries: list[list[int]] = []
         self.calls: list[str] = []
         self.updates: list[tuple[int, dict[str, str]]] = []
         self._next_id = max(self._jobs, default=0) + 1
@@ -38,6 +51,16 @@ class FakeSlurm:
         if self.fail_with is not None:
             raise self.fail_with
         return list(self._nodes)
+
+    def finished_jobs(self, job_ids: Sequence[int]) -> list[Job]:
+        self.calls.append("finished_jobs")
+        self.sacct_queries.append(list(job_ids))
+        if self.accounting_fail_with is not None:
+            raise self.accounting_fail_with
+        if self.accounting is None:
+            return []
+        found = (self.accounting.get(i) for i in dict.fromkeys(job_ids))
+        return [j for j in found if j is not None and j.state.is_terminal]
 
     def submit(
         self,

@@ -1,16 +1,30 @@
-"""The observe step: one job listing + one node listing → diff → one stored transaction."""
+"""The observe step: one job listing + one node listing → diff → one stored transaction.
+
+When active jobs drop out of the listing without a terminal state (``vanished``: a
+slurmctld restart lost them, or they ended and aged out between two polls) and the client
+also offers :class:`~slurmgpu.slurm.client.AccountingClient`, the observer asks ``sacct``
+once for all of them: a job accounting knows as finished is recorded with its real end
+state, times and exit code (a ``state`` event to that state, then ``gone``) instead of
+``vanished``. A failed or unavailable accounting lookup leaves the cycle as it was.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from slurmgpu.daemon.diff import JobDiff, diff_jobs
+from slurmgpu.daemon.diff import JobDiff, Transition, diff_jobs
 from slurmgpu.model import ClusterSnapshot, Job, JobState, Node
-from slurmgpu.slurm.client import SlurmClient, SlurmError, SlurmParseError, SlurmUnavailableError
+from slurmgpu.slurm.client import (
+    AccountingClient,
+    SlurmClient,
+    SlurmError,
+    SlurmParseError,
+    SlurmUnavailableError,
+)
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.jobstore import JobStore
 
@@ -100,7 +114,10 @@ class Observer:
         t0: float | None = None,
         t_fetch: dict[str, float] | None = None,
     ) -> CycleResult:
-        """Diff a listing against memory and store it (the cycle minus the Slurm calls)."""
+        """Diff a listing against memory and store it (the cycle minus the listings).
+
+        Vanished jobs are looked up in accounting when the client can (one call).
+        """
         t0 = time.perf_counter() if t0 is None else t0
         t_diff0 = time.perf_counter()
         diff: JobDiff = diff_jobs(
@@ -108,6 +125,11 @@ class Observer:
         )
         changed_nodes = [n for n in nodes if self._nodes.get(n.name) != n]
         t_diff = time.perf_counter()
+        t_acct = 0.0
+        if diff.vanished and isinstance(self.slurm, AccountingClient):
+            diff = self._resolve_vanished(diff, self.slurm)
+            t_acct = time.perf_counter() - t_diff
+            t_diff = time.perf_counter()
         row_ids = dict(self._row_ids)
         try:
             self.store.apply_cycle(diff, row_ids, changed_nodes, at)
@@ -135,7 +157,9 @@ class Observer:
         snapshot = ClusterSnapshot(taken_at=at, jobs=tuple(jobs), nodes=tuple(nodes))
         self.latest = snapshot
         timings = dict(t_fetch or {})
-        timings.update(diff=t_diff - t_diff0, store=t_store - t_diff)
+        timings.update(diff=t_diff - t_diff0 - t_acct, store=t_store - t_diff)
+        if t_acct:
+            timings["sacct"] = t_acct
         return CycleResult(
             True,
             at,
@@ -151,3 +175,76 @@ class Observer:
             timings=timings,
             snapshot=snapshot,
         )
+
+    def _resolve_vanished(self, diff: JobDiff, accounting: AccountingClient) -> JobDiff:
+        """Turn vanished jobs that ``sacct`` knows as finished into state change + gone."""
+        try:
+            finished = accounting.finished_jobs(list(diff.vanished))
+        except SlurmError as exc:
+            log.warning("sacct lookup of %d vanished job(s) failed: %s", len(diff.vanished), exc)
+            return diff
+        except Exception:  # optional enrichment: never let it break the cycle
+            log.exception("sacct lookup of %d vanished job(s) failed", len(diff.vanished))
+            return diff
+        resolved: dict[int, Job] = {}
+        for acct in finished:
+            prev = self._jobs.get(acct.job_id)
+            if prev is None or acct.job_id not in diff.vanished or not acct.state.is_terminal:
+                continue
+            if (
+                acct.submit_time is not None
+                and prev.submit_time is not None
+                and acct.submit_time < prev.submit_time
+            ):
+                continue  # an older job that had the same id: not this one
+            resolved[acct.job_id] = merge_accounting(prev, acct)
+        if not resolved:
+            return diff
+        transitions: list[Transition] = []
+        for t in diff.transitions:
+            job = resolved.get(t.job_id)
+            if t.kind != "vanished" or job is None:
+                transitions.append(t)
+                continue
+            transitions.append(
+                Transition(t.job_id, "state", t.from_state, job.state.value, job.restart_count)
+            )
+            transitions.append(
+                Transition(t.job_id, "gone", job.state.value, None, job.restart_count)
+            )
+        log.info(
+            "sacct: %d of %d vanished job(s) finished: %s",
+            len(resolved),
+            len(diff.vanished),
+            ", ".join(f"{jid} {job.state.value}" for jid, job in sorted(resolved.items())),
+        )
+        return JobDiff(
+            new=diff.new,
+            changed=[*diff.changed, *resolved.values()],
+            transitions=transitions,
+            gone=[*diff.gone, *resolved],
+            vanished=[jid for jid in diff.vanished if jid not in resolved],
+            missing=diff.missing,
+        )
+
+
+def merge_accounting(prev: Job, acct: Job) -> Job:
+    """The last listed ``prev`` with what accounting knows of its end.
+
+    State, reason, end time and exit code come from ``acct`` (the listed end and, for a
+    pending job, start were only Slurm's projections); the start time of a job that ran,
+    nodes and restart count too when it has them. Everything only the controller knew
+    (GPU indices, the request, the submit time the store keys the row by) stays as listed.
+    """
+    listed_start = None if prev.state is JobState.PENDING else prev.start_time
+    return replace(
+        prev,
+        state=acct.state,
+        state_flags=acct.state_flags,
+        reason=acct.reason,
+        start_time=acct.start_time or listed_start,
+        end_time=acct.end_time,
+        exit_code=acct.exit_code,
+        nodes=prev.nodes or acct.nodes,
+        restart_count=max(prev.restart_count, acct.restart_count),
+    )

@@ -2,7 +2,9 @@
 
 Listings are one ``squeue --json`` and one ``sinfo --json`` per call, decoded by
 :mod:`slurmgpu.slurm.jsonformat` (``decode_squeue`` / ``decode_sinfo`` are re-exported
-here). Actions use ``sbatch``, ``scontrol`` and ``scancel``. Every command goes through
+here). Finished jobs come from ``sacct --json`` (:meth:`CliSlurmClient.finished_jobs`,
+decoded by :mod:`slurmgpu.slurm.sacct`). Actions use ``sbatch``, ``scontrol`` and
+``scancel``. Every command goes through
 :meth:`CliSlurmClient._run`: an argument list (never a shell), a timeout, and one place
 that turns failures into :class:`SlurmUnavailableError` (timeout, controller not
 answering, command missing) or :class:`SlurmCommandError` (Slurm refused; the message is
@@ -13,6 +15,7 @@ the first line of stderr).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -30,8 +33,17 @@ from slurmgpu.slurm.client import (
 )
 from slurmgpu.slurm.jsonformat import JobRecord, decode_sinfo, decode_squeue
 from slurmgpu.slurm.parse import SlurmValueError, format_time_limit
+from slurmgpu.slurm.sacct import decode_sacct
 
-__all__ = ["CliSlurmClient", "decode_sinfo", "decode_squeue", "parse_version_output"]
+__all__ = [
+    "CliSlurmClient",
+    "decode_sacct",
+    "decode_sinfo",
+    "decode_squeue",
+    "parse_version_output",
+]
+
+log = logging.getLogger("slurmgpu.slurm")
 
 DEFAULT_TIMEOUT_S: Final = 30.0
 
@@ -54,6 +66,10 @@ _SIGNAL_RE: Final = re.compile(r"(?:SIG)?[A-Z][A-Z0-9+]*|\d{1,2}", re.IGNORECASE
 _VERSION_RE: Final = re.compile(r"(\d+\.\d+\.\d+[\w.\-]*)")
 # scancel -v lines for a job that is already over: cancelling it again is a no-op.
 _ALREADY_DONE_RE: Final = re.compile(r"already completing or completed", re.IGNORECASE)
+# What sacct prints (stderr, exit 1) under AccountingStorageType=accounting_storage/none.
+_ACCOUNTING_DISABLED_RE: Final = re.compile(r"accounting storage is disabled", re.IGNORECASE)
+# Job ids per sacct call: keeps the argument list and each answer small.
+SACCT_CHUNK: Final = 200
 
 
 def parse_version_output(text: str) -> str:
@@ -228,6 +244,38 @@ class CliSlurmClient:
     def nodes(self) -> list[Node]:
         # --Node: on 23.11+ one "sinfo" record per node and partition (22.05 ignores it).
         return decode_sinfo(self._listing(["sinfo", "--json", "--Node"]))
+
+    def finished_jobs(self, job_ids: Sequence[int]) -> list[Job]:
+        """What accounting knows of ``job_ids``: the finished ones, newest run of each.
+
+        One ``sacct --json --allusers -X -j ID,ID,...`` per 200 ids (``-j`` without
+        ``--starttime`` searches from the epoch; ``-X`` leaves the steps out). Returns
+        ``[]`` (and logs at debug level) when accounting storage is disabled.
+        """
+        wanted: dict[int, None] = {}  # ordered, without duplicates
+        for job_id in job_ids:
+            if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
+                raise SlurmCommandError(f"invalid job id {str(job_id)[:40]!r}")
+            wanted[job_id] = None
+        ids = list(wanted)
+        out: list[Job] = []
+        for i in range(0, len(ids), SACCT_CHUNK):
+            chunk = ids[i : i + SACCT_CHUNK]
+            argv = ["sacct", "--json", "--allusers", "-X", "-j", ",".join(map(str, chunk))]
+            proc = self._run(argv, check=False, big_output=True)
+            if proc.returncode != 0:
+                err = proc.stderr.decode("utf-8", "replace") if proc.stderr else ""
+                if _ACCOUNTING_DISABLED_RE.search(err):
+                    log.debug("sacct: Slurm accounting storage is disabled; no finished jobs")
+                    return []
+                if not proc.stdout.lstrip().startswith(b"{"):
+                    raise self._failure("sacct", proc)
+            jobs, release = decode_sacct(proc.stdout)
+            if release and self._version is None:
+                self._version = release
+            keep = set(chunk)
+            out.extend(j for j in jobs if j.job_id in keep and j.state.is_terminal)
+        return out
 
     # ------------------------------------------------------------------ actions
 

@@ -2,6 +2,9 @@
 
 Implementations: ``slurmgpu.slurm.cli.CliSlurmClient`` (squeue/sinfo/scontrol JSON),
 ``slurmgpu.slurm.pyslurm.PySlurmClient`` (optional) and ``slurmgpu.sim`` (virtual time).
+
+:class:`AccountingClient` is an optional extra capability (``sacct``): callers test for it
+with ``isinstance`` and do without when a backend lacks it.
 """
 
 from __future__ import annotations
@@ -81,3 +84,18 @@ class SlurmClient(Protocol):
         ...
 
     def set_time_limit(self, job_id: str | int, limit: timedelta) -> None: ...
+
+
+@runtime_checkable
+class AccountingClient(Protocol):
+    """Optional: what Slurm's accounting database (``sacct``) knows of finished jobs."""
+
+    def finished_jobs(self, job_ids: Sequence[int]) -> list[Job]:
+        """Return the jobs among ``job_ids`` that accounting records as finished.
+
+        One job per id (its newest run), in a terminal state, with its real end state,
+        times and exit code. Ids accounting does not know, or whose job is still pending
+        or running there, are left out; ``[]`` when accounting storage is disabled.
+        Raises :class:`SlurmError` subclasses like the listings do.
+        """
+        ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -35,10 +36,25 @@ def _prepare_sqlite_file(path: Path) -> None:
         os.close(fd)
 
 
+def _with_installed_driver(u: URL) -> URL:
+    """A bare ``postgresql://`` URL means psycopg2 to SQLAlchemy; slurmgpu's ``postgres``
+    extra installs psycopg (3), so use that when psycopg2 is missing."""
+    if (
+        u.drivername == "postgresql"
+        and importlib.util.find_spec("psycopg2") is None
+        and importlib.util.find_spec("psycopg") is not None
+    ):
+        return u.set(drivername="postgresql+psycopg")
+    return u
+
+
 def create_store_engine(url: str, *, create: bool = True) -> Engine:
-    """Return an Engine for ``url``; SQLite gets WAL, foreign keys and a busy timeout."""
+    """Return an Engine for ``url``; SQLite gets WAL, foreign keys and a busy timeout.
+
+    ``postgresql://`` uses psycopg (3) when psycopg2 is not installed.
+    """
     try:
-        u = make_url(url)
+        u = _with_installed_driver(make_url(url))
     except ArgumentError:
         raise StoreError(f"database URL {url!r} is not a valid SQLAlchemy URL") from None
     path = _sqlite_path(url)

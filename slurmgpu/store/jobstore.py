@@ -2,16 +2,36 @@
 
 All writes of one observe cycle happen in one transaction: a cycle is stored whole or
 not at all. Only bound parameters reach the database.
+
+SQLite stores any string in a ``String(n)`` column, NUL characters included, and any
+64-bit integer in an ``Integer`` one. PostgreSQL (and other servers) refuse such a row,
+and one refused row would fail every later observe cycle too, so on those databases rows
+are first made to fit (:class:`RowFitter`): NULs dropped, strings cut to the column's
+length, integers outside ``Integer``'s 32 bits stored as NULL (or clamped when the column
+is NOT NULL), each with one warning per column. SQLite rows are written untouched.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
-from sqlalchemy import Engine, and_, bindparam, func, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Integer,
+    String,
+    Table,
+    and_,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.daemon.diff import JobDiff
@@ -21,6 +41,69 @@ from slurmgpu.store.database import StoreError
 from slurmgpu.store.rows import job_to_row, node_to_row, row_to_job, row_to_node
 
 _CHUNK = 500
+_INT32 = (-(2**31), 2**31 - 1)
+
+log = logging.getLogger("slurmgpu.store")
+
+
+class RowFitter:
+    """Makes row dicts of one table fit a database that enforces types (not SQLite).
+
+    ``fit`` returns the row itself when nothing needed changing, else a fixed copy.
+    """
+
+    _warned: ClassVar[set[tuple[str, str]]] = set()  # one warning per column per process
+
+    def __init__(self, table: Table) -> None:
+        self.table = table.name
+        self.strings: dict[str, int | None] = {}
+        self.ints: dict[str, bool] = {}  # column → nullable
+        for col in table.columns:
+            if isinstance(col.type, String):
+                self.strings[col.name] = col.type.length
+            elif isinstance(col.type, Integer) and not isinstance(col.type, BigInteger):
+                self.ints[col.name] = bool(col.nullable)
+
+    def fit(self, row: dict[str, Any]) -> dict[str, Any]:
+        fixed: dict[str, Any] | None = None
+        for name, length in self.strings.items():
+            value = row.get(name)
+            if type(value) is not str:
+                continue
+            new = value.replace("\x00", "") if "\x00" in value else value
+            if length is not None and len(new) > length:
+                new = new[:length]
+            if new is not value:
+                self._warn(name, f"cut to {length} characters" if length else "NUL removed")
+                fixed = fixed if fixed is not None else dict(row)
+                fixed[name] = new
+        for name, nullable in self.ints.items():
+            value = row.get(name)
+            if type(value) is not int or _INT32[0] <= value <= _INT32[1]:
+                continue
+            self._warn(name, "out of the 32-bit range, stored as NULL" if nullable else "clamped")
+            fixed = fixed if fixed is not None else dict(row)
+            fixed[name] = None if nullable else max(_INT32[0], min(_INT32[1], value))
+        return row if fixed is None else fixed
+
+    def _warn(self, column: str, what: str) -> None:
+        key = (self.table, column)
+        if key not in RowFitter._warned:
+            RowFitter._warned.add(key)
+            log.warning("%s.%s: a value did not fit the column (%s)", self.table, column, what)
+
+
+_FITTERS: dict[str, RowFitter] = {}
+
+
+def _fitted(conn: Any, table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` as the database will accept them (unchanged on SQLite)."""
+    if conn.dialect.name == "sqlite":
+        return rows
+    fitter = _FITTERS.get(table.name)
+    if fitter is None:
+        fitter = _FITTERS[table.name] = RowFitter(table)
+    return [fitter.fit(r) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +248,7 @@ class JobStore:
                     stmt = insert(j).returning(j.c.id, j.c.job_id, sort_by_parameter_order=True)
                     # Rows are built a chunk at a time: 100k row dicts at once cost ~300 MB.
                     for chunk in _chunks(fresh):
-                        rows = [{**job_to_row(job), **extra} for job in chunk]
+                        rows = _fitted(conn, j, [{**job_to_row(job), **extra} for job in chunk])
                         for rid, job_id in conn.execute(stmt, rows):
                             new_ids[int(job_id)] = int(rid)
                 ids = {**row_ids, **new_ids}
@@ -238,7 +321,7 @@ class JobStore:
         stmt = update(j).where(j.c.id == bindparam("_rid")).values({c: bindparam(c) for c in cols})
         for chunk in _chunks(jobs):
             rows = [{**job_to_row(job), **extra, "_rid": ids[job.job_id]} for job in chunk]
-            conn.execute(stmt, rows)
+            conn.execute(stmt, _fitted(conn, j, rows))
 
     def _upsert_nodes(self, conn: Any, nodes: Sequence[Node], at: datetime) -> None:
         n, g = schema.nodes, schema.gpus
@@ -284,7 +367,7 @@ class JobStore:
                         }
                     )
         if inserts:
-            conn.execute(insert(n), inserts)
+            conn.execute(insert(n), _fitted(conn, n, inserts))
         if updates:
             cols = [k for k in updates[0] if k not in {"_name", "name"}]
             stmt = (
@@ -293,9 +376,9 @@ class JobStore:
                 .values({c: bindparam(c) for c in cols})
             )
             for chunk in _chunks(updates):
-                conn.execute(stmt, list(chunk))
+                conn.execute(stmt, _fitted(conn, n, list(chunk)))
         if gpu_rows:
-            conn.execute(insert(g), gpu_rows)
+            conn.execute(insert(g), _fitted(conn, g, gpu_rows))
 
     def record_submission(
         self,
@@ -314,23 +397,22 @@ class JobStore:
         """Remember what ``sgpu submit`` sent for ``job_id``."""
         try:
             with self.engine.begin() as conn:
-                conn.execute(
-                    insert(schema.submissions),
-                    {
-                        "cluster": self.cluster,
-                        "job_id": job_id,
-                        "submitted_at": at,
-                        "uid": uid,
-                        "user": user,
-                        "cwd": cwd,
-                        "argv": list(argv),
-                        "malleable_min": malleable[0] if malleable else None,
-                        "malleable_max": malleable[1] if malleable else None,
-                        "checkpoint_signal": checkpoint_signal,
-                        "checkpoint_grace_s": checkpoint_grace_s,
-                        "hints": dict(hints) if hints else None,
-                    },
-                )
+                row = {
+                    "cluster": self.cluster,
+                    "job_id": job_id,
+                    "submitted_at": at,
+                    "uid": uid,
+                    "user": user,
+                    "cwd": cwd,
+                    "argv": list(argv),
+                    "malleable_min": malleable[0] if malleable else None,
+                    "malleable_max": malleable[1] if malleable else None,
+                    "checkpoint_signal": checkpoint_signal,
+                    "checkpoint_grace_s": checkpoint_grace_s,
+                    "hints": dict(hints) if hints else None,
+                }
+                s = schema.submissions
+                conn.execute(insert(s), _fitted(conn, s, [row]))
         except SQLAlchemyError as exc:
             raise StoreError(f"could not record the submission: {exc}") from exc
 

@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.schema import as_utc
 from slurmgpu.wire import SampleBatch
 
 # A GPU counts as busy in a sample above this utilisation (NVML reports integers).
@@ -177,13 +178,29 @@ class UsageStore:
 
     def gpu_usage(self, job_id: int, *, since: datetime | None = None) -> list[GpuUsage]:
         """Return per-GPU aggregates of a job (mean/max util, max memory, trailing idle)."""
+        return self.gpu_usage_many([job_id], since=since).get(job_id, [])
+
+    def gpu_usage_many(
+        self, job_ids: Sequence[int], *, since: datetime | None = None
+    ) -> dict[int, list[GpuUsage]]:
+        """Per-GPU aggregates of many jobs in one grouped query per 500 jobs."""
+        out: dict[int, list[GpuUsage]] = {}
+        ids = list(job_ids)
+        for i in range(0, len(ids), 500):
+            self._gpu_usage_chunk(ids[i : i + 500], since, out)
+        return out
+
+    def _gpu_usage_chunk(
+        self, job_ids: list[int], since: datetime | None, out: dict[int, list[GpuUsage]]
+    ) -> None:
         s = schema.samples
         busy = case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), else_=None)
-        cond = [s.c.cluster == self.cluster, s.c.job_id == job_id, s.c.kind == "gpu"]
+        cond = [s.c.cluster == self.cluster, s.c.job_id.in_(job_ids), s.c.kind == "gpu"]
         if since is not None:
             cond.append(s.c.at >= since)
         stmt = (
             select(
+                s.c.job_id,
                 s.c.node,
                 s.c.gpu_index,
                 func.count().label("n"),
@@ -199,17 +216,16 @@ class UsageStore:
                 func.max(s.c.processes).label("max_processes"),
             )
             .where(and_(*cond))
-            .group_by(s.c.node, s.c.gpu_index)
-            .order_by(s.c.node, s.c.gpu_index)
+            .group_by(s.c.job_id, s.c.node, s.c.gpu_index)
+            .order_by(s.c.job_id, s.c.node, s.c.gpu_index)
         )
         with self.engine.connect() as conn:
-            out = []
             for r in conn.execute(stmt).mappings():
-                first, last = _aware(r["first_at"]), _aware(r["last_at"])
-                # _aware(None) is the epoch: keep "never busy" as None, not 1970.
-                last_busy = None if r["last_busy_at"] is None else _aware(r["last_busy_at"])
+                first, last = as_utc(r["first_at"]), as_utc(r["last_at"])
+                # as_utc(None) is the epoch: keep "never busy" as None, not 1970.
+                last_busy = None if r["last_busy_at"] is None else as_utc(r["last_busy_at"])
                 idle_since = first if last_busy is None else last_busy
-                out.append(
+                out.setdefault(int(r["job_id"]), []).append(
                     GpuUsage(
                         node=r["node"],
                         gpu_index=int(r["gpu_index"]),
@@ -227,7 +243,6 @@ class UsageStore:
                         max_processes=int(r["max_processes"] or 0),
                     )
                 )
-            return out
 
     def host_usage(self, job_id: int) -> list[HostUsage]:
         """Return per-node CPU and memory aggregates of a job."""
@@ -293,18 +308,6 @@ class UsageStore:
 
 def _f(value: Any) -> float | None:
     return None if value is None else float(value)
-
-
-def _aware(value: Any) -> datetime:
-    """Aggregates bypass the column type on SQLite (strings or naive datetimes come back)."""
-    if value is None:
-        return datetime.fromtimestamp(0, UTC)
-    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
-    if not isinstance(moment, datetime):
-        raise TypeError(f"not a timestamp: {value!r}")
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
 
 
 @dataclass(frozen=True, slots=True)

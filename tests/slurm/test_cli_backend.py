@@ -197,3 +197,14 @@ def test_unreachable_controller(slurm_cluster: LabCluster, tmp_path: Path) -> No
         c.jobs()
     with pytest.raises(SlurmUnavailableError):
         c.hold(1)
+
+
+def test_finished_jobs_without_accounting_is_empty(
+    client: CliSlurmClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lab cluster has AccountingStorageType=accounting_storage/none: the real sacct
+    says so on stderr and finished_jobs answers [] instead of raising."""
+    job_id = client.submit(["-J", "sgpu-acct", "--wrap", "true"])
+    with caplog.at_level("DEBUG", logger="slurmgpu.slurm"):
+        assert client.finished_jobs([job_id, job_id + 1000]) == []
+    assert "Slurm accounting storage is disabled" in caplog.text

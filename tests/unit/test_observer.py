@@ -188,3 +188,157 @@ def test_nodes_and_their_gpus_are_stored(store: JobStore) -> None:
     obs.cycle()
     assert set(store.known_nodes()) == {"gpu1", "gpu2"}
     assert store.known_nodes()["gpu1"] == nodes[0]
+
+
+# --------------------------------------------------------------------------- sacct
+
+
+def _finished(job: Job, state: JobState, end: datetime, exit_code: int | None) -> Job:
+    """What sacct reports for ``job``: fewer details, the real end."""
+    return Job(
+        job_id=job.job_id,
+        name=job.name,
+        user=job.user,
+        state=state,
+        submit_time=job.submit_time,
+        start_time=job.start_time,
+        end_time=end,
+        reason="NonZeroExitCode" if exit_code else "",
+        exit_code=exit_code,
+        gpus=GpuRequest(gpus=2, sources=("tres_alloc_str",)),
+        nodes=job.nodes,
+    )
+
+
+def _vanish(obs: Observer, slurm: FakeSlurm) -> None:
+    slurm.set_jobs([])
+    for _ in range(obs.vanish_after_cycles):
+        obs.cycle()
+
+
+def test_vanished_job_known_to_sacct_gets_its_real_end(store: JobStore) -> None:
+    job = running(gpu_job(11))
+    end = T0 + timedelta(minutes=3)
+    slurm = FakeSlurm([job], accounting={11: _finished(job, JobState.FAILED, end, 3)})
+    obs = Observer(slurm, store, clock=Clock())
+    obs.cycle()
+    slurm.set_jobs([])
+    obs.cycle()
+    result = obs.cycle()
+    assert (result.vanished, result.gone, result.ended) == (0, 1, (11,))
+    assert slurm.sacct_queries == [[11]]
+    kinds = [(e["kind"], e["from_state"], e["to_state"]) for e in store.events(11)]
+    assert kinds == [
+        ("submitted", None, "RUNNING"),
+        ("state", "RUNNING", "FAILED"),
+        ("gone", "FAILED", None),
+    ]
+    (stored,) = store.jobs(job_ids=[11])
+    assert stored.gone
+    # sacct's end; what only the controller knew (GPU indices, request) is kept
+    assert stored.job == replace(
+        job, state=JobState.FAILED, end_time=end, exit_code=3, reason="NonZeroExitCode"
+    )
+    assert Observer(slurm, store, clock=Clock())._jobs == {}  # not active after a restart
+
+
+def test_jobs_sacct_does_not_know_still_vanish(store: JobStore) -> None:
+    known, unknown, pending = running(gpu_job(12)), running(gpu_job(13)), gpu_job(14)
+    end = T0 + timedelta(minutes=2)
+    slurm = FakeSlurm(
+        [known, unknown, pending],
+        # 14 is still pending in accounting: not finished, so it vanishes
+        accounting={12: _finished(known, JobState.COMPLETED, end, 0), 14: pending},
+    )
+    obs = Observer(slurm, store, clock=Clock())
+    obs.cycle()
+    _vanish(obs, slurm)
+    assert slurm.sacct_queries == [[12, 13, 14]]
+    assert [e["kind"] for e in store.events(12)] == ["submitted", "state", "gone"]
+    assert [e["kind"] for e in store.events(13)] == ["submitted", "vanished"]
+    assert [e["kind"] for e in store.events(14)] == ["submitted", "vanished"]
+    assert all(s.gone for s in store.jobs())
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        SlurmUnavailableError("sacct: Problem talking to the database: Connection refused"),
+        SlurmParseError("sacct --json: not valid JSON"),
+        RuntimeError("a bug in the decoder"),
+    ],
+)
+def test_failed_sacct_lookup_behaves_as_without_accounting(
+    store: JobStore, error: Exception
+) -> None:
+    job = running(gpu_job(15))
+    slurm = FakeSlurm([job], accounting={15: _finished(job, JobState.COMPLETED, T0, 0)})
+    slurm.accounting_fail_with = error
+    obs = Observer(slurm, store, clock=Clock())
+    obs.cycle()
+    slurm.set_jobs([])
+    obs.cycle()
+    result = obs.cycle()
+    assert result.ok and result.vanished == 1
+    assert [e["kind"] for e in store.events(15)] == ["submitted", "vanished"]
+    (stored,) = store.jobs(job_ids=[15])
+    assert stored.gone and stored.job == job
+
+
+def test_accounting_disabled_or_absent_changes_nothing(store: JobStore) -> None:
+    class NoAccounting:
+        """A client without the optional capability (like the simulator)."""
+
+        def __init__(self, inner: FakeSlurm) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            if name == "finished_jobs":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    for jid, client in ((16, None), (17, "absent")):
+        job = running(gpu_job(jid))
+        fake = FakeSlurm([job])  # accounting=None: sacct answers "disabled" → []
+        slurm: object = fake if client is None else NoAccounting(fake)
+        obs = Observer(slurm, store, clock=Clock())  # type: ignore[arg-type]
+        obs.cycle()
+        _vanish(obs, fake)
+        assert [e["kind"] for e in store.events(jid)] == ["submitted", "vanished"]
+        assert fake.sacct_queries == ([[jid]] if client is None else [])
+
+
+def test_sacct_record_of_an_older_job_with_the_same_id_is_ignored(store: JobStore) -> None:
+    job = running(gpu_job(18))
+    old = replace(_finished(job, JobState.COMPLETED, T0, 0), submit_time=T0 - timedelta(days=30))
+    slurm = FakeSlurm([job], accounting={18: old})
+    obs = Observer(slurm, store, clock=Clock())
+    obs.cycle()
+    _vanish(obs, slurm)
+    assert [e["kind"] for e in store.events(18)] == ["submitted", "vanished"]
+
+
+def test_finished_jobs_are_not_asked_about_when_nothing_vanished(store: JobStore) -> None:
+    job = running(gpu_job(19))
+    slurm = FakeSlurm([job], accounting={})
+    obs = Observer(slurm, store, clock=Clock())
+    obs.cycle()
+    slurm.set_jobs([replace(job, state=JobState.COMPLETED, end_time=T0)])
+    obs.cycle()
+    slurm.set_jobs([])
+    obs.cycle()
+    assert "finished_jobs" not in slurm.calls
+    assert [e["kind"] for e in store.events(19)] == ["submitted", "state", "gone"]
+
+
+def test_pending_job_cancelled_unseen_loses_its_projected_start(store: JobStore) -> None:
+    projected = T0 + timedelta(hours=1)
+    job = gpu_job(20, start_time=projected, end_time=projected + timedelta(hours=1))
+    acct = replace(job, state=JobState.CANCELLED, start_time=None, end_time=T0 + timedelta(1))
+    slurm = FakeSlurm([job], accounting={20: acct})
+    obs = Observer(slurm, store, clock=Clock())
+    obs.cycle()
+    _vanish(obs, slurm)
+    (stored,) = store.jobs(job_ids=[20])
+    assert stored.job.state is JobState.CANCELLED
+    assert (stored.job.start_time, stored.job.end_time) == (None, T0 + timedelta(1))
