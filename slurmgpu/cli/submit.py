@@ -2,6 +2,11 @@
 
 Every argument after ``submit`` goes to sbatch unchanged, as an argument list (never
 through a shell). sbatch runs as the caller, so slurmgpu never gains privileges here.
+
+slurmgpu's own options (not sbatch's) are taken out before the batch script:
+
+- ``--rightsize``: opt this job in to rightsizing (adds the token ``sgpu:rightsize`` to
+  the job's comment, which job_submit.lua and the daemon both read).
 """
 
 from __future__ import annotations
@@ -16,9 +21,46 @@ from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 from slurmgpu.store import StoreError, open_store
 
+RIGHTSIZE_OPT_IN = "sgpu:rightsize"
+SGPU_FLAGS = frozenset({"--rightsize"})
+
 
 def _wants_parsable(args: tuple[str, ...]) -> bool:
     return any(a == "--parsable" for a in args)
+
+
+def split_sgpu_options(args: tuple[str, ...]) -> tuple[set[str], list[str]]:
+    """Return (slurmgpu flags, sbatch arguments): our flags count only before the script.
+
+    The script is the first argument naming an existing file; everything after it belongs
+    to the script, so a script's own ``--rightsize`` argument is left alone.
+    """
+    flags: set[str] = set()
+    rest: list[str] = []
+    for i, arg in enumerate(args):
+        if arg in SGPU_FLAGS:
+            flags.add(arg)
+            continue
+        rest.append(arg)
+        if not arg.startswith("-") and os.path.isfile(arg):
+            rest.extend(args[i + 1 :])
+            break
+    return flags, rest
+
+
+def add_comment_token(args: list[str], token: str) -> list[str]:
+    """Append ``token`` to the job's ``--comment`` (or add one), before the script."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg.startswith("--comment="):
+            out[i] = f"{arg} {token}"
+            return out
+        if arg == "--comment" and i + 1 < len(out):
+            out[i + 1] = f"{out[i + 1]} {token}"
+            return out
+        if not arg.startswith("-") and os.path.isfile(arg):
+            break
+    return [f"--comment={token}", *out]
 
 
 @click.command(
@@ -35,19 +77,22 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
     if sbatch_args in {("-h",), ("--help",)}:
         click.echo(click.get_current_context().get_help())
         return
+    flags, args = split_sgpu_options(sbatch_args)
+    if "--rightsize" in flags:
+        args = add_comment_token(args, RIGHTSIZE_OPT_IN)
     # sbatch reads the script from stdin when none is named; it inherits ours unchanged.
     slurm = app.slurm()
     try:
-        job_id = slurm.submit(list(sbatch_args), cwd=os.getcwd())
+        job_id = slurm.submit(args, cwd=os.getcwd())
     except SlurmCommandError as exc:
         fail(f"sbatch refused the job: {exc}", EXIT_SLURM)
     except SlurmError as exc:
         fail(str(exc), EXIT_SLURM)
     click.echo(str(job_id) if _wants_parsable(sbatch_args) else f"Submitted batch job {job_id}")
-    _record(app, job_id, sbatch_args)
+    _record(app, job_id, tuple(args), rightsize="--rightsize" in flags)
 
 
-def _record(app: AppContext, job_id: int, args: tuple[str, ...]) -> None:
+def _record(app: AppContext, job_id: int, args: tuple[str, ...], *, rightsize: bool) -> None:
     """Store the submission when the database is reachable; the job runs either way."""
     settings = app.settings
     try:
@@ -59,6 +104,7 @@ def _record(app: AppContext, job_id: int, args: tuple[str, ...]) -> None:
             user=getpass.getuser(),
             cwd=os.getcwd(),
             argv=list(args),
+            hints={"rightsize": True} if rightsize else None,
         )
     except StoreError as exc:
         click.echo(f"sgpu: note: job {job_id} submitted but not recorded: {exc}", err=True)

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -147,6 +148,14 @@ class Telemetry:
         rows = self.usage().gpu_usage(job_id)
         return rows if rows and all(r.samples >= min_samples for r in rows) else None
 
+    def steady(self, job_id: int, window_s: float = 6.0) -> list[GpuUsage] | None:
+        """Aggregates over the last seconds only: the first sample of a job can come before
+        its fakeload has declared anything (allocated, no process yet: 0 %), which is right
+        but would blur a comparison with the declared figure."""
+        since = datetime.now(UTC) - timedelta(seconds=window_s)
+        rows = self.usage().gpu_usage(job_id, since=since)
+        return rows if rows and all(r.samples >= 3 for r in rows) else None
+
 
 def _healthy(port: int) -> bool:
     import urllib.request
@@ -221,7 +230,8 @@ def test_each_job_gets_the_usage_it_declared(telemetry: Telemetry) -> None:
         t.fakeload("--util", "20", "--mem", "1GiB", "--duration", "120s"),
     )
 
-    two = wait_for("samples of the 2-GPU job", lambda: t.gpus(busy))
+    wait_for("samples of the 2-GPU job", lambda: t.gpus(busy))
+    two = wait_for("steady samples of the 2-GPU job", lambda: t.steady(busy))
     assert len(two) == 2
     for g in two:
         assert g.node == "gpu1"
@@ -242,8 +252,10 @@ def test_each_job_gets_the_usage_it_declared(telemetry: Telemetry) -> None:
     assert g_none.node == "gpu2"
     assert g_none.gpu_index != g_idle.gpu_index
 
-    (a,) = wait_for("samples of shard job A", lambda: t.gpus(shard_a))
-    (b,) = wait_for("samples of shard job B", lambda: t.gpus(shard_b))
+    wait_for("samples of shard job A", lambda: t.gpus(shard_a))
+    wait_for("samples of shard job B", lambda: t.gpus(shard_b))
+    (a,) = wait_for("steady samples of shard job A", lambda: t.steady(shard_a))
+    (b,) = wait_for("steady samples of shard job B", lambda: t.steady(shard_b))
     assert (a.node, a.gpu_index) == (b.node, b.gpu_index), "both shard jobs share one GPU"
     assert a.shared and b.shared
     assert a.mean_util_pct == pytest.approx(30, abs=1)
