@@ -42,6 +42,7 @@ from slurmgpu.store.rows import job_to_row, node_to_row, row_to_job, row_to_node
 
 _CHUNK = 500
 _INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
 
 log = logging.getLogger("slurmgpu.store")
 
@@ -54,15 +55,23 @@ class RowFitter:
 
     _warned: ClassVar[set[tuple[str, str]]] = set()  # one warning per column per process
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, *, lenient: bool = False) -> None:
+        """``lenient``: SQLite, which stores any string and 32-bit values in INTEGER but
+        still cannot hold an integer beyond 64 bits; only that is fitted there."""
         self.table = table.name
         self.strings: dict[str, int | None] = {}
-        self.ints: dict[str, bool] = {}  # column → nullable
+        self.ints: dict[str, tuple[bool, tuple[int, int]]] = {}  # column → nullable, range
         for col in table.columns:
+            if lenient:
+                if isinstance(col.type, Integer):
+                    self.ints[col.name] = (bool(col.nullable), _INT64)
+                continue
             if isinstance(col.type, String):
                 self.strings[col.name] = col.type.length
-            elif isinstance(col.type, Integer) and not isinstance(col.type, BigInteger):
-                self.ints[col.name] = bool(col.nullable)
+            elif isinstance(col.type, BigInteger):
+                self.ints[col.name] = (bool(col.nullable), _INT64)
+            elif isinstance(col.type, Integer):
+                self.ints[col.name] = (bool(col.nullable), _INT32)
 
     def fit(self, row: dict[str, Any]) -> dict[str, Any]:
         fixed: dict[str, Any] | None = None
@@ -77,13 +86,13 @@ class RowFitter:
                 self._warn(name, f"cut to {length} characters" if length else "NUL removed")
                 fixed = fixed if fixed is not None else dict(row)
                 fixed[name] = new
-        for name, nullable in self.ints.items():
+        for name, (nullable, (lo, hi)) in self.ints.items():
             value = row.get(name)
-            if type(value) is not int or _INT32[0] <= value <= _INT32[1]:
+            if type(value) is not int or lo <= value <= hi:
                 continue
-            self._warn(name, "out of the 32-bit range, stored as NULL" if nullable else "clamped")
+            self._warn(name, "out of the column's range, stored as NULL" if nullable else "clamped")
             fixed = fixed if fixed is not None else dict(row)
-            fixed[name] = None if nullable else max(_INT32[0], min(_INT32[1], value))
+            fixed[name] = None if nullable else max(lo, min(hi, value))
         return row if fixed is None else fixed
 
     def _warn(self, column: str, what: str) -> None:
@@ -97,12 +106,12 @@ _FITTERS: dict[str, RowFitter] = {}
 
 
 def _fitted(conn: Any, table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` as the database will accept them (unchanged on SQLite)."""
-    if conn.dialect.name == "sqlite":
-        return rows
-    fitter = _FITTERS.get(table.name)
+    """``rows`` as the database will accept them (on SQLite only integers past 64 bits)."""
+    lenient = conn.dialect.name == "sqlite"
+    key = f"{table.name}:{lenient}"
+    fitter = _FITTERS.get(key)
     if fitter is None:
-        fitter = _FITTERS[table.name] = RowFitter(table)
+        fitter = _FITTERS[key] = RowFitter(table, lenient=lenient)
     return [fitter.fit(r) for r in rows]
 
 

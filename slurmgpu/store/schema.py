@@ -81,6 +81,9 @@ def as_utc(value: Any) -> datetime:
 
 
 TS = UtcDateTime()
+# 64-bit ids where rows accumulate fast (20k samples/s passes 2^31 in ~30 h); SQLite's
+# autoincrement needs INTEGER, which is 64-bit there anyway.
+BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 jobs = Table(
     "jobs",
@@ -90,9 +93,9 @@ jobs = Table(
     Column("job_id", BigInteger, nullable=False),
     Column("name", String(256), nullable=False, default=""),
     Column("user", String(64), nullable=False, default=""),
-    Column("uid", Integer),
+    Column("uid", BigInteger),
     Column("account", String(64), nullable=False, default=""),
-    Column("partition", String(64), nullable=False, default=""),
+    Column("partition", String(512), nullable=False, default=""),
     Column("qos", String(64), nullable=False, default=""),
     Column("state", String(24), nullable=False),
     Column("state_flags", String(256), nullable=False, default=""),
@@ -141,7 +144,7 @@ jobs = Table(
 job_events = Table(
     "job_events",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("id", BIG_ID, primary_key=True, autoincrement=True),
     Column("job_row", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
     Column("at", TS, nullable=False),
     Column("kind", String(24), nullable=False),  # submitted | state | requeue | gone | vanished
@@ -196,7 +199,7 @@ submissions = Table(
     Column("cluster", String(64), nullable=False, default=""),
     Column("job_id", BigInteger, nullable=False),
     Column("submitted_at", TS, nullable=False),
-    Column("uid", Integer, nullable=False),
+    Column("uid", BigInteger, nullable=False),
     Column("user", String(64), nullable=False, default=""),
     Column("cwd", Text, nullable=False, default=""),
     Column("argv", JSON, nullable=False),
@@ -211,7 +214,7 @@ submissions = Table(
 samples = Table(
     "samples",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("id", BIG_ID, primary_key=True, autoincrement=True),
     Column("sample_uid", String(128), nullable=False),  # idempotency key from the agent
     Column("cluster", String(64), nullable=False, default=""),
     Column("node", String(128), nullable=False),

@@ -342,12 +342,13 @@ def test_summaries_round_trip_json(pg_store: JobStore) -> None:
 
 
 def _awkward_jobs() -> list[Job]:
-    many = ",".join(f"partition{i}" for i in range(12))  # 131 characters, column is 64
+    many = ",".join(f"partition{i}" for i in range(60))  # 649 characters, column is 512
     return [
         _gpu_job(31, name="nul\x00in\x00name"),
         _gpu_job(32, partition=many),
         _gpu_job(33, name="n" * 300, reason="r" * 300),
-        _gpu_job(34, uid=3_000_000_000),  # an AD/sssd-mapped uid above 2^31
+        _gpu_job(34, uid=3_000_000_000),  # an AD/sssd-mapped uid above 2^31: fits BIGINT
+        _gpu_job(36, uid=2**64),  # no uid is this large: stored as unknown
     ]
 
 
@@ -362,23 +363,26 @@ def test_rows_postgres_refuses_are_fitted_not_fatal(
         assert obs.cycle().ok  # the update path too
     stored = {s.job.job_id: s.job for s in pg_store.jobs()}
     assert stored[31].name == "nulinname"
-    assert stored[32].partition == ",".join(f"partition{i}" for i in range(12))[:64]
+    assert stored[32].partition == ",".join(f"partition{i}" for i in range(60))[:512]
     assert (len(stored[33].name), len(stored[33].reason)) == (256, 256)
-    assert stored[34].uid is None and stored[34].user == "alice"
+    assert stored[34].uid == 3_000_000_000
+    assert stored[36].uid is None and stored[36].user == "alice"
     assert all(j.state is JobState.CANCELLED for j in stored.values())
-    assert "jobs.partition: a value did not fit the column (cut to 64 characters)" in caplog.text
+    assert "jobs.partition: a value did not fit the column (cut to 512 characters)" in caplog.text
     pg_store.record_submission(
-        35, at=T0, uid=3_000_000_000, user="bob\x00", cwd="/tmp", argv=["sbatch", "x\x00"]
+        35, at=T0, uid=2**64, user="bob\x00", cwd="/tmp", argv=["sbatch", "x\x00"]
     )
     (sub,) = pg_store.submissions(35)
-    assert (sub["uid"], sub["user"]) == (2**31 - 1, "bob")  # NOT NULL: clamped
+    assert (sub["uid"], sub["user"]) == (2**63 - 1, "bob")  # NOT NULL: clamped
 
 
 def test_sqlite_stores_the_same_rows_untouched(sqlite_store: JobStore) -> None:
     slurm = FakeSlurm(_awkward_jobs())
     assert Observer(slurm, sqlite_store, clock=Clock()).cycle().ok
     stored = {s.job.job_id: s.job for s in sqlite_store.jobs()}
-    assert stored == {j.job_id: j for j in _awkward_jobs()}
+    # Only an integer no database column can hold (past 64 bits) is dropped on SQLite.
+    expected = {j.job_id: (replace(j, uid=None) if j.job_id == 36 else j) for j in _awkward_jobs()}
+    assert stored == expected
 
 
 def test_bare_postgresql_url_uses_psycopg_when_psycopg2_is_missing(postgres_url: str) -> None:

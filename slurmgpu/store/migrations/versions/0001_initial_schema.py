@@ -52,9 +52,9 @@ def upgrade() -> None:
         sa.Column("job_id", sa.BigInteger(), nullable=False),
         sa.Column("name", sa.String(length=256), nullable=False),
         sa.Column("user", sa.String(length=64), nullable=False),
-        sa.Column("uid", sa.Integer(), nullable=True),
+        sa.Column("uid", sa.BigInteger(), nullable=True),
         sa.Column("account", sa.String(length=64), nullable=False),
-        sa.Column("partition", sa.String(length=64), nullable=False),
+        sa.Column("partition", sa.String(length=512), nullable=False),
         sa.Column("qos", sa.String(length=64), nullable=False),
         sa.Column("state", sa.String(length=24), nullable=False),
         sa.Column("state_flags", sa.String(length=256), nullable=False),
@@ -135,7 +135,12 @@ def upgrade() -> None:
     )
     op.create_table(
         "samples",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
         sa.Column("sample_uid", sa.String(length=128), nullable=False),
         sa.Column("cluster", sa.String(length=64), nullable=False),
         sa.Column("node", sa.String(length=128), nullable=False),
@@ -170,7 +175,7 @@ def upgrade() -> None:
         sa.Column("cluster", sa.String(length=64), nullable=False),
         sa.Column("job_id", sa.BigInteger(), nullable=False),
         sa.Column("submitted_at", slurmgpu.store.schema.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("uid", sa.Integer(), nullable=False),
+        sa.Column("uid", sa.BigInteger(), nullable=False),
         sa.Column("user", sa.String(length=64), nullable=False),
         sa.Column("cwd", sa.Text(), nullable=False),
         sa.Column("argv", sa.JSON(), nullable=False),
@@ -240,7 +245,12 @@ def upgrade() -> None:
 
     op.create_table(
         "job_events",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
         sa.Column("job_row", sa.Integer(), nullable=False),
         sa.Column("at", slurmgpu.store.schema.UtcDateTime(timezone=True), nullable=False),
         sa.Column("kind", sa.String(length=24), nullable=False),

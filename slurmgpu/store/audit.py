@@ -1,0 +1,210 @@
+"""The audit: every policy decision, taken or suppressed, with its reason and numbers.
+
+Also answers what policies need to remember between cycles: warnings already issued,
+when a job was last acted on, how many actions a user got in the last hour.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from slurmgpu.policy.base import Decision, PriorAlert
+from slurmgpu.store import schema
+from slurmgpu.store.database import StoreError
+from slurmgpu.store.schema import as_utc
+
+# Outcomes that mean the user saw something or the job was changed: they count for
+# escalation (warn → act), cooldowns and rate limits. Suppressed or failed ones do not.
+EFFECTIVE = ("done", "notified")
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One row of the audit, as ``sgpu actions`` shows it."""
+
+    id: int
+    at: datetime
+    job_id: int | None
+    user: str
+    policy: str
+    kind: str
+    mode: str
+    outcome: str
+    reason: str
+    suppressed: str
+    numbers: dict[str, Any]
+    fields: dict[str, str]
+    error: str | None
+    caller_uid: int | None
+
+
+class AuditStore:
+    """Writes decisions and their outcomes; reads the policy memory back."""
+
+    def __init__(self, engine: Engine, cluster: str = "") -> None:
+        self.engine = engine
+        self.cluster = cluster
+
+    def record(self, decisions: Sequence[Decision], at: datetime) -> list[int]:
+        """Store decisions before anything is done about them; return their ids."""
+        if not decisions:
+            return []
+        a = schema.actions
+        uid = os.geteuid()
+        rows = [
+            {
+                "at": at,
+                "cluster": self.cluster,
+                "job_id": d.action.job_id,
+                "user": d.action.user,
+                "policy": d.action.policy,
+                "kind": d.action.kind,
+                "mode": d.mode.value,
+                "taken": False,
+                "reason": d.action.reason,
+                "numbers": dict(d.action.numbers),
+                "alert": d.action.alert,
+                "fields": dict(d.action.fields) or None,
+                "execute": d.execute,
+                "notify": d.notify,
+                "suppressed": d.suppressed,
+                "outcome": "pending" if (d.execute or d.notify) else "skipped",
+                "caller_uid": uid,
+            }
+            for d in decisions
+        ]
+        try:
+            with self.engine.begin() as conn:
+                result = conn.execute(
+                    insert(a).returning(a.c.id, sort_by_parameter_order=True), rows
+                )
+                return [int(r[0]) for r in result]
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not record policy decisions: {exc}") from exc
+
+    def set_outcome(self, action_id: int, outcome: str, error: str | None = None) -> None:
+        a = schema.actions
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    update(a)
+                    .where(a.c.id == action_id)
+                    .values(outcome=outcome, error=error, taken=outcome == "done")
+                )
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not record the outcome of action {action_id}: {exc}") from exc
+
+    def pending(self) -> list[int]:
+        """Ids of decisions recorded but never carried out (a daemon died in between)."""
+        a = schema.actions
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(a.c.id).where(and_(a.c.cluster == self.cluster, a.c.outcome == "pending"))
+            )
+            return [int(r[0]) for r in rows]
+
+    # -- policy memory -----------------------------------------------------------
+
+    def alerts(self, job_ids: Sequence[int]) -> list[PriorAlert]:
+        """Warnings and actions that reached users or jobs, oldest first."""
+        a = schema.actions
+        out: list[PriorAlert] = []
+        ids = list(job_ids)
+        with self.engine.connect() as conn:
+            for i in range(0, len(ids), 500):
+                stmt = (
+                    select(a.c.job_id, a.c.policy, a.c.kind, a.c.alert, a.c.at)
+                    .where(
+                        and_(
+                            a.c.cluster == self.cluster,
+                            a.c.job_id.in_(ids[i : i + 500]),
+                            a.c.outcome.in_(EFFECTIVE),
+                        )
+                    )
+                    .order_by(a.c.at, a.c.id)
+                )
+                for job_id, policy, kind, alert, at in conn.execute(stmt):
+                    out.append(PriorAlert(int(job_id), policy, alert or kind, at))
+        out.sort(key=lambda p: p.at)
+        return out
+
+    def last_action_at(self, job_ids: Sequence[int]) -> dict[int, datetime]:
+        a = schema.actions
+        out: dict[int, datetime] = {}
+        ids = list(job_ids)
+        with self.engine.connect() as conn:
+            for i in range(0, len(ids), 500):
+                stmt = (
+                    select(a.c.job_id, func.max(a.c.at))
+                    .where(
+                        and_(
+                            a.c.cluster == self.cluster,
+                            a.c.job_id.in_(ids[i : i + 500]),
+                            a.c.outcome == "done",
+                        )
+                    )
+                    .group_by(a.c.job_id)
+                )
+                for job_id, at in conn.execute(stmt):
+                    out[int(job_id)] = as_utc(at)
+        return out
+
+    def user_actions_since(self, since: datetime) -> dict[str, int]:
+        a = schema.actions
+        stmt = (
+            select(a.c.user, func.count())
+            .where(and_(a.c.cluster == self.cluster, a.c.at >= since, a.c.outcome.in_(EFFECTIVE)))
+            .group_by(a.c.user)
+        )
+        with self.engine.connect() as conn:
+            return {str(u): int(n) for u, n in conn.execute(stmt)}
+
+    # -- reading the audit -------------------------------------------------------
+
+    def list(
+        self,
+        *,
+        job_id: int | None = None,
+        policy: str | None = None,
+        user: str | None = None,
+        include_skipped: bool = True,
+        limit: int = 200,
+    ) -> list[AuditRecord]:
+        a = schema.actions
+        cond = [a.c.cluster == self.cluster]
+        if job_id is not None:
+            cond.append(a.c.job_id == job_id)
+        if policy:
+            cond.append(a.c.policy == policy)
+        if user:
+            cond.append(a.c.user == user)
+        if not include_skipped:
+            cond.append(a.c.outcome != "skipped")
+        stmt = select(a).where(and_(*cond)).order_by(a.c.id.desc()).limit(limit)
+        with self.engine.connect() as conn:
+            return [
+                AuditRecord(
+                    id=int(r["id"]),
+                    at=r["at"],
+                    job_id=r["job_id"],
+                    user=r["user"],
+                    policy=r["policy"],
+                    kind=r["kind"],
+                    mode=r["mode"],
+                    outcome=r["outcome"],
+                    reason=r["reason"],
+                    suppressed=r["suppressed"],
+                    numbers=dict(r["numbers"] or {}),
+                    fields=dict(r["fields"] or {}),
+                    error=r["error"],
+                    caller_uid=r["caller_uid"],
+                )
+                for r in conn.execute(stmt).mappings()
+            ]
