@@ -13,6 +13,10 @@ command -v sinfo >/dev/null 2>&1 || need_apt+=(slurm-client)
 # A throwaway PostgreSQL server for the store's tests (tests/conftest.py postgres_url;
 # ~25 MB, ~15 s); the services it would start are not used.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
+# Lua interpreters to unit-test plugins/job_submit.lua outside slurmctld (5.1 is what
+# Debian's Slurm embeds; 5.4 catches what newer Lua would reject). Small.
+command -v lua5.1 >/dev/null 2>&1 || need_apt+=(lua5.1)
+command -v lua5.4 >/dev/null 2>&1 || need_apt+=(lua5.4)
 
 PY=""
 for cand in python3.13 python3.12 python3.11 python3; do
