@@ -156,6 +156,24 @@ class AuditStore:
                     out[int(job_id)] = as_utc(at)
         return out
 
+    def last_action_since(self, since: datetime) -> dict[int, datetime]:
+        """Job → time of its newest executed change after ``since`` (for cooldowns)."""
+        a = schema.actions
+        stmt = (
+            select(a.c.job_id, func.max(a.c.at))
+            .where(
+                and_(
+                    a.c.cluster == self.cluster,
+                    a.c.at >= since,
+                    a.c.outcome == "done",
+                    a.c.job_id.is_not(None),
+                )
+            )
+            .group_by(a.c.job_id)
+        )
+        with self.engine.connect() as conn:
+            return {int(j): as_utc(at) for j, at in conn.execute(stmt)}
+
     def user_actions_since(self, since: datetime) -> dict[str, int]:
         a = schema.actions
         stmt = (

@@ -1,0 +1,112 @@
+"""Carries out the engine's decisions through Slurm and the notifier, and audits each one.
+
+Order per decision: the decision is already in the audit (outcome ``pending``) before
+anything happens; then the Slurm change (enforce mode only), then the notification;
+then the outcome is stored. A daemon killed in between leaves ``pending`` rows, which
+are marked ``failed`` ("interrupted") on the next start, never replayed blindly: the
+next cycle decides again from a fresh snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from slurmgpu.policy.base import Action, Decision
+from slurmgpu.slurm.client import SlurmClient, SlurmError
+from slurmgpu.store.audit import AuditStore
+from slurmgpu.store.database import StoreError
+
+log = logging.getLogger("slurmgpu.actuate")
+
+
+class Notifier(Protocol):
+    """Tells a user about an action; returns a one-word outcome ("sent", "rate_limited"…)."""
+
+    def notify(self, action: Action, *, at: datetime) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ActuationResult:
+    decision: Decision
+    action_id: int
+    outcome: str  # done | notified | skipped | failed
+    error: str | None = None
+
+
+class Actuator:
+    """Executes decisions: ``update`` → scontrol update, ``requeue``, ``cancel``, ``warn``."""
+
+    def __init__(
+        self, slurm: SlurmClient, audit: AuditStore, notifier: Notifier | None = None
+    ) -> None:
+        self.slurm = slurm
+        self.audit = audit
+        self.notifier = notifier
+
+    def recover(self) -> int:
+        """Mark decisions a previous daemon recorded but did not finish; return how many."""
+        stale = self.audit.pending()
+        for action_id in stale:
+            self.audit.set_outcome(action_id, "failed", "interrupted: the daemon stopped")
+        if stale:
+            log.warning("%d decision(s) interrupted by a daemon stop marked failed", len(stale))
+        return len(stale)
+
+    def _execute(self, action: Action) -> None:
+        if action.kind == "update":
+            self.slurm.update_job(action.job_id, dict(action.fields))
+        elif action.kind == "requeue":
+            self.slurm.requeue(action.job_id)
+        elif action.kind == "cancel":
+            self.slurm.cancel(action.job_id)
+        elif action.kind != "warn":
+            raise ValueError(f"unknown action kind {action.kind!r}")
+
+    def carry_out(self, decisions: Sequence[Decision], at: datetime) -> list[ActuationResult]:
+        """Audit, then execute and notify; never raises for Slurm or mail trouble."""
+        try:
+            ids = self.audit.record(decisions, at)
+        except StoreError as exc:
+            # Without an audit row nothing may be done: acting unaudited is worse than waiting.
+            log.error("%s; no action taken this cycle", exc)
+            return []
+        results = []
+        for decision, action_id in zip(decisions, ids, strict=True):
+            results.append(self._one(decision, action_id, at))
+        return results
+
+    def _one(self, decision: Decision, action_id: int, at: datetime) -> ActuationResult:
+        action = decision.action
+        if not (decision.execute or decision.notify):
+            return ActuationResult(decision, action_id, "skipped")
+        outcome, error = "notified", None
+        if decision.execute and action.kind != "warn":
+            try:
+                self._execute(action)
+                outcome = "done"
+                log.info(
+                    "%s %s job %d: %s", action.policy, action.kind, action.job_id, action.reason
+                )
+            except (SlurmError, ValueError) as exc:
+                outcome, error = "failed", str(exc)
+                log.warning(
+                    "%s %s job %d failed: %s", action.policy, action.kind, action.job_id, exc
+                )
+        if decision.notify and outcome != "failed":
+            # The warning counts as issued once it is in the audit (shown by sgpu actions,
+            # sgpu eff); email is one more channel, and its trouble is recorded, not fatal.
+            if self.notifier is None:
+                log.info("advice for job %d (%s): %s", action.job_id, action.policy, action.reason)
+            else:
+                sent = self.notifier.notify(action, at=at)
+                if sent == "failed":
+                    error = "email notification failed (see the daemon log)"
+        try:
+            self.audit.set_outcome(action_id, outcome, error)
+        except StoreError as exc:
+            log.error("%s", exc)
+        return ActuationResult(decision, action_id, outcome, error)

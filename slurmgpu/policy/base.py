@@ -1,0 +1,182 @@
+"""The policy seam: what every policy sees (PolicySnapshot) and proposes (Action).
+
+Policies are pure: ``propose(snapshot)`` reads only the snapshot and returns actions; it
+never calls Slurm, the database, the clock or the network. The daemon builds snapshots
+from the store; the simulator builds them from its virtual cluster; tests build them by
+hand. The engine (``policy.engine``) applies modes and guardrails to the proposals.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from slurmgpu.model import ClusterSnapshot, Job
+
+
+class Mode(enum.StrEnum):
+    """How far a policy may go: record only, record and notify, or act through Slurm."""
+
+    OBSERVE = "observe"
+    ADVISE = "advise"
+    ENFORCE = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStat:
+    """One allocated GPU of a running job, aggregated from agents' samples."""
+
+    node: str
+    gpu_index: int
+    samples: int
+    mean_util_pct: float | None
+    max_util_pct: float | None
+    max_memory_mib: float | None
+    memory_total_mib: float | None
+    trailing_idle: timedelta  # idle (util ~0) continuously up to the last sample
+    never_busy: bool
+    last_sample_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobUsage:
+    """What a job has used so far (running jobs) or in total (finished jobs)."""
+
+    job_id: int
+    gpus: tuple[GpuStat, ...] = ()
+    mean_cpu_pct: float | None = None  # 100 = one core
+    max_memory_mib: float | None = None
+
+    @property
+    def idle_gpus(self) -> int:
+        return sum(1 for g in self.gpus if g.mean_util_pct is not None and g.never_busy)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRecord:
+    """One finished job, as priors learn from it."""
+
+    user: str
+    name: str
+    partition: str
+    script_hash: str | None
+    state: str
+    run_time: timedelta
+    time_limit: timedelta | None
+    gpus_requested: int
+    gpus_used: int | None  # GPUs that were ever busy, when samples exist
+    cpus: int
+    memory_requested_mib: int | None
+    peak_memory_mib: float | None
+    mean_cpu_pct: float | None
+    mean_gpu_util_pct: float | None
+    peak_gpu_memory_mib: float | None
+    ended_at: datetime
+    # Peak of the busiest node; ``peak_memory_mib`` is the job's total (the sum of its
+    # nodes' peaks, like ``Job.memory_mib``). Multi-node memory rightsizing needs this.
+    peak_node_memory_mib: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PriorAlert:
+    """A warning or action already issued for a job (so escalation can follow it).
+
+    ``kind`` is the action's ``alert`` name when it had one (``"idle_gpu_warning_1"``),
+    else its ``kind``. The daemon records one for every decision that was not suppressed,
+    in every mode, so that escalation (warn, warn again, act) runs the same way in
+    ``observe`` mode as in ``enforce`` and the audit shows what enforce would have done.
+    """
+
+    job_id: int
+    policy: str
+    kind: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    """Everything a policy may look at in one cycle."""
+
+    at: datetime
+    cluster: ClusterSnapshot
+    usage: Mapping[int, JobUsage] = field(default_factory=dict)
+    history: tuple[HistoryRecord, ...] = ()
+    alerts: tuple[PriorAlert, ...] = ()  # newest last
+    # When a change (update, requeue, cancel) was last *executed* on each job, any policy;
+    # warnings and suppressed or advisory decisions do not count (the engine's cooldown).
+    last_action_at: Mapping[int, datetime] = field(default_factory=dict)
+    # Changes executed on each user's jobs in the hour before ``at`` (the engine's rate).
+    user_actions_last_hour: Mapping[str, int] = field(default_factory=dict)
+    opted_in: frozenset[int] = frozenset()  # jobs (or array job ids) that asked for rightsizing
+
+    def jobs(self) -> tuple[Job, ...]:
+        return self.cluster.jobs
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """A change one policy proposes for one job, with the numbers behind it.
+
+    ``kind`` is one of: ``update`` (``fields`` are ``scontrol update`` fields, e.g.
+    ``{"TimeLimit": "01:30:00"}``), ``warn`` (a notification, no change), ``requeue``,
+    ``cancel``. When several policies want the same job in one cycle the engine keeps one:
+    the kind ranks first (``policy.engine.ACTION_PRIORITY``), then ``priority`` (higher
+    wins), then the order the policies were given in.
+
+    ``requires_opt_in``: the engine suppresses the action unless the job (or its array)
+    is in ``PolicySnapshot.opted_in``. ``slurm_id``: the id to give Slurm commands --
+    ``A_i`` for an array task and ``A_[2-5]`` for a pending array meta-record, never the
+    bare array id (which would address every task); empty means ``str(job_id)``.
+    """
+
+    policy: str
+    kind: str
+    job_id: int
+    user: str
+    reason: str
+    numbers: Mapping[str, float | int | str | None] = field(default_factory=dict)
+    fields: Mapping[str, str] = field(default_factory=dict)
+    alert: str = ""  # alert name for notification rate limits, e.g. "idle_gpu_warning"
+    priority: int = 0
+    requires_opt_in: bool = False
+    slurm_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An action after the engine applied the mode and guardrails.
+
+    ``execute``: the actuator should carry it out (enforce mode and not suppressed).
+    ``notify``: the user should be told (advise or enforce, not suppressed).
+    ``suppressed``: why the engine held it back (empty when it was not).
+    """
+
+    action: Action
+    mode: Mode
+    execute: bool
+    notify: bool
+    suppressed: str = ""
+
+
+def slurm_job_ref(job: Job) -> str:
+    """Return the id Slurm commands should address: ``123``, ``120_3`` or ``120_[2-5]``.
+
+    A pending array meta-record's spec loses its ``%N`` throttle, which is not part of an
+    id. The bare array id is never returned for a task: it would address every task.
+    """
+    if job.array_job_id is not None and job.array_task_id is not None:
+        return f"{job.array_job_id}_{job.array_task_id}"
+    if job.array_job_id is not None and job.array_task_spec:
+        return f"{job.array_job_id}_[{job.array_task_spec.split('%', 1)[0]}]"
+    return str(job.job_id)
+
+
+class Policy(Protocol):
+    """A pure policy: ``name`` labels its actions; ``propose`` reads only the snapshot."""
+
+    name: str
+
+    def propose(self, snapshot: PolicySnapshot) -> Iterable[Action]: ...
