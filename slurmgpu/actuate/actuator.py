@@ -57,12 +57,14 @@ class Actuator:
         return len(stale)
 
     def _execute(self, action: Action) -> None:
+        # Array tasks must be addressed as A_i: the bare array id would hit every task.
+        ref: str | int = action.slurm_id or action.job_id
         if action.kind == "update":
-            self.slurm.update_job(action.job_id, dict(action.fields))
+            self.slurm.update_job(ref, dict(action.fields))
         elif action.kind == "requeue":
-            self.slurm.requeue(action.job_id)
+            self.slurm.requeue(ref)
         elif action.kind == "cancel":
-            self.slurm.cancel(action.job_id)
+            self.slurm.cancel(ref)
         elif action.kind != "warn":
             raise ValueError(f"unknown action kind {action.kind!r}")
 

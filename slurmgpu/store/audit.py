@@ -20,9 +20,10 @@ from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
 
-# Outcomes that mean the user saw something or the job was changed: they count for
-# escalation (warn → act), cooldowns and rate limits. Suppressed or failed ones do not.
-EFFECTIVE = ("done", "notified")
+# A decision that no guardrail held back counts as issued for escalation (warn → act) in
+# every mode, observe included (else an observe-mode policy would never get past its
+# first warning); cooldowns and per-user rate limits count executed changes ("done") only.
+ISSUED = ("done", "notified", "skipped")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,7 @@ class AuditStore:
     # -- policy memory -----------------------------------------------------------
 
     def alerts(self, job_ids: Sequence[int]) -> list[PriorAlert]:
-        """Warnings and actions that reached users or jobs, oldest first."""
+        """Warnings and actions issued (not held back by a guardrail), oldest first."""
         a = schema.actions
         out: list[PriorAlert] = []
         ids = list(job_ids)
@@ -125,7 +126,8 @@ class AuditStore:
                         and_(
                             a.c.cluster == self.cluster,
                             a.c.job_id.in_(ids[i : i + 500]),
-                            a.c.outcome.in_(EFFECTIVE),
+                            a.c.outcome.in_(ISSUED),
+                            a.c.suppressed == "",
                         )
                     )
                     .order_by(a.c.at, a.c.id)
@@ -178,7 +180,7 @@ class AuditStore:
         a = schema.actions
         stmt = (
             select(a.c.user, func.count())
-            .where(and_(a.c.cluster == self.cluster, a.c.at >= since, a.c.outcome.in_(EFFECTIVE)))
+            .where(and_(a.c.cluster == self.cluster, a.c.at >= since, a.c.outcome == "done"))
             .group_by(a.c.user)
         )
         with self.engine.connect() as conn:

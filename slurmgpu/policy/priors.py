@@ -1,0 +1,386 @@
+"""What a job will probably use, estimated from the finished jobs of the same user.
+
+Helios' QSSF estimate (docs/ANCHORS.md §5): the same user submitting the same job name
+tends to run the same thing again. :class:`Priors` groups history by key, finest first,
+and :meth:`Priors.estimate` answers from the finest key that has at least
+``min_samples`` past runs:
+
+=========================  ==================================================
+level                      key
+=========================  ==================================================
+``user+script+partition``  user, script hash, partition (only when given one)
+``user+script``            user, script hash
+``user+name+partition``    user, job name, partition
+``user+name``              user, job name
+``user+partition``         user, partition
+``user``                   user
+=========================  ==================================================
+
+A pending job that lists several partitions (``gpu,gpu-long``) skips the partition
+levels: it may run in any of them.
+
+Only runs that ended ``COMPLETED`` or ``TIMEOUT`` are samples: a cancelled or failed
+run says little about what a full run needs (it may have stopped after a minute); a
+timed-out run is a lower bound of its need and keeps the estimate high. Runs that ended
+``OUT_OF_MEMORY`` are counted (``oom_runs``) so memory is never shrunk for that key.
+
+Building is O(n) dictionary work plus one sort of run times per key; ``estimate`` walks
+the fallback chain (at most six look-ups) once per (user, name, partition), then answers
+from a dictionary. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from slurmgpu.model import Job
+from slurmgpu.policy.base import HistoryRecord
+
+__all__ = ["LEVELS", "Estimate", "Priors", "quantile_nearest_rank"]
+
+LEVELS = (
+    "user+script+partition",
+    "user+script",
+    "user+name+partition",
+    "user+name",
+    "user+partition",
+    "user",
+)
+_CPU_SATURATED = 0.9  # a run averaging >= 90 % of its cores may have wanted more
+
+
+def quantile_nearest_rank(sorted_values: Sequence[float], q: float) -> float:
+    """Return the nearest-rank ``q`` quantile: the smallest value with >= q of the mass.
+
+    Never interpolates below an observed value, so a time limit built on it covers at
+    least ``q`` of past runs.
+
+    >>> quantile_nearest_rank([10.0, 20.0, 30.0], 0.5)
+    20.0
+    >>> quantile_nearest_rank([10.0, 20.0, 30.0], 0.95)
+    30.0
+    """
+    if not sorted_values:
+        raise ValueError("no values")
+    rank = math.ceil(q * len(sorted_values) - 1e-9)
+    return sorted_values[min(len(sorted_values), max(rank, 1)) - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What runs at one history key used; ``level`` says which key answered.
+
+    ``run_time`` is the nearest-rank ``quantile`` of past run times. Memory and GPU
+    figures are maxima over the samples (a request must cover the worst run); CPU has
+    the mean and the largest of the runs' mean core use (``100`` = one core).
+    ``cpu_saturated``: some run averaged >= 90 % of its cores, so its real demand is
+    unknown. ``gpus_used`` is the most GPUs any run kept busy, over ``gpus_used_samples``
+    runs that had GPU samples; ``gpus_requested`` the most any run asked for.
+    """
+
+    level: str
+    key: tuple[str, ...]
+    samples: int
+    quantile: float
+    run_time: timedelta
+    max_run_time: timedelta
+    timeouts: int
+    peak_memory_mib: float | None
+    peak_node_memory_mib: float | None
+    mean_cpu_pct: float | None
+    max_cpu_pct: float | None
+    cpu_saturated: bool
+    mean_gpu_util_pct: float | None
+    peak_gpu_memory_mib: float | None
+    gpus_used: int | None
+    gpus_used_samples: int
+    gpus_requested: int
+    oom_runs: int
+
+
+_SAMPLE, _TIMEOUT, _OOM, _IGNORED = range(4)
+_STATE_KINDS: dict[str, int] = {"COMPLETED": _SAMPLE, "TIMEOUT": _TIMEOUT}
+
+
+def _state_kind(state: str) -> int:
+    """Return how a run that ended in ``state`` counts (memoised: few distinct strings)."""
+    kind = _STATE_KINDS.get(state)
+    if kind is None:
+        # sacct prints "CANCELLED by 1000"; the first word is the state.
+        word = state.split(" ", 1)[0].upper()
+        kind = {"COMPLETED": _SAMPLE, "TIMEOUT": _TIMEOUT, "OUT_OF_MEMORY": _OOM}.get(
+            word, _IGNORED
+        )
+        if len(_STATE_KINDS) < 4096:
+            _STATE_KINDS[state] = kind
+    return kind
+
+
+def _max(current: float | None, value: float | None) -> float | None:
+    if value is None:
+        return current
+    return value if current is None or value > current else current
+
+
+class _Agg:
+    """Mergeable statistics of one group of history records."""
+
+    __slots__ = (
+        "cpu_max",
+        "cpu_n",
+        "cpu_saturated",
+        "cpu_sum",
+        "gpu_mem_max",
+        "gpu_util_n",
+        "gpu_util_sum",
+        "gpus_requested",
+        "gpus_used",
+        "gpus_used_n",
+        "mem_max",
+        "node_mem_max",
+        "oom",
+        "run_times",
+        "timeouts",
+    )
+
+    def __init__(self) -> None:
+        self.run_times: list[float] = []
+        self.timeouts = 0
+        self.oom = 0
+        self.mem_max: float | None = None
+        self.node_mem_max: float | None = None
+        self.cpu_sum = 0.0
+        self.cpu_n = 0
+        self.cpu_max: float | None = None
+        self.cpu_saturated = False
+        self.gpu_util_sum = 0.0
+        self.gpu_util_n = 0
+        self.gpu_mem_max: float | None = None
+        self.gpus_used: int | None = None
+        self.gpus_used_n = 0
+        self.gpus_requested = 0
+
+    def add_records(self, records: Iterable[HistoryRecord]) -> None:
+        for r in records:
+            kind = _state_kind(r.state)
+            if kind >= _OOM:
+                if kind == _OOM:
+                    self.oom += 1
+                continue
+            self.run_times.append(r.run_time.total_seconds())
+            if kind == _TIMEOUT:
+                self.timeouts += 1
+            self.mem_max = _max(self.mem_max, r.peak_memory_mib)
+            # Without a per-node figure the job's total is a safe (high) stand-in.
+            node_peak = r.peak_node_memory_mib
+            self.node_mem_max = _max(
+                self.node_mem_max, node_peak if node_peak is not None else r.peak_memory_mib
+            )
+            cpu = r.mean_cpu_pct
+            if cpu is not None:
+                self.cpu_sum += cpu
+                self.cpu_n += 1
+                self.cpu_max = _max(self.cpu_max, cpu)
+                if r.cpus > 0 and cpu >= _CPU_SATURATED * 100.0 * r.cpus:
+                    self.cpu_saturated = True
+            if r.mean_gpu_util_pct is not None:
+                self.gpu_util_sum += r.mean_gpu_util_pct
+                self.gpu_util_n += 1
+            self.gpu_mem_max = _max(self.gpu_mem_max, r.peak_gpu_memory_mib)
+            if r.gpus_used is not None:
+                self.gpus_used = (
+                    r.gpus_used if self.gpus_used is None else max(self.gpus_used, r.gpus_used)
+                )
+                self.gpus_used_n += 1
+            self.gpus_requested = max(self.gpus_requested, r.gpus_requested)
+
+    def merge(self, other: _Agg) -> None:
+        self.run_times.extend(other.run_times)
+        self.timeouts += other.timeouts
+        self.oom += other.oom
+        self.mem_max = _max(self.mem_max, other.mem_max)
+        self.node_mem_max = _max(self.node_mem_max, other.node_mem_max)
+        self.cpu_sum += other.cpu_sum
+        self.cpu_n += other.cpu_n
+        self.cpu_max = _max(self.cpu_max, other.cpu_max)
+        self.cpu_saturated = self.cpu_saturated or other.cpu_saturated
+        self.gpu_util_sum += other.gpu_util_sum
+        self.gpu_util_n += other.gpu_util_n
+        self.gpu_mem_max = _max(self.gpu_mem_max, other.gpu_mem_max)
+        if other.gpus_used is not None:
+            self.gpus_used = (
+                other.gpus_used if self.gpus_used is None else max(self.gpus_used, other.gpus_used)
+            )
+        self.gpus_used_n += other.gpus_used_n
+        self.gpus_requested = max(self.gpus_requested, other.gpus_requested)
+
+    def estimate(self, level: str, key: tuple[str, ...], q: float) -> Estimate:
+        times = sorted(self.run_times)
+        return Estimate(
+            level=level,
+            key=key,
+            samples=len(times),
+            quantile=q,
+            run_time=timedelta(seconds=quantile_nearest_rank(times, q)),
+            max_run_time=timedelta(seconds=times[-1]),
+            timeouts=self.timeouts,
+            peak_memory_mib=self.mem_max,
+            peak_node_memory_mib=self.node_mem_max,
+            mean_cpu_pct=self.cpu_sum / self.cpu_n if self.cpu_n else None,
+            max_cpu_pct=self.cpu_max,
+            cpu_saturated=self.cpu_saturated,
+            mean_gpu_util_pct=self.gpu_util_sum / self.gpu_util_n if self.gpu_util_n else None,
+            peak_gpu_memory_mib=self.gpu_mem_max,
+            gpus_used=self.gpus_used,
+            gpus_used_samples=self.gpus_used_n,
+            gpus_requested=self.gpus_requested,
+            oom_runs=self.oom,
+        )
+
+
+# Keys are tuples tagged with their level's index in LEVELS, so one dict holds all levels:
+# (0, user, script, partition), (1, user, script), (2, user, name, partition),
+# (3, user, name), (4, user, partition), (5, user).
+_Key = tuple[int | str, ...]
+
+
+class Priors:
+    """Estimates per history key; build with :meth:`from_history`.
+
+    Building only groups the records (one dictionary operation per record, plus one per
+    group for the coarser levels). A key's statistics are computed the first time a job
+    needs them and kept, so keeping one ``Priors`` across cycles makes ``estimate`` a
+    dictionary look-up for every key seen before.
+
+    >>> from datetime import UTC, datetime
+    >>> from slurmgpu.model import JobState
+    >>> r = HistoryRecord("ann", "train", "gpu", None, "COMPLETED", timedelta(hours=1),
+    ...     timedelta(hours=8), 1, 1, 4, 4096, 2000.0, 150.0, 80.0, 9000.0,
+    ...     datetime(2025, 1, 1, tzinfo=UTC))
+    >>> p = Priors.from_history([r, r, r])
+    >>> est = p.estimate(Job(1, "train", "ann", JobState.PENDING, partition="gpu"))
+    >>> est.level, est.samples, est.run_time
+    ('user+name+partition', 3, datetime.timedelta(seconds=3600))
+    """
+
+    def __init__(
+        self,
+        groups: Mapping[_Key, Sequence[HistoryRecord]],
+        children: Mapping[_Key, Sequence[_Key]],
+        *,
+        quantile: float,
+        min_samples: int,
+    ) -> None:
+        self._groups = groups  # finest keys (levels 0 and 2) -> their records
+        self._children = children  # coarser keys -> the finer keys they sum
+        self.quantile = quantile
+        self.min_samples = min_samples
+        self._aggs: dict[_Key, _Agg] = {}
+        self._estimates: dict[_Key, Estimate | None] = {}
+        # (user, name, partition, script hash) -> answer, so a key pending jobs share walks
+        # the fallback chain once.
+        self._resolved: dict[tuple[str, str, str, str | None], Estimate | None] = {}
+
+    @classmethod
+    def from_history(
+        cls, records: Iterable[HistoryRecord], *, quantile: float = 0.95, min_samples: int = 3
+    ) -> Priors:
+        """Return priors over ``records``; keys with < ``min_samples`` samples never answer."""
+        groups: dict[_Key, list[HistoryRecord]] = {}
+        for r in records:
+            key: _Key = (2, r.user, r.name, r.partition)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [r]
+            else:
+                group.append(r)
+            if r.script_hash:
+                groups.setdefault((0, r.user, r.script_hash, r.partition), []).append(r)
+        children: dict[_Key, list[_Key]] = {}
+        for key in groups:
+            tag, user, middle, partition = key
+            if tag == 0:
+                children.setdefault((1, user, middle), []).append(key)
+            else:
+                children.setdefault((3, user, middle), []).append(key)
+                user_partition = (4, user, partition)
+                siblings = children.get(user_partition)
+                if siblings is None:
+                    children[user_partition] = [key]
+                    # The user level sums its (fewer) user+partition groups.
+                    children.setdefault((5, user), []).append(user_partition)
+                else:
+                    siblings.append(key)
+        return cls(groups, children, quantile=quantile, min_samples=min_samples)
+
+    def __len__(self) -> int:
+        """Return how many history keys there are, over all levels."""
+        return len(self._groups) + len(self._children)
+
+    def prepare(self) -> int:
+        """Compute every key's statistics now (e.g. off the cycle); return how many answer."""
+        return sum(1 for key in (*self._groups, *self._children) if self._at(key) is not None)
+
+    def _agg(self, key: _Key) -> _Agg | None:
+        agg = self._aggs.get(key)
+        if agg is not None:
+            return agg
+        records = self._groups.get(key)
+        if records is not None:
+            agg = _Agg()
+            agg.add_records(records)
+        else:
+            finer = self._children.get(key)
+            if finer is None:
+                return None
+            agg = _Agg()
+            for child in finer:
+                part = self._agg(child)
+                if part is not None:
+                    agg.merge(part)
+        self._aggs[key] = agg
+        return agg
+
+    def _at(self, key: _Key) -> Estimate | None:
+        """Return the estimate at one key, or None when it has too few samples."""
+        if key in self._estimates:
+            return self._estimates[key]
+        agg = self._agg(key)
+        est = None
+        if agg is not None and len(agg.run_times) >= self.min_samples:
+            est = agg.estimate(LEVELS[int(key[0])], tuple(str(k) for k in key[1:]), self.quantile)
+        self._estimates[key] = est
+        return est
+
+    def estimate(self, job: Job, *, script_hash: str | None = None) -> Estimate | None:
+        """Return the estimate from the finest key with enough samples, or None."""
+        key = (job.user, job.name, job.partition, script_hash)
+        if key in self._resolved:
+            return self._resolved[key]
+        est = self._resolve(job, script_hash)
+        self._resolved[key] = est
+        return est
+
+    def _resolve(self, job: Job, script_hash: str | None) -> Estimate | None:
+        at = self._at
+        user, partition = job.user, job.partition
+        one_partition = bool(partition) and "," not in partition
+        candidates: list[_Key] = []
+        if script_hash:
+            if one_partition:
+                candidates.append((0, user, script_hash, partition))
+            candidates.append((1, user, script_hash))
+        if one_partition:
+            candidates.append((2, user, job.name, partition))
+        candidates.append((3, user, job.name))
+        if one_partition:
+            candidates.append((4, user, partition))
+        candidates.append((5, user))
+        for key in candidates:
+            est = at(key)
+            if est is not None:
+                return est
+        return None

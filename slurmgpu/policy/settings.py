@@ -1,0 +1,372 @@
+"""Settings of the policy engine and of each policy: frozen values with documented defaults.
+
+Every default comes from the tools our users already know (docs/ANCHORS.md §1): Job
+Defense Shield's zero-utilisation GPU alert (warn at 60 and 105 min, act at 120 min of
+0 % from the job's start; 240 / 300 min for a GPU that was busy and then went idle),
+jobstats' ``--mem = ceil(1.2 * used)`` and JDS's 12 cores per GPU.
+
+Each class has ``from_mapping(d, where)``, which reads one TOML table (already parsed
+into a mapping) and raises :class:`PolicyConfigError` naming the key, so the config loader
+can add the file and line::
+
+    [policy.idle_gpu]
+    mode = "advise"              # observe | advise | enforce
+    warn_after = "60m"
+    second_warn_after = "105m"   # "off" (or false) for a single warning
+    act_after = "120m"
+    action = "requeue"           # requeue | cancel | notify
+    requeue_fallback = "cancel"  # for jobs Slurm may not requeue: cancel | notify
+    idle_fraction = 1.0          # act when this share of the job's GPUs is idle
+    exempt_partitions = ["interactive"]
+
+    [policy.rightsize]
+    time_limit = true
+    memory_headroom = 1.2
+    apply_to_all = false         # true: also jobs that did not opt in
+
+    [policy.engine]
+    max_actions_per_cycle = 20
+    job_cooldown = "30m"
+    exempt_users = ["root"]
+
+Durations are strings such as ``"30s"``, ``"5m"``, ``"1h30m"`` or a number of seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal, cast
+
+from slurmgpu.config import parse_duration
+from slurmgpu.policy.base import Mode
+
+__all__ = [
+    "IDLE_ACTIONS",
+    "REQUEUE_FALLBACKS",
+    "EngineSettings",
+    "IdleGpuSettings",
+    "PolicyConfigError",
+    "RightsizeSettings",
+]
+
+IdleAction = Literal["requeue", "cancel", "notify"]
+RequeueFallback = Literal["cancel", "notify"]
+IDLE_ACTIONS: tuple[IdleAction, ...] = ("requeue", "cancel", "notify")
+REQUEUE_FALLBACKS: tuple[RequeueFallback, ...] = ("cancel", "notify")
+
+
+class PolicyConfigError(ValueError):
+    """One bad policy setting: ``key`` (as written in the table) and what is wrong with it.
+
+    ``where`` is the table, e.g. ``"policy.idle_gpu"``; ``str()`` gives
+    ``policy.idle_gpu.warn_after must be a duration like "30s", not 'soon'``.
+    """
+
+    def __init__(self, key: str, message: str, *, where: str = "") -> None:
+        self.key = key
+        self.message = message
+        self.where = where
+        dotted = ".".join(part for part in (where, key) if part)
+        super().__init__(f"{dotted} {message}")
+
+
+class _Table:
+    """Reads one mapping, popping keys as they are read, so leftovers are unknown keys."""
+
+    def __init__(self, d: Mapping[str, Any], where: str) -> None:
+        if not isinstance(d, Mapping):
+            raise PolicyConfigError("", "must be a table", where=where)
+        self.raw: dict[str, Any] = dict(d)
+        self.where = where
+
+    def fail(self, key: str, message: str) -> PolicyConfigError:
+        return PolicyConfigError(key, message, where=self.where)
+
+    def duration(
+        self, key: str, default: timedelta, *, minimum: timedelta = timedelta(0)
+    ) -> timedelta:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        try:
+            d = parse_duration(value)
+        except (ValueError, TypeError, AttributeError):
+            raise self.fail(key, f'must be a duration like "30s", not {value!r}') from None
+        if d < minimum:
+            raise self.fail(key, f"must be at least {minimum.total_seconds():g}s")
+        return d
+
+    def optional_duration(self, key: str, default: timedelta | None) -> timedelta | None:
+        if key not in self.raw:
+            return default
+        value = self.raw[key]
+        if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+            self.raw.pop(key)
+            return None
+        return self.duration(key, timedelta(0))
+
+    def boolean(self, key: str, default: bool) -> bool:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, not {value!r}")
+        return value
+
+    def integer(self, key: str, default: int, *, minimum: int = 0) -> int:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self.fail(key, f"must be an integer >= {minimum}, not {value!r}")
+        return value
+
+    def number(
+        self,
+        key: str,
+        default: float,
+        *,
+        minimum: float,
+        maximum: float | None = None,
+        above_minimum: bool = False,
+    ) -> float:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise self.fail(key, f"must be a number, not {value!r}")
+        low_ok = value > minimum if above_minimum else value >= minimum
+        if not low_ok or (maximum is not None and value > maximum):
+            low = f"> {minimum:g}" if above_minimum else f">= {minimum:g}"
+            high = f" and <= {maximum:g}" if maximum is not None else ""
+            raise self.fail(key, f"must be a number {low}{high}, not {value!r}")
+        return float(value)
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, str) or value not in choices:
+            raise self.fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
+        return value
+
+    def mode(self, key: str, default: Mode) -> Mode:
+        return Mode(self.choice(key, default.value, tuple(m.value for m in Mode)))
+
+    def names(self, key: str, default: frozenset[str]) -> frozenset[str]:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, f'must be a list of names like ["a", "b"], not {value!r}')
+        return frozenset(cast("list[str]", value))
+
+    def finish(self) -> None:
+        if self.raw:
+            key = sorted(self.raw)[0]
+            raise self.fail(key, "is not a known setting (check the spelling)")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """Guardrails the engine applies to every policy's proposals.
+
+    - ``max_actions_per_cycle`` (20): changes executed per cycle, all users; the highest
+      priority and then the oldest jobs go first.
+    - ``max_actions_per_user_per_hour`` (10): changes executed on one user's jobs per hour
+      (``PolicySnapshot.user_actions_last_hour`` plus this cycle's).
+    - ``job_cooldown`` (30 min): no change to a job within this long of its last
+      executed change (``PolicySnapshot.last_action_at``).
+    - ``exempt_users`` / ``exempt_partitions`` / ``exempt_qos``: never acted on nor warned.
+    - ``exempt_interactive`` (true): salloc/srun allocations (``Job.batch`` false) too.
+
+    The three rate guardrails bound what slurmgpu *does*: they apply to changes
+    (update, requeue, cancel) in enforce mode; warnings and advice are not rate-limited
+    here (the notifier limits mail per alert).
+
+    >>> EngineSettings.from_mapping({"job_cooldown": "1h"}, "policy.engine").job_cooldown
+    datetime.timedelta(seconds=3600)
+    """
+
+    max_actions_per_cycle: int = 20
+    max_actions_per_user_per_hour: int = 10
+    job_cooldown: timedelta = timedelta(minutes=30)
+    exempt_users: frozenset[str] = frozenset()
+    exempt_partitions: frozenset[str] = frozenset()
+    exempt_qos: frozenset[str] = frozenset()
+    exempt_interactive: bool = True
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], where: str = "policy.engine") -> EngineSettings:
+        """Return settings from one config table; raise PolicyConfigError on a bad key."""
+        t = _Table(d, where)
+        s = cls(
+            max_actions_per_cycle=t.integer("max_actions_per_cycle", 20),
+            max_actions_per_user_per_hour=t.integer("max_actions_per_user_per_hour", 10),
+            job_cooldown=t.duration("job_cooldown", timedelta(minutes=30)),
+            exempt_users=t.names("exempt_users", frozenset()),
+            exempt_partitions=t.names("exempt_partitions", frozenset()),
+            exempt_qos=t.names("exempt_qos", frozenset()),
+            exempt_interactive=t.boolean("exempt_interactive", True),
+        )
+        t.finish()
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class RightsizeSettings:
+    """How pending jobs' requests are brought down to what their history shows they use.
+
+    - ``mode`` (advise); ``time_limit`` / ``memory`` / ``cpus`` / ``gpus`` (all true):
+      which requests may be changed.
+    - ``apply_to_all`` (false): only jobs that opted in (``sgpu submit --rightsize`` or a
+      job_submit tag, listed in ``PolicySnapshot.opted_in``) are changed; true changes
+      every pending job. Either way every proposal is audited.
+    - ``time_quantile`` (0.95, nearest rank) * ``time_headroom`` (1.3) of past run
+      times, rounded up to ``time_round`` (5 min), at least ``min_time_limit`` (15 min).
+    - ``memory_headroom`` (1.2, jobstats' ``ceil(1.2 * used)``) * the peak, rounded up to
+      ``memory_round_mib`` (256 MiB).
+    - ``cpu_headroom`` (1.2) * the most cores a past run used on average, never below
+      ``target_cores_per_gpu`` (12, JDS) per GPU.
+    - ``min_history`` (3): past runs needed at a key before it is trusted.
+    - ``min_change_fraction`` (0.2): smaller reductions are not proposed.
+
+    >>> RightsizeSettings.from_mapping({"time_headroom": 1.5}, "policy.rightsize").time_headroom
+    1.5
+    """
+
+    mode: Mode = Mode.ADVISE
+    time_limit: bool = True
+    memory: bool = True
+    cpus: bool = True
+    gpus: bool = True
+    apply_to_all: bool = False
+    time_quantile: float = 0.95
+    time_headroom: float = 1.3
+    min_time_limit: timedelta = timedelta(minutes=15)
+    time_round: timedelta = timedelta(minutes=5)
+    memory_headroom: float = 1.2
+    memory_round_mib: int = 256
+    cpu_headroom: float = 1.2
+    min_history: int = 3
+    target_cores_per_gpu: int = 12
+    min_change_fraction: float = 0.2
+
+    @classmethod
+    def from_mapping(
+        cls, d: Mapping[str, Any], where: str = "policy.rightsize"
+    ) -> RightsizeSettings:
+        """Return settings from one config table; raise PolicyConfigError on a bad key."""
+        t = _Table(d, where)
+        s = cls(
+            mode=t.mode("mode", Mode.ADVISE),
+            time_limit=t.boolean("time_limit", True),
+            memory=t.boolean("memory", True),
+            cpus=t.boolean("cpus", True),
+            gpus=t.boolean("gpus", True),
+            apply_to_all=t.boolean("apply_to_all", False),
+            time_quantile=t.number(
+                "time_quantile", 0.95, minimum=0.0, maximum=1.0, above_minimum=True
+            ),
+            time_headroom=t.number("time_headroom", 1.3, minimum=1.0),
+            min_time_limit=t.duration(
+                "min_time_limit", timedelta(minutes=15), minimum=timedelta(minutes=1)
+            ),
+            time_round=t.duration("time_round", timedelta(minutes=5), minimum=timedelta(minutes=1)),
+            memory_headroom=t.number("memory_headroom", 1.2, minimum=1.0),
+            memory_round_mib=t.integer("memory_round_mib", 256, minimum=1),
+            cpu_headroom=t.number("cpu_headroom", 1.2, minimum=1.0),
+            min_history=t.integer("min_history", 3, minimum=1),
+            target_cores_per_gpu=t.integer("target_cores_per_gpu", 12, minimum=1),
+            min_change_fraction=t.number(
+                "min_change_fraction", 0.2, minimum=0.0, maximum=1.0, above_minimum=False
+            ),
+        )
+        t.finish()
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class IdleGpuSettings:
+    """When a running job holding idle GPUs is warned, and then requeued or cancelled.
+
+    *Fixed window* (GPUs idle since the job started, every sample zero): first warning at
+    ``warn_after`` (60 min), second at ``second_warn_after`` (105 min; None: no second),
+    action at ``act_after`` (120 min). *Sliding window* (GPUs that were busy and then
+    went idle): warning at ``sliding_warn_after`` (240 min), action at
+    ``sliding_act_after`` (300 min). Each step also needs the previous warning to be at
+    least ``min_warning_lead`` (15 min) old, so a user always has that long to react.
+
+    - ``idle_fraction`` (1.0): the share of the job's allocated GPUs that must be idle,
+      e.g. 0.5 acts on a 4-GPU job with 2 idle GPUs. GPUs without enough samples
+      (``min_samples``, 2) or whose last sample is older than ``max_sample_age``
+      (10 min) are unknown, and unknown GPUs are never idle.
+    - ``action`` (requeue): ``requeue`` | ``cancel`` | ``notify`` (a last notice, no
+      change). ``requeue_fallback`` (cancel): what ``requeue`` does for jobs Slurm may
+      not requeue (``Job.requeue`` false): ``cancel`` (JDS's behaviour) or ``notify``.
+    - ``exempt_interactive`` (true) and ``exempt_partitions``: never considered.
+    """
+
+    mode: Mode = Mode.ADVISE
+    warn_after: timedelta = timedelta(minutes=60)
+    second_warn_after: timedelta | None = timedelta(minutes=105)
+    act_after: timedelta = timedelta(minutes=120)
+    sliding_warn_after: timedelta = timedelta(minutes=240)
+    sliding_act_after: timedelta = timedelta(minutes=300)
+    min_warning_lead: timedelta = timedelta(minutes=15)
+    action: IdleAction = "requeue"
+    requeue_fallback: RequeueFallback = "cancel"
+    idle_fraction: float = 1.0
+    min_samples: int = 2
+    max_sample_age: timedelta = timedelta(minutes=10)
+    exempt_interactive: bool = True
+    exempt_partitions: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if not self.warn_after <= self.act_after:
+            raise PolicyConfigError("act_after", "must not be shorter than warn_after")
+        second = self.second_warn_after
+        if second is not None and not self.warn_after <= second <= self.act_after:
+            raise PolicyConfigError(
+                "second_warn_after", "must lie between warn_after and act_after"
+            )
+        if not self.sliding_warn_after <= self.sliding_act_after:
+            raise PolicyConfigError(
+                "sliding_act_after", "must not be shorter than sliding_warn_after"
+            )
+        if not 0.0 < self.idle_fraction <= 1.0:
+            raise PolicyConfigError("idle_fraction", "must be a number > 0 and <= 1")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], where: str = "policy.idle_gpu") -> IdleGpuSettings:
+        """Return settings from one config table; raise PolicyConfigError on a bad key."""
+        t = _Table(d, where)
+        kwargs: dict[str, Any] = {
+            "mode": t.mode("mode", Mode.ADVISE),
+            "warn_after": t.duration("warn_after", timedelta(minutes=60)),
+            "second_warn_after": t.optional_duration("second_warn_after", timedelta(minutes=105)),
+            "act_after": t.duration("act_after", timedelta(minutes=120)),
+            "sliding_warn_after": t.duration("sliding_warn_after", timedelta(minutes=240)),
+            "sliding_act_after": t.duration("sliding_act_after", timedelta(minutes=300)),
+            "min_warning_lead": t.duration("min_warning_lead", timedelta(minutes=15)),
+            "action": t.choice("action", "requeue", IDLE_ACTIONS),
+            "requeue_fallback": t.choice("requeue_fallback", "cancel", REQUEUE_FALLBACKS),
+            "idle_fraction": t.number(
+                "idle_fraction", 1.0, minimum=0.0, maximum=1.0, above_minimum=True
+            ),
+            "min_samples": t.integer("min_samples", 2, minimum=1),
+            "max_sample_age": t.duration(
+                "max_sample_age", timedelta(minutes=10), minimum=timedelta(seconds=1)
+            ),
+            "exempt_interactive": t.boolean("exempt_interactive", True),
+            "exempt_partitions": t.names("exempt_partitions", frozenset()),
+        }
+        t.finish()
+        try:
+            return cls(**kwargs)
+        except PolicyConfigError as exc:
+            raise PolicyConfigError(exc.key, exc.message, where=where) from None

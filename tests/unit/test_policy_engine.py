@@ -1,0 +1,324 @@
+"""The engine: one decision per proposal, modes, one action per job, guardrails."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmgpu.model import Job
+from slurmgpu.policy.base import Action, Decision, Mode, PolicySnapshot
+from slurmgpu.policy.engine import ACTION_PRIORITY, PolicyEngine
+from slurmgpu.policy.idle import IdleGpuPolicy
+from slurmgpu.policy.rightsize import RightsizePolicy
+from slurmgpu.policy.settings import EngineSettings
+from tests.unit.policy_builders import (
+    HOUR,
+    MIN,
+    T0,
+    gpu,
+    pending_job,
+    record,
+    running_job,
+    snapshot,
+    usage,
+)
+
+
+class Fixed:
+    """A policy that proposes the actions it was given."""
+
+    def __init__(self, name: str, actions: Iterable[Action]) -> None:
+        self.name = name
+        self.actions = list(actions)
+
+    def propose(self, snapshot: PolicySnapshot) -> list[Action]:
+        return list(self.actions)
+
+
+def act(
+    job_id: int,
+    kind: str = "cancel",
+    policy: str = "p",
+    user: str = "alice",
+    *,
+    alert: str = "",
+    priority: int = 0,
+    requires_opt_in: bool = False,
+) -> Action:
+    return Action(
+        policy=policy,
+        kind=kind,
+        job_id=job_id,
+        user=user,
+        reason="test",
+        alert=alert,
+        priority=priority,
+        requires_opt_in=requires_opt_in,
+    )
+
+
+def jobs(n: int, user: str = "alice") -> list[Job]:
+    return [running_job(100 + i, user=user, submit_time=T0 - HOUR * (n - i)) for i in range(n)]
+
+
+def decide(
+    policies: Sequence[tuple[Fixed, Mode]],
+    snap: PolicySnapshot,
+    engine_settings: EngineSettings | None = None,
+) -> list[Decision]:
+    return PolicyEngine(policies, engine_settings).decide(snap)
+
+
+def by_job(decisions: list[Decision]) -> dict[int, Decision]:
+    return {d.action.job_id: d for d in decisions if not d.suppressed}
+
+
+def test_modes_set_execute_and_notify() -> None:
+    snap = snapshot(jobs(2))
+    for mode, execute, notify in [
+        (Mode.OBSERVE, False, False),
+        (Mode.ADVISE, False, True),
+        (Mode.ENFORCE, True, True),
+    ]:
+        out = decide([(Fixed("p", [act(100, "cancel"), act(101, "warn")]), mode)], snap)
+        d = {x.action.kind: x for x in out}
+        assert (d["cancel"].execute, d["cancel"].notify, d["cancel"].mode) == (
+            execute,
+            notify,
+            mode,
+        )
+        assert not d["warn"].execute and d["warn"].notify is (mode is not Mode.OBSERVE)
+        assert not any(x.suppressed for x in out)
+
+
+def test_one_action_per_job_by_kind_priority_then_policy_order() -> None:
+    assert ACTION_PRIORITY["cancel"] > ACTION_PRIORITY["requeue"] > ACTION_PRIORITY["warn"]
+    assert ACTION_PRIORITY["warn"] > ACTION_PRIORITY["update"]
+    snap = snapshot(jobs(2))
+    first = Fixed("first", [act(100, "update", "first"), act(101, "warn", "first")])
+    second = Fixed("second", [act(100, "requeue", "second"), act(101, "warn", "second")])
+    out = decide([(first, Mode.ENFORCE), (second, Mode.ENFORCE)], snap)
+    assert len(out) == 4
+    kept = by_job(out)
+    assert kept[100].action.kind == "requeue" and kept[101].action.policy == "first"
+    lost = [d for d in out if d.suppressed]
+    assert {d.suppressed for d in lost} == {
+        "superseded by second requeue for this job",
+        "superseded by first warn for this job",
+    }
+    assert all(not d.execute and not d.notify for d in lost)
+
+
+def test_action_priority_breaks_ties_within_a_kind() -> None:
+    snap = snapshot(jobs(1))
+    p = Fixed("p", [act(100, "warn", alert="a"), act(100, "warn", alert="b", priority=5)])
+    kept = by_job(decide([(p, Mode.ADVISE)], snap))
+    assert kept[100].action.alert == "b"
+
+
+def test_exempt_users_partitions_qos_and_interactive_jobs_are_suppressed() -> None:
+    js = [
+        running_job(100, user="root"),
+        running_job(101, partition="debug"),
+        pending_job(102, partition="gpu,debug"),
+        running_job(103, qos="urgent"),
+        running_job(104, batch=False),
+        running_job(105),
+    ]
+    rules = EngineSettings(
+        exempt_users=frozenset({"root"}),
+        exempt_partitions=frozenset({"debug"}),
+        exempt_qos=frozenset({"urgent"}),
+    )
+    p = Fixed("p", [act(j.job_id, "warn") for j in js])
+    out = {d.action.job_id: d.suppressed for d in decide([(p, Mode.ENFORCE)], snapshot(js), rules)}
+    assert out == {
+        100: "exempt user root",
+        101: "exempt partition debug",
+        102: "exempt partition debug",
+        103: "exempt QOS urgent",
+        104: "interactive job (exempt)",
+        105: "",
+    }
+    allowed = replace(rules, exempt_interactive=False)
+    assert by_job(decide([(p, Mode.ENFORCE)], snapshot(js), allowed)).get(104) is not None
+
+
+def test_an_action_for_a_job_not_in_the_snapshot_is_suppressed() -> None:
+    out = decide([(Fixed("p", [act(999)]), Mode.ENFORCE)], snapshot(jobs(1)))
+    assert out[0].suppressed == "job not in snapshot" and not out[0].execute
+
+
+def test_cooldown_holds_changes_but_not_warnings() -> None:
+    snap = snapshot(jobs(2), last_action_at={100: T0 - MIN * 10, 101: T0 - MIN * 10})
+    p = Fixed("p", [act(100, "cancel"), act(101, "warn")])
+    out = {d.action.job_id: d for d in decide([(p, Mode.ENFORCE)], snap)}
+    assert out[100].suppressed == "cooldown: last change 10 min ago (wait 30 min)"
+    assert not out[101].suppressed
+    later = snapshot(jobs(1), last_action_at={100: T0 - MIN * 31})
+    assert decide([(Fixed("p", [act(100)]), Mode.ENFORCE)], later)[0].execute
+
+
+def test_per_user_hourly_rate_counts_this_cycle() -> None:
+    snap = snapshot(jobs(5), user_actions_last_hour={"alice": 8})
+    p = Fixed("p", [act(100 + i) for i in range(5)])
+    out = decide([(p, Mode.ENFORCE)], snap)
+    taken = [d.action.job_id for d in out if d.execute]
+    assert taken == [100, 101]  # oldest first, 8 + 2 = 10
+    reasons = {d.suppressed for d in out if d.suppressed}
+    assert reasons == {"rate limit: 10 changes to alice's jobs in the last hour (max 10)"}
+    other = snapshot(jobs(1, user="bob"), user_actions_last_hour={"alice": 99})
+    assert decide([(Fixed("p", [act(100, user="bob")]), Mode.ENFORCE)], other)[0].execute
+
+
+def test_max_actions_per_cycle_keeps_highest_priority_then_oldest() -> None:
+    js = jobs(6)
+    p = Fixed(
+        "p",
+        [
+            act(100, "update"),
+            act(101, "update"),
+            act(102, "requeue"),
+            act(103, "cancel"),
+            act(104, "update"),
+            act(105, "warn"),
+        ],
+    )
+    out = decide([(p, Mode.ENFORCE)], snapshot(js), EngineSettings(max_actions_per_cycle=3))
+    executed = sorted(d.action.job_id for d in out if d.execute)
+    assert executed == [100, 102, 103]  # cancel, requeue, then the oldest update
+    held = {d.action.job_id: d.suppressed for d in out if d.suppressed}
+    assert held == {
+        101: "cycle limit: 3 changes this cycle",
+        104: "cycle limit: 3 changes this cycle",
+    }
+    assert not by_job(out)[105].execute and by_job(out)[105].notify  # warnings are not counted
+
+
+def test_rate_limits_bind_enforce_mode_changes_only() -> None:
+    p = Fixed("p", [act(100 + i) for i in range(5)])
+    advise = decide([(p, Mode.ADVISE)], snapshot(jobs(5)), EngineSettings(max_actions_per_cycle=1))
+    assert all(not d.suppressed and d.notify and not d.execute for d in advise)
+    observe_first = Fixed("o", [act(100 + i, policy="o") for i in range(5)])
+    enforce = Fixed("e", [act(105, policy="e")])
+    out = decide(
+        [(observe_first, Mode.OBSERVE), (enforce, Mode.ENFORCE)],
+        snapshot(jobs(6)),
+        EngineSettings(max_actions_per_cycle=1),
+    )
+    assert [d.action.job_id for d in out if d.execute] == [105]
+
+
+def test_rightsize_updates_of_jobs_that_did_not_opt_in_are_suppressed() -> None:
+    history = [record(run_time=HOUR)] * 3
+    js = [
+        pending_job(100),
+        pending_job(101),
+        pending_job(120, array_job_id=120, array_task_spec="1-3"),
+    ]
+    snap = snapshot(js, history=history, opted_in=[101, 120])
+    engine = PolicyEngine([(RightsizePolicy(), Mode.ENFORCE)])
+    out = {d.action.job_id: d for d in engine.decide(snap)}
+    assert out[100].suppressed.startswith("not opted in") and not out[100].execute
+    assert out[101].execute and out[120].execute
+
+
+def test_decisions_are_sorted_and_repeatable() -> None:
+    js = jobs(4)
+    p = Fixed("p", [act(103, "update"), act(101, "warn"), act(102, "cancel"), act(100, "update")])
+    a = decide([(p, Mode.ENFORCE)], snapshot(js))
+    b = decide([(p, Mode.ENFORCE)], snapshot(js))
+    assert a == b
+    assert [(d.action.kind, d.action.job_id) for d in a] == [
+        ("cancel", 102),
+        ("warn", 101),
+        ("update", 100),
+        ("update", 103),
+    ]
+
+
+def test_real_policies_together_warn_idle_and_rightsize_pending() -> None:
+    running = running_job(200, started=timedelta(hours=3))
+    pend = pending_job(100)
+    snap = snapshot(
+        [running, pend],
+        usage_by_job=[usage(200, gpu(idle=MIN * 70, never_busy=True))],
+        history=[record(run_time=HOUR)] * 3,
+        opted_in=[100],
+    )
+    engine = PolicyEngine([(IdleGpuPolicy(), Mode.ENFORCE), (RightsizePolicy(), Mode.ADVISE)])
+    out = engine.decide(snap)
+    assert [(d.action.policy, d.action.kind, d.execute, d.notify) for d in out] == [
+        ("idle_gpu", "warn", False, True),
+        ("rightsize", "update", False, True),
+    ]
+
+
+KINDS = ["cancel", "requeue", "warn", "update", "other"]
+
+
+@st.composite
+def _scenario(draw: st.DrawFn) -> tuple[list[tuple[Fixed, Mode]], PolicySnapshot, EngineSettings]:
+    n_jobs = draw(st.integers(1, 8))
+    users = ["alice", "bob", "carol"]
+    js = [
+        running_job(
+            100 + i,
+            user=draw(st.sampled_from(users)),
+            partition=draw(st.sampled_from(["gpu", "debug"])),
+            batch=draw(st.booleans()),
+            submit_time=T0 - MIN * draw(st.integers(0, 1000)),
+        )
+        for i in range(n_jobs)
+    ]
+    policies: list[tuple[Fixed, Mode]] = []
+    for p in range(draw(st.integers(1, 3))):
+        actions = [
+            act(
+                draw(st.integers(98, 100 + n_jobs)),
+                draw(st.sampled_from(KINDS)),
+                policy=f"p{p}",
+                priority=draw(st.integers(0, 2)),
+                requires_opt_in=draw(st.booleans()),
+            )
+            for _ in range(draw(st.integers(0, 10)))
+        ]
+        policies.append((Fixed(f"p{p}", actions), draw(st.sampled_from(list(Mode)))))
+    snap = snapshot(
+        js,
+        last_action_at={100: T0 - MIN * draw(st.integers(0, 60))},
+        user_actions_last_hour={"alice": draw(st.integers(0, 12))},
+        opted_in=draw(st.sets(st.integers(100, 108))),
+    )
+    rules = EngineSettings(
+        max_actions_per_cycle=draw(st.integers(0, 5)),
+        max_actions_per_user_per_hour=draw(st.integers(0, 5)),
+        exempt_partitions=frozenset(draw(st.sets(st.sampled_from(["gpu", "debug"])))),
+    )
+    return policies, snap, rules
+
+
+@given(_scenario())
+@settings(max_examples=300, deadline=None)
+def test_every_proposal_gets_exactly_one_decision(
+    case: tuple[list[tuple[Fixed, Mode]], PolicySnapshot, EngineSettings],
+) -> None:
+    policies, snap, rules = case
+    out = decide(policies, snap, rules)
+    proposed = Counter(id(a) for p, _ in policies for a in p.propose(snap))
+    assert Counter(id(d.action) for d in out) == proposed
+    taken_per_job = Counter(d.action.job_id for d in out if not d.suppressed)
+    assert all(n == 1 for n in taken_per_job.values())
+    for d in out:
+        if d.mode is not Mode.ENFORCE or d.suppressed or d.action.kind == "warn":
+            assert not d.execute
+        if d.mode is Mode.OBSERVE or d.suppressed:
+            assert not d.notify
+    executed = [d for d in out if d.execute]
+    assert len(executed) <= rules.max_actions_per_cycle
+    assert decide(policies, snap, rules) == out

@@ -1,0 +1,142 @@
+"""Priors: estimates per (user, name, partition) with coarser fallbacks."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from slurmgpu.policy.priors import Priors, quantile_nearest_rank
+from tests.unit.policy_builders import HOUR, MIN, pending_job, record
+
+
+def test_no_history_gives_no_estimate() -> None:
+    assert Priors.from_history([]).estimate(pending_job()) is None
+
+
+def test_the_finest_key_with_enough_samples_answers() -> None:
+    history = [record(run_time=HOUR)] * 3 + [record(partition="a100", run_time=5 * HOUR)] * 3
+    est = Priors.from_history(history).estimate(pending_job(partition="gpu"))
+    assert est is not None
+    assert est.level == "user+name+partition" and est.key == ("alice", "train", "gpu")
+    assert est.samples == 3 and est.run_time == HOUR
+
+
+def test_too_few_samples_fall_back_to_coarser_keys() -> None:
+    two_here = [record(run_time=HOUR)] * 2
+    elsewhere = [record(partition="a100", run_time=2 * HOUR)] * 2
+    est = Priors.from_history(two_here + elsewhere).estimate(pending_job())
+    assert est is not None and est.level == "user+name" and est.samples == 4
+    other_names = [record(name=f"job{i}", run_time=MIN * 10) for i in range(3)]
+    est = Priors.from_history(other_names).estimate(pending_job(name="new"))
+    assert est is not None and est.level == "user+partition" and est.samples == 3
+    other_partition = [record(name=f"job{i}", partition="cpu") for i in range(3)]
+    est = Priors.from_history(other_partition).estimate(pending_job(name="new"))
+    assert est is not None and est.level == "user"
+    assert Priors.from_history([record(user="bob")] * 5).estimate(pending_job()) is None
+
+
+def test_min_samples_is_configurable() -> None:
+    history = [record()] * 2
+    assert Priors.from_history(history).estimate(pending_job()) is None
+    est = Priors.from_history(history, min_samples=2).estimate(pending_job())
+    assert est is not None and est.samples == 2
+
+
+def test_run_time_is_the_nearest_rank_quantile() -> None:
+    history = [record(run_time=MIN * m) for m in range(1, 21)]  # 1..20 min
+    est = Priors.from_history(history, quantile=0.95).estimate(pending_job())
+    assert est is not None and est.run_time == MIN * 19 and est.max_run_time == MIN * 20
+    est = Priors.from_history(history, quantile=0.5).estimate(pending_job())
+    assert est is not None and est.run_time == MIN * 10
+    assert quantile_nearest_rank([5.0], 0.95) == 5.0
+    with pytest.raises(ValueError, match="no values"):
+        quantile_nearest_rank([], 0.5)
+
+
+def test_only_completed_and_timed_out_runs_are_samples() -> None:
+    history = [
+        record(run_time=HOUR),
+        record(run_time=HOUR, state="TIMEOUT"),
+        record(run_time=HOUR),
+        record(run_time=MIN, state="CANCELLED by 1000"),
+        record(run_time=MIN, state="FAILED"),
+    ]
+    est = Priors.from_history(history).estimate(pending_job())
+    assert est is not None and est.samples == 3 and est.timeouts == 1
+    assert est.run_time == HOUR
+
+
+def test_out_of_memory_runs_are_counted_not_sampled() -> None:
+    history = [record()] * 3 + [record(state="OUT_OF_MEMORY", run_time=MIN)]
+    est = Priors.from_history(history).estimate(pending_job())
+    assert est is not None and est.oom_runs == 1 and est.samples == 3
+
+
+def test_figures_are_maxima_and_means_over_samples() -> None:
+    history = [
+        record(peak_memory_mib=1000.0, mean_cpu_pct=100.0, gpus_used=1),
+        record(peak_memory_mib=3000.0, mean_cpu_pct=300.0, gpus_used=2),
+        record(peak_memory_mib=None, mean_cpu_pct=None, gpus_used=None),
+    ]
+    est = Priors.from_history(history).estimate(pending_job())
+    assert est is not None
+    assert est.peak_memory_mib == 3000.0 and est.peak_node_memory_mib == 3000.0
+    assert est.mean_cpu_pct == 200.0 and est.max_cpu_pct == 300.0
+    assert est.gpus_used == 2 and est.gpus_used_samples == 2 and est.gpus_requested == 4
+    assert not est.cpu_saturated
+
+
+def test_a_run_that_kept_its_cores_busy_marks_cpu_saturated() -> None:
+    history = [record(cpus=4, mean_cpu_pct=390.0)] + [record()] * 2
+    est = Priors.from_history(history).estimate(pending_job())
+    assert est is not None and est.cpu_saturated
+
+
+def test_per_node_peaks_are_used_when_recorded() -> None:
+    history = [record(peak_memory_mib=8000.0, peak_node_memory_mib=5000.0)] * 3
+    est = Priors.from_history(history).estimate(pending_job())
+    assert est is not None and est.peak_node_memory_mib == 5000.0
+
+
+def test_script_hash_keys_come_first_when_given() -> None:
+    history = [record(script_hash="abc", run_time=3 * HOUR)] * 3 + [record(name="x")] * 3
+    priors = Priors.from_history(history)
+    job = pending_job(name="renamed")
+    est = priors.estimate(job, script_hash="abc")
+    assert est is not None and est.level == "user+script+partition"
+    assert est.run_time == 3 * HOUR
+    plain = priors.estimate(job)
+    assert plain is not None and plain.level == "user+partition" and plain.samples == 6
+
+
+def test_a_job_listing_several_partitions_skips_partition_keys() -> None:
+    history = [record(partition="gpu")] * 3
+    est = Priors.from_history(history).estimate(pending_job(partition="gpu,gpu-long"))
+    assert est is not None and est.level == "user+name"
+
+
+@pytest.mark.slow
+def test_building_a_million_records_is_linear_enough() -> None:
+    users = [f"u{i}" for i in range(2000)]
+    history = [
+        record(user=users[i % 2000], name=f"n{i % 7}", run_time=timedelta(seconds=60 + i % 977))
+        for i in range(200_000)
+    ]
+    start = time.perf_counter()
+    priors = Priors.from_history(history * 5)
+    answering = priors.prepare()
+    elapsed = time.perf_counter() - start
+    assert answering == len(priors) == 2000 * 7 * 2 + 2000 * 2  # upn, un + up, u levels
+    assert elapsed < 30.0
+
+
+def test_statistics_are_computed_on_first_use_and_prepare_computes_them_all() -> None:
+    history = [record(run_time=HOUR)] * 3 + [record(name="rare")]
+    lazy = Priors.from_history(history)
+    eager = Priors.from_history(history)
+    # train/gpu, train, rare/gpu, rare, alice/gpu and alice: all but the two "rare" keys
+    assert eager.prepare() == 4
+    assert lazy.estimate(pending_job()) == eager.estimate(pending_job())
+    assert lazy.estimate(pending_job(name="rare")) == eager.estimate(pending_job(name="rare"))

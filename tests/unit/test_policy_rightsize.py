@@ -1,0 +1,318 @@
+"""Rightsizing pending jobs from their history."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmgpu.model import GpuRequest, Job
+from slurmgpu.policy.base import Action, HistoryRecord
+from slurmgpu.policy.priors import Priors
+from slurmgpu.policy.rightsize import RightsizePolicy, gres_prefix
+from slurmgpu.policy.settings import RightsizeSettings
+from slurmgpu.slurm.parse import parse_memory_mib, parse_time_limit
+from tests.unit.policy_builders import HOUR, MIN, pending_job, record, running_job, snapshot
+
+ONLY_TIME = RightsizeSettings(memory=False, cpus=False, gpus=False)
+
+
+def propose(
+    jobs: Sequence[Job],
+    history: Sequence[HistoryRecord],
+    rs: RightsizeSettings | None = None,
+    *,
+    slurm_version: str = "24.05.4",
+    opted_in: Sequence[int] = (),
+) -> list[Action]:
+    policy = RightsizePolicy(rs or RightsizeSettings())
+    snap = snapshot(jobs, history=history, slurm_version=slurm_version, opted_in=opted_in)
+    return policy.propose(snap)
+
+
+def only(actions: list[Action]) -> Action:
+    assert len(actions) == 1, actions
+    return actions[0]
+
+
+def test_no_history_proposes_nothing() -> None:
+    assert propose([pending_job()], []) == []
+
+
+def test_time_limit_is_quantile_times_headroom_rounded_up() -> None:
+    history = [record(run_time=MIN * m) for m in (50, 55, 60)]
+    a = only(propose([pending_job(time_limit=8 * HOUR)], history, ONLY_TIME))
+    # 60 min * 1.3 = 78 min -> 80 min
+    assert a.kind == "update" and a.fields == {"TimeLimit": "01:20:00"}
+    assert a.numbers["time_limit_current_s"] == 8 * 3600
+    assert a.numbers["time_limit_proposed_s"] == 80 * 60
+    assert a.numbers["history_samples"] == 3
+    assert a.numbers["history_level"] == "user+name+partition"
+    assert a.numbers["time_quantile"] == 0.95
+    assert a.slurm_id == "100" and a.requires_opt_in and a.alert == "rightsize"
+
+
+def test_time_limit_never_goes_below_the_minimum() -> None:
+    history = [record(run_time=MIN)] * 3
+    a = only(propose([pending_job(time_limit=2 * HOUR)], history, ONLY_TIME))
+    assert a.fields["TimeLimit"] == "00:15:00"
+
+
+def test_time_limit_never_goes_below_what_a_running_sibling_used() -> None:
+    history = [record(run_time=HOUR)] * 3
+    sibling = running_job(300, started=2 * HOUR)  # same user and name, running 2 h
+    a = only(propose([pending_job(time_limit=24 * HOUR), sibling], history, ONLY_TIME))
+    # 2 h * 1.3 = 2 h 36 min -> 2 h 40 min, not the 1 h 20 min the history alone gives
+    assert a.fields["TimeLimit"] == "02:40:00"
+    assert a.numbers["sibling_elapsed_s"] == 2 * 3600
+
+
+def test_a_sibling_beyond_the_limit_blocks_the_change() -> None:
+    history = [record(run_time=HOUR)] * 3
+    sibling = running_job(300, started=7 * HOUR)
+    assert propose([pending_job(time_limit=8 * HOUR), sibling], history, ONLY_TIME) == []
+
+
+def test_other_users_jobs_are_not_siblings() -> None:
+    history = [record(run_time=HOUR)] * 3
+    stranger = running_job(300, user="bob", started=6 * HOUR)
+    a = only(propose([pending_job(time_limit=8 * HOUR), stranger], history, ONLY_TIME))
+    assert a.fields["TimeLimit"] == "01:20:00"
+
+
+def test_changes_smaller_than_the_min_fraction_are_not_proposed() -> None:
+    history = [record(run_time=MIN * 70)] * 3  # 91 min -> 95 min
+    assert propose([pending_job(time_limit=MIN * 110)], history, ONLY_TIME) == []  # 13.6 %
+    a = only(propose([pending_job(time_limit=MIN * 120)], history, ONLY_TIME))  # 20.8 %
+    assert a.fields["TimeLimit"] == "01:35:00"
+
+
+def test_time_limit_is_never_raised() -> None:
+    history = [record(run_time=5 * HOUR)] * 3
+    assert propose([pending_job(time_limit=HOUR)], history, ONLY_TIME) == []
+
+
+def test_an_unlimited_job_gets_a_limit() -> None:
+    history = [record(run_time=HOUR)] * 3
+    a = only(propose([pending_job(time_limit=None)], history, ONLY_TIME))
+    assert a.fields["TimeLimit"] == "01:20:00" and a.numbers["time_limit_current_s"] is None
+
+
+def test_memory_is_ceil_headroom_times_peak_rounded_to_256_mib() -> None:
+    history = [record(peak_memory_mib=10_000.0)] * 3
+    rs = RightsizeSettings(time_limit=False, cpus=False, gpus=False)
+    a = only(propose([pending_job(memory_mib=64 * 1024)], history, rs))
+    # 1.2 * 10000 = 12000 -> 12032 (47 * 256)
+    assert a.fields == {"MinMemoryNode": "12032"}
+    assert a.numbers["memory_per_node_current_mib"] == 65536
+    assert a.numbers["memory_per_node_proposed_mib"] == 12032
+
+
+def test_memory_is_not_touched_after_an_out_of_memory_run() -> None:
+    history = [record(peak_memory_mib=1000.0)] * 3 + [record(state="OUT_OF_MEMORY")]
+    rs = RightsizeSettings(time_limit=False, cpus=False, gpus=False)
+    assert propose([pending_job()], history, rs) == []
+
+
+def test_memory_of_a_multi_node_job_uses_the_busiest_node() -> None:
+    rs = RightsizeSettings(time_limit=False, cpus=False, gpus=False)
+    job = pending_job(node_count=2, memory_mib=2 * 64 * 1024)
+    per_node = [record(peak_memory_mib=30_000.0, peak_node_memory_mib=20_000.0)] * 3
+    a = only(propose([job], per_node, rs))
+    assert a.fields == {"MinMemoryNode": "24064"}  # 1.2 * 20000 -> 24064, not total / 2
+    total_only = [record(peak_memory_mib=60_000.0)] * 3  # the total stands in: too high
+    assert propose([job], total_only, rs) == []
+
+
+def test_memory_zero_or_unknown_is_left_alone() -> None:
+    rs = RightsizeSettings(time_limit=False, cpus=False, gpus=False)
+    history = [record(peak_memory_mib=100.0)] * 3
+    assert propose([pending_job(memory_mib=0)], history, rs) == []
+    assert propose([pending_job(memory_mib=None)], history, rs) == []
+
+
+def test_cpus_go_toward_the_target_per_gpu_when_history_shows_low_use() -> None:
+    rs = RightsizeSettings(time_limit=False, memory=False, gpus=False)
+    history = [record(mean_cpu_pct=400.0, cpus=96)] * 3
+    a = only(propose([pending_job(cpus=96, gpus_per_node=4)], history, rs))
+    assert a.fields == {"NumCPUs": "48", "MinCPUsNode": "48"}  # 12 per GPU floor
+    busy = [record(mean_cpu_pct=6000.0, cpus=96)] * 3  # 60 cores * 1.2 = 72
+    a = only(propose([pending_job(cpus=96, gpus_per_node=4)], busy, rs))
+    assert a.fields["NumCPUs"] == "72"
+
+
+def test_cpus_are_kept_when_a_run_saturated_its_cores_or_for_cpu_only_jobs() -> None:
+    rs = RightsizeSettings(time_limit=False, memory=False, gpus=False)
+    saturated = [record(cpus=8, mean_cpu_pct=780.0)] + [record(mean_cpu_pct=100.0)] * 2
+    assert propose([pending_job(cpus=96)], saturated, rs) == []
+    low = [record(mean_cpu_pct=100.0, gpus_requested=0, gpus_used=None)] * 3
+    assert propose([pending_job(cpus=32, gpus_per_node=None)], low, rs) == []
+
+
+def test_multi_node_cpus_set_the_per_node_minimum() -> None:
+    rs = RightsizeSettings(time_limit=False, memory=False, gpus=False)
+    history = [record(mean_cpu_pct=100.0, gpus_requested=8)] * 3
+    job = pending_job(cpus=192, gpus_per_node=4, node_count=2)
+    a = only(propose([job], history, rs))
+    assert a.fields == {"NumCPUs": "96", "MinCPUsNode": "48"}
+
+
+def test_gpus_shrink_to_the_most_any_run_used() -> None:
+    rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
+    history = [record(gpus_requested=4, gpus_used=u) for u in (1, 2, 1)]
+    a = only(propose([pending_job(gpus_per_node=4)], history, rs))
+    assert a.fields == {"TresPerNode": "gres/gpu:2"}
+    assert a.numbers["gpus_current"] == 4 and a.numbers["gpus_proposed"] == 2
+
+
+def test_multi_node_gpus_shrink_per_node() -> None:
+    rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
+    history = [record(gpus_requested=8, gpus_used=3)] * 3
+    a = only(propose([pending_job(gpus_per_node=4, node_count=2)], history, rs))
+    assert a.fields == {"TresPerNode": "gres/gpu:2"}  # ceil(3 / 2) on each of 2 nodes
+    assert a.numbers["gpus_proposed"] == 4 and a.numbers["gpus_per_node_proposed"] == 2
+
+
+def test_gpu_syntax_follows_the_slurm_version_and_keeps_the_type() -> None:
+    rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
+    history = [record(gpus_requested=4, gpus_used=1)] * 3
+    typed = pending_job(gpus=GpuRequest(gpus=4, per_node=4, gpu_type="a100"))
+    a = only(propose([typed], history, rs, slurm_version="22.05.9"))
+    assert a.fields == {"TresPerNode": "gres:gpu:a100:1"}
+    assert gres_prefix("23.02.0") == "gres/" and gres_prefix("22.05") == "gres:"
+
+
+def test_gpus_per_job_requests_use_tres_per_job() -> None:
+    rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
+    history = [record(gpus_requested=8, gpus_used=2)] * 3
+    job = pending_job(gpus_per_node=None, gpus_per_job=8)
+    a = only(propose([job], history, rs))
+    assert a.fields == {"TresPerJob": "gres/gpu:2"}
+
+
+def test_gpus_are_kept_without_enough_gpu_samples_or_for_a_bigger_shape() -> None:
+    rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
+    unsampled = [record(gpus_used=None)] * 2 + [record(gpus_used=1)]
+    assert propose([pending_job(gpus_per_node=4)], unsampled, rs) == []
+    smaller_runs = [record(gpus_requested=2, gpus_used=1)] * 3
+    assert propose([pending_job(gpus_per_node=4)], smaller_runs, rs) == []
+    shards = pending_job(gpus=GpuRequest(gpus=0, shards=4, shards_per_node=4))
+    assert propose([shards], [record(gpus_used=1)] * 3, rs) == []
+    per_task = pending_job(gpus=GpuRequest(gpus=4, per_task=1, per_job=4))
+    assert propose([per_task], [record(gpus_used=1)] * 3, rs) == []
+
+
+def test_one_action_combines_every_field_and_cpus_follow_the_new_gpu_count() -> None:
+    history = [record(run_time=HOUR, peak_memory_mib=8000.0, mean_cpu_pct=200.0, gpus_used=1)] * 3
+    a = only(propose([pending_job(cpus=48, gpus_per_node=4)], history))
+    assert a.fields == {
+        "TimeLimit": "01:20:00",
+        "MinMemoryNode": "9728",
+        "TresPerNode": "gres/gpu:1",
+        "NumCPUs": "12",
+        "MinCPUsNode": "12",
+    }
+    assert "TimeLimit 01:20:00 (was 08:00:00)" in a.reason
+
+
+def test_held_and_requeued_pending_jobs_are_candidates_running_ones_are_not() -> None:
+    history = [record(run_time=HOUR)] * 3
+    held = pending_job(101, reason="JobHeldUser")
+    requeued = pending_job(102, restart_count=2, state_flags=frozenset({"REQUEUED"}))
+    running = running_job(103)
+    actions = propose([held, requeued, running], history, ONLY_TIME)
+    assert sorted(a.job_id for a in actions) == [101, 102]
+
+
+def test_an_array_meta_record_is_addressed_as_its_pending_range() -> None:
+    history = [record(run_time=HOUR)] * 3
+    meta = pending_job(120, array_job_id=120, array_task_spec="3-9%2")
+    task = pending_job(125, array_job_id=120, array_task_id=2)
+    actions = propose([meta, task], history, ONLY_TIME)
+    assert {a.job_id: a.slurm_id for a in actions} == {120: "120_[3-9]", 125: "120_2"}
+
+
+def test_opted_in_and_apply_to_all_are_carried_for_the_engine() -> None:
+    history = [record(run_time=HOUR)] * 3
+    a = only(propose([pending_job()], history, ONLY_TIME, opted_in=[100]))
+    assert a.numbers["opted_in"] == 1 and a.requires_opt_in
+    meta = pending_job(120, array_job_id=120, array_task_spec="3-9")
+    a = only(propose([meta], history, replace(ONLY_TIME, apply_to_all=True), opted_in=[5]))
+    assert a.numbers["opted_in"] == 0 and not a.requires_opt_in
+
+
+def test_priors_are_built_once_per_history_tuple() -> None:
+    calls: list[int] = []
+
+    def factory(records: Sequence[HistoryRecord]) -> Priors:
+        calls.append(1)
+        return Priors.from_history(records)
+
+    policy = RightsizePolicy(ONLY_TIME, priors_factory=factory)
+    snap = snapshot([pending_job()], history=[record()] * 3)
+    policy.propose(snap)
+    policy.propose(snap)
+    assert len(calls) == 1
+    policy.propose(snapshot([pending_job()], history=[record()] * 3))
+    assert len(calls) == 2
+
+
+@st.composite
+def _history_and_job(draw: st.DrawFn) -> tuple[list[HistoryRecord], Job]:
+    n = draw(st.integers(min_value=3, max_value=8))
+    gpus_req = draw(st.sampled_from([1, 2, 4, 8]))
+    history = [
+        record(
+            run_time=timedelta(seconds=draw(st.integers(0, 5 * 86400))),
+            peak_memory_mib=draw(st.none() | st.floats(0, 2e6)),
+            peak_node_memory_mib=draw(st.none() | st.floats(0, 1e6)),
+            mean_cpu_pct=draw(st.none() | st.floats(0, 20000)),
+            cpus=draw(st.integers(0, 256)),
+            gpus_requested=draw(st.integers(0, 16)),
+            gpus_used=draw(st.none() | st.integers(0, 16)),
+            state=draw(st.sampled_from(["COMPLETED", "TIMEOUT", "FAILED", "OUT_OF_MEMORY"])),
+        )
+        for _ in range(n)
+    ]
+    nodes = draw(st.integers(1, 4))
+    per_job = draw(st.booleans())
+    limit_s = draw(st.none() | st.integers(1, 10 * 86400))
+    job = pending_job(
+        time_limit=timedelta(seconds=limit_s) if limit_s is not None else None,
+        cpus=draw(st.integers(0, 512)),
+        memory_mib=draw(st.none() | st.integers(0, 4 * 1024 * 1024)),
+        node_count=nodes,
+        tasks=draw(st.integers(1, 64)),
+        gpus_per_node=None if per_job else gpus_req,
+        gpus_per_job=gpus_req * nodes if per_job else None,
+    )
+    return history, job
+
+
+@given(_history_and_job(), st.sampled_from(["22.05.3", "24.11.1"]))
+@settings(max_examples=300, deadline=None)
+def test_rightsizing_never_raises_a_request(case: tuple[list[HistoryRecord], Job], v: str) -> None:
+    history, job = case
+    for a in RightsizePolicy().propose(snapshot([job], history=history, slurm_version=v)):
+        assert a.job_id == job.job_id and a.kind == "update" and a.fields
+        fields = a.fields
+        if "TimeLimit" in fields:
+            new = parse_time_limit(fields["TimeLimit"])
+            assert new is not None and new >= timedelta(minutes=15)
+            assert job.time_limit is None or new < job.time_limit
+        if "MinMemoryNode" in fields:
+            nodes = max(1, job.node_count)
+            assert job.memory_mib
+            assert parse_memory_mib(fields["MinMemoryNode"]) < job.memory_mib / nodes
+        if "NumCPUs" in fields:
+            assert 1 <= int(fields["NumCPUs"]) < job.cpus
+            assert int(fields["MinCPUsNode"]) * max(1, job.node_count) >= int(fields["NumCPUs"])
+        if "TresPerNode" in fields:
+            assert job.gpus.per_node is not None
+            assert 1 <= int(fields["TresPerNode"].rsplit(":", 1)[1]) < job.gpus.per_node
+        if "TresPerJob" in fields:
+            assert job.gpus.per_job is not None
+            assert 1 <= int(fields["TresPerJob"].rsplit(":", 1)[1]) < job.gpus.per_job

@@ -1,0 +1,111 @@
+"""Policy settings: anchored defaults, and config tables parsed with errors that name the key."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from slurmgpu.policy.base import Mode
+from slurmgpu.policy.settings import (
+    EngineSettings,
+    IdleGpuSettings,
+    PolicyConfigError,
+    RightsizeSettings,
+)
+
+
+def test_defaults_are_the_anchored_ones() -> None:
+    idle = IdleGpuSettings()
+    assert (idle.warn_after, idle.second_warn_after, idle.act_after) == (
+        timedelta(minutes=60),
+        timedelta(minutes=105),
+        timedelta(minutes=120),
+    )
+    assert (idle.sliding_warn_after, idle.sliding_act_after) == (
+        timedelta(minutes=240),
+        timedelta(minutes=300),
+    )
+    assert idle.mode is Mode.ADVISE and idle.action == "requeue" and idle.idle_fraction == 1.0
+    assert idle.exempt_interactive
+    rs = RightsizeSettings()
+    assert rs.mode is Mode.ADVISE and not rs.apply_to_all
+    assert (rs.time_quantile, rs.time_headroom, rs.memory_headroom) == (0.95, 1.3, 1.2)
+    assert rs.min_time_limit == timedelta(minutes=15) and rs.time_round == timedelta(minutes=5)
+    assert (rs.memory_round_mib, rs.min_history, rs.target_cores_per_gpu) == (256, 3, 12)
+    assert rs.min_change_fraction == 0.2
+    eng = EngineSettings()
+    assert (eng.max_actions_per_cycle, eng.max_actions_per_user_per_hour) == (20, 10)
+    assert eng.job_cooldown == timedelta(minutes=30) and eng.exempt_interactive
+
+
+def test_empty_tables_give_the_defaults() -> None:
+    assert IdleGpuSettings.from_mapping({}, "policy.idle_gpu") == IdleGpuSettings()
+    assert RightsizeSettings.from_mapping({}, "policy.rightsize") == RightsizeSettings()
+    assert EngineSettings.from_mapping({}, "policy.engine") == EngineSettings()
+
+
+def test_tables_are_parsed_into_typed_values() -> None:
+    idle = IdleGpuSettings.from_mapping(
+        {
+            "mode": "enforce",
+            "warn_after": "30m",
+            "second_warn_after": "off",
+            "act_after": 3600,
+            "action": "cancel",
+            "idle_fraction": 0.5,
+            "exempt_partitions": ["interactive", "debug"],
+        },
+        "policy.idle_gpu",
+    )
+    assert idle.mode is Mode.ENFORCE
+    assert idle.warn_after == timedelta(minutes=30) and idle.act_after == timedelta(hours=1)
+    assert idle.second_warn_after is None and idle.action == "cancel"
+    assert idle.exempt_partitions == frozenset({"interactive", "debug"})
+    rs = RightsizeSettings.from_mapping(
+        {"apply_to_all": True, "time_quantile": 0.9, "min_time_limit": "30m", "gpus": False},
+        "policy.rightsize",
+    )
+    assert rs.apply_to_all and rs.time_quantile == 0.9 and not rs.gpus
+    assert rs.min_time_limit == timedelta(minutes=30)
+    eng = EngineSettings.from_mapping(
+        {"exempt_users": ["root"], "exempt_qos": "urgent", "max_actions_per_cycle": 5},
+        "policy.engine",
+    )
+    assert eng.exempt_users == frozenset({"root"}) and eng.exempt_qos == frozenset({"urgent"})
+    assert eng.max_actions_per_cycle == 5
+
+
+@pytest.mark.parametrize(
+    ("cls", "table", "key", "fragment"),
+    [
+        (IdleGpuSettings, {"warn_afer": "1h"}, "warn_afer", "not a known setting"),
+        (IdleGpuSettings, {"warn_after": "soon"}, "warn_after", "must be a duration"),
+        (IdleGpuSettings, {"action": "kill"}, "action", "requeue, cancel, notify"),
+        (IdleGpuSettings, {"idle_fraction": 0}, "idle_fraction", "> 0"),
+        (IdleGpuSettings, {"idle_fraction": 1.5}, "idle_fraction", "<= 1"),
+        (IdleGpuSettings, {"mode": "yes"}, "mode", "observe, advise, enforce"),
+        (IdleGpuSettings, {"act_after": "30m"}, "act_after", "warn_after"),
+        (IdleGpuSettings, {"second_warn_after": "3h"}, "second_warn_after", "between"),
+        (RightsizeSettings, {"time_headroom": 0.5}, "time_headroom", ">= 1"),
+        (RightsizeSettings, {"memory": "yes"}, "memory", "true or false"),
+        (RightsizeSettings, {"min_history": 0}, "min_history", ">= 1"),
+        (EngineSettings, {"exempt_users": [1]}, "exempt_users", "list of names"),
+        (EngineSettings, {"max_actions_per_cycle": True}, "max_actions_per_cycle", "integer"),
+    ],
+)
+def test_bad_values_name_the_table_and_key(
+    cls: Any, table: dict[str, Any], key: str, fragment: str
+) -> None:
+    with pytest.raises(PolicyConfigError) as info:
+        cls.from_mapping(table, "policy.x")
+    assert info.value.key == key
+    assert info.value.where == "policy.x"
+    assert str(info.value).startswith(f"policy.x.{key} ")
+    assert fragment in info.value.message
+
+
+def test_a_non_table_is_refused() -> None:
+    with pytest.raises(PolicyConfigError, match="must be a table"):
+        EngineSettings.from_mapping("nope", "policy.engine")  # type: ignore[arg-type]
