@@ -30,7 +30,11 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slurmgpu.notify.settings import NotifySettings
+    from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings, RightsizeSettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurmgpu/config.toml")
 MODES = ("observe", "advise", "enforce")
@@ -118,12 +122,53 @@ class SlurmSettings:
     cluster: str = ""
 
 
+def _engine() -> EngineSettings:
+    from slurmgpu.policy.settings import EngineSettings
+
+    return EngineSettings()
+
+
+def _rightsize() -> RightsizeSettings:
+    from slurmgpu.policy.settings import RightsizeSettings
+
+    return RightsizeSettings()
+
+
+def _idle_gpu() -> IdleGpuSettings:
+    from slurmgpu.policy.settings import IdleGpuSettings
+
+    return IdleGpuSettings()
+
+
+def _notify() -> NotifySettings:
+    from slurmgpu.notify.settings import NotifySettings
+
+    return NotifySettings()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySettings:
+    """``[policy]``: the engine's guardrails and each policy's own table.
+
+    A policy table without ``mode`` takes ``daemon.mode`` (advise on a fresh install).
+    ``history_days``: how far back priors learn from finished jobs.
+    """
+
+    engine: EngineSettings = field(default_factory=_engine)
+    rightsize: RightsizeSettings = field(default_factory=_rightsize)
+    idle_gpu: IdleGpuSettings = field(default_factory=_idle_gpu)
+    history_days: int = 90
+    recommendations_file: str = ""  # where job_submit.lua reads advice; "" = don't export
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Every setting slurmgpu reads, validated."""
 
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    notify: NotifySettings = field(default_factory=_notify)
     source: Path | None = None
 
     def with_database(self, url: str) -> Settings:
@@ -256,7 +301,68 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
         cluster=s.string("cluster", ""),
     )
     s.finish()
-    return Settings(daemon=daemon, slurm=slurm, source=path)
+    policy = _parse_policy(doc, text, path, daemon.mode)
+    notify = _parse_notify(doc, text, path)
+    return Settings(daemon=daemon, slurm=slurm, policy=policy, notify=notify, source=path)
+
+
+_POLICY_TABLES = ("engine", "rightsize", "idle_gpu")
+
+
+def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) -> PolicySettings:
+    from slurmgpu.policy.settings import (
+        EngineSettings,
+        IdleGpuSettings,
+        PolicyConfigError,
+        RightsizeSettings,
+    )
+
+    raw = doc.get("policy", {})
+    if not isinstance(raw, dict):
+        raise ConfigError("[policy] must be a table", path=path, line=_key_line(text, "", "policy"))
+    top = {k: v for k, v in raw.items() if k not in _POLICY_TABLES}
+    tables: dict[str, dict[str, Any]] = {}
+    for name in _POLICY_TABLES:
+        value = raw.get(name, {})
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"[policy.{name}] must be a table", path=path, line=_key_line(text, "policy", name)
+            )
+        tables[name] = dict(value)
+    for name in ("rightsize", "idle_gpu"):
+        tables[name].setdefault("mode", mode)
+    reader = _Reader({"policy": top}, text, path, "policy")
+    history_days = reader.integer("history_days", 90, minimum=1)
+    recommendations = reader.string("recommendations_file", "")
+    reader.finish()
+    try:
+        return PolicySettings(
+            engine=EngineSettings.from_mapping(tables["engine"], "policy.engine"),
+            rightsize=RightsizeSettings.from_mapping(tables["rightsize"], "policy.rightsize"),
+            idle_gpu=IdleGpuSettings.from_mapping(tables["idle_gpu"], "policy.idle_gpu"),
+            history_days=history_days,
+            recommendations_file=recommendations,
+        )
+    except PolicyConfigError as exc:
+        raise ConfigError(str(exc), path=path, line=_key_line(text, exc.where, exc.key)) from None
+
+
+def _parse_notify(doc: dict[str, Any], text: str, path: Path | None) -> NotifySettings:
+    from slurmgpu.notify.settings import NotifyConfigError, NotifySettings
+
+    raw = doc.get("notify", {})
+    if not isinstance(raw, dict):
+        raise ConfigError("[notify] must be a table", path=path, line=_key_line(text, "", "notify"))
+    try:
+        return NotifySettings.from_mapping(raw)
+    except NotifyConfigError as exc:
+        key = exc.key.split(".")[-1]
+        table = "notify" + ("." + ".".join(exc.key.split(".")[:-1]) if "." in exc.key else "")
+        raise ConfigError(
+            exc.reason if hasattr(exc, "reason") else str(exc),
+            path=path,
+            line=_key_line(text, table, key),
+        ) from None
 
 
 def load_settings(path: Path | None = None) -> Settings:

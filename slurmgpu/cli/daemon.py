@@ -3,20 +3,68 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import click
 
+from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
+from slurmgpu.config import Settings
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.observer import CycleResult, Observer
+from slurmgpu.daemon.policy_cycle import PolicyCycle
 from slurmgpu.daemon.summary import Summarizer
+from slurmgpu.policy.base import Action
+from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.policy.idle import IdleGpuPolicy
+from slurmgpu.policy.rightsize import RightsizePolicy
+from slurmgpu.slurm.client import SlurmClient
+from slurmgpu.store import JobStore
+from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
 log = logging.getLogger("slurmgpu.daemon")
+
+
+class MailNotifier:
+    """The actuator's Notifier on top of the Mailer (email is optional and off by default)."""
+
+    def __init__(self, mailer: Any) -> None:
+        self.mailer = mailer
+
+    def notify(self, action: Action, *, at: datetime) -> str:
+        return str(self.mailer.notify(action, at=at).status)
+
+
+def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) -> PolicyCycle:
+    """The engine with every policy in its configured mode, wired to the store and Slurm."""
+    p = settings.policy
+    engine = PolicyEngine(
+        [
+            (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
+            (RightsizePolicy(p.rightsize), p.rightsize.mode),
+        ],
+        p.engine,
+    )
+    notifier = None
+    if settings.notify.enabled:
+        from slurmgpu.notify.mailer import Mailer
+
+        notifier = MailNotifier(Mailer(settings.notify, store.engine, cluster=store.cluster))
+    audit = AuditStore(store.engine, store.cluster)
+    actuator = Actuator(slurm, audit, notifier)
+    actuator.recover()
+    return PolicyCycle(
+        engine,
+        UsageStore(store.engine, store.cluster),
+        audit,
+        actuator,
+        history_days=p.history_days,
+    )
 
 
 @click.command()
@@ -29,6 +77,7 @@ log = logging.getLogger("slurmgpu.daemon")
     "--listen", metavar="HOST:PORT", help="API address (default: config, 127.0.0.1:8787)."
 )
 @click.option("--no-api", is_flag=True, help="Do not serve the agent ingest API.")
+@click.option("--no-policies", is_flag=True, help="Observe only: run no policy at all.")
 @pass_app
 def daemon(
     app: AppContext,
@@ -37,6 +86,7 @@ def daemon(
     cycles: int | None,
     listen: str | None,
     no_api: bool,
+    no_policies: bool,
 ) -> None:
     """Run the slurmgpu daemon: observe → store, and ingest agents' usage samples."""
     settings = app.settings
@@ -53,14 +103,17 @@ def daemon(
     except Exception as exc:  # the store could not be read back
         fail(f"cannot load state from {settings.daemon.database}: {exc}", EXIT_STORE)
     summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
+    policies = None if no_policies else build_policy_cycle(settings, store, slurm)
 
     def on_cycle(result: CycleResult) -> None:
-        if not result.ended or result.snapshot is None:
+        if result.snapshot is None:
             return
         ended = set(result.ended)
         for job in result.snapshot.jobs:
             if job.job_id in ended:
                 summarizer.job_ended(job, result.at)
+        if policies is not None:
+            policies.run(result.snapshot, result.at)
 
     loop = DaemonLoop(
         observer, interval=poll, max_backoff=settings.daemon.max_backoff, on_cycle=on_cycle

@@ -50,16 +50,20 @@ def main(
 
 
 def _register() -> None:
+    from slurmgpu.cli.actions import actions
     from slurmgpu.cli.agent import agent
     from slurmgpu.cli.daemon import daemon
     from slurmgpu.cli.db import db
     from slurmgpu.cli.eff import eff
     from slurmgpu.cli.fakeload import fakeload
     from slurmgpu.cli.jobs import jobs
+    from slurmgpu.cli.policy import policy
     from slurmgpu.cli.submit import submit
     from slurmgpu.cli.token import node_token_command
 
+    main.add_command(actions)
     main.add_command(agent)
+    main.add_command(policy)
     main.add_command(daemon)
     main.add_command(submit)
     main.add_command(jobs)

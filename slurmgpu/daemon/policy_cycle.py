@@ -1,0 +1,155 @@
+"""The decide → act half of a daemon cycle: build a PolicySnapshot from the store, run
+the engine, audit and carry out the decisions.
+
+The engine and policies are pure and the same objects the simulator runs; everything that
+reads the database or the clock is here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from slurmgpu.actuate.actuator import ActuationResult, Actuator
+from slurmgpu.model import ClusterSnapshot, JobState
+from slurmgpu.policy.base import Decision, GpuStat, HistoryRecord, JobUsage, PolicySnapshot
+from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.store.audit import AuditStore
+from slurmgpu.store.database import StoreError
+from slurmgpu.store.history import load_history
+from slurmgpu.store.usage import GpuUsage, UsageStore
+
+log = logging.getLogger("slurmgpu.daemon")
+
+RIGHTSIZE_OPT_IN = "sgpu:rightsize"
+
+
+def gpu_stats(rows: list[GpuUsage], since: datetime | None) -> tuple[GpuStat, ...]:
+    return tuple(
+        GpuStat(
+            node=g.node,
+            gpu_index=g.gpu_index,
+            samples=g.samples,
+            mean_util_pct=g.mean_util_pct,
+            max_util_pct=g.max_util_pct,
+            max_memory_mib=g.max_memory_mib,
+            memory_total_mib=g.memory_total_mib,
+            trailing_idle=g.trailing_idle,
+            never_busy=g.never_busy,
+            last_sample_at=g.last_at,
+        )
+        for g in rows
+        if since is None or g.last_at >= since
+    )
+
+
+def opted_in(comment: str) -> bool:
+    """True when a job's comment carries the rightsize opt-in token."""
+    return RIGHTSIZE_OPT_IN in comment.replace(",", " ").replace(";", " ").split()
+
+
+def _signature(d: Decision) -> tuple[object, ...]:
+    a = d.action
+    return (a.kind, tuple(sorted(a.fields.items())), a.alert, d.mode, d.execute, d.suppressed)
+
+
+@dataclass
+class PolicyCycle:
+    """Runs the policy engine on each successful observe cycle."""
+
+    engine: PolicyEngine
+    usage: UsageStore
+    audit: AuditStore
+    actuator: Actuator
+    history_days: int = 90
+    history_refresh: timedelta = timedelta(minutes=10)
+    clock: Callable[[], datetime] | None = None
+    _history: tuple[HistoryRecord, ...] = ()
+    _history_at: datetime | None = None
+    # (job, policy) → the last decision recorded, so an unchanged verdict is not written
+    # to the audit every 30 s (the first cycle after a restart records it once more).
+    _last: dict[tuple[int, str], tuple[object, ...]] = field(default_factory=dict)
+
+    def history(self, at: datetime) -> tuple[HistoryRecord, ...]:
+        """Finished jobs for the priors, reloaded every ``history_refresh``.
+
+        The same tuple object is handed out between reloads, so policies that cache
+        priors per history object rebuild them only after a reload.
+        """
+        if self._history_at is None or at - self._history_at >= self.history_refresh:
+            try:
+                self._history = tuple(
+                    load_history(
+                        self.usage.engine,
+                        self.usage.cluster,
+                        at - timedelta(days=self.history_days),
+                    )
+                )
+                self._history_at = at
+            except StoreError as exc:
+                log.warning("history not reloaded: %s", exc)
+        return self._history
+
+    def snapshot(self, cluster: ClusterSnapshot, at: datetime) -> PolicySnapshot:
+        running = [j for j in cluster.jobs if j.state is JobState.RUNNING]
+        by_job = self.usage.gpu_usage_many([j.job_id for j in running])
+        usage: dict[int, JobUsage] = {}
+        for job in running:
+            rows = by_job.get(job.job_id)
+            if rows:
+                # Samples from before the current run (a requeued job) are not this run's.
+                usage[job.job_id] = JobUsage(job.job_id, gpu_stats(rows, job.start_time))
+        alerts = self.audit.alerts([j.job_id for j in running]) if running else []
+        cooldown = self.engine.settings.job_cooldown
+        last = self.audit.last_action_since(at - cooldown)
+        return PolicySnapshot(
+            at=at,
+            cluster=cluster,
+            usage=usage,
+            history=self.history(at),
+            alerts=tuple(alerts),
+            last_action_at=last,
+            user_actions_last_hour=self.audit.user_actions_since(at - timedelta(hours=1)),
+            opted_in=frozenset(
+                j.job_id
+                for j in cluster.jobs
+                if j.state is JobState.PENDING and opted_in(j.comment)
+            ),
+        )
+
+    def run(self, cluster: ClusterSnapshot, at: datetime) -> list[ActuationResult]:
+        """Decide and act for one observed snapshot; never raises for store trouble."""
+        try:
+            snap = self.snapshot(cluster, at)
+        except StoreError as exc:
+            log.warning("policies skipped this cycle: %s", exc)
+            return []
+        decisions = self.engine.decide(snap)
+        fresh = [d for d in decisions if self._changed(d)]
+        if not fresh:
+            return []
+        results = self.actuator.carry_out(fresh, at)
+        self._forget_ended(cluster)
+        return results
+
+    def _changed(self, d: Decision) -> bool:
+        key = (d.action.job_id, d.action.policy)
+        sig = _signature(d)
+        if self._last.get(key) == sig and not d.execute:
+            return False
+        self._last[key] = sig
+        return True
+
+    def _forget_ended(self, cluster: ClusterSnapshot) -> None:
+        live = {j.job_id for j in cluster.jobs if not j.state.is_terminal}
+        for key in [k for k in self._last if k[0] not in live]:
+            del self._last[key]
+
+
+def decisions_summary(results: list[ActuationResult]) -> Mapping[str, int]:
+    out: dict[str, int] = {}
+    for r in results:
+        out[r.outcome] = out.get(r.outcome, 0) + 1
+    return out
