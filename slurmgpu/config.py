@@ -158,6 +158,7 @@ class PolicySettings:
     rightsize: RightsizeSettings = field(default_factory=_rightsize)
     idle_gpu: IdleGpuSettings = field(default_factory=_idle_gpu)
     history_days: int = 90
+    history_refresh: timedelta = timedelta(minutes=10)  # how often priors reload history
     recommendations_file: str = ""  # where job_submit.lua reads advice; "" = don't export
 
 
@@ -333,6 +334,9 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
         tables[name].setdefault("mode", mode)
     reader = _Reader({"policy": top}, text, path, "policy")
     history_days = reader.integer("history_days", 90, minimum=1)
+    history_refresh = reader.duration(
+        "history_refresh", timedelta(minutes=10), minimum=timedelta(seconds=1)
+    )
     recommendations = reader.string("recommendations_file", "")
     reader.finish()
     try:
@@ -341,6 +345,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
             rightsize=RightsizeSettings.from_mapping(tables["rightsize"], "policy.rightsize"),
             idle_gpu=IdleGpuSettings.from_mapping(tables["idle_gpu"], "policy.idle_gpu"),
             history_days=history_days,
+            history_refresh=history_refresh,
             recommendations_file=recommendations,
         )
     except PolicyConfigError as exc:

@@ -64,6 +64,7 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         audit,
         actuator,
         history_days=p.history_days,
+        history_refresh=p.history_refresh,
     )
 
 

@@ -1,0 +1,211 @@
+"""The daemon's decide → act step on a real SQLite store with the in-memory Slurm fake:
+idle jobs are warned, warned again, then requeued; a job busy again is spared; a pending
+job is rightsized from history only in enforce mode and only when it opted in."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from slurmgpu.actuate.actuator import Actuator
+from slurmgpu.daemon.observer import Observer
+from slurmgpu.daemon.policy_cycle import PolicyCycle, opted_in
+from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, NodeGpuAllocation
+from slurmgpu.policy.base import Mode
+from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.policy.idle import IdleGpuPolicy
+from slurmgpu.policy.rightsize import RightsizePolicy
+from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings, RightsizeSettings
+from slurmgpu.store import JobStore, open_store
+from slurmgpu.store.audit import AuditStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.wire import GpuSampleIn, SampleBatch
+from tests.fakes import FakeSlurm
+
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=6)
+
+
+def running_job(job_id: int, *, requeue: bool = True) -> Job:
+    return Job(
+        job_id=job_id,
+        name="train",
+        user="alice",
+        state=JobState.RUNNING,
+        requeue=requeue,
+        submit_time=T0 - timedelta(hours=3),
+        start_time=T0 - timedelta(hours=3),
+        time_limit=timedelta(hours=12),
+        cpus=4,
+        node_count=1,
+        nodes=("gpu1",),
+        gpus=GpuRequest(gpus=1, per_node=1, sources=("tres_per_node",)),
+        gpu_allocations=(NodeGpuAllocation("gpu1", (job_id % 4,)),),
+    )
+
+
+class World:
+    def __init__(self, tmp: Path, mode: Mode) -> None:
+        self.store: JobStore = open_store(f"sqlite:///{tmp / 's.db'}")
+        self.usage = UsageStore(self.store.engine)
+        self.audit = AuditStore(self.store.engine)
+        self.slurm = FakeSlurm()
+        idle = IdleGpuSettings(mode=mode)
+        rightsize = RightsizeSettings(mode=mode)
+        engine = PolicyEngine(
+            [(IdleGpuPolicy(idle), mode), (RightsizePolicy(rightsize), mode)], EngineSettings()
+        )
+        self.cycle = PolicyCycle(engine, self.usage, self.audit, Actuator(self.slurm, self.audit))
+        self.seq = 0
+
+    def samples(self, job: Job, start: datetime, end: datetime, util: float) -> None:
+        gpu = []
+        t = start
+        while t <= end:
+            self.seq += 1
+            gpu.append(
+                GpuSampleIn(
+                    sample_uid=f"s{self.seq}",
+                    at=t.timestamp(),
+                    gpu_index=job.gpu_allocations[0].gpu_indices[0],
+                    job_id=job.job_id,
+                    util_pct=util,
+                    memory_used_mib=100.0,
+                    processes=1,
+                    source="device",
+                )
+            )
+            t += timedelta(minutes=1)
+        self.usage.ingest(SampleBatch(node="gpu1", gpu=gpu))
+
+    def run(self, jobs: list[Job], at: datetime) -> None:
+        self.slurm.set_jobs(jobs)
+        snap = ClusterSnapshot(taken_at=at, jobs=tuple(jobs), nodes=())
+        self.cycle.run(snap, at)
+
+    def alerts(self, job_id: int) -> list[tuple[str, str]]:
+        return [(r.kind, r.outcome) for r in reversed(self.audit.list(job_id=job_id))]
+
+
+def test_idle_job_is_warned_twice_then_requeued_in_enforce_mode(tmp_path: Path) -> None:
+    w = World(tmp_path, Mode.ENFORCE)
+    job = running_job(1)
+    w.samples(job, T0 - timedelta(minutes=130), T0, 0.0)
+    w.run([job], T0)
+    assert w.alerts(1) == [("warn", "notified")]
+    assert w.slurm.calls.count("requeue") == 0
+    w.samples(job, T0 + timedelta(minutes=1), T0 + timedelta(minutes=16), 0.0)
+    w.run([job], T0 + timedelta(minutes=16))
+    assert w.alerts(1) == [("warn", "notified"), ("warn", "notified")]
+    w.samples(job, T0 + timedelta(minutes=17), T0 + timedelta(minutes=32), 0.0)
+    w.run([job], T0 + timedelta(minutes=32))
+    assert w.alerts(1)[-1] == ("requeue", "done")
+    (requeued,) = w.slurm.jobs()
+    assert requeued.restart_count == 1
+
+
+def test_same_verdict_is_not_audited_every_cycle(tmp_path: Path) -> None:
+    w = World(tmp_path, Mode.ENFORCE)
+    job = running_job(2)
+    w.samples(job, T0 - timedelta(minutes=70), T0, 0.0)
+    w.run([job], T0)
+    w.samples(job, T0 + timedelta(minutes=1), T0 + timedelta(minutes=2), 0.0)
+    w.run([job], T0 + timedelta(minutes=2))
+    assert w.alerts(2) == [("warn", "notified")]
+
+
+def test_job_busy_again_after_a_warning_is_spared(tmp_path: Path) -> None:
+    w = World(tmp_path, Mode.ENFORCE)
+    job = running_job(3)
+    w.samples(job, T0 - timedelta(minutes=130), T0, 0.0)
+    w.run([job], T0)
+    w.samples(job, T0 + timedelta(minutes=1), T0 + timedelta(minutes=20), 85.0)
+    w.run([job], T0 + timedelta(minutes=20))
+    w.samples(job, T0 + timedelta(minutes=21), T0 + timedelta(minutes=40), 85.0)
+    w.run([job], T0 + timedelta(minutes=40))
+    assert [k for k, _ in w.alerts(3)] == ["warn"]
+    assert "requeue" not in w.slurm.calls
+
+
+def test_advise_mode_warns_but_never_requeues(tmp_path: Path) -> None:
+    w = World(tmp_path, Mode.ADVISE)
+    job = running_job(4)
+    w.samples(job, T0 - timedelta(minutes=200), T0, 0.0)
+    for k in range(4):
+        at = T0 + timedelta(minutes=16 * k)
+        if k:
+            w.samples(job, at - timedelta(minutes=15), at, 0.0)
+        w.run([job], at)
+    kinds = [k for k, _ in w.alerts(4)]
+    assert kinds[:2] == ["warn", "warn"]
+    assert all(outcome != "done" for _, outcome in w.alerts(4))
+    assert w.slurm.jobs()[0].restart_count == 0
+
+
+def _history(w: World) -> None:
+    """Five finished runs of alice's 'sim' job that took about 20 minutes of a 10 h limit."""
+    finished = [
+        Job(
+            job_id=100 + i,
+            name="sim",
+            user="alice",
+            state=JobState.COMPLETED,
+            partition="gpu",
+            submit_time=T0 - timedelta(days=1, hours=i),
+            start_time=T0 - timedelta(days=1, hours=i),
+            end_time=T0 - timedelta(days=1, hours=i) + timedelta(minutes=20),
+            time_limit=timedelta(hours=10),
+            cpus=1,
+        )
+        for i in range(5)
+    ]
+    Observer(FakeSlurm(finished), w.store, clock=lambda: T0).cycle()
+
+
+def _pending(comment: str) -> Job:
+    return Job(
+        job_id=200,
+        name="sim",
+        user="alice",
+        state=JobState.PENDING,
+        partition="gpu",
+        submit_time=T0,
+        time_limit=timedelta(hours=10),
+        cpus=1,
+        comment=comment,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "comment", "lowered"),
+    [
+        (Mode.ENFORCE, "sgpu:rightsize", True),
+        (Mode.ENFORCE, "", False),  # did not opt in
+        (Mode.ADVISE, "sgpu:rightsize", False),  # advice only
+    ],
+)
+def test_pending_job_time_limit_is_lowered_only_when_enforced_and_opted_in(
+    tmp_path: Path, mode: Mode, comment: str, lowered: bool
+) -> None:
+    w = World(tmp_path, mode)
+    _history(w)
+    job = _pending(comment)
+    w.slurm.set_jobs([job])
+    w.run([job], T0)
+    (record,) = [r for r in w.audit.list(job_id=200) if r.policy == "rightsize"]
+    assert "TimeLimit" in record.fields
+    updates = [fields for job_id, fields in w.slurm.updates if job_id == 200]
+    if lowered:
+        assert record.outcome == "done"
+        assert updates == [record.fields]
+    else:
+        assert updates == []
+        assert record.outcome != "done"
+
+
+def test_opt_in_token_is_a_whole_word() -> None:
+    assert opted_in("run 3 sgpu:rightsize")
+    assert opted_in("a,sgpu:rightsize;b")
+    assert not opted_in("sgpu:rightsizer")
+    assert not opted_in("")
