@@ -125,6 +125,18 @@ class RenderedMessage:
     template: str
 
 
+# The alerts the policies raise → the shipped template that words them.
+ALERT_FAMILIES: dict[str, str] = {
+    "idle_gpu_warning_1": "idle_gpu_warning",
+    "idle_gpu_warning_2": "idle_gpu_warning",
+    "idle_gpu_sliding_warning": "idle_gpu_warning",
+    "idle_gpu_requeue": "idle_gpu_action",
+    "idle_gpu_cancel": "idle_gpu_action",
+    "idle_gpu_notice": "idle_gpu_action",
+    "rightsize": "rightsize_advice",
+}
+
+
 def alert_key(action: Action) -> str:
     """Return the rate-limit key of ``action``: its alert name, else ``policy.kind``."""
     return (action.alert or f"{action.policy}.{action.kind}")[:64]
@@ -244,17 +256,22 @@ class AlertTemplates:
         )
 
     def template_for(self, alert: str) -> str:
-        """Return the template file that renders ``alert`` (``generic.txt`` if it has none)."""
-        if alert and _ALERT_NAME.fullmatch(alert):
-            name = f"{alert}.txt"
+        """Return the template file that renders ``alert`` (``generic.txt`` if it has none).
+
+        A site template named after the exact alert wins; then the shipped template of the
+        alert's family (``idle_gpu_warning_2`` → ``idle_gpu_warning``)."""
+        candidates = [alert, ALERT_FAMILIES.get(alert, "")] if alert else []
+        for candidate in candidates:
+            if not candidate or not _ALERT_NAME.fullmatch(candidate):
+                continue
+            name = f"{candidate}.txt"
             try:
                 self.env.get_template(name)
             except jinja2.TemplateNotFound:
-                pass
+                continue
             except jinja2.TemplateSyntaxError as exc:
                 raise NotifyTemplateError(_describe(name, exc)) from None
-            else:
-                return name
+            return name
         return f"{GENERIC_TEMPLATE}.txt"
 
     def render(self, alert: str, context: Mapping[str, Any]) -> RenderedMessage:

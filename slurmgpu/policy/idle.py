@@ -238,6 +238,15 @@ class IdleGpuPolicy:
             "idle_fraction": self.settings.idle_fraction,
             "threshold_minutes": _minutes(threshold),
             "idle_since": idle.since.isoformat(),
+            # the names the notification templates read
+            "gpus_idle": idle.idle_gpus,
+            "gpus_allocated": idle.allocated,
+            "act_after_minutes": _minutes(
+                self.settings.act_after
+                if idle.window == "fixed"
+                else self.settings.sliding_act_after
+            ),
+            "action": self.settings.action,
         }
 
     def _describe(self, idle: _Idle) -> str:

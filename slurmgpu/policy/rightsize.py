@@ -274,6 +274,9 @@ class RightsizePolicy:
             fields["TimeLimit"] = text = format_time_limit(timedelta(seconds=new_time))
             numbers["time_limit_current_s"] = limit.total_seconds() if limit is not None else None
             numbers["time_limit_proposed_s"] = new_time
+            # the names the notification template reads
+            numbers["time_limit_s"] = numbers["time_limit_current_s"]
+            numbers["proposed_time_limit_s"] = new_time
             numbers["run_time_quantile_s"] = est.run_time.total_seconds()
             numbers["sibling_elapsed_s"] = sibling_s
             changes.append(f"TimeLimit {text} (was {format_time_limit(limit)})")
@@ -281,6 +284,8 @@ class RightsizePolicy:
             fields["MinMemoryNode"] = str(new_memory)
             numbers["memory_per_node_current_mib"] = current_memory
             numbers["memory_per_node_proposed_mib"] = new_memory
+            numbers["memory_mib"] = current_memory
+            numbers["proposed_memory_mib"] = new_memory
             numbers["peak_node_memory_mib"] = est.peak_node_memory_mib
             changes.append(f"MinMemoryNode {new_memory} MiB (was {current_memory} MiB)")
         if new_gpus is not None:
@@ -288,6 +293,8 @@ class RightsizePolicy:
             fields[gpu_field] = f"{gpu}{new_gpus}"
             numbers["gpus_current"] = request.gpus
             numbers["gpus_proposed"] = gpus_after
+            numbers["gpus"] = request.gpus
+            numbers["proposed_gpus"] = gpus_after
             numbers["gpus_used_max"] = est.gpus_used
             if gpu_field == "TresPerNode":
                 numbers["gpus_per_node_current"] = request.per_node
