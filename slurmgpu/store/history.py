@@ -20,14 +20,16 @@ def _from_summary(summary: Mapping[str, Any] | None) -> dict[str, float | int | 
     """Peak memory, mean CPU, GPU util, peak GPU memory and GPUs used, from a summary."""
     if not summary:
         return {}
-    peak_mem = cpu = None
+    peak_mem = peak_node = cpu = None
     utils: list[float] = []
     gpu_mem: list[float] = []
     used = 0
     for node in (summary.get("nodes") or {}).values():
         host = node.get("host") or {}
         if host.get("memory_max_mib") is not None:
-            peak_mem = max(peak_mem or 0.0, float(host["memory_max_mib"]))
+            node_peak = float(host["memory_max_mib"])
+            peak_mem = (peak_mem or 0.0) + node_peak  # the job's total over its nodes
+            peak_node = max(peak_node or 0.0, node_peak)
         if host.get("cpu_pct_mean") is not None:
             cpu = (cpu or 0.0) + float(host["cpu_pct_mean"])
         for gpu in (node.get("gpus") or {}).values():
@@ -39,6 +41,7 @@ def _from_summary(summary: Mapping[str, Any] | None) -> dict[str, float | int | 
                 used += 1
     return {
         "peak_memory_mib": peak_mem,
+        "peak_node_memory_mib": peak_node,
         "mean_cpu_pct": cpu,
         "mean_gpu_util_pct": sum(utils) / len(utils) if utils else None,
         "peak_gpu_memory_mib": max(gpu_mem) if gpu_mem else None,
@@ -96,6 +99,7 @@ def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryR
                     cpus=int(r["cpus"]),
                     memory_requested_mib=r["memory_mib"],
                     peak_memory_mib=_float(usage.get("peak_memory_mib")),
+                    peak_node_memory_mib=_float(usage.get("peak_node_memory_mib")),
                     mean_cpu_pct=_float(usage.get("mean_cpu_pct")),
                     mean_gpu_util_pct=_float(usage.get("mean_gpu_util_pct")),
                     peak_gpu_memory_mib=_float(usage.get("peak_gpu_memory_mib")),
