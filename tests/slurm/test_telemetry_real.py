@@ -10,190 +10,24 @@ exactly; the slack covers samples taken while a declaration is being refreshed).
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from sqlalchemy import select
 
 from slurmgpu.labcluster import LabCluster
 from slurmgpu.store import open_store, schema
-from slurmgpu.store.usage import GpuUsage, UsageStore
-
-T = TypeVar("T")
-NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Telemetry:
-    tmp: Path
-    env: dict[str, str]
-    db: str
-    port: int
-    sim_dir: Path
-    lab: LabCluster
-    daemon: subprocess.Popen[bytes] | None = None
-    agents: dict[str, subprocess.Popen[bytes]] | None = None
-
-    def sgpu(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "slurmgpu", *args]
-
-    def run(self, *args: str) -> str:
-        proc = subprocess.run(
-            self.sgpu(*args), env=self.env, capture_output=True, text=True, timeout=120, check=False
-        )
-        assert proc.returncode == 0, f"sgpu {' '.join(args)}: {proc.stderr.strip()}"
-        return proc.stdout
-
-    def start_daemon(self) -> None:
-        log = (self.tmp / "daemon.log").open("ab")
-        self.daemon = subprocess.Popen(
-            self.sgpu("daemon", "--interval", "1s", "--listen", f"127.0.0.1:{self.port}"),
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_for("the daemon's API", lambda: _healthy(self.port), timeout_s=30)
-
-    def stop_daemon(self) -> None:
-        assert self.daemon is not None
-        self.daemon.send_signal(signal.SIGTERM)
-        assert self.daemon.wait(timeout=60) == 0
-        self.daemon = None
-
-    def start_agents(self) -> None:
-        self.agents = {}
-        gres = self.lab.etc_dir / "gres.conf"
-        for node in NODES:
-            token = self.tmp / f"{node}.token"
-            self.run("node-token", node, "--out", str(token))
-            log = (self.tmp / f"agent-{node}.log").open("ab")
-            self.agents[node] = subprocess.Popen(
-                self.sgpu(
-                    "agent",
-                    "--node",
-                    node,
-                    "--daemon",
-                    f"http://127.0.0.1:{self.port}",
-                    "--interval",
-                    "1s",
-                    "--probe",
-                    "sim",
-                    "--sim-dir",
-                    str(self.sim_dir),
-                    "--gres-conf",
-                    str(gres),
-                    "--auth",
-                    "hmac",
-                    "--token-file",
-                    str(token),
-                    "--spool-dir",
-                    str(self.tmp / f"spool-{node}"),
-                ),
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def submit(self, *args: str) -> int:
-        out = self.run("submit", "--parsable", "-o", "/dev/null", *args)
-        return int(out.strip().split(";")[0])
-
-    def fakeload(self, *args: str) -> str:
-        argv = [
-            sys.executable,
-            "-m",
-            "slurmgpu",
-            "fakeload",
-            "--state-dir",
-            str(self.sim_dir),
-            "--interval",
-            "1s",
-            *args,
-        ]
-        return " ".join(argv)
-
-    def usage(self) -> UsageStore:
-        store = open_store(self.db, migrate=False)
-        return UsageStore(store.engine, store.cluster)
-
-    def gpus(self, job_id: int, min_samples: int = 5) -> list[GpuUsage] | None:
-        rows = self.usage().gpu_usage(job_id)
-        return rows if rows and all(r.samples >= min_samples for r in rows) else None
-
-    def steady(self, job_id: int, window_s: float = 6.0) -> list[GpuUsage] | None:
-        """Aggregates over the last seconds only: the first sample of a job can come before
-        its fakeload has declared anything (allocated, no process yet: 0 %), which is right
-        but would blur a comparison with the declared figure."""
-        since = datetime.now(UTC) - timedelta(seconds=window_s)
-        rows = self.usage().gpu_usage(job_id, since=since)
-        return rows if rows and all(r.samples >= 3 for r in rows) else None
-
-
-def _healthy(port: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
+from slurmgpu.store.usage import GpuUsage
+from tests.slurm.harness import NODES, Telemetry, running_stack, wait_for
 
 
 @pytest.fixture
 def telemetry(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Telemetry]:
-    config = tmp_path / "config.toml"
-    config.write_text(
-        f'[daemon]\nsecret_file = "{tmp_path / "site.secret"}"\nmax_backoff = "2s"\n'
-        '[slurm]\ncommand_timeout = "10s"\n'
-    )
-    db = f"sqlite:///{tmp_path / 'state.db'}"
-    env = {**os.environ, "SGPU_DB": db, "SGPU_CONFIG": str(config)}
-    t = Telemetry(tmp_path, env, db, free_port(), tmp_path / "simgpu", slurm_cluster)
-    t.sim_dir.mkdir()
-    t.run("db", "upgrade")
-    t.start_daemon()
-    t.start_agents()
-    try:
-        yield t
-    finally:
-        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
-        for proc in (t.agents or {}).values():
-            proc.terminate()
-        for proc in (t.agents or {}).values():
-            proc.wait(timeout=60)
-        if t.daemon is not None:
-            t.daemon.terminate()
-            t.daemon.wait(timeout=60)
-        for log in tmp_path.glob("*.log"):
-            assert "Traceback" not in log.read_text(), f"{log.name} has a traceback"
+    with running_stack(slurm_cluster, tmp_path) as stack:
+        yield stack
 
 
 def test_each_job_gets_the_usage_it_declared(telemetry: Telemetry) -> None:
