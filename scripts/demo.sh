@@ -17,10 +17,25 @@ export SGPU_DB="sqlite:///$ROOT/state.db"
 export SGPU_SIMGPU_DIR="$ROOT/simgpu"     # where fakeload declares usage for the sim probe
 PORT=${SGPU_DEMO_PORT:-8787}
 export SGPU_CONFIG="$ROOT/config.toml"
+# Policies in enforce mode with idle windows in SECONDS (production defaults are minutes:
+# warn at 60, act at 120), so the demo shows a whole warn → requeue within its run.
 cat >"$SGPU_CONFIG" <<CONF
 [daemon]
 listen = "127.0.0.1:$PORT"
 secret_file = "$ROOT/site.secret"
+
+[policy]
+history_refresh = "2s"
+
+[policy.idle_gpu]
+mode = "enforce"
+warn_after = "6s"
+second_warn_after = "off"
+act_after = "14s"
+min_warning_lead = "4s"
+
+[policy.rightsize]
+mode = "enforce"
 CONF
 JOBDIR="$ROOT/jobs"; mkdir -p "$JOBDIR" "$SGPU_SIMGPU_DIR"
 NODES="gpu1 gpu2 gpu3 gpu4"
@@ -65,6 +80,10 @@ done
 echo "== 4. a mixed workload through sgpu submit"
 J=examples/workload/gpu_job.sh
 T=examples/workload/fake_train.sh
+# History for rightsizing: three runs of "sim" that ask for 4 h and need seconds.
+for i in 1 2 3; do sgpu submit -J sim -t 4:00:00 --mem=2G -o "$JOBDIR/%j.out" $J 4 >/dev/null; done
+# A job that holds a GPU and never uses it: warned, then requeued (it asked for --requeue).
+IDLE=$(sgpu submit --parsable -J idle-gpu --requeue --gres=gpu:1 -o "$JOBDIR/%j.out" $T 30s 0 1GiB)
 TRAIN=$(sgpu submit --parsable -J train-2gpu --gres=gpu:2 -t 1:00:00 --mem=2G -o "$JOBDIR/%j.out" --requeue $T 40s 85 20GiB)
 sgpu submit -J idle-after --gpus-per-node=1 -o "$JOBDIR/%j.out" $T 40s 70 4GiB idle-after:10s
 sgpu submit -J light-a --gres=shard:4 -w gpu3 -o "$JOBDIR/%j.out" $T 30s 12 3GiB
@@ -74,7 +93,20 @@ sgpu submit -J big-2node -N 2 --gres=gpu:4 -t 10 -o "$JOBDIR/%j.out" $J 10
 sgpu submit -J cpu-only -c 2 -o "$JOBDIR/%j.out" $J 5
 sgpu submit -J crashes --gpus=1 -o "$JOBDIR/%j.out" $J 3 1
 
-echo "== 5. what slurmgpu sees (sgpu jobs), until every job has finished"
+echo "== 5. an over-asking job, opted in to rightsizing (held until the daemon has looked)"
+for i in $(seq 90); do  # the three "sim" runs must have finished: they are its history
+  [ "$(sgpu jobs --json | python3 -c 'import json,sys; print(sum(j["name"]=="sim" and j["state"]=="COMPLETED" for j in json.load(sys.stdin)))')" -ge 3 ] && break
+  sleep 1
+done
+OVER=$(sgpu submit --parsable --rightsize --hold -J sim -t 4:00:00 --mem=2G -o "$JOBDIR/%j.out" $J 4)
+for i in $(seq 60); do
+  sgpu actions --json --job "$OVER" | python3 -c 'import json,sys; sys.exit(not any(a["outcome"]=="done" for a in json.load(sys.stdin)))' && break
+  sleep 1
+done
+echo "job $OVER asked for 4:00:00; Slurm now has: $(scontrol show job "$OVER" | grep -o 'TimeLimit=[^ ]*')"
+scontrol release "$OVER"
+
+echo "== 6. what slurmgpu sees (sgpu jobs), until every job has finished"
 deadline=$(( $(date +%s) + 180 ))
 while :; do
   sleep 5
@@ -84,9 +116,11 @@ while :; do
   [ "$(date +%s)" -ge "$deadline" ] && { echo "demo: jobs still active after 180 s" >&2; exit 1; }
 done
 sleep 3   # one more daemon cycle to see the final states
-echo "== 6. final state"
+echo "== 7. final state"
 sgpu jobs
 echo "== job outputs"; head -n1 "$JOBDIR"/*.out
 echo "== daemon log (last lines)"; tail -n 5 "$ROOT/daemon.log"
-echo "== 7. what job $TRAIN really used (sgpu eff $TRAIN)"
+echo "== 8. what slurmgpu decided (sgpu actions): idle job $IDLE warned then requeued, job $OVER rightsized"
+sgpu actions --taken
+echo "== 9. what job $TRAIN really used (sgpu eff $TRAIN)"
 sgpu eff "$TRAIN"

@@ -75,6 +75,12 @@ _ACTS = {
 _VERB = {"requeue": "requeued", "cancel": "cancelled", "warn": "named in a final notice"}
 
 
+def _span(d: timedelta) -> str:
+    """``"75 min"``, or ``"14 s"`` under a minute (short test windows read right too)."""
+    seconds = d.total_seconds()
+    return f"{int(seconds)} s" if seconds < 60 else f"{int(seconds // 60)} min"
+
+
 def _minutes(d: timedelta) -> int:
     return int(d.total_seconds() // 60)
 
@@ -253,7 +259,7 @@ class IdleGpuPolicy:
         since = "since the job started" if idle.window == "fixed" else "after being busy"
         return (
             f"{idle.idle_gpus} of {idle.allocated} GPUs idle for "
-            f"{_minutes(idle.duration)} min {since}"
+            f"{_span(idle.duration)} {since}"
         )
 
     def _warn(self, job: Job, idle: _Idle, alert: str, threshold: timedelta, kind: str) -> Action:
@@ -266,7 +272,7 @@ class IdleGpuPolicy:
             user=job.user,
             reason=(
                 f"{self._describe(idle)}; the job will be {_VERB[kind]} after "
-                f"{_minutes(act_after)} min idle"
+                f"{_span(act_after)} idle"
             ),
             numbers=self._numbers(idle, threshold),
             alert=alert,
