@@ -148,7 +148,19 @@ class IngestService:
         log.warning("rejected request from %s: %d %s", peer, status.value, reason)
         return status.value, json.dumps({"error": reason}).encode()
 
+    def _not_ready(self) -> tuple[int, bytes] | None:
+        """503 until the daemon has seen Slurm's node list once: refusing a node as unknown
+        then would make agents drop samples they should keep and resend."""
+        if self.directory.snapshot() is None:
+            return (
+                HTTPStatus.SERVICE_UNAVAILABLE.value,
+                b'{"error": "daemon starting: node list not loaded yet, retry"}',
+            )
+        return None
+
     def post_samples(self, peer: str, header: str | None, body: bytes) -> tuple[int, bytes]:
+        if (busy := self._not_ready()) is not None:
+            return busy
         try:
             caller = self.auth.authenticate(header, body)
         except AuthError as exc:
@@ -175,6 +187,8 @@ class IngestService:
         return HTTPStatus.OK.value, encode(IngestResult(accepted=accepted, duplicates=duplicates))
 
     def get_node_jobs(self, peer: str, header: str | None, node: str) -> tuple[int, bytes]:
+        if (busy := self._not_ready()) is not None:
+            return busy
         try:
             caller = self.auth.authenticate(header, b"")
             self.auth.authorize_node(caller, node)

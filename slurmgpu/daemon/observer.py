@@ -80,7 +80,15 @@ class Observer:
         self._missing: dict[int, int] = {}
         self._nodes: dict[str, Node] = store.known_nodes()
         # The last successful snapshot, for the API thread (replaced whole, never mutated).
-        self.latest: ClusterSnapshot | None = None
+        # Until the first cycle it is what the store remembers, so agents reporting right
+        # after a daemon restart are recognised instead of refused as unknown nodes.
+        self.latest: ClusterSnapshot | None = (
+            ClusterSnapshot(
+                taken_at=clock(), jobs=tuple(self._jobs.values()), nodes=tuple(self._nodes.values())
+            )
+            if self._nodes
+            else None
+        )
 
     def cycle(self) -> CycleResult:
         """Observe once; never raises for Slurm or store trouble (the result says why)."""

@@ -79,8 +79,10 @@ def actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
     return list(reversed(rows))
 
 
-def kinds(t: Telemetry, job_id: int) -> list[tuple[str, str]]:
-    return [(a["kind"], a["outcome"]) for a in actions(t, job_id)]
+def kinds(t: Telemetry, job_id: int, policy: str = "idle_gpu") -> list[tuple[str, str]]:
+    """One policy's decisions for a job, oldest first (jobs of earlier tests in the same
+    lab cluster are history too, so rightsizing may have its say about these jobs)."""
+    return [(a["kind"], a["outcome"]) for a in actions(t, job_id) if a["policy"] == policy]
 
 
 def test_idle_job_is_warned_then_requeued_and_a_busy_again_job_is_spared(
@@ -114,7 +116,9 @@ def test_idle_job_is_warned_then_requeued_and_a_busy_again_job_is_spared(
         history = kinds(t, idle)
         assert history[0] == ("warn", "notified")
         assert history.index(("warn", "notified")) < history.index(("requeue", "done"))
-        requeue = next(a for a in actions(t, idle) if a["kind"] == "requeue")
+        requeue = next(
+            a for a in actions(t, idle) if a["kind"] == "requeue" and a["policy"] == "idle_gpu"
+        )
         assert requeue["mode"] == "enforce"
         assert requeue["numbers"]["idle_minutes"] >= 0.1
         wait_for(
@@ -125,7 +129,11 @@ def test_idle_job_is_warned_then_requeued_and_a_busy_again_job_is_spared(
         wait_for(
             "the busy-again job's warning", lambda: ("warn", "notified") in kinds(t, later_busy)
         )
-        warned_at = next(a["at"] for a in actions(t, later_busy) if a["kind"] == "warn")
+        warned_at = next(
+            a["at"]
+            for a in actions(t, later_busy)
+            if a["kind"] == "warn" and a["policy"] == "idle_gpu"
+        )
         wait_for(
             "20 s of daemon cycles after that warning",
             lambda: _seconds_since(warned_at) >= 20.0,

@@ -274,3 +274,15 @@ def test_parse_listen() -> None:
     assert parse_listen(":9000") == ("127.0.0.1", 9000)
     with pytest.raises(ValueError, match="must look like"):
         parse_listen("localhost")
+
+
+def test_before_the_first_node_list_batches_get_503_so_agents_keep_them(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    directory = NodeDirectory(lambda: None)
+    auth = Authenticator(site_secret=SECRET, node_addresses=directory.addresses)
+    service = IngestService(UsageStore(store.engine), auth, directory)
+    body = batch()
+    status, reply = service.post_samples("127.0.0.1", signed("gpu1", body), body)
+    assert status == 503
+    assert "retry" in reply.decode()
+    assert service.get_node_jobs("127.0.0.1", signed("gpu1", b""), "gpu1")[0] == 503

@@ -342,3 +342,12 @@ def test_pending_job_cancelled_unseen_loses_its_projected_start(store: JobStore)
     (stored,) = store.jobs(job_ids=[20])
     assert stored.job.state is JobState.CANCELLED
     assert (stored.job.start_time, stored.job.end_time) == (None, T0 + timedelta(1))
+
+
+def test_restarted_observer_knows_the_stored_nodes_before_its_first_cycle(store: JobStore) -> None:
+    nodes = [Node("gpu1", "idle", gpus=4), Node("gpu2", "idle", gpus=4)]
+    Observer(FakeSlurm([running(gpu_job(1))], nodes), store, clock=Clock()).cycle()
+    again = Observer(FakeSlurm(), store, clock=Clock())
+    assert again.latest is not None
+    assert {n.name for n in again.latest.nodes} == {"gpu1", "gpu2"}
+    assert [j.job_id for j in again.latest.jobs] == [1]
