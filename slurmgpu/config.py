@@ -375,8 +375,9 @@ def load_settings(path: Path | None = None) -> Settings:
 
     ``$SGPU_DB`` overrides the database URL from the file.
     """
-    explicit = path is not None or "SGPU_CONFIG" in os.environ
-    candidate = path or Path(os.environ.get("SGPU_CONFIG", DEFAULT_CONFIG_PATH))
+    from_env = os.environ.get("SGPU_CONFIG") or None  # an empty variable means unset
+    explicit = path is not None or from_env is not None
+    candidate = path or Path(from_env or DEFAULT_CONFIG_PATH)
     settings = Settings()
     if candidate.exists() or explicit:
         try:

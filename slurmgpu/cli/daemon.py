@@ -16,6 +16,7 @@ from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDir
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.policy_cycle import PolicyCycle
+from slurmgpu.daemon.recommend import RecommendationExport
 from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.policy.base import Action
 from slurmgpu.policy.engine import PolicyEngine
@@ -43,11 +44,9 @@ class MailNotifier:
 def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) -> PolicyCycle:
     """The engine with every policy in its configured mode, wired to the store and Slurm."""
     p = settings.policy
+    rightsize = RightsizePolicy(p.rightsize)
     engine = PolicyEngine(
-        [
-            (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
-            (RightsizePolicy(p.rightsize), p.rightsize.mode),
-        ],
+        [(IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode), (rightsize, p.rightsize.mode)],
         p.engine,
     )
     notifier = None
@@ -65,6 +64,8 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         actuator,
         history_days=p.history_days,
         history_refresh=p.history_refresh,
+        export=RecommendationExport(p.recommendations_file) if p.recommendations_file else None,
+        rightsize=rightsize,
     )
 
 

@@ -51,6 +51,7 @@ def main(
 
 def _register() -> None:
     from slurmgpu.cli.actions import actions
+    from slurmgpu.cli.advice import advice
     from slurmgpu.cli.agent import agent
     from slurmgpu.cli.daemon import daemon
     from slurmgpu.cli.db import db
@@ -62,6 +63,7 @@ def _register() -> None:
     from slurmgpu.cli.token import node_token_command
 
     main.add_command(actions)
+    main.add_command(advice)
     main.add_command(agent)
     main.add_command(policy)
     main.add_command(daemon)

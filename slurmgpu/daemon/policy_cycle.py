@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from slurmgpu.actuate.actuator import ActuationResult, Actuator
+from slurmgpu.daemon.recommend import ExportError, RecommendationExport
 from slurmgpu.model import ClusterSnapshot, JobState
 from slurmgpu.policy.base import Decision, GpuStat, HistoryRecord, JobUsage, PolicySnapshot
 from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.policy.recommend import recommendations
+from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.history import load_history
@@ -66,6 +69,9 @@ class PolicyCycle:
     history_days: int = 90
     history_refresh: timedelta = timedelta(minutes=10)
     clock: Callable[[], datetime] | None = None
+    # Writes job_submit.lua's recommendations after each history reload, when configured.
+    export: RecommendationExport | None = None
+    rightsize: RightsizePolicy | None = None
     _history: tuple[HistoryRecord, ...] = ()
     _history_at: datetime | None = None
     # (job, policy) → the last decision recorded, so an unchanged verdict is not written
@@ -88,9 +94,23 @@ class PolicyCycle:
                     )
                 )
                 self._history_at = at
+                self._export()
             except StoreError as exc:
                 log.warning("history not reloaded: %s", exc)
         return self._history
+
+    def _export(self) -> None:
+        if self.export is None or self.rightsize is None:
+            return
+        by_key, fallback = recommendations(
+            self.rightsize.priors(self._history), self.rightsize.settings
+        )
+        try:
+            result = self.export.write(by_key, fallback)
+        except (OSError, ExportError) as exc:
+            log.warning("recommendations not exported to %s: %s", self.export.json_path, exc)
+            return
+        log.debug("exported %d recommendation(s) to %s", result.entries, result.tsv_path)
 
     def snapshot(self, cluster: ClusterSnapshot, at: datetime) -> PolicySnapshot:
         running = [j for j in cluster.jobs if j.state is JobState.RUNNING]

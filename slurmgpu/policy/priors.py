@@ -324,6 +324,22 @@ class Priors:
         """Compute every key's statistics now (e.g. off the cycle); return how many answer."""
         return sum(1 for key in (*self._groups, *self._children) if self._at(key) is not None)
 
+    def key_estimates(self) -> Iterable[tuple[tuple[str, str, str], Estimate]]:
+        """(user, job name, partition) → estimate, for every such key that answers."""
+        for key in self._groups:
+            if key[0] == 2:
+                est = self._at(key)
+                if est is not None:
+                    yield (str(key[1]), str(key[2]), str(key[3])), est
+
+    def user_estimates(self) -> Iterable[tuple[str, Estimate]]:
+        """user → estimate over all the user's jobs, for every user that answers."""
+        for key in self._children:
+            if key[0] == 5:
+                est = self._at(key)
+                if est is not None:
+                    yield str(key[1]), est
+
     def _agg(self, key: _Key) -> _Agg | None:
         agg = self._aggs.get(key)
         if agg is not None:

@@ -209,3 +209,45 @@ def test_opt_in_token_is_a_whole_word() -> None:
     assert opted_in("a,sgpu:rightsize;b")
     assert not opted_in("sgpu:rightsizer")
     assert not opted_in("")
+
+
+def test_recommendations_for_job_submit_lua_are_exported_after_a_history_load(
+    tmp_path: Path,
+) -> None:
+    from slurmgpu.daemon.recommend import RecommendationExport, parse_tsv
+
+    w = World(tmp_path, Mode.ADVISE)
+    _history(w)
+    rightsize = RightsizePolicy(RightsizeSettings(mode=Mode.ADVISE))
+    w.cycle.rightsize = rightsize
+    w.cycle.export = RecommendationExport(tmp_path / "etc" / "recommendations.json")
+    w.run([], T0)
+    doc = parse_tsv((tmp_path / "etc" / "recommendations.tsv").read_text())
+    entry = doc["by_key"]["alice|sim|gpu"]
+    assert entry["time_limit_min"] == 30  # 20 min x 1.3 = 26, rounded up to 5 min
+    assert entry["samples"] == 5
+    assert doc["fallback"]["alice"]["time_limit_min"] == 30
+
+
+def test_sgpu_advice_shows_the_newest_advice_per_job(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from slurmgpu.cli.main import main
+
+    w = World(tmp_path, Mode.ADVISE)
+    _history(w)
+    job = _pending("sgpu:rightsize")
+    w.run([job], T0)
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    config = tmp_path / "empty.toml"
+    config.write_text("")
+    result = CliRunner().invoke(
+        main, ["--db", db, "advice", "--json"], env={"SGPU_CONFIG": str(config)}
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    assert row["job_id"] == 200
+    assert row["fields"]["TimeLimit"] == "00:30:00"
+    assert row["mode"] == "advise"
