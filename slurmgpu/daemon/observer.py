@@ -90,6 +90,16 @@ class Observer:
             else None
         )
 
+    def _keep_placement(self, job: Job) -> Job:
+        """A finished job as squeue lists it has lost its GPU indices (no gres_detail any
+        more); keep the ones we saw while it ran, so reports can say which GPUs it held."""
+        if job.gpu_allocations or not job.state.is_terminal:
+            return job
+        prev = self._jobs.get(job.job_id)
+        if prev is None or not prev.gpu_allocations:
+            return job
+        return replace(job, gpu_allocations=prev.gpu_allocations, nodes=job.nodes or prev.nodes)
+
     def cycle(self) -> CycleResult:
         """Observe once; never raises for Slurm or store trouble (the result says why)."""
         at = self.clock()
@@ -128,6 +138,7 @@ class Observer:
         """
         t0 = time.perf_counter() if t0 is None else t0
         t_diff0 = time.perf_counter()
+        jobs = [self._keep_placement(j) for j in jobs]
         diff: JobDiff = diff_jobs(
             self._jobs, jobs, self._missing, vanish_after_cycles=self.vanish_after_cycles
         )

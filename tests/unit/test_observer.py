@@ -351,3 +351,17 @@ def test_restarted_observer_knows_the_stored_nodes_before_its_first_cycle(store:
     assert again.latest is not None
     assert {n.name for n in again.latest.nodes} == {"gpu1", "gpu2"}
     assert [j.job_id for j in again.latest.jobs] == [1]
+
+
+def test_finished_job_keeps_the_gpu_indices_it_ran_on(store: JobStore) -> None:
+    slurm = FakeSlurm([running(gpu_job(8))])
+    obs = Observer(slurm, store, clock=Clock())
+    obs.cycle()
+    # squeue lists a finished job without gres_detail: its allocation looks empty.
+    done = replace(gpu_job(8), state=JobState.COMPLETED, start_time=T0, end_time=T0)
+    slurm.set_jobs([done])
+    obs.cycle()
+    (stored,) = store.jobs(job_ids=[8])
+    assert stored.job.state is JobState.COMPLETED
+    assert stored.job.gpu_allocations == (NodeGpuAllocation("gpu1", (0, 1)),)
+    assert stored.job.nodes == ("gpu1",)
