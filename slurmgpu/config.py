@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -195,26 +196,38 @@ def _key_line(text: str, table: str, key: str) -> int | None:
     return None
 
 
-class _Reader:
-    """Reads one table of the TOML document, turning problems into ConfigError."""
+class TableReader:
+    """Typed, validated reads of one TOML table's keys.
 
-    def __init__(self, doc: dict[str, Any], text: str, path: Path | None, table: str) -> None:
-        raw = doc.get(table, {})
-        self.text = text
-        self.path = path
-        self.table = table
-        if not isinstance(raw, dict):
-            raise ConfigError(
-                f"[{table}] must be a table", path=path, line=_key_line(text, "", table)
-            )
+    Keys are popped as they are read, so whatever is left at ``finish()`` is an unknown key
+    (a misspelt setting must not be silently ignored). Subclasses say how a bad key is
+    reported (``fail``), so each section's errors name it the way its users write it.
+    """
+
+    duration_example = '"30s"'
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
         self.raw: dict[str, Any] = dict(raw)
 
-    def _fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(
-            f"{self.table}.{key} {message}",
-            path=self.path,
-            line=_key_line(self.text, self.table, key),
-        )
+    def fail(self, key: str, message: str) -> Exception:
+        """The exception that reports ``key`` as bad (raised by the caller)."""
+        raise NotImplementedError
+
+    def boolean(self, key: str, default: bool) -> bool:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, not {value!r}")
+        return value
+
+    def integer(self, key: str, default: int, *, minimum: int = 0) -> int:
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self.fail(key, f"must be an integer >= {minimum}, not {value!r}")
+        return value
 
     def duration(
         self, key: str, default: timedelta, *, minimum: timedelta | None = None
@@ -224,42 +237,48 @@ class _Reader:
         value = self.raw.pop(key)
         try:
             d = parse_duration(value)
-        except ValueError:
-            raise self._fail(key, f'must be a duration like "30s", not {value!r}') from None
+        except (ValueError, TypeError, AttributeError):
+            raise self.fail(
+                key, f"must be a duration like {self.duration_example}, not {value!r}"
+            ) from None
         if minimum is not None and d < minimum:
-            raise self._fail(key, f"must be at least {minimum.total_seconds():g}s")
+            raise self.fail(key, f"must be at least {minimum.total_seconds():g}s")
         return d
+
+    def finish(self) -> None:
+        if self.raw:
+            key = sorted(map(str, self.raw))[0]
+            raise self.fail(key, "is not a known setting (check the spelling)")
+
+
+class _Reader(TableReader):
+    """Reads one table of the TOML document, turning problems into ConfigError with a line."""
+
+    def __init__(self, doc: dict[str, Any], text: str, path: Path | None, table: str) -> None:
+        raw = doc.get(table, {})
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"[{table}] must be a table", path=path, line=_key_line(text, "", table)
+            )
+        super().__init__(raw)
+        self.text, self.path, self.table = text, path, table
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(
+            f"{self.table}.{key} {message}",
+            path=self.path,
+            line=_key_line(self.text, self.table, key),
+        )
 
     def string(self, key: str, default: str, *, choices: tuple[str, ...] | None = None) -> str:
         if key not in self.raw:
             return default
         value = self.raw.pop(key)
         if not isinstance(value, str):
-            raise self._fail(key, f"must be a string, not {value!r}")
+            raise self.fail(key, f"must be a string, not {value!r}")
         if choices is not None and value not in choices:
-            raise self._fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
+            raise self.fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
         return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        if not isinstance(value, bool):
-            raise self._fail(key, f"must be true or false, not {value!r}")
-        return value
-
-    def integer(self, key: str, default: int, *, minimum: int = 0) -> int:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise self._fail(key, f"must be an integer >= {minimum}, not {value!r}")
-        return value
-
-    def finish(self) -> None:
-        if self.raw:
-            key = sorted(self.raw)[0]
-            raise self._fail(key, "is not a known setting (check the spelling)")
 
 
 def parse_settings(text: str, path: Path | None = None) -> Settings:

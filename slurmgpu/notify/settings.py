@@ -36,7 +36,7 @@ from email.utils import parseaddr
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.config import ConfigError, parse_duration
+from slurmgpu.config import ConfigError, TableReader, parse_duration
 
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _ALERT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -155,25 +155,21 @@ class NotifySettings:
             )
 
 
-class _Reader:
-    """Pops keys off one mapping, turning bad values into NotifyConfigError."""
+class _Reader(TableReader):
+    """Reads the ``[notify]`` table, turning bad values into NotifyConfigError."""
+
+    duration_example = '"7d" or "10s"'
 
     def __init__(self, d: Mapping[str, Any], where: str | Path | None) -> None:
         if not isinstance(d, Mapping):
             raise NotifyConfigError("", "must be a table", where=where)
-        self.raw: dict[str, Any] = dict(d)
+        super().__init__(d)
         self.where = where
 
-    def _fail(self, key: str, message: str) -> NotifyConfigError:
+    def fail(self, key: str, message: str) -> NotifyConfigError:
         return NotifyConfigError(key, message, where=self.where)
 
-    def boolean(self, key: str, default: bool) -> bool:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        if not isinstance(value, bool):
-            raise self._fail(key, f"must be true or false, not {value!r}")
-        return value
+    _fail = fail
 
     def string(self, key: str, default: str, *, allow_empty: bool = False) -> str:
         if key not in self.raw:
@@ -225,20 +221,6 @@ class _Reader:
             raise self._fail(key, f'must be a mail domain like "example.edu", not {value!r}')
         return value
 
-    def duration(
-        self, key: str, default: timedelta, *, minimum: timedelta | None = None
-    ) -> timedelta:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        try:
-            d = parse_duration(value)
-        except (ValueError, TypeError, AttributeError):
-            raise self._fail(key, f'must be a duration like "7d" or "10s", not {value!r}') from None
-        if minimum is not None and d < minimum:
-            raise self._fail(key, f"must be at least {minimum.total_seconds():g}s")
-        return d
-
     def intervals(self, key: str) -> tuple[tuple[str, timedelta], ...]:
         if key not in self.raw:
             return ()
@@ -266,7 +248,4 @@ class _Reader:
                 "is not read from the config: put it in a file only its owner can read "
                 "(chmod 600) and set password_file",
             )
-        # Every known key was popped by now, so whatever is left is unknown.
-        if self.raw:
-            key = sorted(map(str, self.raw))[0]
-            raise self._fail(key, "is not a known setting (check the spelling)")
+        super().finish()

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, cast
 
-from slurmgpu.config import parse_duration
+from slurmgpu.config import TableReader
 from slurmgpu.policy.base import Mode
 
 __all__ = [
@@ -72,31 +72,17 @@ class PolicyConfigError(ValueError):
         super().__init__(f"{dotted} {message}")
 
 
-class _Table:
-    """Reads one mapping, popping keys as they are read, so leftovers are unknown keys."""
+class _Table(TableReader):
+    """Reads one policy table (see :class:`TableReader`)."""
 
     def __init__(self, d: Mapping[str, Any], where: str) -> None:
         if not isinstance(d, Mapping):
             raise PolicyConfigError("", "must be a table", where=where)
-        self.raw: dict[str, Any] = dict(d)
+        super().__init__(d)
         self.where = where
 
     def fail(self, key: str, message: str) -> PolicyConfigError:
         return PolicyConfigError(key, message, where=self.where)
-
-    def duration(
-        self, key: str, default: timedelta, *, minimum: timedelta = timedelta(0)
-    ) -> timedelta:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        try:
-            d = parse_duration(value)
-        except (ValueError, TypeError, AttributeError):
-            raise self.fail(key, f'must be a duration like "30s", not {value!r}') from None
-        if d < minimum:
-            raise self.fail(key, f"must be at least {minimum.total_seconds():g}s")
-        return d
 
     def optional_duration(self, key: str, default: timedelta | None) -> timedelta | None:
         if key not in self.raw:
@@ -106,22 +92,6 @@ class _Table:
             self.raw.pop(key)
             return None
         return self.duration(key, timedelta(0))
-
-    def boolean(self, key: str, default: bool) -> bool:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, not {value!r}")
-        return value
-
-    def integer(self, key: str, default: int, *, minimum: int = 0) -> int:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise self.fail(key, f"must be an integer >= {minimum}, not {value!r}")
-        return value
 
     def number(
         self,
@@ -164,11 +134,6 @@ class _Table:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise self.fail(key, f'must be a list of names like ["a", "b"], not {value!r}')
         return frozenset(cast("list[str]", value))
-
-    def finish(self) -> None:
-        if self.raw:
-            key = sorted(self.raw)[0]
-            raise self.fail(key, "is not a known setting (check the spelling)")
 
 
 @dataclass(frozen=True, slots=True)
