@@ -257,10 +257,7 @@ class IdleGpuPolicy:
 
     def _describe(self, idle: _Idle) -> str:
         since = "since the job started" if idle.window == "fixed" else "after being busy"
-        return (
-            f"{idle.idle_gpus} of {idle.allocated} GPUs idle for "
-            f"{_span(idle.duration)} {since}"
-        )
+        return f"{idle.idle_gpus} of {idle.allocated} GPUs idle for {_span(idle.duration)} {since}"
 
     def _warn(self, job: Job, idle: _Idle, alert: str, threshold: timedelta, kind: str) -> Action:
         s = self.settings
