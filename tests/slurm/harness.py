@@ -8,33 +8,18 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
-
-import pytest
 
 from slurmgpu.labcluster import LabCluster
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import GpuUsage, UsageStore
+from tests.polling import wait_for
 
-T = TypeVar("T")
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -14,6 +13,7 @@ import pytest
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.client import SlurmClient, SlurmCommandError, SlurmUnavailableError
+from tests import polling
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,13 +25,8 @@ _WAIT_S = 40.0
 
 
 def wait_for(probe: Callable[[], R | None], what: str, timeout: float = _WAIT_S) -> R:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.2)
+    """``tests.polling.wait_for`` with this module's argument order: any value but None."""
+    return polling.wait_for(what, probe, timeout, until_not_none=True)
 
 
 @pytest.fixture

@@ -10,37 +10,21 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from slurmgpu.labcluster import LabCluster
 from slurmgpu.store import JobStore, open_store
-
-T = TypeVar("T")
+from tests.polling import wait_for
 
 JOB_SCRIPT = """#!/bin/bash
 echo "CVD=${CUDA_VISIBLE_DEVICES:-none} SHARDS=${SLURM_SHARDS_ON_NODE:-0}" \
      "RESTART=${SLURM_RESTART_COUNT:-0}"
 sleep ${1:-2}
 """
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 60.0) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.2
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
 
 
 class Sgpu:

@@ -12,7 +12,6 @@ import contextlib
 import json
 import re
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from slurmgpu.daemon.recommend import Recommendation, RecommendationExport
+from tests import polling
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -31,13 +31,8 @@ _T = 30.0  # seconds any single wait may take
 
 
 def wait_for(probe: Callable[[], R | None], what: str, timeout: float = _T) -> R:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.1)
+    """``tests.polling.wait_for`` with this module's argument order: any value but None."""
+    return polling.wait_for(what, probe, timeout, until_not_none=True)
 
 
 def run(*argv: str, cwd: Path | None = None) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -14,6 +13,7 @@ from click.testing import CliRunner
 
 from slurmgpu.cli.cluster import cluster
 from slurmgpu.labcluster import LabCluster
+from tests import polling
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,14 +36,8 @@ def slurm(*argv: str, env: dict[str, str] | None = None) -> str:
 
 
 def wait_for(probe: Callable[[], R | None], what: str, timeout: float = _T) -> R:
-    """Poll ``probe`` until it returns something other than None; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.1)
+    """``tests.polling.wait_for`` with this module's argument order: any value but None."""
+    return polling.wait_for(what, probe, timeout, until_not_none=True)
 
 
 def sbatch(*args: str) -> int:

@@ -23,7 +23,8 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 from slurmgpu.labcluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.parse import parse_time_limit
-from tests.slurm.harness import Telemetry, running_stack, wait_for
+from tests.polling import wait_for
+from tests.slurm.harness import Telemetry, running_stack
 
 
 @dataclass

@@ -21,7 +21,8 @@ from sqlalchemy import select
 from slurmgpu.labcluster import LabCluster
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.usage import GpuUsage
-from tests.slurm.harness import NODES, Telemetry, running_stack, wait_for
+from tests.polling import wait_for
+from tests.slurm.harness import NODES, Telemetry, running_stack
 
 
 @pytest.fixture

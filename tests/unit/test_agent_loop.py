@@ -12,10 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -34,6 +32,7 @@ from slurmgpu.telemetry.host import HostUsageSampler
 from slurmgpu.telemetry.simgpu import SimulatedGpuProbe, declaration_path
 from slurmgpu.wire import NodeJob, SampleBatch, munge_available, node_token, verify_hmac
 from tests.fakedaemon import FakeDaemon
+from tests.polling import wait_for
 
 NODE = "agentnode"
 JOB = 987_654  # unlikely to collide with a real job on the machine running the tests
@@ -43,20 +42,6 @@ DECLARED_MEM_MIB = 2048
 SECRET = b"0123456789abcdef0123456789abcdef-test-site-secret"
 DEADLINE_S = 30.0
 REPO = Path(__file__).resolve().parents[2]
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = DEADLINE_S) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
 
 # -- fixtures -------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -32,6 +31,7 @@ from slurmgpu.telemetry.simgpu import (
     read_declarations,
     write_declaration,
 )
+from tests.polling import wait_for
 
 LAB_GRES_CONF = """\
 # fake GPUs (any existing char device works)
@@ -40,20 +40,6 @@ NodeName=gpu[1-4] Name=gpu File=/dev/tty[0-3]
 NodeName=gpu[1-4] Name=shard Count=16
 """
 DEADLINE_S = 30.0
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = DEADLINE_S) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
