@@ -87,20 +87,23 @@ def parse_duration(text: str | int | float) -> timedelta:
     return timedelta(seconds=total)
 
 
+def _user_state_dir() -> Path:
+    """Where a non-root user's slurmgpu state lives (XDG_STATE_HOME)."""
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "slurmgpu"
+
+
 def default_database_url() -> str:
     """Return the default SQLite URL: system-wide for root, per-user otherwise."""
     if os.geteuid() == 0:
         return "sqlite:////var/lib/slurmgpu/state.db"
-    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
-    return f"sqlite:///{state / 'slurmgpu' / 'state.db'}"
+    return f"sqlite:///{_user_state_dir() / 'state.db'}"
 
 
 def default_secret_file() -> str:
     """Return where the daemon keeps its site secret for agent tokens."""
     if os.geteuid() == 0:
         return "/etc/slurmgpu/site.secret"
-    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
-    return str(state / "slurmgpu" / "site.secret")
+    return str(_user_state_dir() / "site.secret")
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,70 +3,21 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import click
 
-from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
-from slurmgpu.config import Settings
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.observer import CycleResult, Observer
-from slurmgpu.daemon.policy_cycle import PolicyCycle
-from slurmgpu.daemon.recommend import RecommendationExport
+from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.summary import Summarizer
-from slurmgpu.policy.base import Action
-from slurmgpu.policy.engine import PolicyEngine
-from slurmgpu.policy.idle import IdleGpuPolicy
-from slurmgpu.policy.rightsize import RightsizePolicy
-from slurmgpu.slurm.client import SlurmClient
-from slurmgpu.store import JobStore
-from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
 log = logging.getLogger("slurmgpu.daemon")
-
-
-class MailNotifier:
-    """The actuator's Notifier on top of the Mailer (email is optional and off by default)."""
-
-    def __init__(self, mailer: Any) -> None:
-        self.mailer = mailer
-
-    def notify(self, action: Action, *, at: datetime) -> str:
-        return str(self.mailer.notify(action, at=at).status)
-
-
-def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) -> PolicyCycle:
-    """The engine with every policy in its configured mode, wired to the store and Slurm."""
-    p = settings.policy
-    rightsize = RightsizePolicy(p.rightsize)
-    engine = PolicyEngine(
-        [(IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode), (rightsize, p.rightsize.mode)],
-        p.engine,
-    )
-    notifier = None
-    if settings.notify.enabled:
-        from slurmgpu.notify.mailer import Mailer
-
-        notifier = MailNotifier(Mailer(settings.notify, store.engine, cluster=store.cluster))
-    audit = AuditStore(store.engine, store.cluster)
-    actuator = Actuator(slurm, audit, notifier)
-    actuator.recover()
-    return PolicyCycle(
-        engine,
-        UsageStore(store.engine, store.cluster),
-        audit,
-        actuator,
-        history_days=p.history_days,
-        history_refresh=p.history_refresh,
-        export=RecommendationExport(p.recommendations_file) if p.recommendations_file else None,
-        rightsize=rightsize,
-    )
 
 
 @click.command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -12,6 +12,7 @@ from rich.table import Table
 
 from slurmgpu.cli.context import AppContext, pass_app
 from slurmgpu.model import Job
+from slurmgpu.report.eff import elapsed_of
 from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.store import StoredJob
 
@@ -49,21 +50,13 @@ def placement_text(job: Job) -> str:
     return " ".join(out)
 
 
-def elapsed(job: Job, now: datetime) -> timedelta | None:
-    if job.start_time is None:
-        return None
-    if job.state.is_terminal and job.end_time is not None:
-        return max(job.end_time - job.start_time, timedelta(0))
-    return max(now - job.start_time, timedelta(0))
-
-
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
 def job_json(stored: StoredJob, now: datetime) -> dict[str, Any]:
     job = stored.job
-    el = elapsed(job, now)
+    el = elapsed_of(job, now)
     return {
         "job_id": job.job_id,
         "display_id": job.display_id,
@@ -137,7 +130,7 @@ def jobs(
         table.add_column(col, no_wrap=col in {"JOBID", "STATE"})
     for r in rows:
         job = r.job
-        el = elapsed(job, now)
+        el = elapsed_of(job, now)
         state = job.state.value + (
             "+" + ",".join(sorted(job.state_flags)) if job.state_flags else ""
         )

@@ -73,10 +73,8 @@ def _register() -> None:
     main.add_command(eff)
     main.add_command(fakeload)
     main.add_command(node_token_command)
-    try:
-        from slurmgpu.cli.cluster import cluster
-    except ImportError:  # pragma: no cover - the lab launcher is optional in a wheel
-        return
+    from slurmgpu.cli.cluster import cluster
+
     main.add_command(cluster)
 
 

@@ -8,17 +8,29 @@ reads the database or the clock is here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from slurmgpu.actuate.actuator import ActuationResult, Actuator
+from slurmgpu.config import Settings
 from slurmgpu.daemon.recommend import ExportError, RecommendationExport
 from slurmgpu.model import ClusterSnapshot, JobState
-from slurmgpu.policy.base import Decision, GpuStat, HistoryRecord, JobUsage, PolicySnapshot
+from slurmgpu.policy.base import (
+    Action,
+    Decision,
+    GpuStat,
+    HistoryRecord,
+    JobUsage,
+    PolicySnapshot,
+)
 from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.recommend import recommendations
 from slurmgpu.policy.rightsize import RightsizePolicy
+from slurmgpu.slurm.client import SlurmClient
+from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.history import load_history
@@ -29,7 +41,7 @@ log = logging.getLogger("slurmgpu.daemon")
 RIGHTSIZE_OPT_IN = "sgpu:rightsize"
 
 
-def gpu_stats(rows: list[GpuUsage], since: datetime | None) -> tuple[GpuStat, ...]:
+def gpu_stats(rows: list[GpuUsage]) -> tuple[GpuStat, ...]:
     return tuple(
         GpuStat(
             node=g.node,
@@ -44,7 +56,6 @@ def gpu_stats(rows: list[GpuUsage], since: datetime | None) -> tuple[GpuStat, ..
             last_sample_at=g.last_at,
         )
         for g in rows
-        if since is None or g.last_at >= since
     )
 
 
@@ -114,13 +125,18 @@ class PolicyCycle:
 
     def snapshot(self, cluster: ClusterSnapshot, at: datetime) -> PolicySnapshot:
         running = [j for j in cluster.jobs if j.state is JobState.RUNNING]
-        by_job = self.usage.gpu_usage_many([j.job_id for j in running])
+        # One grouped query for jobs in their first run; a requeued job's earlier runs
+        # are not this run's, so its (few) aggregates are asked for since its start.
+        first = [j.job_id for j in running if j.restart_count == 0 or j.start_time is None]
+        by_job = self.usage.gpu_usage_many(first)
+        for job in running:
+            if job.restart_count > 0 and job.start_time is not None:
+                by_job.update(self.usage.gpu_usage_many([job.job_id], since=job.start_time))
         usage: dict[int, JobUsage] = {}
         for job in running:
             rows = by_job.get(job.job_id)
             if rows:
-                # Samples from before the current run (a requeued job) are not this run's.
-                usage[job.job_id] = JobUsage(job.job_id, gpu_stats(rows, job.start_time))
+                usage[job.job_id] = JobUsage(job.job_id, gpu_stats(rows))
         alerts = self.audit.alerts([j.job_id for j in running]) if running else []
         cooldown = self.engine.settings.job_cooldown
         last = self.audit.last_action_since(at - cooldown)
@@ -168,8 +184,39 @@ class PolicyCycle:
             del self._last[key]
 
 
-def decisions_summary(results: list[ActuationResult]) -> Mapping[str, int]:
-    out: dict[str, int] = {}
-    for r in results:
-        out[r.outcome] = out.get(r.outcome, 0) + 1
-    return out
+class MailNotifier:
+    """The actuator's Notifier on top of the Mailer (email is optional and off by default)."""
+
+    def __init__(self, mailer: Any) -> None:
+        self.mailer = mailer
+
+    def notify(self, action: Action, *, at: datetime) -> str:
+        return str(self.mailer.notify(action, at=at).status)
+
+
+def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) -> PolicyCycle:
+    """The engine with every policy in its configured mode, wired to the store and Slurm."""
+    p = settings.policy
+    rightsize = RightsizePolicy(p.rightsize)
+    engine = PolicyEngine(
+        [(IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode), (rightsize, p.rightsize.mode)],
+        p.engine,
+    )
+    notifier = None
+    if settings.notify.enabled:
+        from slurmgpu.notify.mailer import Mailer
+
+        notifier = MailNotifier(Mailer(settings.notify, store.engine, cluster=store.cluster))
+    audit = AuditStore(store.engine, store.cluster)
+    actuator = Actuator(slurm, audit, notifier)
+    actuator.recover()
+    return PolicyCycle(
+        engine,
+        UsageStore(store.engine, store.cluster),
+        audit,
+        actuator,
+        history_days=p.history_days,
+        history_refresh=p.history_refresh,
+        export=RecommendationExport(p.recommendations_file) if p.recommendations_file else None,
+        rightsize=rightsize,
+    )

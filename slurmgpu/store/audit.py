@@ -137,27 +137,6 @@ class AuditStore:
         out.sort(key=lambda p: p.at)
         return out
 
-    def last_action_at(self, job_ids: Sequence[int]) -> dict[int, datetime]:
-        a = schema.actions
-        out: dict[int, datetime] = {}
-        ids = list(job_ids)
-        with self.engine.connect() as conn:
-            for i in range(0, len(ids), 500):
-                stmt = (
-                    select(a.c.job_id, func.max(a.c.at))
-                    .where(
-                        and_(
-                            a.c.cluster == self.cluster,
-                            a.c.job_id.in_(ids[i : i + 500]),
-                            a.c.outcome == "done",
-                        )
-                    )
-                    .group_by(a.c.job_id)
-                )
-                for job_id, at in conn.execute(stmt):
-                    out[int(job_id)] = as_utc(at)
-        return out
-
     def last_action_since(self, since: datetime) -> dict[int, datetime]:
         """Job → time of its newest executed change after ``since`` (for cooldowns)."""
         a = schema.actions

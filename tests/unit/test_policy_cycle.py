@@ -4,6 +4,7 @@ job is rightsized from history only in enforce mode and only when it opted in.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -251,3 +252,17 @@ def test_sgpu_advice_shows_the_newest_advice_per_job(tmp_path: Path) -> None:
     assert row["job_id"] == 200
     assert row["fields"]["TimeLimit"] == "00:30:00"
     assert row["mode"] == "advise"
+
+
+def test_a_requeued_job_is_judged_on_its_current_run_only(tmp_path: Path) -> None:
+    w = World(tmp_path, Mode.ENFORCE)
+    old_run = running_job(9)
+    w.samples(old_run, T0 - timedelta(minutes=200), T0 - timedelta(minutes=65), 0.0)
+    # Requeued and restarted an hour ago; idle for the last 62 minutes of this run.
+    job = replace(old_run, restart_count=1, start_time=T0 - timedelta(minutes=62))
+    w.samples(job, T0 - timedelta(minutes=62), T0, 0.0)
+    w.run([job], T0)
+    (record,) = w.audit.list(job_id=9)
+    # 62 min since the restart, not 200 min since the first run: the first warning only.
+    assert record.kind == "warn"
+    assert record.numbers["idle_minutes"] < 65
