@@ -9,8 +9,7 @@ driver can measure them. Instead a load program (``sgpu fakeload``) running insi
      "job_id": 17, "updated_at": 1718000000.5, "interval_s": 5.0}
 
 The probe reads the declarations, drops those whose pid is gone (or a zombie) and those not
-refreshed within ``stale_factor`` times their ``interval_s`` (and at least ``MIN_STALE_S``),
-and reports per device: util =
+refreshed within ``stale_factor`` times their ``interval_s``, and reports per device: util =
 min(100, sum of the processes' declared util), memory = sum of declared memory (not capped:
 a real GPU would refuse the allocation, the simulation shows the overcommit), one process
 entry per pid with ``sm_util_pct`` = its declared util. Probe index i is Slurm index i, and
@@ -184,10 +183,6 @@ def pid_alive(pid: int) -> bool:
     return status != psutil.STATUS_ZOMBIE
 
 
-# A declaration is never stale sooner than this, whatever its refresh interval.
-MIN_STALE_S = 30.0
-
-
 class SimulatedGpuProbe:
     """A ``GpuProbe`` over simulated devices (see the module docstring).
 
@@ -252,11 +247,8 @@ class SimulatedGpuProbe:
                 with contextlib.suppress(OSError):
                     path.unlink()
                 continue
-            # The writer stopped refreshing (hung, or the pid was reused). The floor keeps a
-            # live load whose refresh is late on a busy host from reading as a 0 % sample.
-            limit = max(self.stale_factor * declaration.interval_s, MIN_STALE_S)
-            if now - declaration.updated_at > limit:
-                continue
+            if now - declaration.updated_at > self.stale_factor * declaration.interval_s:
+                continue  # the writer stopped refreshing (hung, or the pid was reused)
             live.append(declaration)
         return live
 

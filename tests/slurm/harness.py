@@ -130,6 +130,10 @@ class Telemetry:
         its fakeload has declared anything (allocated, no process yet: 0 %), which is right
         but would blur a comparison with the declared figure."""
         since = datetime.now(UTC) - timedelta(seconds=window_s)
+        everything = self.usage().gpu_usage(job_id)
+        # Not before the job's first sample (taken at start-up) has left the window.
+        if not everything or min(r.first_at for r in everything) > since - timedelta(seconds=2):
+            return None
         rows = self.usage().gpu_usage(job_id, since=since)
         return rows if rows and all(r.samples >= 3 for r in rows) else None
 
