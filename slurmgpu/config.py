@@ -12,6 +12,8 @@ Example (every key is optional; these are the defaults)::
     api = true                 # serve the agent ingest API on `listen`
     secret_file = "/etc/slurmgpu/site.secret"   # for agents without MUNGE (0600, created)
     admin_comment = false      # copy each job's usage summary into its AdminComment
+    lease_ttl = "60s"          # single writer: another daemon takes over this long after
+                               # the last heartbeat (docs/reliability.md)
 
     [slurm]
     backend = "auto"           # auto | cli | pyslurm
@@ -117,6 +119,7 @@ class DaemonSettings:
     api: bool = True
     secret_file: str = field(default_factory=default_secret_file)
     admin_comment: bool = False
+    lease_ttl: timedelta = timedelta(seconds=60)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +316,7 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
         api=d.boolean("api", True),
         secret_file=d.string("secret_file", default_secret_file()),
         admin_comment=d.boolean("admin_comment", False),
+        lease_ttl=d.duration("lease_ttl", timedelta(seconds=60), minimum=timedelta(seconds=1)),
     )
     d.finish()
     s = _Reader(doc, text, path, "slurm")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,10 +12,12 @@ import click
 
 from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
+from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.summary import Summarizer
+from slurmgpu.store import JobStore
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
@@ -31,6 +35,11 @@ log = logging.getLogger("slurmgpu.daemon")
 )
 @click.option("--no-api", is_flag=True, help="Do not serve the agent ingest API.")
 @click.option("--no-policies", is_flag=True, help="Observe only: run no policy at all.")
+@click.option(
+    "--standby",
+    is_flag=True,
+    help="Passive mode: wait until the daemon holding the database lease stops, then take over.",
+)
 @pass_app
 def daemon(
     app: AppContext,
@@ -40,6 +49,7 @@ def daemon(
     listen: str | None,
     no_api: bool,
     no_policies: bool,
+    standby: bool,
 ) -> None:
     """Run the slurmgpu daemon: observe → store, and ingest agents' usage samples."""
     settings = app.settings
@@ -49,6 +59,46 @@ def daemon(
     if poll.total_seconds() < 0.1:
         fail("--interval must be at least 0.1s", 2)
     store = app.store(migrate=True)
+    # The lease comes before any state is read or recovered: a second daemon must not
+    # mark the first one's in-flight decisions as interrupted.
+    lease = DaemonLease(store.engine, ttl=settings.daemon.lease_ttl)
+    if standby:
+        if not _wait_for_lease(lease):
+            return
+    else:
+        try:
+            lease.acquire()
+        except LeaseError as exc:
+            fail(str(exc), 1)
+    try:
+        _run(app, store, lease, poll, once, cycles, listen, no_api, no_policies)
+    finally:
+        lease.release()
+
+
+def _wait_for_lease(lease: DaemonLease) -> bool:
+    stop = threading.Event()
+
+    def _stop(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return lease.wait_acquire(stop)
+
+
+def _run(
+    app: AppContext,
+    store: JobStore,
+    lease: DaemonLease,
+    poll: timedelta,
+    once: bool,
+    cycles: int | None,
+    listen: str | None,
+    no_api: bool,
+    no_policies: bool,
+) -> None:
+    settings = app.settings
     slurm = app.slurm()
     usage = UsageStore(store.engine, store.cluster)
     try:
@@ -65,7 +115,8 @@ def daemon(
         for job in result.snapshot.jobs:
             if job.job_id in ended:
                 summarizer.job_ended(job, result.at)
-        if policies is not None:
+        # No lease (lapsed while the database refused writes, or taken over): no action.
+        if policies is not None and lease.valid():
             policies.run(result.snapshot, result.at)
 
     loop = DaemonLoop(
@@ -105,6 +156,8 @@ def daemon(
             server.address[1],
             "on" if auth.allow_munge else "off",
         )
+    keeper = LeaseKeeper(lease, on_lost=loop.stop_event.set)
+    keeper.start()
     loop.install_signal_handlers()
     log.info(
         "daemon started: database %s, poll every %.0fs, mode %s",
@@ -115,5 +168,8 @@ def daemon(
     try:
         loop.run(max_cycles=cycles)
     finally:
+        keeper.stop()
         if server is not None:
             server.stop()
+    if lease.lost:
+        fail("stopped: another daemon took over the database lease", 1)
