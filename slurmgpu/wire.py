@@ -102,6 +102,26 @@ class IngestResult(msgspec.Struct, frozen=True):
     duplicates: int
 
 
+class JobStatus(msgspec.Struct, frozen=True):
+    """One job as ``GET /v1/jobs`` shows it to its owner (or an admin)."""
+
+    job_id: str  # "123" or "120_3" for an array task
+    user: str
+    state: str
+    name: str
+    partition: str
+    nodes: list[str]
+    gpus: int
+
+
+class JobsStatus(msgspec.Struct, frozen=True):
+    """``GET /v1/jobs``: the caller's jobs (every job, or ``?user=``, for an admin)."""
+
+    caller_uid: int
+    admin: bool
+    jobs: list[JobStatus]
+
+
 class WireError(ValueError):
     """A payload that does not match the schema, in one line."""
 

@@ -26,6 +26,10 @@ def db_upgrade(app: AppContext) -> None:
         after = current_revision(engine)
     except StoreError as exc:
         fail(str(exc), EXIT_STORE)
+    if before != after:
+        from slurmgpu.cli.token import audit_admin_action
+
+        audit_admin_action(app, "db_upgrade", f"schema {before or 'none'} → {after}")
     click.echo(f"database {url}: schema {before or 'none'} → {after}")
 
 

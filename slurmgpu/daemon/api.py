@@ -3,7 +3,12 @@
 Endpoints (JSON; see slurmgpu.wire for the schemas and authentication):
 
 - ``POST /v1/samples``: a SampleBatch from a node agent → ``{"accepted", "duplicates"}``.
-- ``GET /v1/nodes/<node>/jobs``: the running jobs on a node with their GPU indices.
+- ``GET /v1/nodes/<node>/jobs``: the running jobs on a node with their GPU indices
+  (agents only: the node's own credential).
+- ``GET /v1/jobs[?user=NAME]``: a user's status, authenticated with the user's own MUNGE
+  credential (``munge -n | curl -H "Authorization: Munge $(cat)"`` style, payload
+  ``"status\n" + sha256("")``): the caller's jobs only; every job (or ``user``'s) for an
+  admin uid (root by default).
 - ``GET /healthz``: ``{"ok": true}`` (no authentication, no data).
 
 Status codes: 400 bad payload, 401 not authenticated, 403 authenticated but not for that
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pwd
 import socket
 import threading
 from collections.abc import Callable
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from slurmgpu.model import ClusterSnapshot, JobState
 from slurmgpu.store.database import StoreError
@@ -31,6 +38,8 @@ from slurmgpu.wire import (
     AuthError,
     Caller,
     IngestResult,
+    JobsStatus,
+    JobStatus,
     NodeJob,
     NodeJobs,
     WireError,
@@ -51,6 +60,7 @@ class Authenticator:
     allow_munge: bool = True
     agent_uids: frozenset[int] = frozenset({0})
     node_addresses: Callable[[str], set[str] | None] = lambda _node: None
+    admin_uids: frozenset[int] = frozenset({0})  # see every user's jobs in GET /v1/jobs
 
     def authenticate(self, header: str | None, body: bytes) -> Caller:
         if not header:
@@ -67,6 +77,20 @@ class Authenticator:
                 raise AuthError("token authentication is not configured on this daemon")
             return verify_hmac(header, body, self.site_secret)
         raise AuthError("unsupported Authorization scheme")
+
+    def authenticate_user(self, header: str | None) -> Caller:
+        """The user behind a status request: only a MUNGE credential proves a uid (a node
+        token speaks for a node, not for a person)."""
+        if not header:
+            raise AuthError("no Authorization header")
+        if not header.startswith("Munge "):
+            raise AuthError("status requests need the caller's own MUNGE credential")
+        if not self.allow_munge:
+            raise AuthError("MUNGE authentication is disabled on this daemon")
+        caller = verify_munge(header, b"")
+        if caller.uid is None:
+            raise AuthError("MUNGE credential carries no uid")
+        return caller
 
     def authorize_node(self, caller: Caller, node: str) -> None:
         """Raise PermissionError unless ``caller`` proved it is ``node``."""
@@ -198,6 +222,44 @@ class IngestService:
             return self._reject(peer, HTTPStatus.FORBIDDEN, str(exc))
         return HTTPStatus.OK.value, encode(self.directory.jobs_on(node))
 
+    def get_jobs(self, peer: str, header: str | None, user: str | None) -> tuple[int, bytes]:
+        """A user's jobs; an admin's view of everyone's (or ``user``'s)."""
+        if (busy := self._not_ready()) is not None:
+            return busy
+        try:
+            caller = self.auth.authenticate_user(header)
+        except AuthError as exc:
+            return self._reject(peer, HTTPStatus.UNAUTHORIZED, str(exc))
+        uid = caller.uid if caller.uid is not None else -1
+        admin = uid in self.auth.admin_uids
+        own = _user_name(uid)
+        if user is not None and user != own and not admin:
+            return self._reject(peer, HTTPStatus.FORBIDDEN, f"uid {uid} may only list its own jobs")
+        snap = self.directory.snapshot()
+        jobs = []
+        for job in snap.jobs if snap is not None else ():
+            mine = job.uid == uid if job.uid is not None else (own is not None and job.user == own)
+            if (admin and (user is None or job.user == user)) or (not admin and mine):
+                jobs.append(
+                    JobStatus(
+                        job_id=job.display_id,
+                        user=job.user,
+                        state=job.state.value,
+                        name=job.name,
+                        partition=job.partition,
+                        nodes=list(job.nodes),
+                        gpus=job.allocated_gpus or job.gpus.gpus,
+                    )
+                )
+        return HTTPStatus.OK.value, encode(JobsStatus(caller_uid=uid, admin=admin, jobs=jobs))
+
+
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return None
+
 
 def _handler(service: IngestService) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -216,9 +278,17 @@ def _handler(service: IngestService) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             peer = self.client_address[0]
-            parts = self.path.split("?", 1)[0].strip("/").split("/")
+            path, _, query = self.path.partition("?")
+            parts = path.strip("/").split("/")
             if parts == ["healthz"]:
                 self._send(200, b'{"ok": true}')
+            elif parts == ["v1", "jobs"]:
+                users = parse_qs(query).get("user")
+                self._send(
+                    *service.get_jobs(
+                        peer, self.headers.get("Authorization"), users[0] if users else None
+                    )
+                )
             elif len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] == "jobs":
                 self._send(
                     *service.get_node_jobs(peer, self.headers.get("Authorization"), parts[2])

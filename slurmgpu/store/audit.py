@@ -90,6 +90,41 @@ class AuditStore:
         except SQLAlchemyError as exc:
             raise StoreError(f"could not record policy decisions: {exc}") from exc
 
+    def record_admin(
+        self,
+        kind: str,
+        reason: str,
+        *,
+        at: datetime,
+        caller_uid: int,
+        user: str = "",
+        job_id: int | None = None,
+    ) -> int:
+        """Store an administrator's action (policy ``admin``, outcome ``done``); return its id.
+
+        Called before the action's effect is handed out, so nothing is done unaudited.
+        """
+        a = schema.actions
+        row = {
+            "at": at,
+            "cluster": self.cluster,
+            "job_id": job_id,
+            "user": user,
+            "policy": "admin",
+            "kind": kind,
+            "mode": "enforce",
+            "taken": True,
+            "reason": reason,
+            "execute": True,
+            "outcome": "done",
+            "caller_uid": caller_uid,
+        }
+        try:
+            with self.engine.begin() as conn:
+                return int(conn.execute(insert(a).values(row).returning(a.c.id)).scalar_one())
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not audit the admin action {kind}: {exc}") from exc
+
     def set_outcome(self, action_id: int, outcome: str, error: str | None = None) -> None:
         a = schema.actions
         try:

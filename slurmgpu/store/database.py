@@ -12,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -91,9 +91,17 @@ def alembic_config(engine: Engine) -> Config:
     return cfg
 
 
+def _reason(exc: SQLAlchemyError) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except SQLAlchemyError as exc:
+        raise StoreError(f"cannot read database {engine.url!r}: {_reason(exc)}") from None
 
 
 def head_revision() -> str | None:
@@ -105,4 +113,7 @@ def upgrade(engine: Engine) -> None:
     """Migrate the database to the newest schema (no-op when already there)."""
     if current_revision(engine) == head_revision():
         return
-    command.upgrade(alembic_config(engine), "head")
+    try:
+        command.upgrade(alembic_config(engine), "head")
+    except SQLAlchemyError as exc:
+        raise StoreError(f"cannot migrate database {engine.url!r}: {_reason(exc)}") from None
