@@ -116,8 +116,9 @@ def test_two_gpu_job_is_recorded_with_its_node_gpu_indices_and_end(sgpu: Sgpu) -
 
 def test_gpus_per_node_and_shard_jobs_are_recorded_with_their_counts(sgpu: Sgpu) -> None:
     script = str(sgpu.tmp / "job.sh")
-    per_node = sgpu.submit("--gpus-per-node=1", "-o", "/dev/null", script, "5")
-    shard = sgpu.submit("--gres=shard:2", "-o", "/dev/null", script, "5")
+    # Long enough to be seen running together on a loaded machine; cancelled below.
+    per_node = sgpu.submit("--gpus-per-node=1", "-o", "/dev/null", script, "120")
+    shard = sgpu.submit("--gres=shard:2", "-o", "/dev/null", script, "120")
 
     def both_running() -> tuple[dict[str, Any], dict[str, Any]] | None:
         sgpu.observe()
@@ -126,7 +127,10 @@ def test_gpus_per_node_and_shard_jobs_are_recorded_with_their_counts(sgpu: Sgpu)
             return a, b
         return None
 
-    a, b = wait_for("both jobs running", both_running)
+    try:
+        a, b = wait_for("both jobs running", both_running)
+    finally:
+        subprocess.run(["scancel", str(per_node), str(shard)], check=False, timeout=30)
     assert a["gpus_requested"] == 1
     assert len(a["gpu_allocations"][0]["gpus"]) == 1
     assert b["gpus_requested"] == 0
