@@ -37,7 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slurmgpu.notify.settings import NotifySettings
-    from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings, RightsizeSettings
+    from slurmgpu.policy.settings import (
+        ColocateSettings,
+        EngineSettings,
+        IdleGpuSettings,
+        RightsizeSettings,
+    )
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurmgpu/config.toml")
 MODES = ("observe", "advise", "enforce")
@@ -147,6 +152,12 @@ def _idle_gpu() -> IdleGpuSettings:
     return IdleGpuSettings()
 
 
+def _colocate() -> ColocateSettings:
+    from slurmgpu.policy.settings import ColocateSettings
+
+    return ColocateSettings()
+
+
 def _notify() -> NotifySettings:
     from slurmgpu.notify.settings import NotifySettings
 
@@ -164,6 +175,7 @@ class PolicySettings:
     engine: EngineSettings = field(default_factory=_engine)
     rightsize: RightsizeSettings = field(default_factory=_rightsize)
     idle_gpu: IdleGpuSettings = field(default_factory=_idle_gpu)
+    colocate: ColocateSettings = field(default_factory=_colocate)
     history_days: int = 90
     history_refresh: timedelta = timedelta(minutes=10)  # how often priors reload history
     recommendations_file: str = ""  # where job_submit.lua reads advice; "" = don't export
@@ -333,11 +345,12 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
     return Settings(daemon=daemon, slurm=slurm, policy=policy, notify=notify, source=path)
 
 
-_POLICY_TABLES = ("engine", "rightsize", "idle_gpu")
+_POLICY_TABLES = ("engine", "rightsize", "idle_gpu", "colocate")
 
 
 def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) -> PolicySettings:
     from slurmgpu.policy.settings import (
+        ColocateSettings,
         EngineSettings,
         IdleGpuSettings,
         PolicyConfigError,
@@ -356,7 +369,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
                 f"[policy.{name}] must be a table", path=path, line=_key_line(text, "policy", name)
             )
         tables[name] = dict(value)
-    for name in ("rightsize", "idle_gpu"):
+    for name in ("rightsize", "idle_gpu", "colocate"):
         tables[name].setdefault("mode", mode)
     reader = _Reader({"policy": top}, text, path, "policy")
     history_days = reader.integer("history_days", 90, minimum=1)
@@ -370,6 +383,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
             engine=EngineSettings.from_mapping(tables["engine"], "policy.engine"),
             rightsize=RightsizeSettings.from_mapping(tables["rightsize"], "policy.rightsize"),
             idle_gpu=IdleGpuSettings.from_mapping(tables["idle_gpu"], "policy.idle_gpu"),
+            colocate=ColocateSettings.from_mapping(tables["colocate"], "policy.colocate"),
             history_days=history_days,
             history_refresh=history_refresh,
             recommendations_file=recommendations,

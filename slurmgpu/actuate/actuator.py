@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from slurmgpu.actuate.separate import recover_separations, separate
 from slurmgpu.policy.base import Action, Decision
 from slurmgpu.slurm.client import SlurmClient, SlurmError
 from slurmgpu.store.audit import AuditStore
@@ -50,6 +51,10 @@ class Actuator:
     def recover(self) -> int:
         """Mark decisions a previous daemon recorded but did not finish; return how many."""
         stale = self.audit.pending()
+        if stale:
+            # A separation stopped between its requeuehold and release must not leave
+            # the job held.
+            recover_separations(self.slurm, self.audit.list(policy="colocate"), set(stale))
         for action_id in stale:
             self.audit.set_outcome(action_id, "failed", "interrupted: the daemon stopped")
         if stale:
@@ -61,6 +66,8 @@ class Actuator:
         ref: str | int = action.slurm_id or action.job_id
         if action.kind == "update":
             self.slurm.update_job(ref, dict(action.fields))
+        elif action.kind == "requeue" and action.fields:
+            separate(self.slurm, ref, action.fields)  # requeue held, update, release
         elif action.kind == "requeue":
             self.slurm.requeue(ref)
         elif action.kind == "cancel":

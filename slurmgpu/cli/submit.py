@@ -7,6 +7,10 @@ slurmgpu's own options (not sbatch's) are taken out before the batch script:
 
 - ``--rightsize``: opt this job in to rightsizing (adds the token ``sgpu:rightsize`` to
   the job's comment, which job_submit.lua and the daemon both read).
+- ``--shareable``: the job may share its GPU with other light jobs (token
+  ``sgpu:shareable``; the co-location policy decides, see docs/policies.md).
+- ``--gpu-mem SIZE`` (``8GiB``, ``512MiB``): the most GPU memory the job will use (token
+  ``sgpu:gpu-mem=MiB``), which co-location needs to know before packing a job.
 """
 
 from __future__ import annotations
@@ -18,11 +22,43 @@ from datetime import UTC, datetime
 import click
 
 from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
+from slurmgpu.policy.colocate import GPU_MEM_MARK, SHAREABLE_MARK
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 from slurmgpu.store import StoreError, open_store
 
 RIGHTSIZE_OPT_IN = "sgpu:rightsize"
-SGPU_FLAGS = frozenset({"--rightsize"})
+SGPU_FLAGS = frozenset({"--rightsize", "--shareable"})
+GPU_MEM_OPTION = "--gpu-mem"
+
+
+def take_gpu_mem(args: tuple[str, ...]) -> tuple[int | None, tuple[str, ...]]:
+    """Return (MiB of ``--gpu-mem SIZE`` / ``--gpu-mem=SIZE`` before the script, the rest).
+
+    Raises ValueError for a missing or malformed size.
+    """
+    from slurmgpu.telemetry.fakeload import parse_size_mib
+
+    mib: int | None = None
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == GPU_MEM_OPTION or arg.startswith(GPU_MEM_OPTION + "="):
+            if "=" in arg:
+                value = arg.split("=", 1)[1]
+            elif i + 1 < len(args):
+                i += 1
+                value = args[i]
+            else:
+                raise ValueError("--gpu-mem needs a size like 8GiB")
+            mib = parse_size_mib(value)
+        else:
+            rest.append(arg)
+            if not arg.startswith("-") and os.path.isfile(arg):
+                rest.extend(args[i + 1 :])
+                break
+        i += 1
+    return mib, tuple(rest)
 
 
 def _wants_parsable(args: tuple[str, ...]) -> bool:
@@ -77,9 +113,17 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
     if sbatch_args in {("-h",), ("--help",)}:
         click.echo(click.get_current_context().get_help())
         return
-    flags, args = split_sgpu_options(sbatch_args)
+    try:
+        gpu_mem_mib, passed = take_gpu_mem(sbatch_args)
+    except ValueError as exc:
+        fail(f"--gpu-mem: {exc}", 2)
+    flags, args = split_sgpu_options(passed)
     if "--rightsize" in flags:
         args = add_comment_token(args, RIGHTSIZE_OPT_IN)
+    if "--shareable" in flags:
+        args = add_comment_token(args, SHAREABLE_MARK)
+    if gpu_mem_mib is not None:
+        args = add_comment_token(args, f"{GPU_MEM_MARK}{gpu_mem_mib}")
     # sbatch reads the script from stdin when none is named; it inherits ours unchanged.
     slurm = app.slurm()
     try:
@@ -89,10 +133,19 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
     except SlurmError as exc:
         fail(str(exc), EXIT_SLURM)
     click.echo(str(job_id) if _wants_parsable(sbatch_args) else f"Submitted batch job {job_id}")
-    _record(app, job_id, tuple(args), rightsize="--rightsize" in flags)
+    hints: dict[str, object] = {}
+    if "--rightsize" in flags:
+        hints["rightsize"] = True
+    if "--shareable" in flags:
+        hints["shareable"] = True
+    if gpu_mem_mib is not None:
+        hints["gpu_mem_mib"] = gpu_mem_mib
+    _record(app, job_id, tuple(args), hints=hints or None)
 
 
-def _record(app: AppContext, job_id: int, args: tuple[str, ...], *, rightsize: bool) -> None:
+def _record(
+    app: AppContext, job_id: int, args: tuple[str, ...], *, hints: dict[str, object] | None
+) -> None:
     """Store the submission when the database is reachable; the job runs either way."""
     settings = app.settings
     try:
@@ -104,7 +157,7 @@ def _record(app: AppContext, job_id: int, args: tuple[str, ...], *, rightsize: b
             user=getpass.getuser(),
             cwd=os.getcwd(),
             argv=list(args),
-            hints={"rightsize": True} if rightsize else None,
+            hints=hints,
         )
     except StoreError as exc:
         click.echo(f"sgpu: note: job {job_id} submitted but not recorded: {exc}", err=True)

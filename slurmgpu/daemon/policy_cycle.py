@@ -25,6 +25,7 @@ from slurmgpu.policy.base import (
     JobUsage,
     PolicySnapshot,
 )
+from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.recommend import recommendations
@@ -199,7 +200,11 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
     p = settings.policy
     rightsize = RightsizePolicy(p.rightsize)
     engine = PolicyEngine(
-        [(IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode), (rightsize, p.rightsize.mode)],
+        [
+            (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
+            (rightsize, p.rightsize.mode),
+            (ColocatePolicy(p.colocate), p.colocate.mode),
+        ],
         p.engine,
     )
     notifier = None

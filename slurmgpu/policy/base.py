@@ -130,6 +130,10 @@ class Action:
     is in ``PolicySnapshot.opted_in``. ``slurm_id``: the id to give Slurm commands --
     ``A_i`` for an array task and ``A_[2-5]`` for a pending array meta-record, never the
     bare array id (which would address every task); empty means ``str(job_id)``.
+
+    ``protective``: the action undoes an earlier change before it hurts the job (the
+    separation of a shared GPU before an out-of-memory), so the engine's cooldown after
+    that change does not hold it back; every other guardrail still applies.
     """
 
     policy: str
@@ -143,6 +147,7 @@ class Action:
     priority: int = 0
     requires_opt_in: bool = False
     slurm_id: str = ""
+    protective: bool = False
 
 
 @dataclass(frozen=True, slots=True)

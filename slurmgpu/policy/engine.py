@@ -18,7 +18,8 @@ The others are suppressed as ``superseded by …``.
 3. ``not opted in`` — ``Action.requires_opt_in`` and neither the job id nor its array
    id is in ``snapshot.opted_in``;
 4. ``cooldown`` — a change (update, requeue, cancel) within ``job_cooldown`` of the
-   job's last executed change (``snapshot.last_action_at``);
+   job's last executed change (``snapshot.last_action_at``), unless the action is
+   ``protective`` (it undoes a change before it hurts, e.g. a co-location separation);
 5. ``rate limit`` (changes executed on one user's jobs in the past hour, counting this
    cycle's, reach ``max_actions_per_user_per_hour``) and ``cycle limit``
    (``max_actions_per_cycle`` changes this cycle) — these bound what slurmgpu does, so
@@ -127,7 +128,7 @@ class PolicyEngine:
             or (job.array_job_id is not None and job.array_job_id in snapshot.opted_in)
         ):
             return "not opted in (rightsizing applies to opted-in jobs only)"
-        if action.kind in CHANGE_KINDS:
+        if action.kind in CHANGE_KINDS and not action.protective:
             last = snapshot.last_action_at.get(job.job_id)
             if last is not None and snapshot.at - last < s.job_cooldown:
                 ago = int((snapshot.at - last).total_seconds() // 60)

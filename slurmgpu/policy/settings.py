@@ -43,8 +43,10 @@ from slurmgpu.config import TableReader
 from slurmgpu.policy.base import Mode
 
 __all__ = [
+    "GPU_CONVERSIONS",
     "IDLE_ACTIONS",
     "REQUEUE_FALLBACKS",
+    "ColocateSettings",
     "EngineSettings",
     "IdleGpuSettings",
     "PolicyConfigError",
@@ -335,3 +337,99 @@ class IdleGpuSettings:
             return cls(**kwargs)
         except PolicyConfigError as exc:
             raise PolicyConfigError(exc.key, exc.message, where=where) from None
+
+
+GpuConversion = Literal["auto", "always", "never"]
+GPU_CONVERSIONS: tuple[GpuConversion, ...] = ("auto", "always", "never")
+
+
+@dataclass(frozen=True, slots=True)
+class ColocateSettings:
+    """Which pending 1-GPU jobs are packed onto shared GPUs, and when they are separated.
+
+    Packing (docs/policies.md, "Co-location"):
+
+    - ``mode`` (advise); ``apply_to_all`` (false): only jobs submitted ``--shareable``
+      (comment token ``sgpu:shareable``) are packed; true also packs jobs whose history
+      alone says they are light.
+    - light: mean GPU util of past runs (priors, ``min_history`` runs, 3) at most
+      ``max_util_pct`` (40 %); a shareable job without history is taken to be at that
+      ceiling. Its GPU memory is the larger of the declared ``--gpu-mem`` and the
+      history's peak; unknown memory is never packed.
+    - ``max_jobs_per_gpu`` (2); ``memory_margin_mib`` (2 GiB, written ``"2GiB"``): kept
+      free on every shared GPU; ``device_memory_mib`` (None: the smallest GPU memory the
+      agents report) is the memory of one GPU.
+    - ``max_slowdown`` (1.25): the interference model's predicted slowdown of a job and of
+      a worst-case partner must stay within it.
+    - ``convert_gpu_requests`` (auto): turn ``gres/gpu:1`` requests into shards --
+      ``auto`` from Slurm 23.02 on (22.05 refuses to switch a pending job between
+      gres/gpu and gres/shard), ``always``, ``never``. A request for one whole GPU's
+      shards (``--gres=shard:S``) is narrowed on every version.
+
+    Separation (running jobs sharing a GPU, from the agents' per-process samples): when
+    the jobs on one GPU together use ``separate_memory_fraction`` (0.9) of its memory, or
+    more than all of it less the margin, or a job's predicted slowdown passes
+    ``max_slowdown``, the newest sharing job is requeued onto a whole GPU's shards. A job
+    is judged once it has ``min_samples`` (3) samples on that GPU.
+
+    >>> ColocateSettings.from_mapping({"memory_margin": "4GiB"}).memory_margin_mib
+    4096
+    """
+
+    mode: Mode = Mode.ADVISE
+    apply_to_all: bool = False
+    max_jobs_per_gpu: int = 2
+    memory_margin_mib: int = 2048
+    device_memory_mib: int | None = None
+    max_util_pct: float = 40.0
+    max_slowdown: float = 1.25
+    separate_memory_fraction: float = 0.9
+    min_history: int = 3
+    min_samples: int = 3
+    convert_gpu_requests: GpuConversion = "auto"
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], where: str = "policy.colocate") -> ColocateSettings:
+        """Return settings from one config table; raise PolicyConfigError on a bad key."""
+        t = _Table(d, where)
+
+        def size(key: str, default: int | None) -> int | None:
+            if key not in t.raw:
+                return default
+            value = t.raw.pop(key)
+            if isinstance(value, str) and value.strip().lower() == "auto":
+                return None
+            from slurmgpu.telemetry.fakeload import parse_size_mib
+
+            try:
+                if isinstance(value, bool) or not isinstance(value, str | int):
+                    raise ValueError
+                mib = value if isinstance(value, int) else parse_size_mib(value)
+            except ValueError:
+                raise t.fail(
+                    key, f'must be a size like "2GiB" or "512MiB", not {value!r}'
+                ) from None
+            if mib < 0:
+                raise t.fail(key, f"must not be negative, not {value!r}")
+            return mib
+
+        margin = size("memory_margin", 2048)
+        s = cls(
+            mode=t.mode("mode", Mode.ADVISE),
+            apply_to_all=t.boolean("apply_to_all", False),
+            max_jobs_per_gpu=t.integer("max_jobs_per_gpu", 2, minimum=2),
+            memory_margin_mib=2048 if margin is None else margin,
+            device_memory_mib=size("device_memory", None),
+            max_util_pct=t.number("max_util_pct", 40.0, minimum=0.0, maximum=100.0),
+            max_slowdown=t.number("max_slowdown", 1.25, minimum=1.0),
+            separate_memory_fraction=t.number(
+                "separate_memory_fraction", 0.9, minimum=0.0, maximum=1.0, above_minimum=True
+            ),
+            min_history=t.integer("min_history", 3, minimum=1),
+            min_samples=t.integer("min_samples", 3, minimum=1),
+            convert_gpu_requests=cast(
+                "GpuConversion", t.choice("convert_gpu_requests", "auto", GPU_CONVERSIONS)
+            ),
+        )
+        t.finish()
+        return s

@@ -1,0 +1,64 @@
+"""Separating a job from a shared GPU: requeue it held, change its request, release it.
+
+A running job's GRES cannot be changed (docs/ANCHORS.md §2), so the co-location policy's
+separation is a requeue whose ``fields`` are applied while the job is pending and held::
+
+    scontrol requeuehold J  →  scontrol update JobId=J TresPerNode=gres:shard:S Comment=…
+                            →  scontrol release J
+
+Holding first closes the window in which Slurm could restart the job with its old, shared
+request. The release runs even when the update fails, so a job is never left held by us;
+the failure is raised to the actuator, which audits it. Slurm delays the restart of a
+requeued job (BeginTime = now + ~121 s on 22.05 to 25.x).
+
+If the daemon dies between the steps, the decision stays ``pending`` in the audit;
+:func:`recover_separations` (called by ``Actuator.recover`` on the next start) re-applies
+the update where the job is still pending and releases it, so no job stays held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Collection, Iterable, Mapping
+
+from slurmgpu.slurm.client import SlurmClient, SlurmError
+from slurmgpu.store.audit import AuditRecord
+
+log = logging.getLogger("slurmgpu.actuate")
+
+SEPARATION_POLICY = "colocate"
+
+
+def separate(slurm: SlurmClient, ref: str | int, fields: Mapping[str, str]) -> None:
+    """Requeue ``ref`` held, apply ``fields`` while it is pending, then release it."""
+    slurm.requeue(ref, hold=True)
+    try:
+        slurm.update_job(ref, dict(fields))
+    finally:
+        slurm.release(ref)
+
+
+def recover_separations(
+    slurm: SlurmClient, records: Iterable[AuditRecord], stale_ids: Collection[int]
+) -> int:
+    """Finish or undo separations a stopped daemon left half done; return how many.
+
+    For each interrupted separation: the update is tried again (Slurm refuses it when the
+    job is not pending, i.e. the requeue never happened) and the job is released (a no-op
+    refusal when it was not held). Errors are logged, never raised.
+    """
+    done = 0
+    for r in records:
+        if r.id not in stale_ids or r.job_id is None:
+            continue
+        if r.policy != SEPARATION_POLICY or r.kind != "requeue" or not r.fields:
+            continue
+        with contextlib.suppress(SlurmError):
+            slurm.update_job(r.job_id, dict(r.fields))
+        try:
+            slurm.release(r.job_id)
+        except SlurmError as exc:
+            log.info("interrupted separation of job %d: release: %s", r.job_id, exc)
+        done += 1
+    return done

@@ -1,0 +1,427 @@
+"""Co-location: pack light 1-GPU jobs onto shared GPUs, and separate them when it goes wrong.
+
+Gandiva and Lucid (docs/ANCHORS.md §3) pack only jobs whose profile says they share well,
+and the memory of the jobs on a GPU must fit it. Slurm's own sharing unit is ``gres/shard``
+(``S`` shards per GPU, 4 on the lab cluster); Slurm puts a job's shards on one GPU of a
+node and packs shard jobs first fit, so two jobs of ``S/2`` shards end up on one GPU.
+
+**Packing** (pending jobs). A candidate is a pending single-node job that asks for one
+whole GPU -- ``--gres=shard:S`` (a whole GPU's shards) or ``--gres=gpu:1`` where Slurm
+lets a pending job switch from gres/gpu to gres/shard (``convert_gpu_requests``; Slurm
+22.05 refuses) -- that opted in (``sgpu submit --shareable``, comment token
+``sgpu:shareable``) or any job while ``apply_to_all``. Its profile: mean GPU util and
+peak GPU memory of past runs (:class:`~slurmgpu.policy.priors.Priors`), memory also from
+``--gpu-mem`` (``sgpu:gpu-mem=MiB``; the larger counts). It is packed when
+
+- light: util <= ``max_util_pct`` (a shareable job without history counts at that ceiling);
+- memory fits: shards are memory budgets. ``N = max(ceil(S * mem / (device - margin)),
+  ceil(S / max_jobs_per_gpu))``; Slurm never puts more than ``S`` shards on a GPU, so the
+  jobs on one GPU together never declare more than the device less the margin. ``N >= S``
+  is not sharing and is left alone;
+- it shares well: the interference model's slowdown of the job next to the worst partners
+  its GPU could get (as many as the remaining shards allow, each at the ceiling) and of such
+  a partner next to it are both within ``max_slowdown``.
+
+The action is ``update`` ``TresPerNode=gres/shard:N`` (``gres:shard:N`` before Slurm
+23.02, whose slurmctld silently ignores the ``gres/`` spelling).
+
+**Separation** (running jobs). Jobs sharing one GPU are found from their allocations
+(``NodeGpuAllocation.shard_indices`` / ``gpu_indices``; Slurm 22.05 also places a whole-GPU
+job on a GPU that holds shards), and the agents' per-process samples give each its own util
+and memory on that GPU (``JobUsage``). When the jobs on a GPU together use
+``separate_memory_fraction`` of its memory, or more than the device less the margin (an
+out-of-memory is near), or the model's slowdown of one of them (from the observed utils)
+passes ``max_slowdown``, the newest job holding shards there (fewer than ``S``) is
+separated: a ``requeue`` whose ``fields`` (``TresPerNode`` = ``S`` shards, the whole GPU,
+and the token ``sgpu:separated`` added to its comment, so it is never packed again) the
+actuator applies while the job is held (``actuate.separate``). It is ``protective``: the
+cooldown after its packing does not hold it back. A job that may not be requeued gets a
+notice instead. One separation per GPU per cycle; the next cycle looks again.
+
+Pure: reads only the snapshot (time is ``snapshot.at``), O(jobs) per cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from slurmgpu.model import Job, JobState, Node
+from slurmgpu.policy.base import Action, GpuStat, HistoryRecord, PolicySnapshot, slurm_job_ref
+from slurmgpu.policy.interference import COEFFICIENTS, InterferenceModel, slowdown_with
+from slurmgpu.policy.priors import Priors
+from slurmgpu.policy.rightsize import gres_prefix
+from slurmgpu.policy.settings import ColocateSettings
+
+__all__ = [
+    "ALERT_PACK",
+    "ALERT_SEPARATE",
+    "ALERT_SEPARATE_NOTICE",
+    "GPU_MEM_MARK",
+    "SEPARATED_MARK",
+    "SHAREABLE_MARK",
+    "ColocateHints",
+    "ColocatePolicy",
+    "hints_from_comment",
+    "shards_per_gpu",
+]
+
+SHAREABLE_MARK = "sgpu:shareable"
+GPU_MEM_MARK = "sgpu:gpu-mem="  # followed by MiB
+SEPARATED_MARK = "sgpu:separated"
+ALERT_PACK = "colocate"
+ALERT_SEPARATE = "colocate_separation"
+ALERT_SEPARATE_NOTICE = "colocate_separation_notice"
+
+Numbers = dict[str, float | int | str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ColocateHints:
+    """What a job's comment says about sharing (``sgpu submit --shareable --gpu-mem``)."""
+
+    shareable: bool = False
+    gpu_memory_mib: int | None = None
+    separated: bool = False
+
+
+def hints_from_comment(comment: str) -> ColocateHints:
+    """Return the co-location tokens in a job comment; malformed ones are ignored.
+
+    >>> hints_from_comment("run 3 sgpu:shareable sgpu:gpu-mem=8192")
+    ColocateHints(shareable=True, gpu_memory_mib=8192, separated=False)
+    """
+    if "sgpu:" not in comment:
+        return ColocateHints()
+    shareable = separated = False
+    memory: int | None = None
+    for token in comment.replace(",", " ").replace(";", " ").split():
+        if token == SHAREABLE_MARK:
+            shareable = True
+        elif token == SEPARATED_MARK:
+            separated = True
+        elif token.startswith(GPU_MEM_MARK):
+            value = token[len(GPU_MEM_MARK) :]
+            if value.isdigit() and len(value) <= 9:
+                memory = int(value)
+    return ColocateHints(shareable, memory, separated)
+
+
+def shards_per_gpu(node: Node) -> int:
+    """Return how many shards each GPU of ``node`` has (0 when it has no shards)."""
+    if node.gpus <= 0 or node.shards <= 0:
+        return 0
+    return node.shards // node.gpus
+
+
+def _newest_first(job: Job) -> tuple[float, int]:
+    started = job.start_time.timestamp() if job.start_time is not None else math.inf
+    return (-started, -job.job_id)
+
+
+class ColocatePolicy:
+    """Proposes shard requests for light pending jobs and separations of bad pairs."""
+
+    name = "colocate"
+
+    def __init__(
+        self, settings: ColocateSettings | None = None, model: InterferenceModel = COEFFICIENTS
+    ) -> None:
+        self.settings = settings or ColocateSettings()
+        self.model = model
+        self._cached: tuple[Sequence[HistoryRecord], Priors] | None = None
+
+    def priors(self, history: Sequence[HistoryRecord]) -> Priors:
+        """Return priors for ``history``, reusing them while it is the same object."""
+        if self._cached is None or self._cached[0] is not history:
+            priors = Priors.from_history(history, min_samples=self.settings.min_history)
+            self._cached = (history, priors)
+        return self._cached[1]
+
+    def propose(self, snapshot: PolicySnapshot) -> list[Action]:
+        """Return separations of running jobs first, then shard requests for pending ones."""
+        return [*self._separations(snapshot), *self._packing(snapshot)]
+
+    # -- packing ---------------------------------------------------------------------
+
+    def _device_memory_mib(self, snapshot: PolicySnapshot) -> float | None:
+        if self.settings.device_memory_mib is not None:
+            return float(self.settings.device_memory_mib)
+        seen = [
+            g.memory_total_mib
+            for usage in snapshot.usage.values()
+            for g in usage.gpus
+            if g.memory_total_mib
+        ]
+        return min(seen) if seen else None
+
+    def _shards_by_partition(self, nodes: Iterable[Node]) -> dict[str, set[int]]:
+        out: dict[str, set[int]] = {}
+        for node in nodes:
+            if node.available:
+                for part in node.partitions:
+                    out.setdefault(part, set()).add(shards_per_gpu(node))
+        return out
+
+    def _packing(self, snapshot: PolicySnapshot) -> list[Action]:
+        s = self.settings
+        cluster = snapshot.cluster
+        pending = [j for j in cluster.jobs if j.state is JobState.PENDING]
+        if not pending:
+            return []
+        device_mib = self._device_memory_mib(snapshot)
+        if device_mib is None or device_mib - s.memory_margin_mib <= 0:
+            return []
+        prefix = gres_prefix(cluster.slurm_version)
+        convert_gpu = s.convert_gpu_requests == "always" or (
+            s.convert_gpu_requests == "auto" and prefix == "gres/"
+        )
+        by_partition = self._shards_by_partition(cluster.nodes)
+        priors: Priors | None = None
+        actions: list[Action] = []
+        for job in pending:
+            hints = hints_from_comment(job.comment)
+            if hints.separated or not (hints.shareable or s.apply_to_all) or job.node_count > 1:
+                continue
+            shards = self._uniform_shards(job, by_partition)
+            if shards < 2:
+                continue
+            request = job.gpus
+            from_gpu = (
+                request.shards == 0
+                and request.gpus == 1
+                and request.per_node == 1
+                and request.per_task is None
+                and request.per_job is None
+            )
+            whole_in_shards = request.gpus == 0 and request.shards_per_node == shards
+            if not (whole_in_shards or (from_gpu and convert_gpu)):
+                continue
+            if priors is None:
+                priors = self.priors(snapshot.history)
+            est = priors.estimate(job)
+            util = est.mean_gpu_util_pct if est is not None else None
+            util_source = "history"
+            if util is None:
+                if not hints.shareable:
+                    continue
+                util, util_source = s.max_util_pct, "declared shareable (assumed at the ceiling)"
+            known_memory = [
+                m
+                for m in (hints.gpu_memory_mib, est.peak_gpu_memory_mib if est else None)
+                if m is not None
+            ]
+            if not known_memory or util > s.max_util_pct:
+                continue
+            memory = float(max(known_memory))
+            action = self._pack(job, util, util_source, memory, shards, device_mib, prefix)
+            if action is not None:
+                actions.append(action)
+        return actions
+
+    @staticmethod
+    def _uniform_shards(job: Job, by_partition: dict[str, set[int]]) -> int:
+        """Shards per GPU on every node the job may run on; 0 when none or they differ."""
+        counts: set[int] = set()
+        for part in (job.partition or "").split(","):
+            counts |= by_partition.get(part, set())
+        return counts.pop() if len(counts) == 1 else 0
+
+    def _pack(
+        self,
+        job: Job,
+        util: float,
+        util_source: str,
+        memory_mib: float,
+        shards: int,
+        device_mib: float,
+        prefix: str,
+    ) -> Action | None:
+        s = self.settings
+        usable = device_mib - s.memory_margin_mib
+        least = math.ceil(shards / s.max_jobs_per_gpu)
+        by_memory = math.ceil(shards * memory_mib / usable - 1e-9)
+        n = max(by_memory, least, 1)
+        if n >= shards:
+            return None
+        partners = min(s.max_jobs_per_gpu - 1, (shards - n) // least)
+        ceiling = s.max_util_pct
+        own = slowdown_with(util, [ceiling] * partners, self.model)
+        theirs = slowdown_with(ceiling, [util] + [ceiling] * (partners - 1), self.model)
+        if max(own, theirs) > s.max_slowdown:
+            return None
+        before = (
+            f"{job.gpus.shards_per_node} shards"
+            if job.gpus.shards_per_node
+            else f"{job.gpus.per_node} GPU"
+        )
+        numbers: Numbers = {
+            "util_pct": round(util, 1),
+            "util_source": util_source,
+            "gpu_memory_mib": round(memory_mib),
+            "device_memory_mib": round(device_mib),
+            "memory_margin_mib": s.memory_margin_mib,
+            "shards_per_gpu": shards,
+            "shards_proposed": n,
+            "partners_max": partners,
+            "predicted_slowdown": round(own, 3),
+            "predicted_partner_slowdown": round(theirs, 3),
+            "max_slowdown": s.max_slowdown,
+        }
+        return Action(
+            policy=self.name,
+            kind="update",
+            job_id=job.job_id,
+            user=job.user,
+            reason=(
+                f"light job (GPU util {util:.0f} %, {memory_mib / 1024:.1f} GiB GPU memory): "
+                f"{n} of {shards} shards instead of {before}, predicted slowdown "
+                f"{max(own, theirs):.2f}x at most"
+            ),
+            numbers=numbers,
+            fields={"TresPerNode": f"{prefix}shard:{n}"},
+            alert=ALERT_PACK,
+            # Above rightsize's updates of the same pending job, which would otherwise win
+            # the one-action-per-job contest every cycle (even when only advised).
+            priority=1,
+            slurm_id=slurm_job_ref(job),
+        )
+
+    # -- separation ------------------------------------------------------------------
+
+    def _separations(self, snapshot: PolicySnapshot) -> list[Action]:
+        cluster = snapshot.cluster
+        running = [j for j in cluster.jobs if j.state is JobState.RUNNING and j.gpu_allocations]
+        if len(running) < 2:
+            return []
+        shards_at = {n.name: shards_per_gpu(n) for n in cluster.nodes}
+        # (node, Slurm GPU index) -> [(job, shards it holds there; 0 = the whole GPU)]
+        occupants: dict[tuple[str, int], list[tuple[Job, int]]] = {}
+        for job in running:
+            for alloc in job.gpu_allocations:
+                for index in alloc.gpu_indices:
+                    occupants.setdefault((alloc.node, index), []).append((job, 0))
+                shard_gpus = set(alloc.shard_indices)
+                for index in shard_gpus:
+                    held = alloc.shards if len(shard_gpus) == 1 else 1
+                    occupants.setdefault((alloc.node, index), []).append((job, max(held, 1)))
+        separated_since: dict[int, datetime] = {}
+        for a in snapshot.alerts:
+            if a.policy == self.name and a.kind in (ALERT_SEPARATE, ALERT_SEPARATE_NOTICE):
+                separated_since[a.job_id] = a.at
+        prefix = gres_prefix(cluster.slurm_version)
+        actions: list[Action] = []
+        chosen: set[int] = set()
+        for (node, index), members in sorted(occupants.items()):
+            if len(members) < 2:
+                continue
+            action = self._judge(
+                snapshot, node, index, members, shards_at.get(node, 0), prefix, separated_since
+            )
+            if action is not None and action.job_id not in chosen:
+                chosen.add(action.job_id)
+                actions.append(action)
+        return actions
+
+    def _judge(
+        self,
+        snapshot: PolicySnapshot,
+        node: str,
+        index: int,
+        members: list[tuple[Job, int]],
+        shards: int,
+        prefix: str,
+        separated_since: dict[int, datetime],
+    ) -> Action | None:
+        s = self.settings
+        stats: dict[int, GpuStat] = {}
+        for job, _ in members:
+            usage = snapshot.usage.get(job.job_id)
+            if usage is None:
+                continue
+            for g in usage.gpus:
+                if g.node == node and g.gpu_index == index and g.samples >= s.min_samples:
+                    stats[job.job_id] = g
+        if not stats:
+            return None
+        totals = [g.memory_total_mib for g in stats.values() if g.memory_total_mib]
+        total = max(totals) if totals else s.device_memory_mib
+        used = sum(g.max_memory_mib or 0.0 for g in stats.values())
+        utils = {j: g.mean_util_pct for j, g in stats.items() if g.mean_util_pct is not None}
+        slowdowns = {
+            j: slowdown_with(u, [v for k, v in utils.items() if k != j], self.model)
+            for j, u in utils.items()
+        }
+        worst = max(slowdowns.values(), default=1.0)
+        why: list[str] = []
+        if total:
+            fraction = used / total
+            if fraction >= s.separate_memory_fraction or used + s.memory_margin_mib > total:
+                why.append(
+                    f"the jobs on {node} GPU {index} use {used / 1024:.1f} of "
+                    f"{total / 1024:.1f} GiB ({fraction:.0%})"
+                )
+        if worst > s.max_slowdown:
+            why.append(f"predicted slowdown {worst:.2f}x exceeds {s.max_slowdown:g}x")
+        if not why:
+            return None
+        sharers = [job for job, held in members if 0 < held < shards or (held and not shards)]
+        if not sharers:
+            return None  # only whole-GPU jobs and whole-GPU shard jobs here: nothing to undo
+        victim = min(sharers, key=_newest_first)
+        since = separated_since.get(victim.job_id)
+        if since is not None and (victim.start_time is None or since >= victim.start_time):
+            return None  # already separated in this run (the requeue is on its way)
+        numbers: Numbers = {
+            "node": node,
+            "gpu_index": index,
+            "jobs_on_gpu": len(members),
+            "memory_used_mib": round(used),
+            "memory_total_mib": round(total) if total else None,
+            "memory_fraction": round(used / total, 3) if total else None,
+            "separate_memory_fraction": s.separate_memory_fraction,
+            "worst_predicted_slowdown": round(worst, 3),
+            "max_slowdown": s.max_slowdown,
+            "victim_util_pct": utils.get(victim.job_id),
+            "victim_memory_mib": stats[victim.job_id].max_memory_mib
+            if victim.job_id in stats
+            else None,
+            "members": ", ".join(
+                f"{j.job_id}:{_figure(utils.get(j.job_id))}%/"
+                f"{_figure(stats[j.job_id].max_memory_mib if j.job_id in stats else None)}MiB"
+                for j, _ in members
+            ),
+        }
+        reason = "; ".join(why) + f": job {victim.display_id} (the newest sharer) separated"
+        if not victim.requeue:
+            return Action(
+                policy=self.name,
+                kind="warn",
+                job_id=victim.job_id,
+                user=victim.user,
+                reason=reason + " -- it cannot be requeued, please resubmit it without sharing",
+                numbers=numbers,
+                alert=ALERT_SEPARATE_NOTICE,
+                slurm_id=slurm_job_ref(victim),
+            )
+        comment = " ".join(part for part in (victim.comment.strip(), SEPARATED_MARK) if part)
+        whole = shards if shards else max(victim.gpus.shards_per_node or 1, 1)
+        return Action(
+            policy=self.name,
+            kind="requeue",
+            job_id=victim.job_id,
+            user=victim.user,
+            reason=reason + f" onto a whole GPU ({whole} shards)",
+            numbers=numbers,
+            fields={"TresPerNode": f"{prefix}shard:{whole}", "Comment": comment},
+            alert=ALERT_SEPARATE,
+            priority=10,
+            slurm_id=slurm_job_ref(victim),
+            protective=True,
+        )
+
+
+def _figure(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
