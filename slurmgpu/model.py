@@ -132,6 +132,26 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
+class MalleableSpec:
+    """A job's opt-in to resizing: its bounds and how it is asked to checkpoint.
+
+    ``min_gpus``/``max_gpus`` bound the job's GPU count; for an array ``pool`` they bound
+    how many tasks run at once (its ArrayTaskThrottle) and ``job_id`` is the array id.
+    ``state_dir`` is where the job's ``slurmgpu.elastic`` runtime writes its checkpoint
+    acknowledgement (a directory shared with the head node); empty: the default,
+    ``<work dir>/.sgpu-elastic``.
+    """
+
+    job_id: int
+    min_gpus: int
+    max_gpus: int
+    checkpoint_signal: str = "USR2"
+    checkpoint_grace: timedelta = timedelta(seconds=120)
+    pool: bool = False
+    state_dir: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     """One Slurm node with its GPU inventory and what is allocated now."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from slurmgpu.model import ClusterSnapshot, Job
+from slurmgpu.model import ClusterSnapshot, Job, MalleableSpec
 
 
 class Mode(enum.StrEnum):
@@ -111,6 +111,18 @@ class PolicySnapshot:
     # Changes executed on each user's jobs in the hour before ``at`` (the engine's rate).
     user_actions_last_hour: Mapping[str, int] = field(default_factory=dict)
     opted_in: frozenset[int] = frozenset()  # jobs (or array job ids) that asked for rightsizing
+    # Malleable jobs (and array pools, by array id) with their bounds: only these may be
+    # resized. Jobs with a resize transaction in flight are in ``resizing``: leave them be.
+    malleable: Mapping[int, MalleableSpec] = field(default_factory=dict)
+    resizing: frozenset[int] = frozenset()
+    # Measured throughput (samples or steps per second) of each malleable job by the GPU
+    # count it ran at, as its slurmgpu.elastic runtime reported it.
+    throughput: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
+    # Median measured cost of one resize here (decision → running at the new size), once
+    # at least one has completed; None before.
+    resize_cost: timedelta | None = None
+    # When each job's last completed resize ended (for a minimum interval between resizes).
+    last_resize_at: Mapping[int, datetime] = field(default_factory=dict)
 
     def jobs(self) -> tuple[Job, ...]:
         return self.cluster.jobs
@@ -122,9 +134,12 @@ class Action:
 
     ``kind`` is one of: ``update`` (``fields`` are ``scontrol update`` fields, e.g.
     ``{"TimeLimit": "01:30:00"}``), ``warn`` (a notification, no change), ``requeue``,
-    ``cancel``. When several policies want the same job in one cycle the engine keeps one:
-    the kind ranks first (``policy.engine.ACTION_PRIORITY``), then ``priority`` (higher
-    wins), then the order the policies were given in.
+    ``cancel``, ``resize`` (a malleable job's GPU count, or an array pool's running
+    tasks: ``fields`` ``{"from_gpus": "4", "to_gpus": "2"}``, built with
+    :func:`resize_action`; carried out by ``actuate.resize`` / ``actuate.pool`` as a
+    persisted transaction). When several policies want the same job in one cycle the
+    engine keeps one: the kind ranks first (``policy.engine.ACTION_PRIORITY``), then
+    ``priority`` (higher wins), then the order the policies were given in.
 
     ``requires_opt_in``: the engine suppresses the action unless the job (or its array)
     is in ``PolicySnapshot.opted_in``. ``slurm_id``: the id to give Slurm commands --
@@ -177,6 +192,46 @@ def slurm_job_ref(job: Job) -> str:
     if job.array_job_id is not None and job.array_task_spec:
         return f"{job.array_job_id}_[{job.array_task_spec.split('%', 1)[0]}]"
     return str(job.job_id)
+
+
+RESIZE = "resize"
+
+
+def resize_action(
+    policy: str,
+    job: Job,
+    from_gpus: int,
+    to_gpus: int,
+    reason: str,
+    *,
+    numbers: Mapping[str, float | int | str | None] | None = None,
+    priority: int = 0,
+) -> Action:
+    """A ``resize`` of ``job`` from ``from_gpus`` to ``to_gpus`` (tasks, for an array pool).
+
+    For a pool ``job`` is any record of the array; the action names the array id.
+    """
+    if from_gpus < 0 or to_gpus < 0 or from_gpus == to_gpus:
+        raise ValueError(f"not a resize: {from_gpus} -> {to_gpus}")
+    job_id = job.array_job_id if job.array_job_id is not None else job.job_id
+    return Action(
+        policy=policy,
+        kind=RESIZE,
+        job_id=job_id,
+        user=job.user,
+        reason=reason,
+        numbers={"from_gpus": from_gpus, "to_gpus": to_gpus, **(numbers or {})},
+        fields={"from_gpus": str(from_gpus), "to_gpus": str(to_gpus)},
+        priority=priority,
+    )
+
+
+def resize_sizes(action: Action) -> tuple[int, int]:
+    """Return (from, to) of a ``resize`` action; ValueError when it names no sizes."""
+    try:
+        return int(action.fields["from_gpus"]), int(action.fields["to_gpus"])
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"resize of job {action.job_id} names no from_gpus/to_gpus") from exc
 
 
 class Policy(Protocol):

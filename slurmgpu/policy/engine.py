@@ -5,8 +5,8 @@ returns exactly one :class:`~slurmgpu.policy.base.Decision` per proposed action,
 or suppressed, so the audit is complete. Pure: time is ``snapshot.at``.
 
 **One action per job per cycle.** When several proposals name the same job, the one with
-the highest rank wins: :data:`ACTION_PRIORITY` of its kind (cancel > requeue > warn >
-update), then ``Action.priority``, then the earlier policy, then the earlier proposal.
+the highest rank wins: :data:`ACTION_PRIORITY` of its kind (cancel > requeue > resize
+> warn > update), then ``Action.priority``, then the earlier policy, then the earlier proposal.
 The others are suppressed as ``superseded by …``.
 
 **Guardrails**, in this order; the first that applies is the ``suppressed`` reason:
@@ -44,8 +44,14 @@ from slurmgpu.policy.settings import EngineSettings
 
 __all__ = ["ACTION_PRIORITY", "CHANGE_KINDS", "PolicyEngine"]
 
-ACTION_PRIORITY: dict[str, int] = {"cancel": 4, "requeue": 3, "warn": 2, "update": 1}
-CHANGE_KINDS = frozenset({"update", "requeue", "cancel"})
+ACTION_PRIORITY: dict[str, int] = {
+    "cancel": 5,
+    "requeue": 4,
+    "resize": 3,
+    "warn": 2,
+    "update": 1,
+}
+CHANGE_KINDS = frozenset({"update", "requeue", "cancel", "resize"})
 
 
 class _Proposal:
