@@ -24,6 +24,22 @@ from slurmgpu.store.database import StoreError
 log = logging.getLogger("slurmgpu.actuate")
 
 
+def execute_action(slurm: SlurmClient, action: Action) -> None:
+    """Carry out one single-step action through Slurm (the simulator calls this too)."""
+    # Array tasks must be addressed as A_i: the bare array id would hit every task.
+    ref: str | int = action.slurm_id or action.job_id
+    if action.kind == "update":
+        slurm.update_job(ref, dict(action.fields))
+    elif action.kind == "requeue" and action.fields:
+        separate(slurm, ref, action.fields)  # requeue held, update, release
+    elif action.kind == "requeue":
+        slurm.requeue(ref)
+    elif action.kind == "cancel":
+        slurm.cancel(ref)
+    elif action.kind != "warn":
+        raise ValueError(f"unknown action kind {action.kind!r}")
+
+
 class Notifier(Protocol):
     """Tells a user about an action; returns a one-word outcome ("sent", "rate_limited"…)."""
 
@@ -62,18 +78,7 @@ class Actuator:
         return len(stale)
 
     def _execute(self, action: Action) -> None:
-        # Array tasks must be addressed as A_i: the bare array id would hit every task.
-        ref: str | int = action.slurm_id or action.job_id
-        if action.kind == "update":
-            self.slurm.update_job(ref, dict(action.fields))
-        elif action.kind == "requeue" and action.fields:
-            separate(self.slurm, ref, action.fields)  # requeue held, update, release
-        elif action.kind == "requeue":
-            self.slurm.requeue(ref)
-        elif action.kind == "cancel":
-            self.slurm.cancel(ref)
-        elif action.kind != "warn":
-            raise ValueError(f"unknown action kind {action.kind!r}")
+        execute_action(self.slurm, action)
 
     def carry_out(self, decisions: Sequence[Decision], at: datetime) -> list[ActuationResult]:
         """Audit, then execute and notify; never raises for Slurm or mail trouble."""

@@ -1,0 +1,133 @@
+"""Policy sets the simulator can compare, built from the daemon's own policy classes.
+
+A set is a list of the policies the daemon would run (every one in ``enforce`` mode, so
+the simulation shows what acting would do) handed to the daemon's
+:class:`~slurmgpu.policy.engine.PolicyEngine` with the configured guardrails -- never
+a second implementation. Baseline schedulers (``tiresias``, ``qssf``) change how SimSlurm
+orders and preempts jobs instead, and run no policy.
+
+=============  ==============================================================
+set            what runs
+=============  ==============================================================
+``slurm``      no policy: Slurm's priority order and EASY backfill on user limits
+``rightsize``  :class:`~slurmgpu.policy.rightsize.RightsizePolicy` (every job opted in)
+``colocate``   ``slurmgpu.policy.colocate`` (shard requests for light 1-GPU jobs)
+``malleable``  ``slurmgpu.policy.malleable`` (shrink and expand opted-in jobs)
+``all``        idle-GPU, rightsize, colocate and malleable together
+``tiresias``   baseline: discretised 2D-LAS, preemptive (no policy)
+``qssf``       baseline: shortest expected GPU time first, from history (no policy)
+=============  ==============================================================
+
+Policies written in other modules are imported when a set is built, never at import
+time; a set whose module is missing (or has no policy class) raises
+:class:`PolicySetUnavailable` with the reason, so a comparison reports "not available"
+instead of silently running plain Slurm.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from slurmgpu.policy.base import Mode, Policy
+from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.policy.idle import IdleGpuPolicy
+from slurmgpu.policy.rightsize import RightsizePolicy
+from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings, RightsizeSettings
+
+__all__ = [
+    "BASELINES",
+    "POLICY_SETS",
+    "PolicySetUnavailable",
+    "SimPolicies",
+    "build_engine",
+    "known_sets",
+]
+
+BASELINES = ("tiresias", "qssf")
+
+
+class PolicySetUnavailable(RuntimeError):
+    """A policy set cannot be built here (its policy module is not installed yet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimPolicies:
+    """The settings the simulator builds policies from (the daemon's setting classes)."""
+
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    rightsize: RightsizeSettings = field(
+        default_factory=lambda: RightsizeSettings(apply_to_all=True)
+    )
+    idle_gpu: IdleGpuSettings = field(default_factory=IdleGpuSettings)
+    # Settings objects for policies defined elsewhere, passed to their constructors.
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def extra_for(self, name: str) -> Any:
+        for key, value in self.extra:
+            if key == name:
+                return value
+        return None
+
+
+def _from_module(module: str, names: Sequence[str], label: str, settings: Any) -> Policy:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise PolicySetUnavailable(f"{label}: {module} is not available ({exc})") from None
+    for name in names:
+        cls = getattr(mod, name, None)
+        if cls is not None:
+            policy: Policy = cls(settings) if settings is not None else cls()
+            return policy
+    raise PolicySetUnavailable(f"{label}: {module} has no {' or '.join(names)}")
+
+
+def _rightsize(s: SimPolicies) -> Policy:
+    return RightsizePolicy(replace(s.rightsize, mode=Mode.ENFORCE))
+
+
+def _idle(s: SimPolicies) -> Policy:
+    return IdleGpuPolicy(replace(s.idle_gpu, mode=Mode.ENFORCE))
+
+
+def _colocate(s: SimPolicies) -> Policy:
+    return _from_module(
+        "slurmgpu.policy.colocate", ("ColocatePolicy",), "colocate", s.extra_for("colocate")
+    )
+
+
+def _malleable(s: SimPolicies) -> Policy:
+    return _from_module(
+        "slurmgpu.policy.malleable", ("MalleablePolicy",), "malleable", s.extra_for("malleable")
+    )
+
+
+Builder = Callable[[SimPolicies], Policy]
+POLICY_SETS: dict[str, tuple[Builder, ...]] = {
+    "slurm": (),
+    "rightsize": (_rightsize,),
+    "colocate": (_colocate,),
+    "malleable": (_malleable,),
+    "all": (_idle, _rightsize, _colocate, _malleable),
+}
+
+
+def known_sets() -> tuple[str, ...]:
+    return (*POLICY_SETS, *BASELINES)
+
+
+def build_engine(name: str, settings: SimPolicies | None = None) -> PolicyEngine:
+    """Return the daemon's PolicyEngine with the policies of set ``name``, all enforcing.
+
+    Raises ``KeyError`` for an unknown set and :class:`PolicySetUnavailable` when a
+    policy it needs cannot be built.
+    """
+    s = settings or SimPolicies()
+    if name in BASELINES:
+        return PolicyEngine([], s.engine)
+    builders = POLICY_SETS[name]
+    policies = [(build(s), Mode.ENFORCE) for build in builders]
+    return PolicyEngine(policies, s.engine)

@@ -1,0 +1,488 @@
+"""Run one trace through SimSlurm with one policy set, the way the daemon would drive it.
+
+Every ``period_s`` (60 s, the daemon's cycle) the runner observes SimSlurm through the
+SlurmClient protocol (``jobs()``, ``nodes()``), builds the same
+:class:`~slurmgpu.policy.base.PolicySnapshot` the daemon builds (usage of running jobs
+from their workload model, history of finished jobs, prior alerts, the engine's
+cooldown and rate bookkeeping) and asks the daemon's PolicyEngine to decide. Decisions
+to execute are carried out by the actuator's own ``execute_action`` through SimSlurm;
+a ``resize`` is the Slurm transaction: checkpoint signal, ``requeue`` held, update
+the GPU request, release -- the job waits out the requeue delay and restarts at its new
+size, paying the checkpoint, the delay, scheduling and start-up.
+
+A cycle is skipped when nothing changed since the last one, except that one runs at
+least every ``quiet_period_s`` (10 min) so time-based rules still fire. History (for
+the priors) is rebuilt at most every ``history_refresh_s`` (10 min, as the daemon) and
+only when it grew by 5 % or a day passed, so a long trace does not rebuild it per cycle.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from slurmgpu.actuate.actuator import execute_action
+from slurmgpu.model import ClusterSnapshot, JobState
+from slurmgpu.policy.base import (
+    Action,
+    Decision,
+    GpuStat,
+    HistoryRecord,
+    JobUsage,
+    PolicySnapshot,
+    PriorAlert,
+)
+from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.policy.priors import Priors
+from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
+from slurmgpu.sim.policysets import BASELINES, SimPolicies, build_engine
+from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
+from slurmgpu.sim.workload import TraceJob
+from slurmgpu.slurm.client import SlurmError
+from slurmgpu.slurm.parse import parse_gres
+
+__all__ = [
+    "ClusterShape",
+    "DecisionRecord",
+    "SimOptions",
+    "SimRun",
+    "scale_load",
+    "simulate",
+    "start_resize",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterShape:
+    """``16x4``: 16 nodes with 4 GPUs each (and ``shards_per_gpu`` shards per GPU)."""
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    shards_per_gpu: int = 4
+
+    @classmethod
+    def parse(cls, text: str, shards_per_gpu: int = 4) -> ClusterShape:
+        nodes, sep, gpus = text.lower().partition("x")
+        if not sep or not nodes.strip().isdigit() or not gpus.strip().isdigit():
+            raise ValueError(f"cluster must look like 16x4 (nodes x GPUs per node), not {text!r}")
+        shape = cls(int(nodes), int(gpus), shards_per_gpu)
+        if shape.nodes < 1 or shape.gpus_per_node < 1:
+            raise ValueError(f"cluster {text!r} has no GPU")
+        return shape
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """How the simulated site behaves (Slurm's costs, the daemon's cycle)."""
+
+    period_s: float = 60.0
+    quiet_period_s: float = 600.0
+    requeue_delay_s: float = 121.0
+    runtime: ElasticRuntime = field(default_factory=ElasticRuntime)
+    history_refresh_s: float = 600.0
+    interference: InterferenceModel | None = None
+    policies: SimPolicies = field(default_factory=SimPolicies)
+    max_virtual_s: float = 400 * 86400.0
+    max_resubmits: int = 3  # a user resubmits a timed-out job this many times
+    record_decisions: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One executed (or refused) decision, for replay comparisons."""
+
+    at_s: float
+    policy: str
+    kind: str
+    job_id: int
+    fields: tuple[tuple[str, str], ...]
+    outcome: str
+
+
+@dataclass
+class SimRun:
+    """What one simulation produced: every job as it ended, plus bookkeeping."""
+
+    policy_set: str
+    shape: ClusterShape
+    jobs: list[SimJob]
+    never_ran: int
+    cycles: int
+    executed: int
+    failed: int
+    resizes: int
+    decisions: list[DecisionRecord] = field(default_factory=list)
+    end_s: float = 0.0
+    all_jobs: list[SimJob] = field(default_factory=list)  # with timed-out earlier attempts
+
+
+def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
+    run_s = 0.0
+    if job.runs:
+        last = job.runs[-1]
+        run_s = max(0.0, (last.end_s if not math.isnan(last.end_s) else sim.now) - last.start_s)
+    return HistoryRecord(
+        user=job.user,
+        name=job.name,
+        partition=job.partition,
+        script_hash=None,
+        state=job.state.value,
+        run_time=timedelta(seconds=run_s),
+        time_limit=None if job.time_limit_s is None else timedelta(seconds=job.time_limit_s),
+        gpus_requested=job.gpus,
+        gpus_used=job.gpus or None,
+        cpus=0,
+        memory_requested_mib=None,
+        peak_memory_mib=None,
+        mean_cpu_pct=None,
+        mean_gpu_util_pct=job.model.util_pct,
+        peak_gpu_memory_mib=job.model.memory_mib or None,
+        ended_at=sim.at(job.end_s),
+    )
+
+
+def _target_gpus(action: Action) -> tuple[int, dict[str, str]] | None:
+    """The GPU count a resize asks for, and the scontrol fields that set it."""
+    f = dict(action.fields)
+    if "gpus" in f:
+        k = int(f["gpus"])
+        return k, {"TresPerJob": f"gres:gpu:{k}"}
+    for key in ("TresPerJob", "TresPerNode"):
+        if key in f:
+            count = sum(i.count for i in parse_gres(f[key].replace("gres/", "gres:")))
+            nodes = int(f.get("NumNodes", "1")) if key == "TresPerNode" else 1
+            return count * nodes, {
+                k: v for k, v in f.items() if k in ("TresPerJob", "TresPerNode", "NumNodes")
+            }
+    return None
+
+
+class _Runner:
+    def __init__(
+        self,
+        trace: Sequence[TraceJob],
+        shape: ClusterShape,
+        policy_set: str,
+        options: SimOptions,
+        progress: Callable[[int, int], None] | None,
+        engine: PolicyEngine | None = None,
+    ) -> None:
+        self.trace = sorted(trace, key=lambda j: j.submit_s)
+        self.options = options
+        self.policy_set = policy_set
+        self.progress = progress
+        self.sim = SimSlurm(
+            shape.nodes,
+            shape.gpus_per_node,
+            shards_per_gpu=shape.shards_per_gpu,
+            requeue_delay_s=options.requeue_delay_s,
+            runtime=options.runtime,
+            interference=options.interference,
+        )
+        self.shape = shape
+        self.engine: PolicyEngine = engine or build_engine(policy_set, options.policies)
+        self.qssf: QssfPriority | None = None
+        if policy_set == "tiresias":
+            self.sim.priority = tiresias_key(self.sim)
+        elif policy_set == "qssf":
+            self.qssf = QssfPriority(self.sim)
+            self.sim.priority = self.qssf
+        self.next_arrival = 0
+        self.history: list[HistoryRecord] = []
+        self.history_tuple: tuple[HistoryRecord, ...] = ()
+        self.history_at = -math.inf
+        self.alerts: list[PriorAlert] = []
+        self.last_action: dict[int, float] = {}
+        self.user_actions: dict[str, deque[float]] = {}
+        self.last_changes = -1
+        self.last_cycle = -math.inf
+        self.cycles = self.executed = self.failed = self.resizes = 0
+        self.records: list[DecisionRecord] = []
+        self.total = sum(max(1, j.array_tasks) for j in self.trace)
+        self.sim.listeners.append(self._ended)
+        self.needs_cycles = bool(self.engine.policies) or policy_set in BASELINES
+
+    # ---- arrivals and endings
+
+    def _arrive(self) -> None:
+        spec = self.trace[self.next_arrival]
+        self.next_arrival += 1
+        self.sim.submit_job(spec)
+        while (
+            self.next_arrival < len(self.trace)
+            and self.trace[self.next_arrival].submit_s <= self.sim.now
+        ):
+            self.sim.submit_job(self.trace[self.next_arrival])
+            self.next_arrival += 1
+        if self.next_arrival < len(self.trace):
+            self.sim.call_at(self.trace[self.next_arrival].submit_s, self._arrive)
+
+    def _ended(self, job: SimJob) -> None:
+        self.history.append(_history_record(self.sim, job))
+        if (
+            job.state is JobState.TIMEOUT
+            and job.array_job_id is None
+            and job.resubmits < self.options.max_resubmits
+        ):
+            # The user submits it again with the limit they first asked for (doubled
+            # after a second timeout), resuming from the checkpoint taken at SIGTERM.
+            limit = job.spec.time_limit_s
+            if limit is not None:
+                limit *= 2**job.resubmits
+            spec = replace(job.spec, time_limit_s=limit)
+            self.sim.submit_job(spec, resume=job)
+            self.total += 1
+        if self.progress is not None:
+            self.progress(len(self.sim.finished), self.total)
+
+    # ---- the daemon's cycle
+
+    def _tick(self) -> None:
+        sim = self.sim
+        quiet = sim.now - self.last_cycle >= self.options.quiet_period_s
+        if sim.changes != self.last_changes or quiet:
+            self._cycle()
+        arrivals_left = self.next_arrival < len(self.trace)
+        if arrivals_left or not sim.idle:
+            stuck = not arrivals_left and not any(True for _ in sim.running())
+            if stuck and all(j.held for j in sim.pending()):
+                return  # only held jobs left: nothing will ever change
+            sim.call_at(sim.now + self.options.period_s, self._tick)
+
+    def _refresh_history(self) -> None:
+        now = self.sim.now
+        grown = len(self.history) - len(self.history_tuple)
+        if grown <= 0 or now - self.history_at < self.options.history_refresh_s:
+            return
+        if grown < 0.05 * len(self.history_tuple) and now - self.history_at < 86400.0:
+            return
+        self.history_tuple = tuple(self.history)
+        self.history_at = now
+        if self.qssf is not None:
+            self.qssf.update(Priors.from_history(self.history_tuple))
+            self.sim.changes += 1
+
+    def _usage(self) -> dict[int, JobUsage]:
+        sim = self.sim
+        now = sim.now
+        at = sim.at(now)
+        usage: dict[int, JobUsage] = {}
+        for job in sim.running():
+            if not job.alloc:
+                continue
+            samples = max(1, int((now - job.start_s) // 30.0))
+            node_names = [n for n in sim.job_record(job).nodes]
+            stats = tuple(
+                GpuStat(
+                    node=name,
+                    gpu_index=g,
+                    samples=samples,
+                    mean_util_pct=job.model.util_pct,
+                    max_util_pct=job.model.util_pct,
+                    max_memory_mib=job.model.memory_mib,
+                    memory_total_mib=None,
+                    trailing_idle=timedelta(0),
+                    never_busy=job.model.util_pct <= 0,
+                    last_sample_at=at,
+                )
+                for name, (_, gpus) in zip(node_names, job.alloc, strict=True)
+                for g in gpus
+            )
+            usage[job.job_id] = JobUsage(job.job_id, stats)
+        return usage
+
+    def _cycle(self) -> None:
+        sim = self.sim
+        self.cycles += 1
+        self.last_changes = sim.changes
+        self.last_cycle = sim.now
+        self._refresh_history()
+        if self.policy_set == "tiresias":
+            self._tiresias()
+            return
+        if not self.engine.policies:
+            return
+        at = sim.at(sim.now)
+        jobs = tuple(sim.jobs())
+        cluster = ClusterSnapshot(at, jobs, tuple(sim.nodes()), sim.version())
+        cooldown = self.engine.settings.job_cooldown.total_seconds()
+        hour_ago = sim.now - 3600.0
+        per_user: dict[str, int] = {}
+        for user, times in self.user_actions.items():
+            while times and times[0] < hour_ago:
+                times.popleft()
+            if times:
+                per_user[user] = len(times)
+        live = {j.job_id for j in jobs}
+        snap = PolicySnapshot(
+            at=at,
+            cluster=cluster,
+            usage=self._usage(),
+            history=self.history_tuple,
+            alerts=tuple(a for a in self.alerts if a.job_id in live),
+            last_action_at={
+                jid: sim.at(t) for jid, t in self.last_action.items() if sim.now - t < cooldown
+            },
+            user_actions_last_hour=per_user,
+            opted_in=frozenset(j.job_id for j in jobs if j.state is JobState.PENDING),
+        )
+        for d in self.engine.decide(snap):
+            self._carry_out(d)
+
+    def _carry_out(self, d: Decision) -> None:
+        a = d.action
+        sim = self.sim
+        if not d.suppressed:
+            self.alerts.append(PriorAlert(a.job_id, a.policy, a.alert or a.kind, sim.at(sim.now)))
+        if not d.execute:
+            return
+        outcome = "done"
+        try:
+            if a.kind == "resize":
+                outcome = self._resize(a)
+            else:
+                execute_action(sim, a)
+        except (SlurmError, ValueError) as exc:
+            outcome = f"failed: {exc}"
+        if outcome in {"done", "started"}:
+            self.executed += 1
+            self.last_action[a.job_id] = sim.now
+            self.user_actions.setdefault(a.user, deque()).append(sim.now)
+        else:
+            self.failed += 1
+        if self.options.record_decisions:
+            self.records.append(
+                DecisionRecord(
+                    sim.now, a.policy, a.kind, a.job_id, tuple(sorted(a.fields.items())), outcome
+                )
+            )
+
+    def _resize(self, action: Action) -> str:
+        start_resize(self.sim, action)
+        self.resizes += 1
+        return "started"
+
+    # ---- Tiresias' preemption, the Slurm way
+
+    def _tiresias(self) -> None:
+        sim = self.sim
+        for job in tiresias_preemptions(sim):
+            if job.state is not JobState.RUNNING or not job.requeue:
+                continue
+            started = sim.now
+            sim.signal(job.job_id, "USR2")
+
+            def preempt(job: SimJob = job, started: float = started) -> None:
+                acked = sim.checkpointed_at(job.job_id)
+                if job.state is JobState.RUNNING and acked is not None and acked >= started:
+                    sim.requeue(job.job_id)
+
+            sim.call_at(sim.now + sim.runtime.checkpoint_s, preempt)
+
+    # ---- main loop
+
+    def run(self) -> SimRun:
+        sim = self.sim
+        if self.trace:
+            sim.call_at(self.trace[0].submit_s, self._arrive)
+            if self.needs_cycles:
+                sim.call_at(self.trace[0].submit_s, self._tick)
+        limit = (self.trace[-1].submit_s if self.trace else 0.0) + self.options.max_virtual_s
+        while True:
+            t = sim.next_event_s()
+            if not math.isfinite(t) or t > limit:
+                break
+            sim.run_until(t)
+        done = [j for j in sim.all_jobs.values() if j.done and not j.superseded]
+        never = sum(1 for j in sim.all_jobs.values() if not j.done)
+        return SimRun(
+            self.policy_set,
+            self.shape,
+            done,
+            never,
+            self.cycles,
+            self.executed,
+            self.failed,
+            self.resizes,
+            self.records,
+            sim.now,
+            list(sim.all_jobs.values()),
+        )
+
+
+def start_resize(sim: SimSlurm, action: Action) -> None:
+    """Begin the resize transaction for a running job, as Slurm allows it.
+
+    Now: checkpoint signal (``USR2``). After the runtime's checkpoint time, if it
+    acknowledged: ``requeue`` held (BeginTime = now + requeue delay), ``update`` the
+    GPU request, ``release``; the job restarts at the new size when the delay is over
+    and the scheduler finds room. No acknowledgement (or the job ended): nothing more
+    happens and the job keeps running at its old size.
+    """
+    job = sim.job(action.job_id)
+    target = _target_gpus(action)
+    if target is None:
+        raise ValueError("resize names no GPU count (gpus, TresPerJob or TresPerNode)")
+    if job.state is not JobState.RUNNING:
+        raise ValueError(f"job {job.job_id} is not running")
+    ref = action.slurm_id or str(job.job_id)
+    fields = target[1]
+    started = sim.now
+    sim.signal(ref, "USR2")
+
+    def after_checkpoint() -> None:
+        acked = sim.checkpointed_at(job.job_id)
+        if job.state is not JobState.RUNNING or acked is None or acked < started:
+            return
+        sim.requeue(ref, hold=True)
+        try:
+            sim.update_job(ref, fields)
+        finally:
+            sim.release(ref)
+
+    sim.call_at(sim.now + sim.runtime.checkpoint_s, after_checkpoint)
+
+
+def simulate(
+    trace: Sequence[TraceJob],
+    shape: ClusterShape,
+    policy_set: str,
+    options: SimOptions | None = None,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    engine: PolicyEngine | None = None,
+) -> SimRun:
+    """Run ``trace`` on a ``shape`` cluster under ``policy_set``; deterministic.
+
+    ``engine`` replaces the set's engine (tests drive a test-only policy through the
+    real engine this way). Raises
+    :class:`~slurmgpu.sim.policysets.PolicySetUnavailable` when the set's policies are
+    not installed, ``KeyError`` for an unknown set.
+    """
+    return _Runner(trace, shape, policy_set, options or SimOptions(), progress, engine).run()
+
+
+def scale_load(trace: Sequence[TraceJob], load: float) -> list[TraceJob]:
+    """Arrivals ``load`` times as dense (2.0: twice the jobs per hour), same jobs."""
+    if load <= 0 or not math.isfinite(load):
+        raise ValueError(f"load must be a number > 0, not {load}")
+    if not trace:
+        return []
+    t0 = min(j.submit_s for j in trace)
+    out = []
+    for j in trace:
+        out.append(replace(j, submit_s=t0 + (j.submit_s - t0) / load))
+    return out
+
+
+def seeded(seed: int, salt: str) -> random.Random:
+    """A random stream per purpose, so one change does not shift every other draw."""
+    return random.Random(f"{seed}:{salt}")  # noqa: S311 - reproducible draws, not secrets

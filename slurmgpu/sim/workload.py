@@ -1,0 +1,178 @@
+"""What each simulated job does: how much work, how fast at each size, its user's limit.
+
+A :class:`TraceJob` is one row of a trace, already resolved: when it is submitted, who
+by, what it asks Slurm for, and a :class:`JobModel` that says how fast it progresses on a
+given placement. Two models:
+
+- :class:`ProfiledJob`: a Pollux application at a fixed global batch size; work is
+  optimiser steps and speed comes from the measured profile (:mod:`.profiles`), so it
+  depends on GPUs *and* placement.
+- :class:`RigidJob`: a job known only by its run time at its requested size (Philly,
+  sacct, generic CSV). Work is seconds at that size; at another size it speeds up by
+  Amdahl's law with parallel fraction ``parallel_fraction`` (0.95 unless given).
+
+User time limits (:class:`TimeLimitModel`): the real run time times a seeded log-normal
+overestimate (median ``median_factor`` 3x, ``sigma`` 0.8, at least ``min_factor``
+1.25x), rounded *up* to the values people type (15 and 30 min, 1, 2, 4, 8, 12 h, then
+whole days), capped at ``max_limit`` (7 days). Slurm users ask for several times what
+they need (docs/ANCHORS.md §5); the rounding is why a few round values dominate real
+limits. Same seed, same limits.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from slurmgpu.sim.profiles import Application, ThroughputProfile
+
+__all__ = [
+    "JobModel",
+    "MalleableRange",
+    "ProfiledJob",
+    "RigidJob",
+    "TimeLimitModel",
+    "TraceJob",
+]
+
+
+class JobModel(Protocol):
+    """How a job progresses: ``work`` units in total, ``rate(placement)`` units per second."""
+
+    work: float
+    util_pct: float
+    memory_mib: float
+
+    def rate(self, placement: Sequence[int]) -> float: ...
+
+    def run_time(self, gpus: int, gpus_per_node: int) -> float:
+        """Seconds to finish on ``gpus`` packed onto as few nodes as possible."""
+        ...
+
+
+def packed(gpus: int, gpus_per_node: int) -> tuple[int, ...]:
+    """``packed(6, 4) == (4, 2)``: the compact placement Slurm's best fit gives."""
+    out: list[int] = []
+    while sum(out) < gpus:
+        out.append(min(gpus_per_node, gpus - sum(out)))
+    return tuple(out)
+
+
+@dataclass(slots=True)
+class ProfiledJob:
+    """A Pollux application at a fixed batch size; speed from its measured profile."""
+
+    app: Application
+    profile: ThroughputProfile
+    batch_size: int
+    work: float = 0.0
+    util_pct: float = 0.0
+    memory_mib: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.work = float(self.app.steps(self.batch_size))
+        self.util_pct = self.app.util_pct
+        self.memory_mib = self.app.memory_mib
+
+    def rate(self, placement: Sequence[int]) -> float:
+        return 1.0 / self.profile.step_time(placement, self.batch_size)
+
+    def run_time(self, gpus: int, gpus_per_node: int) -> float:
+        return self.work / self.rate(packed(gpus, gpus_per_node))
+
+
+@dataclass(slots=True)
+class RigidJob:
+    """A job known by its run time at ``base_gpus``; Amdahl speed-up elsewhere."""
+
+    duration_s: float
+    base_gpus: int
+    parallel_fraction: float = 0.95
+    util_pct: float = 100.0
+    memory_mib: float = 0.0
+    work: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.work = float(self.duration_s)
+
+    def _speedup(self, gpus: int) -> float:
+        p = self.parallel_fraction
+        return 1.0 / ((1.0 - p) + p / max(1, gpus))
+
+    def rate(self, placement: Sequence[int]) -> float:
+        gpus = sum(placement)
+        if gpus == self.base_gpus or self.base_gpus <= 0:
+            return 1.0
+        return self._speedup(gpus) / self._speedup(self.base_gpus)
+
+    def run_time(self, gpus: int, gpus_per_node: int) -> float:
+        return self.work / self.rate(packed(gpus, gpus_per_node))
+
+
+@dataclass(frozen=True, slots=True)
+class MalleableRange:
+    """A job that opted in to resizing, between ``min_gpus`` and ``max_gpus``."""
+
+    min_gpus: int
+    max_gpus: int
+
+
+@dataclass(slots=True)
+class TraceJob:
+    """One job of a trace, ready to submit to :class:`~slurmgpu.sim.slurm.SimSlurm`.
+
+    ``gpus`` is the whole-GPU request (``--gpus=N``, Slurm places it on any nodes);
+    ``shards`` a ``gres/shard`` request instead. ``time_limit_s`` None means no limit.
+    """
+
+    submit_s: float
+    name: str
+    user: str
+    model: JobModel
+    gpus: int = 1
+    shards: int = 0
+    time_limit_s: float | None = None
+    account: str = ""
+    partition: str = "gpu"
+    malleable: MalleableRange | None = None
+    line: int = 0  # where it came from, for messages
+    comment: str = ""
+    array_tasks: int = 0  # > 0: an array of this many identical tasks
+    array_throttle: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+_ROUND_S = (
+    15 * 60,
+    30 * 60,
+    3600,
+    2 * 3600,
+    4 * 3600,
+    8 * 3600,
+    12 * 3600,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeLimitModel:
+    """Seeded user time limits: real run time times a log-normal overestimate, rounded up."""
+
+    median_factor: float = 3.0
+    sigma: float = 0.8
+    min_factor: float = 1.25
+    max_limit_s: float = 7 * 86400.0
+
+    def limit(self, run_time_s: float, rng: random.Random) -> float:
+        """Return a time limit for a job that really runs ``run_time_s`` seconds."""
+        factor = max(self.min_factor, math.exp(rng.gauss(math.log(self.median_factor), self.sigma)))
+        wanted = run_time_s * factor
+        for r in _ROUND_S:
+            if wanted <= r:
+                return float(r)
+        days = math.ceil(wanted / 86400.0 - 1e-9) * 86400.0
+        # The cap never cuts a job below its own need: a trace with week-long runs keeps them.
+        floor = math.ceil(run_time_s * self.min_factor / 86400.0 - 1e-9) * 86400.0
+        return float(max(min(self.max_limit_s, days), floor))
