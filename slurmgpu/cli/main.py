@@ -76,6 +76,9 @@ def _register() -> None:
     from slurmgpu.cli.cluster import cluster
 
     main.add_command(cluster)
+    from slurmgpu.cli.simulate import simulate_command
+
+    main.add_command(simulate_command)
 
 
 _register()

@@ -94,9 +94,21 @@ def _idle(s: SimPolicies) -> Policy:
 
 
 def _colocate(s: SimPolicies) -> Policy:
-    return _from_module(
-        "slurmgpu.policy.colocate", ("ColocatePolicy",), "colocate", s.extra_for("colocate")
-    )
+    settings = s.extra_for("colocate")
+    if settings is None:
+        try:
+            from slurmgpu.policy.settings import ColocateSettings
+        except ImportError:
+            raise PolicySetUnavailable("colocate: no ColocateSettings yet") from None
+        # Every job is a candidate (what if the site turned it on for all); SimSlurm
+        # accepts a pending gpu -> shard update as Slurm 23.02+ does.
+        settings = ColocateSettings(
+            mode=Mode.ENFORCE,
+            apply_to_all=True,
+            convert_gpu_requests="always",
+            device_memory_mib=32_768,
+        )
+    return _from_module("slurmgpu.policy.colocate", ("ColocatePolicy",), "colocate", settings)
 
 
 def _malleable(s: SimPolicies) -> Policy:

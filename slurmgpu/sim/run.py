@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from slurmgpu.actuate.actuator import execute_action
-from slurmgpu.model import ClusterSnapshot, JobState
+from slurmgpu.model import ClusterSnapshot, JobState, MalleableSpec
 from slurmgpu.policy.base import (
     Action,
     Decision,
@@ -41,9 +41,11 @@ from slurmgpu.policy.priors import Priors
 from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
 from slurmgpu.sim.policysets import BASELINES, SimPolicies, build_engine
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
-from slurmgpu.sim.workload import TraceJob
+from slurmgpu.sim.workload import TraceJob, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.parse import parse_gres
+
+DEVICE_MEMORY_MIB = 32_768.0  # the simulated GPUs: V100-32GB-like, as in Pollux's testbed
 
 __all__ = [
     "ClusterShape",
@@ -152,8 +154,10 @@ def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
 def _target_gpus(action: Action) -> tuple[int, dict[str, str]] | None:
     """The GPU count a resize asks for, and the scontrol fields that set it."""
     f = dict(action.fields)
-    if "gpus" in f:
-        k = int(f["gpus"])
+    for key in ("to_gpus", "gpus"):
+        if key not in f:
+            continue
+        k = int(f[key])
         return k, {"TresPerJob": f"gres:gpu:{k}"}
     for key in ("TresPerJob", "TresPerNode"):
         if key in f:
@@ -206,6 +210,9 @@ class _Runner:
         self.last_cycle = -math.inf
         self.cycles = self.executed = self.failed = self.resizes = 0
         self.records: list[DecisionRecord] = []
+        self.resizing: dict[int, float] = {}  # job -> when its resize was decided
+        self.resize_costs: list[float] = []  # decision -> running at the new size, seconds
+        self.last_resize: dict[int, float] = {}
         self.total = sum(max(1, j.array_tasks) for j in self.trace)
         self.sim.listeners.append(self._ended)
         self.needs_cycles = bool(self.engine.policies) or policy_set in BASELINES
@@ -288,7 +295,7 @@ class _Runner:
                     mean_util_pct=job.model.util_pct,
                     max_util_pct=job.model.util_pct,
                     max_memory_mib=job.model.memory_mib,
-                    memory_total_mib=None,
+                    memory_total_mib=DEVICE_MEMORY_MIB,
                     trailing_idle=timedelta(0),
                     never_busy=job.model.util_pct <= 0,
                     last_sample_at=at,
@@ -322,6 +329,9 @@ class _Runner:
             if times:
                 per_user[user] = len(times)
         live = {j.job_id for j in jobs}
+        self._resize_progress()
+        specs, rates = self._malleable_view()
+        costs = sorted(self.resize_costs)
         snap = PolicySnapshot(
             at=at,
             cluster=cluster,
@@ -333,6 +343,11 @@ class _Runner:
             },
             user_actions_last_hour=per_user,
             opted_in=frozenset(j.job_id for j in jobs if j.state is JobState.PENDING),
+            malleable=specs,
+            resizing=frozenset(self.resizing),
+            throughput=rates,
+            resize_cost=timedelta(seconds=costs[len(costs) // 2]) if costs else None,
+            last_resize_at={j: sim.at(t) for j, t in self.last_resize.items() if j in live},
         )
         for d in self.engine.decide(snap):
             self._carry_out(d)
@@ -368,7 +383,36 @@ class _Runner:
     def _resize(self, action: Action) -> str:
         start_resize(self.sim, action)
         self.resizes += 1
+        self.resizing[action.job_id] = self.sim.now
         return "started"
+
+    def _resize_progress(self) -> None:
+        """Close resize transactions whose job runs again (or ended)."""
+        for jid, decided in list(self.resizing.items()):
+            job = self.sim.job(jid)
+            if job.done or (job.state is JobState.RUNNING and job.start_s > decided):
+                del self.resizing[jid]
+                if not job.done:
+                    self.resize_costs.append(job.start_s - decided)
+                    self.last_resize[jid] = job.start_s
+
+    def _malleable_view(
+        self,
+    ) -> tuple[dict[int, MalleableSpec], dict[int, dict[int, float]]]:
+        specs: dict[int, MalleableSpec] = {}
+        rates: dict[int, dict[int, float]] = {}
+        sim = self.sim
+        for job in (*sim.running(), *sim.pending()):
+            m = job.malleable
+            if m is None or job.array_job_id is not None:
+                continue
+            specs[job.job_id] = MalleableSpec(job.job_id, m.min_gpus, m.max_gpus)
+            sizes = {int(r.gpus) for r in job.runs if r.gpus >= 1}
+            if job.state is JobState.RUNNING and job.runs:
+                rates[job.job_id] = {
+                    g: job.model.rate(packed(g, sim.gpus_per_node)) for g in sorted(sizes)
+                }
+        return specs, rates
 
     # ---- Tiresias' preemption, the Slurm way
 

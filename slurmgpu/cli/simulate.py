@@ -1,0 +1,219 @@
+"""``sgpu simulate TRACE``: replay a workload through the daemon's policies in virtual time.
+
+Runs every policy set of ``--policies`` on the same trace and prints one comparison
+table (docs/simulator.md). Needs no Slurm, no database and no GPU.
+
+Exit codes: 0 compared; 1 a trace or profile that cannot be read (the message names the
+file and line); 2 bad option (cluster shape, load, unknown policy set).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from slurmgpu.cli.context import fail
+from slurmgpu.sim.loaders import FORMATS, TraceError, load_trace
+from slurmgpu.sim.metrics import summarise
+from slurmgpu.sim.policysets import PolicySetUnavailable, known_sets
+from slurmgpu.sim.profiles import ProfileError, ThroughputProfile, load_profiles
+from slurmgpu.sim.published import PUBLISHED_AVG_JCT_S
+from slurmgpu.sim.render import (
+    Comparison,
+    comparison_csv,
+    comparison_html,
+    comparison_json,
+    comparison_table,
+)
+from slurmgpu.sim.run import ClusterShape, SimOptions, scale_load, simulate
+from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel
+
+DEFAULT_POLICIES = "slurm,rightsize,colocate,malleable,all"
+_WORKLOAD_RE = re.compile(r"workload-(\d+)\.csv$")
+
+
+def _profiles_dir(trace: Path, given: Path | None) -> Path | None:
+    if given is not None:
+        return given
+    for candidate in (
+        trace.resolve().parent.parent / "profiles",
+        Path("../shared/data/pollux/profiles"),
+        Path("/work/shared/data/pollux/profiles"),
+    ):
+        if (candidate / "cifar10" / "placements.csv").exists():
+            return candidate
+    return None
+
+
+def _interference() -> InterferenceModel | None:
+    """The co-location model of ``slurmgpu.policy.interference`` when it is installed."""
+    try:
+        import importlib
+
+        interference = importlib.import_module("slurmgpu.policy.interference")
+    except ImportError:
+        return None
+    predict = getattr(interference, "predict", None)
+    if not callable(predict):
+        return None
+
+    def pair(ua: float, ma: float, ub: float, mb: float) -> tuple[float, float]:
+        p = predict(ua, ma, ub, mb)
+        if isinstance(p, tuple):
+            return float(p[0]), float(p[1])
+        return float(p.slowdown_a), float(p.slowdown_b)
+
+    return pair
+
+
+def _write(target: str, text: str, console: Console) -> None:
+    if target == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        Path(target).write_text(text)
+    except OSError as exc:
+        fail(f"cannot write {target}: {exc.strerror or exc}")
+    console.print(f"wrote {target}")
+
+
+@click.command("simulate")
+@click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--policies",
+    default=DEFAULT_POLICIES,
+    show_default=True,
+    help="Comma-separated policy sets: " + ", ".join(known_sets()) + ".",
+)
+@click.option("--cluster", "cluster_text", default="16x4", show_default=True, help="NODESxGPUS.")
+@click.option("--load", type=float, default=1.0, show_default=True, help="Arrival-rate factor.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of every random draw.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format (default: guess).")
+@click.option(
+    "--profiles", type=click.Path(path_type=Path, file_okay=False), help="Pollux profiles dir."
+)
+@click.option("--shards-per-gpu", type=int, default=4, show_default=True)
+@click.option("--requeue-delay", type=float, default=121.0, show_default=True, help="Seconds.")
+@click.option("--checkpoint", "checkpoint_s", type=float, default=20.0, show_default=True)
+@click.option("--startup", "startup_s", type=float, default=30.0, show_default=True)
+@click.option("--period", "period_s", type=float, default=60.0, show_default=True)
+@click.option("--no-interference", is_flag=True, help="Co-located jobs run at full speed.")
+@click.option("--json", "json_out", metavar="PATH", help="Write JSON ('-': stdout).")
+@click.option("--csv", "csv_out", metavar="PATH", help="Write CSV ('-': stdout).")
+@click.option("--html", "html_out", metavar="PATH", help="Write a self-contained HTML page.")
+def simulate_command(
+    trace: Path,
+    policies: str,
+    cluster_text: str,
+    load: float,
+    seed: int,
+    fmt: str | None,
+    profiles: Path | None,
+    shards_per_gpu: int,
+    requeue_delay: float,
+    checkpoint_s: float,
+    startup_s: float,
+    period_s: float,
+    no_interference: bool,
+    json_out: str | None,
+    csv_out: str | None,
+    html_out: str | None,
+) -> None:
+    """Compare policy sets on TRACE in a simulated Slurm cluster."""
+    console = Console(stderr=json_out == "-" or csv_out == "-" or html_out == "-")
+    if not console.is_terminal:
+        console.width = max(console.width, 160)  # a log or a pipe: no wrapping mid-table
+    try:
+        shape = ClusterShape.parse(cluster_text, shards_per_gpu)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if not (load > 0):
+        fail(f"--load must be a number > 0, not {load}", 2)
+    if period_s <= 0 or requeue_delay < 0 or checkpoint_s < 0 or startup_s < 0:
+        fail("--period must be > 0 and the delays >= 0", 2)
+    sets = [s.strip() for s in policies.split(",") if s.strip()]
+    unknown = [s for s in sets if s not in known_sets()]
+    if unknown or not sets:
+        fail(
+            f"unknown policy set {', '.join(unknown) or '(none)'}; known: "
+            + ", ".join(known_sets()),
+            2,
+        )
+    prof: dict[str, ThroughputProfile] | None = None
+    pdir = _profiles_dir(trace, profiles)
+    try:
+        if pdir is not None:
+            prof = load_profiles(pdir)
+        jobs = load_trace(
+            trace,
+            prof,
+            seed=seed,
+            gpus_per_node=shape.gpus_per_node,
+            max_gpus=shape.gpus,
+            fmt=fmt,
+        )
+    except (TraceError, ProfileError) as exc:
+        fail(str(exc))
+    jobs = scale_load(jobs, load)
+    interference = None if no_interference else _interference()
+    options = SimOptions(
+        period_s=period_s,
+        requeue_delay_s=requeue_delay,
+        runtime=ElasticRuntime(checkpoint_s=checkpoint_s, startup_s=startup_s),
+        interference=interference,
+    )
+    comparison = Comparison(trace.name, cluster_text, load, seed)
+    m = _WORKLOAD_RE.search(trace.name)
+    if m and int(m.group(1)) in PUBLISHED_AVG_JCT_S and load == 1.0 and cluster_text == "16x4":
+        published = PUBLISHED_AVG_JCT_S[int(m.group(1))]
+        comparison.published = {k: float(v) for k, v in published.items()}
+    comparison.notes.append(
+        "co-location slowdown: "
+        + ("slurmgpu.policy.interference.predict" if interference else "none (full speed)")
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        for name in sets:
+            task = bar.add_task(name, total=len(jobs))
+
+            def tick(done: int, total: int, task: TaskID = task) -> None:
+                if done % 64 == 0 or done == total:
+                    bar.update(task, completed=done, total=total)
+
+            started = time.perf_counter()
+            try:
+                run = simulate(jobs, shape, name, options, progress=tick)
+            except PolicySetUnavailable as exc:
+                comparison.unavailable[name] = str(exc)
+                bar.remove_task(task)
+                continue
+            comparison.results.append(summarise(run, time.perf_counter() - started))
+            bar.update(task, completed=len(jobs))
+    if json_out:
+        _write(json_out, comparison_json(comparison), console)
+    if csv_out:
+        _write(csv_out, comparison_csv(comparison), console)
+    if html_out:
+        _write(html_out, comparison_html(comparison), console)
+    if not (json_out == "-" or csv_out == "-" or html_out == "-"):
+        console.print(comparison_table(comparison))
+        for note in comparison.notes:
+            console.print(f"[dim]{note}[/dim]")
