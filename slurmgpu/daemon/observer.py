@@ -123,6 +123,16 @@ class Observer:
             jobs, nodes, at, t0=t0, t_fetch={"jobs": t_jobs - t0, "nodes": t_nodes - t_jobs}
         )
 
+    def _version(self) -> str:
+        """Slurm's release for the snapshot (policies spell GRES updates by it); '' if unknown.
+
+        The CLI backend learns it from squeue's own output or asks sinfo once, then caches.
+        """
+        try:
+            return self.slurm.version()
+        except SlurmError:
+            return ""
+
     def apply(
         self,
         jobs: list[Job],
@@ -173,7 +183,9 @@ class Observer:
             and t.kind in {"state", "submitted"}
             and JobState(t.to_state).is_terminal
         )
-        snapshot = ClusterSnapshot(taken_at=at, jobs=tuple(jobs), nodes=tuple(nodes))
+        snapshot = ClusterSnapshot(
+            taken_at=at, jobs=tuple(jobs), nodes=tuple(nodes), slurm_version=self._version()
+        )
         self.latest = snapshot
         timings = dict(t_fetch or {})
         timings.update(diff=t_diff - t_diff0 - t_acct, store=t_store - t_diff)
