@@ -246,6 +246,7 @@ class SimSlurm:
             _Node(i, f"gpu{i + 1:0{width}d}", gpus_per_node, shards_per_gpu) for i in range(nodes)
         ]
         self.total_gpus = nodes * gpus_per_node
+        self._free_counts = [gpus_per_node] * nodes  # whole GPUs free, per node
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, int, int, int, Callable[[], None] | None]] = []
@@ -603,6 +604,7 @@ class SimSlurm:
             if (node_i, gpus) not in keep:
                 for g in gpus:
                     self._nodes[node_i].gpu_owner[g] = None
+                self._free_counts[node_i] += len(gpus)
         self._close_run(job)
         job.alloc = keep
         job.gpus = sum(len(g) for _, g in keep)
@@ -789,8 +791,11 @@ class SimSlurm:
         for n, gpus in alloc:
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = job.job_id
+            self._free_counts[n] -= len(gpus)
         if shard is not None:
             n, g, s = shard
+            if not self._nodes[n].gpu_shards[g]:
+                self._free_counts[n] -= 1
             self._nodes[n].gpu_shards[g][job.job_id] = s
         share = job.allocated_gpus if shard is None else shard[2] / max(1, self.shards_per_gpu)
         job.runs.append(_Run(self.now, math.nan, float(share)))
@@ -815,9 +820,12 @@ class SimSlurm:
         for n, gpus in job.alloc:
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = None
+            self._free_counts[n] += len(gpus)
         if job.shard_alloc is not None:
             n, g, _ = job.shard_alloc
             self._nodes[n].gpu_shards[g].pop(job.job_id, None)
+            if not self._nodes[n].gpu_shards[g]:
+                self._free_counts[n] += 1
         del self._running[job.job_id]
         self._by_limit_remove(job)
         job.version += 1
@@ -918,7 +926,7 @@ class SimSlurm:
         return fresh
 
     def _free(self) -> list[int]:
-        return [len(n.free_gpus()) for n in self._nodes]
+        return list(self._free_counts)
 
     def _reservation(self, job: SimJob, free: list[int]) -> tuple[float, list[int]] | None:
         """Earliest time (by time limits) ``job`` fits, and the GPUs it reserves per node."""
@@ -951,6 +959,8 @@ class SimSlurm:
             return
         shadow: float | None = None
         reserved: list[int] | None = None
+        spare: list[int] | None = None  # free GPUs the reservation leaves, per node
+        failed: dict[tuple[bool, int], float] = {}
         tested = 0
         for job in queue:
             if not any(free) and not self.shards_per_gpu:
@@ -972,6 +982,8 @@ class SimSlurm:
                 self._start(job, [], place)
                 if takes_fresh:
                     free[n] -= 1
+                    spare = None
+                    failed.clear()
                 continue
             if reserved is None:
                 fit = self._fit(job, free)
@@ -984,12 +996,25 @@ class SimSlurm:
                 continue
             ends = self.now + (job.time_limit_s if job.time_limit_s is not None else math.inf)
             assert shadow is not None
-            if ends <= shadow:
-                fit = self._fit(job, free)
+            beyond = ends > shadow
+            # A job of N GPUs that did not fit on a vector that has not changed since
+            # means no job of N or more fits either (--gpus=N fits are monotone in N):
+            # this keeps a long backfill queue at O(1) per job.
+            key = (beyond, job.gpus_per_node or 0)
+            if job.gpus >= failed.get(key, math.inf):
+                continue
+            if beyond:
+                if spare is None:
+                    spare = [max(0, f - r) for f, r in zip(free, reserved, strict=True)]
+                fit = self._fit(job, spare)
             else:
-                fit = self._fit(job, [max(0, f - r) for f, r in zip(free, reserved, strict=True)])
-            if fit is not None:
-                self._start_whole(job, fit, free)
+                fit = self._fit(job, free)
+            if fit is None:
+                failed[key] = min(failed.get(key, math.inf), job.gpus)
+                continue
+            self._start_whole(job, fit, free)
+            spare = None
+            failed.clear()
 
     def _start_whole(self, job: SimJob, fit: list[tuple[int, int]], free: list[int]) -> None:
         alloc = []
