@@ -116,6 +116,15 @@ def shards_per_gpu(node: Node) -> int:
     return node.shards // node.gpus
 
 
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """What packing one profile means: shared by every pending job with that profile."""
+
+    reason: str
+    numbers: Numbers
+    fields: dict[str, str]
+
+
 def _newest_first(job: Job) -> tuple[float, int]:
     started = job.start_time.timestamp() if job.start_time is not None else math.inf
     return (-started, -job.job_id)
@@ -180,12 +189,21 @@ class ColocatePolicy:
         )
         by_partition = self._shards_by_partition(cluster.nodes)
         priors: Priors | None = None
+        # Pending jobs share comments, partitions and profiles (resubmissions, arrays):
+        # each is resolved once per cycle, and jobs with one verdict share its texts.
+        hints_of: dict[str, ColocateHints] = {}
+        shards_of: dict[str, int] = {}
+        verdicts: dict[tuple[float, float, int, str, str], _Verdict | None] = {}
         actions: list[Action] = []
         for job in pending:
-            hints = hints_from_comment(job.comment)
+            hints = hints_of.get(job.comment)
+            if hints is None:
+                hints = hints_of[job.comment] = hints_from_comment(job.comment)
             if hints.separated or not (hints.shareable or s.apply_to_all) or job.node_count > 1:
                 continue
-            shards = self._uniform_shards(job, by_partition)
+            shards = shards_of.get(job.partition)
+            if shards is None:
+                shards = shards_of[job.partition] = self._uniform_shards(job, by_partition)
             if shards < 2:
                 continue
             request = job.gpus
@@ -216,9 +234,35 @@ class ColocatePolicy:
             if not known_memory or util > s.max_util_pct:
                 continue
             memory = float(max(known_memory))
-            action = self._pack(job, util, util_source, memory, shards, device_mib, prefix)
-            if action is not None:
-                actions.append(action)
+            before = (
+                f"{request.shards_per_node} shards"
+                if whole_in_shards
+                else f"{request.per_node} GPU"
+            )
+            key = (util, memory, shards, util_source, before)
+            if key in verdicts:
+                verdict = verdicts[key]
+            else:
+                verdict = verdicts[key] = self._verdict(
+                    util, util_source, memory, shards, device_mib, prefix, before
+                )
+            if verdict is not None:
+                actions.append(
+                    Action(
+                        policy=self.name,
+                        kind="update",
+                        job_id=job.job_id,
+                        user=job.user,
+                        reason=verdict.reason,
+                        numbers=verdict.numbers,
+                        fields=verdict.fields,
+                        alert=ALERT_PACK,
+                        # Above rightsize's updates of the same pending job, which would
+                        # otherwise win the one-action-per-job contest every cycle.
+                        priority=1,
+                        slurm_id=slurm_job_ref(job),
+                    )
+                )
         return actions
 
     @staticmethod
@@ -229,16 +273,17 @@ class ColocatePolicy:
             counts |= by_partition.get(part, set())
         return counts.pop() if len(counts) == 1 else 0
 
-    def _pack(
+    def _verdict(
         self,
-        job: Job,
         util: float,
         util_source: str,
         memory_mib: float,
         shards: int,
         device_mib: float,
         prefix: str,
-    ) -> Action | None:
+        before: str,
+    ) -> _Verdict | None:
+        """The shard count and its justification for one profile, or None: leave it whole."""
         s = self.settings
         usable = device_mib - s.memory_margin_mib
         least = math.ceil(shards / s.max_jobs_per_gpu)
@@ -252,11 +297,6 @@ class ColocatePolicy:
         theirs = slowdown_with(ceiling, [util] + [ceiling] * (partners - 1), self.model)
         if max(own, theirs) > s.max_slowdown:
             return None
-        before = (
-            f"{job.gpus.shards_per_node} shards"
-            if job.gpus.shards_per_node
-            else f"{job.gpus.per_node} GPU"
-        )
         numbers: Numbers = {
             "util_pct": round(util, 1),
             "util_source": util_source,
@@ -270,24 +310,12 @@ class ColocatePolicy:
             "predicted_partner_slowdown": round(theirs, 3),
             "max_slowdown": s.max_slowdown,
         }
-        return Action(
-            policy=self.name,
-            kind="update",
-            job_id=job.job_id,
-            user=job.user,
-            reason=(
-                f"light job (GPU util {util:.0f} %, {memory_mib / 1024:.1f} GiB GPU memory): "
-                f"{n} of {shards} shards instead of {before}, predicted slowdown "
-                f"{max(own, theirs):.2f}x at most"
-            ),
-            numbers=numbers,
-            fields={"TresPerNode": f"{prefix}shard:{n}"},
-            alert=ALERT_PACK,
-            # Above rightsize's updates of the same pending job, which would otherwise win
-            # the one-action-per-job contest every cycle (even when only advised).
-            priority=1,
-            slurm_id=slurm_job_ref(job),
+        reason = (
+            f"light job (GPU util {util:.0f} %, {memory_mib / 1024:.1f} GiB GPU memory): "
+            f"{n} of {shards} shards instead of {before}, predicted slowdown "
+            f"{max(own, theirs):.2f}x at most"
         )
+        return _Verdict(reason, numbers, {"TresPerNode": f"{prefix}shard:{n}"})
 
     # -- separation ------------------------------------------------------------------
 
