@@ -120,7 +120,11 @@ def _run(
             policies.run(result.snapshot, result.at)
 
     loop = DaemonLoop(
-        observer, interval=poll, max_backoff=settings.daemon.max_backoff, on_cycle=on_cycle
+        observer,
+        interval=poll,
+        max_backoff=settings.daemon.max_backoff,
+        on_cycle=on_cycle,
+        busy=policies.busy if policies is not None else None,
     )
     if once:
         result = loop.run_once()

@@ -11,12 +11,26 @@ slurmgpu's own options (not sbatch's) are taken out before the batch script:
   ``sgpu:shareable``; the co-location policy decides, see docs/policies.md).
 - ``--gpu-mem SIZE`` (``8GiB``, ``512MiB``): the most GPU memory the job will use (token
   ``sgpu:gpu-mem=MiB``), which co-location needs to know before packing a job.
+- ``--malleable MIN:MAX``: the job may be resized between MIN and MAX GPUs (token
+  ``sgpu:malleable=MIN:MAX``). Adds ``--requeue`` and, unless given,
+  ``--signal=B:SIG@GRACE`` (the checkpoint signal before the time limit); passes
+  ``SGPU_CHECKPOINT_SIGNAL``, ``SGPU_CHECKPOINT_HOLD`` and ``SGPU_ELASTIC_DIR`` to the
+  job for its ``slurmgpu.elastic`` runtime; a ``--wrap`` command without shell syntax is
+  run with ``exec`` so that the signal reaches it (a shell in between would die of it).
+  ``--checkpoint-signal SIG`` (default ``USR2``), ``--checkpoint-grace 120s`` (how long
+  the job may take to checkpoint, and waits after it), ``--elastic-dir DIR`` (default
+  ``./.sgpu-elastic``; must be visible from the head node) go with it.
+- ``--pool`` with ``--array A-B%K``: a worker pool whose concurrency is malleable
+  between ``--malleable MIN:MAX`` tasks (default 1 to the number of tasks); token
+  ``sgpu:pool=MIN:MAX``.
 """
 
 from __future__ import annotations
 
 import getpass
 import os
+import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import click
@@ -27,7 +41,8 @@ from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 from slurmgpu.store import StoreError, open_store
 
 RIGHTSIZE_OPT_IN = "sgpu:rightsize"
-SGPU_FLAGS = frozenset({"--rightsize", "--shareable"})
+SGPU_FLAGS = frozenset({"--rightsize", "--shareable", "--pool"})
+DEFAULT_ELASTIC_DIR = ".sgpu-elastic"
 GPU_MEM_OPTION = "--gpu-mem"
 
 
@@ -59,6 +74,134 @@ def take_gpu_mem(args: tuple[str, ...]) -> tuple[int | None, tuple[str, ...]]:
                 break
         i += 1
     return mib, tuple(rest)
+
+
+MALLEABLE_OPTIONS = ("--malleable", "--checkpoint-signal", "--checkpoint-grace", "--elastic-dir")
+_SIGNAL_NAME_RE = re.compile(r"^(SIG)?[A-Z0-9]{2,8}$")
+_WRAP_SHELL_CHARS = re.compile(r"[;&|<>`$()\n]")
+
+
+def take_values(
+    args: tuple[str, ...], names: tuple[str, ...]
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Take ``--name VALUE`` / ``--name=VALUE`` options (before the script) out of ``args``."""
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = next((n for n in names if arg == n or arg.startswith(n + "=")), None)
+        if name is not None:
+            if "=" in arg:
+                found[name] = arg.split("=", 1)[1]
+            elif i + 1 < len(args):
+                i += 1
+                found[name] = args[i]
+            else:
+                raise ValueError(f"{name} needs a value")
+        else:
+            rest.append(arg)
+            if not arg.startswith("-") and os.path.isfile(arg):
+                rest.extend(args[i + 1 :])
+                break
+        i += 1
+    return found, tuple(rest)
+
+
+def _sbatch_option(args: list[str], *names: str) -> str | None:
+    """The value of an sbatch option given before the script (``--array=0-9%2``, ``-a X``)."""
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") and os.path.isfile(arg):
+            return None
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                return args[i + 1]
+            if name.startswith("--") and arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def array_task_count(spec: str) -> int:
+    """Tasks in an ``--array`` spec (``0-9%2``, ``1,3,5-7``, ``0-15:4``)."""
+    body = spec.split("%", 1)[0]
+    count = 0
+    for piece in body.split(","):
+        span, _, step_text = piece.partition(":")
+        step = int(step_text) if step_text else 1
+        if "-" in span:
+            lo, hi = span.split("-", 1)
+            count += len(range(int(lo), int(hi) + 1, max(step, 1)))
+        else:
+            int(span)
+            count += 1
+    if count < 1:
+        raise ValueError(f"--array {spec!r} has no tasks")
+    return count
+
+
+@dataclass(frozen=True, slots=True)
+class MalleableRequest:
+    lo: int
+    hi: int
+    pool: bool
+    signal: str
+    grace_s: int
+    elastic_dir: str
+
+
+def malleable_request(values: dict[str, str], pool: bool, args: list[str]) -> MalleableRequest:
+    """Validate our malleable options; ValueError with a one-line reason."""
+    from slurmgpu.config import parse_duration
+    from slurmgpu.elastic.spec import parse_range
+
+    array = _sbatch_option(args, "--array", "-a")
+    if pool and array is None:
+        raise ValueError("--pool needs --array A-B%K (the pool's tasks)")
+    if "--malleable" in values:
+        lo, hi = parse_range(values["--malleable"])
+    elif pool and array is not None:
+        try:
+            lo, hi = 1, array_task_count(array)
+        except ValueError:
+            raise ValueError(f"--array {array!r} is not an array spec like 0-9%2") from None
+    else:
+        raise ValueError("--checkpoint-signal/--checkpoint-grace/--elastic-dir need --malleable")
+    sig = values.get("--checkpoint-signal", "USR2").strip().upper()
+    if not _SIGNAL_NAME_RE.match(sig):
+        raise ValueError(f"--checkpoint-signal {sig!r} is not a signal name like USR2")
+    sig = sig.removeprefix("SIG")
+    grace = parse_duration(values.get("--checkpoint-grace", "120s"))
+    grace_s = int(grace.total_seconds())
+    if not 1 <= grace_s <= 65535:
+        raise ValueError("--checkpoint-grace must be between 1s and 18h")
+    elastic_dir = os.path.abspath(values.get("--elastic-dir", DEFAULT_ELASTIC_DIR))
+    return MalleableRequest(lo, hi, pool, sig, grace_s, elastic_dir)
+
+
+def malleable_args(req: MalleableRequest, args: list[str]) -> list[str]:
+    """sbatch arguments for a malleable job or pool: token, --requeue, --signal, exec wrap."""
+    from slurmgpu.elastic.spec import format_token
+
+    out = add_comment_token(args, format_token(req.lo, req.hi, pool=req.pool))
+    head: list[str] = []
+    if "--no-requeue" not in out:
+        head.append("--requeue")
+    if _sbatch_option(out, "--signal") is None:
+        head.append(f"--signal=B:{req.signal}@{min(req.grace_s, 65535)}")
+    for i, arg in enumerate(out):
+        if not arg.startswith("-") and os.path.isfile(arg):
+            break
+        wrap = None
+        if arg == "--wrap" and i + 1 < len(out):
+            wrap, at = out[i + 1], i + 1
+        elif arg.startswith("--wrap="):
+            wrap, at = arg.split("=", 1)[1], i
+        if wrap is not None:
+            cmd = wrap.strip()
+            if not _WRAP_SHELL_CHARS.search(cmd) and not cmd.startswith(("exec ", "srun ")):
+                out[at] = ("--wrap=" if at == i else "") + f"exec {cmd}"
+            break
+    return head + out
 
 
 def _wants_parsable(args: tuple[str, ...]) -> bool:
@@ -117,7 +260,18 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
         gpu_mem_mib, passed = take_gpu_mem(sbatch_args)
     except ValueError as exc:
         fail(f"--gpu-mem: {exc}", 2)
+    try:
+        values, passed = take_values(passed, MALLEABLE_OPTIONS)
+    except ValueError as exc:
+        fail(str(exc), 2)
     flags, args = split_sgpu_options(passed)
+    malleable: MalleableRequest | None = None
+    if values or "--pool" in flags:
+        try:
+            malleable = malleable_request(values, "--pool" in flags, args)
+        except ValueError as exc:
+            fail(str(exc), 2)
+        args = malleable_args(malleable, args)
     if "--rightsize" in flags:
         args = add_comment_token(args, RIGHTSIZE_OPT_IN)
     if "--shareable" in flags:
@@ -126,8 +280,15 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
         args = add_comment_token(args, f"{GPU_MEM_MARK}{gpu_mem_mib}")
     # sbatch reads the script from stdin when none is named; it inherits ours unchanged.
     slurm = app.slurm()
+    env = None
+    if malleable is not None:
+        env = {
+            "SGPU_CHECKPOINT_SIGNAL": malleable.signal,
+            "SGPU_CHECKPOINT_HOLD": str(malleable.grace_s),
+            "SGPU_ELASTIC_DIR": malleable.elastic_dir,
+        }
     try:
-        job_id = slurm.submit(args, cwd=os.getcwd())
+        job_id = slurm.submit(args, cwd=os.getcwd(), env=env)
     except SlurmCommandError as exc:
         fail(f"sbatch refused the job: {exc}", EXIT_SLURM)
     except SlurmError as exc:
@@ -140,11 +301,19 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
         hints["shareable"] = True
     if gpu_mem_mib is not None:
         hints["gpu_mem_mib"] = gpu_mem_mib
-    _record(app, job_id, tuple(args), hints=hints or None)
+    if malleable is not None:
+        hints["elastic_dir"] = malleable.elastic_dir
+        hints["pool"] = malleable.pool
+    _record(app, job_id, tuple(args), hints=hints or None, malleable=malleable)
 
 
 def _record(
-    app: AppContext, job_id: int, args: tuple[str, ...], *, hints: dict[str, object] | None
+    app: AppContext,
+    job_id: int,
+    args: tuple[str, ...],
+    *,
+    hints: dict[str, object] | None,
+    malleable: MalleableRequest | None = None,
 ) -> None:
     """Store the submission when the database is reachable; the job runs either way."""
     settings = app.settings
@@ -158,6 +327,9 @@ def _record(
             cwd=os.getcwd(),
             argv=list(args),
             hints=hints,
+            malleable=(malleable.lo, malleable.hi) if malleable else None,
+            checkpoint_signal=malleable.signal if malleable else None,
+            checkpoint_grace_s=malleable.grace_s if malleable else None,
         )
     except StoreError as exc:
         click.echo(f"sgpu: note: job {job_id} submitted but not recorded: {exc}", err=True)

@@ -37,11 +37,17 @@ class DaemonLoop:
         interval: timedelta,
         max_backoff: timedelta,
         on_cycle: Callable[[CycleResult], None] | None = None,
+        busy: Callable[[], bool] | None = None,
+        busy_interval: timedelta = timedelta(seconds=1),
     ) -> None:
         self.observer = observer
         self.interval = interval
         self.max_backoff = max_backoff
         self.on_cycle = on_cycle
+        # While ``busy()`` (a resize in flight), cycles come every ``busy_interval``: each
+        # step of a resize waits for the next observation.
+        self.busy = busy
+        self.busy_interval = busy_interval
         self.stop_event = threading.Event()
         self.failures = 0
         self.cycles = 0
@@ -91,5 +97,8 @@ class DaemonLoop:
             self.run_once()
             if max_cycles is not None and self.cycles >= max_cycles:
                 break
-            self.stop_event.wait(next_delay(self.interval, self.failures, self.max_backoff))
+            delay = next_delay(self.interval, self.failures, self.max_backoff)
+            if self.busy is not None and not self.failures and self.busy():
+                delay = min(delay, self.busy_interval.total_seconds())
+            self.stop_event.wait(delay)
         log.info("daemon stopped after %d cycle(s)", self.cycles)

@@ -10,14 +10,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from slurmgpu.actuate.actuator import ActuationResult, Actuator
+from slurmgpu.actuate.malleable import MalleableActuator
 from slurmgpu.config import Settings
+from slurmgpu.daemon.malleable import MalleableDirectory
 from slurmgpu.daemon.recommend import ExportError, RecommendationExport
 from slurmgpu.model import ClusterSnapshot, JobState
 from slurmgpu.policy.base import (
+    RESIZE,
     Action,
     Decision,
     GpuStat,
@@ -35,6 +38,7 @@ from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.history import load_history
+from slurmgpu.store.transactions import TransactionStore
 from slurmgpu.store.usage import GpuUsage, UsageStore
 
 log = logging.getLogger("slurmgpu.daemon")
@@ -84,6 +88,9 @@ class PolicyCycle:
     # Writes job_submit.lua's recommendations after each history reload, when configured.
     export: RecommendationExport | None = None
     rightsize: RightsizePolicy | None = None
+    # Resize transactions of malleable jobs and pools (actuate.malleable), and their specs.
+    malleable: MalleableActuator | None = None
+    directory: MalleableDirectory | None = None
     _history: tuple[HistoryRecord, ...] = ()
     _history_at: datetime | None = None
     # (job, policy) → the last decision recorded, so an unchanged verdict is not written
@@ -141,6 +148,10 @@ class PolicyCycle:
         alerts = self.audit.alerts([j.job_id for j in running]) if running else []
         cooldown = self.engine.settings.job_cooldown
         last = self.audit.last_action_since(at - cooldown)
+        specs = self.directory.specs(cluster) if self.directory is not None else {}
+        resize_cost, last_resize = (
+            self.malleable.history() if self.malleable is not None and specs else (None, {})
+        )
         return PolicySnapshot(
             at=at,
             cluster=cluster,
@@ -154,10 +165,23 @@ class PolicyCycle:
                 for j in cluster.jobs
                 if j.state is JobState.PENDING and opted_in(j.comment)
             ),
+            malleable=specs,
+            resizing=self.malleable.in_flight if self.malleable is not None else frozenset(),
+            throughput=(
+                self.directory.throughput(cluster, specs) if self.directory and specs else {}
+            ),
+            resize_cost=resize_cost,
+            last_resize_at=last_resize,
         )
+
+    def busy(self) -> bool:
+        """True while a resize is in flight: the daemon then observes every second."""
+        return self.malleable is not None and self.malleable.busy()
 
     def run(self, cluster: ClusterSnapshot, at: datetime) -> list[ActuationResult]:
         """Decide and act for one observed snapshot; never raises for store trouble."""
+        if self.malleable is not None:
+            self.malleable.advance(cluster, at)  # before deciding: policies see what is in flight
         try:
             snap = self.snapshot(cluster, at)
         except StoreError as exc:
@@ -167,7 +191,11 @@ class PolicyCycle:
         fresh = [d for d in decisions if self._changed(d)]
         if not fresh:
             return []
-        results = self.actuator.carry_out(fresh, at)
+        resizes = [d for d in fresh if d.action.kind == RESIZE]
+        others = [d for d in fresh if d.action.kind != RESIZE]
+        results = self.actuator.carry_out(others, at) if others else []
+        if resizes and self.malleable is not None:
+            results += self.malleable.carry_out(resizes, cluster, snap.malleable, at)
         self._forget_ended(cluster)
         return results
 
@@ -215,6 +243,8 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
     audit = AuditStore(store.engine, store.cluster)
     actuator = Actuator(slurm, audit, notifier)
     actuator.recover()
+    malleable = MalleableActuator(slurm, TransactionStore(store.engine, store.cluster), audit)
+    malleable.recover(datetime.now(UTC))
     return PolicyCycle(
         engine,
         UsageStore(store.engine, store.cluster),
@@ -224,4 +254,6 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         history_refresh=p.history_refresh,
         export=RecommendationExport(p.recommendations_file) if p.recommendations_file else None,
         rightsize=rightsize,
+        malleable=malleable,
+        directory=MalleableDirectory(store),
     )

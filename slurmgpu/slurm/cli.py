@@ -330,6 +330,13 @@ class CliSlurmClient:
         argv.append(_job_id(job_id))
         self._scancel(argv)
 
+    def signal_all(self, job_id: str | int, signal: str) -> None:
+        """``scancel --full --signal=SIG J``: the batch script, its children and all steps."""
+        sig = str(signal).strip()
+        if not _SIGNAL_RE.fullmatch(sig):
+            raise SlurmCommandError(f"scancel: invalid signal {sig[:20]!r}")
+        self._scancel(["scancel", f"--signal={sig}", "--full", _job_id(job_id)])
+
     def cancel(self, job_id: str | int) -> None:
         """``scancel``; a job that already ended is not an error (it is cancelled)."""
         self._scancel(["scancel", _job_id(job_id)], ok_if_done=True)

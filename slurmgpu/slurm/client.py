@@ -3,8 +3,9 @@
 Implementations: ``slurmgpu.slurm.cli.CliSlurmClient`` (squeue/sinfo/scontrol JSON),
 ``slurmgpu.slurm.pyslurm.PySlurmClient`` (optional) and ``slurmgpu.sim`` (virtual time).
 
-:class:`AccountingClient` is an optional extra capability (``sacct``): callers test for it
-with ``isinstance`` and do without when a backend lacks it.
+:class:`AccountingClient` (``sacct``) and :class:`FullSignalClient` (``scancel --full``)
+are optional extra capabilities: callers test for them with ``isinstance`` and do without
+when a backend lacks them.
 """
 
 from __future__ import annotations
@@ -84,6 +85,17 @@ class SlurmClient(Protocol):
         ...
 
     def set_time_limit(self, job_id: str | int, limit: timedelta) -> None: ...
+
+
+@runtime_checkable
+class FullSignalClient(Protocol):
+    """Optional: signal a job's batch script, its children and every step at once."""
+
+    def signal_all(self, job_id: str | int, signal: str) -> None:
+        """``scancel --full --signal=SIG J``: what a job's own Python process receives
+        whether it runs in the batch script or under srun (a plain ``signal`` skips the
+        batch step; ``batch_only`` reaches the shell but not its children)."""
+        ...
 
 
 @runtime_checkable

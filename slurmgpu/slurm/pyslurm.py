@@ -332,6 +332,9 @@ class PySlurmClient:
         steps = "batch" if batch_only else "children"
         self._call(f"signal {job_id}", lambda: job.send_signal(signal, steps=steps))
 
+    def signal_all(self, job_id: str | int, signal: str) -> None:
+        self._cli.signal_all(job_id, signal)  # pyslurm has no "full" (batch + steps) mode
+
     def cancel(self, job_id: str | int) -> None:
         job = self._job(job_id)
         if job is None:

@@ -1,0 +1,528 @@
+"""The resize transaction: a running malleable job moved to another GPU count, crash-safe.
+
+Slurm cannot change a running job's GPUs, so a resize is a sequence of Slurm calls, each
+recorded in the ``transactions`` table before the next one is made::
+
+    PLANNED ──signal──> SIGNALED ──ack──> CHECKPOINTED ──requeuehold──> HELD
+        ──(job pending) update──> UPDATED ──release──> RELEASED ──(runs at new size)──> RUNNING
+
+and the ways back, each leaving the job running or about to run, never held:
+
+- PLANNED, SIGNALED: the job is not running at ``from`` any more, or no acknowledgement
+  came before the deadline (the checkpoint grace) → ABORTED; nothing was requeued and the
+  job keeps running (it may have written a checkpoint, which is harmless).
+- CHECKPOINTED: the job stopped running, or the ack is older than half the grace (the
+  job stops waiting after the grace and trains on, so a requeue would lose steps) →
+  ABORTED.
+- HELD: Slurm refuses the update → the old size's start time is set and the job is
+  released at its old size → RELEASED with ``rolled_back`` → ROLLED_BACK once it runs.
+- Any state after the requeue: the job is released whatever else fails.
+
+**Idempotent steps.** Each step first looks at what Slurm shows (state, restart count,
+reason) and only then acts, so repeating a step a crashed daemon already took does
+nothing twice: a job whose restart count grew was requeued already; the update sets an
+absolute count (applying it again changes nothing); a release of a job that is not held
+is a no-op. The state moves by compare-and-set, so one transaction never advances twice.
+One open transaction per job: a second resize of a job in flight is refused, so a job is
+never resized twice for one decision.
+
+**Restart.** ``recover()`` on daemon start: PLANNED rows (the daemon may have died before
+or just after the signal) are aborted -- the job keeps running; every later state resumes
+(the next cycles carry it forward), so a job requeued held by a dead daemon is released.
+
+**Fastest correct path on Slurm 22.05.** ``scontrol requeue`` sets the job's begin time
+to now + ``cred_expire`` + 1 s (121 s by default), and the job then waits for the next
+scheduling pass. The delay exists so that a new launch credential for the same job id
+is not refused by slurmd as revoked: slurmd refuses a credential whose creation second is
+not after the revocation's (``ctime <= revoked``). Once the job is seen PENDING (its
+old allocation has been revoked and released), setting ``StartTime=now+1`` makes
+every later credential strictly newer, so the update also sets it (``fast_start``). The
+release then triggers a scheduling pass at once. docs/malleable.md has the measurements.
+
+**Acknowledgement.** The job's ``slurmgpu.elastic`` runtime writes ``ack.json`` in its
+state directory (shared with the head node); its ``acks`` counter, read before the
+signal, tells a fresh acknowledgement from an old one without comparing clocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, read_ack
+from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
+from slurmgpu.policy.base import Action, slurm_job_ref
+from slurmgpu.policy.rightsize import gres_prefix
+from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
+from slurmgpu.store.transactions import TransactionRow, TransactionStore
+
+log = logging.getLogger("slurmgpu.actuate.resize")
+
+__all__ = [
+    "CLOSED",
+    "KIND",
+    "OPEN",
+    "ResizeError",
+    "ResizeExecutor",
+    "ResizeSettings",
+    "durations",
+    "job_gpus",
+    "median_phases",
+    "resize_fields",
+    "state_dir_of",
+]
+
+KIND = "resize"
+PLANNED = "planned"
+SIGNALED = "signaled"
+CHECKPOINTED = "checkpointed"
+HELD = "held"
+UPDATED = "updated"
+RELEASED = "released"
+RUNNING = "running"  # RUNNING-AT-NEW-SIZE: done
+ABORTED = "aborted"  # never requeued; the job kept running at its old size
+ROLLED_BACK = "rolled_back"  # requeued, update refused, running again at its old size
+ENDED = "ended"  # the job ended (or vanished) after the requeue
+OPEN = (PLANNED, SIGNALED, CHECKPOINTED, HELD, UPDATED, RELEASED)
+CLOSED = (RUNNING, ABORTED, ROLLED_BACK, ENDED)
+HELD_REASONS = ("job_requeued_in_held_state", "JobHeldAdmin", "JobHeldUser")
+
+
+class ResizeError(Exception):
+    """A resize that cannot start (not malleable, out of bounds, not running...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResizeSettings:
+    """How the executor paces a resize.
+
+    ``ack_timeout``: how long to wait for the checkpoint acknowledgement; None uses each
+    job's checkpoint grace. ``fast_start``: set ``StartTime=now+1`` with the update (see
+    the module docstring). ``release_after``: a job requeued held that Slurm still shows
+    completing after this long is released anyway (at whatever size it has then), so a
+    stuck epilog never leaves a job held.
+    """
+
+    ack_timeout: timedelta | None = None
+    fast_start: bool = True
+    release_after: timedelta = timedelta(minutes=10)
+
+
+def state_dir_of(spec: MalleableSpec, job: Job) -> str:
+    if spec.state_dir:
+        return spec.state_dir
+    return str(Path(job.work_dir or ".") / DEFAULT_DIR_NAME)
+
+
+def job_gpus(job: Job) -> int:
+    """GPUs the job runs with (allocated), else what it asks for."""
+    return job.allocated_gpus or job.gpus.gpus
+
+
+def resize_fields(job: Job, to_gpus: int, slurm_version: str) -> dict[str, str]:
+    """The ``scontrol update`` fields that give ``job`` ``to_gpus`` GPUs in total.
+
+    ``--gres``/``--gpus-per-node`` jobs change their per-node count on one node, or their
+    node count when ``to_gpus`` is a multiple of the per-node count; ``--gpus`` jobs their
+    total. ``TresPerNode`` replaces the whole per-node TRES string, so jobs that also ask
+    for shards (or anything else per node) are refused.
+    """
+    req = job.gpus
+    if to_gpus < 1:
+        raise ResizeError("a job keeps at least one GPU")
+    prefix = gres_prefix(slurm_version)
+    gpu = f"{prefix}gpu:{req.gpu_type}:" if req.gpu_type else f"{prefix}gpu:"
+    if req.shards or req.per_task is not None:
+        raise ResizeError("only jobs asking for whole GPUs per node or per job are resized")
+    if req.per_job is not None:
+        return {"TresPerJob": f"{gpu}{to_gpus}"}
+    if req.per_node is None:
+        raise ResizeError("the job's GPU request is not per node or per job")
+    nodes = max(job.node_count, 1)
+    if nodes == 1:
+        return {"TresPerNode": f"{gpu}{to_gpus}"}
+    if to_gpus % req.per_node == 0:
+        return {"NumNodes": str(to_gpus // req.per_node)}
+    raise ResizeError(
+        f"{to_gpus} GPUs is not a whole number of nodes of {req.per_node} GPUs for this job"
+    )
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
+
+
+def _held(job: Job) -> bool:
+    return job.state is JobState.PENDING and any(r in job.reason for r in HELD_REASONS)
+
+
+class ResizeExecutor:
+    """Starts and advances resize transactions; never raises for Slurm trouble."""
+
+    def __init__(
+        self,
+        slurm: SlurmClient,
+        store: TransactionStore,
+        settings: ResizeSettings | None = None,
+    ) -> None:
+        self.slurm = slurm
+        self.store = store
+        self.settings = settings or ResizeSettings()
+
+    # ------------------------------------------------------------------ start
+
+    def start(
+        self,
+        action: Action,
+        job: Job,
+        spec: MalleableSpec | None,
+        *,
+        at: datetime,
+        slurm_version: str = "",
+        to_gpus: int,
+    ) -> TransactionRow:
+        """Record a PLANNED transaction and send the checkpoint signal; ResizeError if not."""
+        if spec is None or spec.pool:
+            raise ResizeError(f"job {job.job_id} is not malleable: it is never resized")
+        if job.state is not JobState.RUNNING or "COMPLETING" in job.state_flags:
+            raise ResizeError(f"job {job.job_id} is not running")
+        if not job.requeue:
+            raise ResizeError(f"job {job.job_id} cannot be requeued (submitted --no-requeue)")
+        current = job_gpus(job)
+        if not spec.min_gpus <= to_gpus <= spec.max_gpus:
+            raise ResizeError(
+                f"{to_gpus} GPUs is outside job {job.job_id}'s range "
+                f"{spec.min_gpus}:{spec.max_gpus}"
+            )
+        if to_gpus == current:
+            raise ResizeError(f"job {job.job_id} already has {current} GPUs")
+        fields = resize_fields(job, to_gpus, slurm_version)
+        old_fields = resize_fields(job, current, slurm_version)
+        state_dir = state_dir_of(spec, job)
+        ack = read_ack(state_dir, job.job_id)
+        grace = self.settings.ack_timeout or spec.checkpoint_grace
+        payload: dict[str, Any] = {
+            "ref": slurm_job_ref(job),
+            "from_gpus": current,
+            "to_gpus": to_gpus,
+            "fields": fields,
+            "old_fields": old_fields,
+            "signal": spec.checkpoint_signal,
+            "grace_s": spec.checkpoint_grace.total_seconds(),
+            "state_dir": state_dir,
+            "acks_before": ack.acks if ack else 0,
+            "restart_before": job.restart_count,
+            "policy": action.policy,
+            "reason": action.reason,
+            "t": {"decided": _iso(at)},
+        }
+        row = self.store.create(
+            job.job_id, KIND, PLANNED, at=at, deadline=at + grace, payload=payload, open_states=OPEN
+        )
+        if row is None:
+            raise ResizeError(f"job {job.job_id} already has a resize in flight")
+        log.info(
+            "resize %d: job %d %d -> %d GPUs planned (%s)",
+            row.id,
+            job.job_id,
+            current,
+            to_gpus,
+            action.reason,
+        )
+        advanced = self._planned(row, job, at)
+        return advanced or row
+
+    # ------------------------------------------------------------------ cycle
+
+    def open(self) -> list[TransactionRow]:
+        return self.store.in_states([KIND], OPEN)
+
+    def recover(self, at: datetime) -> int:
+        """On daemon start: abort PLANNED rows (job keeps running), keep the rest going."""
+        rows = self.open()
+        for row in rows:
+            if row.state == PLANNED:
+                self._close(row, ABORTED, at, "the daemon stopped before the checkpoint request")
+            else:
+                log.warning(
+                    "resize %d of job %d resumes at %s after a daemon stop",
+                    row.id,
+                    row.job_id,
+                    row.state,
+                )
+        return len(rows)
+
+    def advance(self, cluster: ClusterSnapshot, at: datetime) -> list[TransactionRow]:
+        """Take every open transaction as far as this snapshot allows; return them."""
+        by_id = {j.job_id: j for j in cluster.jobs}
+        out = []
+        for row in self.open():
+            try:
+                out.append(self._step(row, by_id.get(row.job_id), at))
+            except SlurmError as exc:
+                log.warning("resize %d of job %d: %s (retried next cycle)", row.id, row.job_id, exc)
+                out.append(row)
+        return out
+
+    def _step(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow:
+        # Several steps can follow each other in one cycle when Slurm's answer to one
+        # is all the next needs; observation-dependent steps wait for the next snapshot.
+        if row.state == PLANNED:
+            return self._planned(row, job, at) or row
+        if row.state == SIGNALED:
+            return self._signaled(row, job, at) or row
+        if row.state == CHECKPOINTED:
+            return self._checkpointed(row, job, at) or row
+        if row.state == HELD:
+            return self._held(row, job, at) or row
+        if row.state == UPDATED:
+            return self._updated(row, job, at) or row
+        if row.state == RELEASED:
+            return self._released(row, job, at) or row
+        return row
+
+    # ------------------------------------------------------------------ steps
+
+    def _timeline(self, row: TransactionRow, **moments: datetime | None) -> dict[str, Any]:
+        t = dict(row.payload.get("t", {}))
+        for key, value in moments.items():
+            if value is not None and key not in t:
+                t[key] = _iso(value)
+        return {"t": t}
+
+    def _close(
+        self, row: TransactionRow, state: str, at: datetime, why: str, **moments: datetime | None
+    ) -> TransactionRow | None:
+        done = self.store.advance(
+            row, state, at=at, payload=self._timeline(row, closed=at, **moments), error=why
+        )
+        level = logging.INFO if state == RUNNING else logging.WARNING
+        log.log(level, "resize %d of job %d: %s (%s)", row.id, row.job_id, state, why)
+        return done
+
+    def _running_at_old_size(self, row: TransactionRow, job: Job | None) -> bool:
+        return (
+            job is not None
+            and job.state is JobState.RUNNING
+            and "COMPLETING" not in job.state_flags
+            and job.restart_count == row.payload["restart_before"]
+            and job_gpus(job) == row.payload["from_gpus"]
+        )
+
+    def _requeued(self, row: TransactionRow, job: Job | None) -> bool:
+        return job is not None and job.restart_count > row.payload["restart_before"]
+
+    def _planned(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
+        if not self._running_at_old_size(row, job):
+            return self._close(row, ABORTED, at, "the job is no longer running at its old size")
+        ref, sig = row.payload["ref"], row.payload["signal"]
+        if isinstance(self.slurm, FullSignalClient):
+            self.slurm.signal_all(ref, sig)
+        else:
+            self.slurm.signal(ref, sig)
+        return self.store.advance(
+            row,
+            SIGNALED,
+            at=at,
+            deadline=row.deadline,
+            payload=self._timeline(row, signaled=at),
+        )
+
+    def _signaled(
+        self, row: TransactionRow, job: Job | None, at: datetime
+    ) -> TransactionRow | None:
+        if not self._running_at_old_size(row, job):
+            return self._close(row, ABORTED, at, "the job stopped before it acknowledged")
+        ack = read_ack(row.payload["state_dir"], row.job_id)
+        fresh = (
+            ack is not None
+            and ack.acks > row.payload["acks_before"]
+            and ack.restart_count == row.payload["restart_before"]
+        )
+        if ack is not None and fresh:
+            # The job waits the grace after its ack; requeue well within it.
+            hold_by = at + timedelta(seconds=float(row.payload["grace_s"]) / 2)
+            nxt = self.store.advance(
+                row,
+                CHECKPOINTED,
+                at=at,
+                deadline=hold_by,
+                payload={**self._timeline(row, acked=at), "ack_step": ack.step},
+            )
+            return self._checkpointed(nxt, job, at) if nxt else None
+        if row.deadline is not None and at >= row.deadline:
+            return self._close(
+                row, ABORTED, at, "no checkpoint acknowledgement in time; the job keeps running"
+            )
+        return None
+
+    def _checkpointed(
+        self, row: TransactionRow, job: Job | None, at: datetime
+    ) -> TransactionRow | None:
+        if self._requeued(row, job):
+            # A daemon died after the requeuehold but before writing HELD.
+            return self.store.advance(
+                row, HELD, at=at, deadline=at + self.settings.release_after, payload={}
+            )
+        if not self._running_at_old_size(row, job):
+            return self._close(row, ABORTED, at, "the job stopped after its checkpoint")
+        if row.deadline is not None and at >= row.deadline:
+            return self._close(
+                row, ABORTED, at, "acknowledged too long ago (the job has trained on); not requeued"
+            )
+        self.slurm.requeue(row.payload["ref"], hold=True)
+        nxt = self.store.advance(
+            row,
+            HELD,
+            at=at,
+            deadline=at + self.settings.release_after,
+            payload=self._timeline(row, requeued=at),
+        )
+        return nxt
+
+    def _update_fields(self, row: TransactionRow, fields: Mapping[str, str]) -> dict[str, str]:
+        out = dict(fields)
+        if self.settings.fast_start:
+            out["StartTime"] = "now+1"
+        return out
+
+    def _held(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
+        ref = row.payload["ref"]
+        if job is None or job.state.is_terminal:
+            self._release_quietly(ref)
+            return self._close(row, ENDED, at, "the job ended while held")
+        if job.state is not JobState.PENDING:
+            # Still completing (its old allocation is being revoked): not updatable yet.
+            if row.deadline is not None and at >= row.deadline:
+                self._release_quietly(ref)
+                return self.store.advance(
+                    row,
+                    RELEASED,
+                    at=at,
+                    payload={"rolled_back": True, **self._timeline(row, released=at)},
+                    error="still completing after release_after; released as it was",
+                )
+            return None
+        moments = self._timeline(row, pending=at)
+        try:
+            self.slurm.update_job(ref, self._update_fields(row, row.payload["fields"]))
+        except SlurmError as exc:
+            # Update refused: back to the old size, released, nothing lost.
+            log.warning("resize %d of job %d: update refused: %s", row.id, row.job_id, exc)
+            if self.settings.fast_start:  # the request is unchanged; only skip the delay
+                with contextlib.suppress(SlurmError):
+                    self.slurm.update_job(ref, {"StartTime": "now+1"})
+            nxt = self.store.advance(
+                row,
+                UPDATED,
+                at=at,
+                payload={"rolled_back": True, **moments},
+                error=f"update refused: {exc}",
+            )
+            return self._updated(nxt, job, at) if nxt else None
+        nxt = self.store.advance(
+            row, UPDATED, at=at, payload=self._timeline(row, pending=at, updated=at)
+        )
+        return self._updated(nxt, job, at) if nxt else None
+
+    def _release_quietly(self, ref: str) -> None:
+        try:
+            self.slurm.release(ref)
+        except SlurmError as exc:
+            log.debug("release %s: %s", ref, exc)
+
+    def _updated(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
+        ref = row.payload["ref"]
+        try:
+            self.slurm.release(ref)
+        except SlurmError as exc:
+            # A job that is not held (a daemon already released it) is fine; anything
+            # else is retried next cycle, the transaction stays UPDATED.
+            if job is not None and job.state is JobState.PENDING and _held(job):
+                raise
+            log.info("resize %d: release of %s: %s (not held)", row.id, ref, exc)
+        return self.store.advance(row, RELEASED, at=at, payload=self._timeline(row, released=at))
+
+    def _released(
+        self, row: TransactionRow, job: Job | None, at: datetime
+    ) -> TransactionRow | None:
+        ref = row.payload["ref"]
+        if job is None or job.state.is_terminal:
+            return self._close(row, ENDED, at, "the job ended after its requeue")
+        if _held(job):
+            # Held again after our release: only ours can be (a crash between the
+            # release and this row); never leave it held.
+            self._release_quietly(ref)
+            return None
+        if job.state is not JobState.RUNNING or "COMPLETING" in job.state_flags:
+            return None
+        rolled_back = bool(row.payload.get("rolled_back"))
+        want = row.payload["from_gpus"] if rolled_back else row.payload["to_gpus"]
+        got = job_gpus(job)
+        moments = {"started": job.start_time, "eligible": job.eligible_time, "running": at}
+        note = {"running_gpus": got}
+        if rolled_back:
+            done = self.store.advance(
+                row,
+                ROLLED_BACK,
+                at=at,
+                payload={**note, **self._timeline(row, closed=at, **moments)},
+                error=row.error or "released at the old size",
+            )
+            log.warning("resize %d of job %d rolled back: runs at %d GPUs", row.id, row.job_id, got)
+            return done
+        why = "" if got == want else f"runs at {got} GPUs, not {want}"
+        done = self.store.advance(
+            row,
+            RUNNING,
+            at=at,
+            payload={**note, **self._timeline(row, closed=at, **moments)},
+            error=why or None,
+        )
+        log.info("resize %d of job %d done: runs at %d GPUs", row.id, row.job_id, got)
+        return done
+
+
+def durations(row: TransactionRow) -> dict[str, float]:
+    """Seconds of each phase of a finished resize, from its timeline.
+
+    ``checkpoint``: signal → acknowledgement seen; ``stop``: requeue → job seen pending
+    (killed, epilog done); ``requeue_delay``: requeue → the begin time Slurm gave it;
+    ``scheduling``: the later of release and begin time → Slurm's start time;
+    ``total``: decision → the daemon saw it running at the new size. Slurm's times have
+    whole seconds.
+    """
+    t = {k: datetime.fromisoformat(v) for k, v in row.payload.get("t", {}).items() if v}
+    out: dict[str, float] = {}
+
+    def span(name: str, a: datetime | None, b: datetime | None) -> None:
+        if a is not None and b is not None:
+            out[name] = max((b - a).total_seconds(), 0.0)
+
+    span("checkpoint", t.get("signaled"), t.get("acked"))
+    span("stop", t.get("requeued"), t.get("pending"))
+    span("requeue_delay", t.get("requeued"), t.get("eligible"))
+    ready = [m for m in (t.get("released"), t.get("eligible")) if m is not None]
+    span("scheduling", max(ready) if ready else None, t.get("started"))
+    span("total", t.get("decided"), t.get("running"))
+    return out
+
+
+def median_phases(rows: Sequence[TransactionRow]) -> dict[str, float]:
+    """Median of each phase over resizes that reached the new size."""
+    phases: dict[str, list[float]] = {}
+    for row in rows:
+        if row.state != RUNNING:
+            continue
+        for k, v in durations(row).items():
+            phases.setdefault(k, []).append(v)
+    out = {}
+    for k, values in phases.items():
+        values.sort()
+        out[k] = values[len(values) // 2]
+    return out

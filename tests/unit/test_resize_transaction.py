@@ -1,0 +1,261 @@
+"""The resize transaction on a real SQLite store against a Slurm fake that behaves like
+22.05 (requeue leaves the job completing, updates need a pending job, release needs a
+held one): the happy path, every way back, and a daemon killed after each Slurm call."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from slurmgpu.actuate.resize import (
+    ABORTED,
+    CLOSED,
+    RELEASED,
+    ROLLED_BACK,
+    RUNNING,
+    SIGNALED,
+    ResizeError,
+    ResizeExecutor,
+    ResizeSettings,
+    durations,
+    resize_fields,
+)
+from slurmgpu.elastic.checkpoint import write_atomic
+from slurmgpu.elastic.spec import Ack
+from slurmgpu.model import ClusterSnapshot, GpuRequest, JobState, MalleableSpec
+from slurmgpu.policy.base import resize_action
+from slurmgpu.slurm.client import SlurmUnavailableError
+from slurmgpu.store import open_store
+from slurmgpu.store.transactions import TransactionRow, TransactionStore
+from tests.unit.resize_cluster import HELD, T0, Killed, ResizeSlurm, gpu_job
+
+JOB = 42
+
+
+class World:
+    def __init__(self, tmp: Path, *, grace_s: float = 60) -> None:
+        self.tmp = tmp
+        self.url = f"sqlite:///{tmp / 's.db'}"
+        self.store = TransactionStore(open_store(self.url).engine)
+        self.slurm = ResizeSlurm([gpu_job(JOB)])
+        self.spec = MalleableSpec(
+            JOB, 2, 4, checkpoint_grace=timedelta(seconds=grace_s), state_dir=str(tmp)
+        )
+        self.executor = ResizeExecutor(self.slurm, self.store)
+        self.acks = 0
+        self.now = T0
+
+    def snapshot(self) -> ClusterSnapshot:
+        return ClusterSnapshot(self.now, tuple(self.slurm.jobs()), (), "22.05.8")
+
+    def ack(self) -> None:
+        """What the job's runtime does after its checkpoint."""
+        self.acks += 1
+        job = self.slurm.job(JOB)
+        ack = Ack(JOB, self.acks, job.restart_count, 100 + self.acks, 4, 0.0)
+        write_atomic(self.tmp / str(JOB) / "ack.json", json.dumps(ack.to_json()).encode())
+
+    def start(self, to: int = 2) -> TransactionRow:
+        job = self.slurm.job(JOB)
+        action = resize_action("malleable", job, 4, to, "a 2-GPU job waits")
+        return self.executor.start(
+            action, job, self.spec, at=self.now, slurm_version="22.05.8", to_gpus=to
+        )
+
+    def cycle(self, seconds: float = 1.0) -> TransactionRow:
+        self.now += timedelta(seconds=seconds)
+        self.executor.advance(self.snapshot(), self.now)
+        return self.row()
+
+    def row(self) -> TransactionRow:
+        return self.store.recent(["resize"], job_id=JOB, limit=1)[0]
+
+    def calls(self) -> list[str]:
+        return [c for c, _, _ in self.slurm.log]
+
+
+def test_a_shrink_signals_waits_for_the_ack_then_requeues_held_updates_and_releases(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path)
+    row = w.start()
+    assert row.state == SIGNALED
+    assert w.slurm.log == [("signal", "42", "USR2")]
+    assert w.cycle().state == SIGNALED  # no ack yet: nothing more happens
+    w.ack()
+    assert w.cycle().state == "held"
+    assert w.calls() == ["signal", "requeuehold"]
+    assert w.slurm.held() == [JOB]
+    assert w.cycle().state == "held"  # still completing: not updatable yet
+    w.slurm.settle()
+    assert w.cycle().state == RELEASED
+    assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:2", "StartTime": "now+1"})]
+    assert w.slurm.held() == []
+    w.slurm.schedule(w.now)
+    done = w.cycle()
+    assert done.state == RUNNING
+    assert done.payload["running_gpus"] == 2
+    assert w.calls() == ["signal", "requeuehold", "update", "release"]
+    phases = durations(done)
+    assert phases["checkpoint"] == pytest.approx(2.0)
+    assert phases["total"] == pytest.approx(5.0)
+    assert {"stop", "scheduling"} <= phases.keys()
+
+
+def test_no_acknowledgement_in_time_aborts_and_the_job_keeps_running(tmp_path: Path) -> None:
+    w = World(tmp_path, grace_s=10)
+    w.start()
+    assert w.cycle(5).state == SIGNALED
+    row = w.cycle(6)
+    assert row.state == ABORTED
+    assert "no checkpoint acknowledgement" in (row.error or "")
+    assert w.calls() == ["signal"]
+    job = w.slurm.job(JOB)
+    assert job.state is JobState.RUNNING and job.restart_count == 0
+
+
+def test_an_old_acknowledgement_is_not_taken_for_a_new_one(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.ack()  # from an earlier request
+    w.start()
+    assert w.cycle().state == SIGNALED
+    w.ack()
+    assert w.cycle().state == "held"
+
+
+def test_a_refused_update_releases_the_job_at_its_old_size(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.start()
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    w.slurm.refuse_update = True
+    row = w.cycle()
+    assert row.state == RELEASED and row.payload["rolled_back"]
+    assert w.slurm.held() == []
+    # Only the start time was set: the request is the old one.
+    assert w.slurm.updates == [(JOB, {"StartTime": "now+1"})]
+    w.slurm.schedule(w.now)
+    done = w.cycle()
+    assert done.state == ROLLED_BACK
+    assert done.payload["running_gpus"] == 4
+
+
+def test_a_job_that_did_not_opt_in_is_never_signalled(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    job = w.slurm.job(JOB)
+    action = resize_action("malleable", job, 4, 2, "x")
+    with pytest.raises(ResizeError, match="not malleable"):
+        w.executor.start(action, job, None, at=w.now, to_gpus=2)
+    assert w.slurm.log == []
+    assert w.store.recent(["resize"]) == []
+
+
+def test_sizes_outside_the_range_and_second_resizes_are_refused(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    with pytest.raises(ResizeError, match="outside"):
+        w.start(to=1)
+    w.start()
+    with pytest.raises(ResizeError, match="in flight"):
+        w.start(to=3)
+    assert w.calls() == ["signal"]
+
+
+def test_an_acknowledgement_seen_too_late_is_not_followed_by_a_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = World(tmp_path, grace_s=20)
+    w.start()
+    w.ack()
+
+    def down(job_id: object, *, hold: bool = False) -> None:
+        raise SlurmUnavailableError("slurmctld did not answer")
+
+    # The ack is seen, but slurmctld is away until the job has given up waiting (half
+    # the grace): requeuing then would lose the steps it trained since.
+    monkeypatch.setattr(w.slurm, "requeue", down)
+    assert w.cycle().state == "checkpointed"
+    monkeypatch.undo()
+    row = w.cycle(11)
+    assert row.state == ABORTED and "too long ago" in (row.error or "")
+    assert w.calls() == ["signal"]
+    assert w.slurm.job(JOB).state is JobState.RUNNING
+
+
+@pytest.mark.parametrize("killed_after", ["signal", "requeuehold", "update", "release"])
+def test_a_daemon_killed_after_any_slurm_call_ends_with_the_job_running_once_resized(
+    tmp_path: Path, killed_after: str
+) -> None:
+    w = World(tmp_path)
+    w.slurm.kill_after = killed_after
+    w.slurm.on_signal["42"] = w.ack  # the job checkpoints promptly
+    try:
+        w.start()
+        for _ in range(3):
+            w.cycle()
+            w.slurm.settle()
+        pytest.fail("the daemon was not killed")
+    except Killed:
+        pass
+    # A new daemon on the same database.
+    w.executor = ResizeExecutor(w.slurm, w.store)
+    w.executor.recover(w.now)
+    for _ in range(6):
+        w.cycle()
+        w.slurm.settle()
+        w.slurm.schedule(w.now)
+    row = w.row()
+    job = w.slurm.job(JOB)
+    assert row.state in CLOSED
+    assert job.state is JobState.RUNNING and job.reason != HELD
+    assert w.calls().count("requeuehold") <= 1
+    assert job.restart_count <= 1
+    if killed_after == "signal":
+        assert row.state == ABORTED and job.restart_count == 0 and job.gpus.gpus == 4
+    else:
+        assert row.state == RUNNING and job.restart_count == 1 and job.gpus.gpus == 2
+        # The absolute count may be applied twice (harmless); never another size.
+        assert {u[1]["TresPerNode"] for u in w.slurm.updates} == {"gres:gpu:2"}
+    assert len(w.store.in_states(["resize"], ["planned", "signaled", "held", "updated"])) == 0
+
+
+def test_a_job_that_ends_while_held_is_released_and_the_transaction_closed(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path)
+    w.start()
+    w.ack()
+    w.cycle()
+    w.slurm.cancel(JOB)
+    row = w.cycle()
+    assert row.state == "ended"
+
+
+def test_resize_fields_follow_the_request_style_and_slurm_version() -> None:
+    one = gpu_job(1)
+    assert resize_fields(one, 2, "22.05.8") == {"TresPerNode": "gres:gpu:2"}
+    assert resize_fields(one, 2, "23.11.1") == {"TresPerNode": "gres/gpu:2"}
+    per_job = replace(one, gpus=GpuRequest(gpus=4, per_job=4))
+    assert resize_fields(per_job, 3, "22.05.8") == {"TresPerJob": "gres:gpu:3"}
+    two_nodes = replace(one, node_count=2, gpus=GpuRequest(gpus=8, per_node=4))
+    assert resize_fields(two_nodes, 4, "22.05.8") == {"NumNodes": "1"}
+    with pytest.raises(ResizeError, match="whole number of nodes"):
+        resize_fields(two_nodes, 6, "22.05.8")
+    shards = replace(one, gpus=GpuRequest(gpus=1, per_node=1, shards=4))
+    with pytest.raises(ResizeError):
+        resize_fields(shards, 2, "22.05.8")
+
+
+def test_settings_without_fast_start_leave_slurms_begin_time_alone(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.executor = ResizeExecutor(w.slurm, w.store, ResizeSettings(fast_start=False))
+    w.start()
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    w.cycle()
+    assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:2"})]
