@@ -49,6 +49,7 @@ __all__ = [
     "ColocateSettings",
     "EngineSettings",
     "IdleGpuSettings",
+    "MalleableSettings",
     "PolicyConfigError",
     "RightsizeSettings",
 ]
@@ -430,6 +431,80 @@ class ColocateSettings:
             convert_gpu_requests=cast(
                 "GpuConversion", t.choice("convert_gpu_requests", "auto", GPU_CONVERSIONS)
             ),
+        )
+        t.finish()
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class MalleableSettings:
+    """When malleable jobs are shrunk for waiting jobs and expanded into idle GPUs.
+
+    - ``mode`` (advise); ``shrink`` / ``expand`` (both true): which moves are proposed.
+    - Reconfiguration cost, until resizes here have been measured
+      (``PolicySnapshot.resize_cost``, used while ``use_measured_cost``):
+      ``checkpoint_time`` (30 s) + ``requeue_delay`` (121 s: Slurm 22.05-25.x's
+      credential expiry + 1) + ``startup_time`` (30 s). A waiting job can start after
+      its donors' ``checkpoint_time``.
+    - ``min_gain`` (0.15): a resize must save at least this share of the job time at
+      stake (the waiting job's wait for a shrink; the resized job's remaining time for an
+      expansion), after its cost. The dead band is the hysteresis: a move and its reverse
+      cannot both pass it.
+    - ``min_interval`` (10 min): no resize of a job within this long of its last one.
+    - ``min_remaining`` (10 min): the least remaining run time assumed for a running job
+      (its estimate is otherwise its history's median run time less its elapsed time, or
+      its elapsed time when it has outlived that; never past its time limit).
+    - ``max_growth`` (4.0): one expansion at most multiplies a job's GPUs by this.
+    - ``reserve_for_blocked`` (true): idle GPUs a waiting job will need once running
+      jobs end are not expanded into (as Slurm reserves them for it).
+    - ``min_busy_util_pct`` (10): a job whose GPUs average less is never expanded.
+    - ``min_history`` (3): past runs of a job's key before its median run time is used.
+
+    >>> MalleableSettings.from_mapping({"min_gain": 0.3}, "policy.malleable").min_gain
+    0.3
+    """
+
+    mode: Mode = Mode.ADVISE
+    shrink: bool = True
+    expand: bool = True
+    checkpoint_time: timedelta = timedelta(seconds=30)
+    requeue_delay: timedelta = timedelta(seconds=121)
+    startup_time: timedelta = timedelta(seconds=30)
+    use_measured_cost: bool = True
+    min_gain: float = 0.15
+    min_interval: timedelta = timedelta(minutes=10)
+    min_remaining: timedelta = timedelta(minutes=10)
+    max_growth: float = 4.0
+    reserve_for_blocked: bool = True
+    min_busy_util_pct: float = 10.0
+    min_history: int = 3
+
+    @property
+    def default_cost(self) -> timedelta:
+        """The reconfiguration cost assumed before any resize was measured."""
+        return self.checkpoint_time + self.requeue_delay + self.startup_time
+
+    @classmethod
+    def from_mapping(
+        cls, d: Mapping[str, Any], where: str = "policy.malleable"
+    ) -> MalleableSettings:
+        """Return settings from one config table; raise PolicyConfigError on a bad key."""
+        t = _Table(d, where)
+        s = cls(
+            mode=t.mode("mode", Mode.ADVISE),
+            shrink=t.boolean("shrink", True),
+            expand=t.boolean("expand", True),
+            checkpoint_time=t.duration("checkpoint_time", timedelta(seconds=30)),
+            requeue_delay=t.duration("requeue_delay", timedelta(seconds=121)),
+            startup_time=t.duration("startup_time", timedelta(seconds=30)),
+            use_measured_cost=t.boolean("use_measured_cost", True),
+            min_gain=t.number("min_gain", 0.15, minimum=0.0, maximum=1.0),
+            min_interval=t.duration("min_interval", timedelta(minutes=10)),
+            min_remaining=t.duration("min_remaining", timedelta(minutes=10)),
+            max_growth=t.number("max_growth", 4.0, minimum=1.0, above_minimum=True),
+            reserve_for_blocked=t.boolean("reserve_for_blocked", True),
+            min_busy_util_pct=t.number("min_busy_util_pct", 10.0, minimum=0.0, maximum=100.0),
+            min_history=t.integer("min_history", 3, minimum=1),
         )
         t.finish()
         return s

@@ -1,0 +1,479 @@
+"""Malleable jobs: shrink them so waiting jobs start, expand them into GPUs nobody waits for.
+
+Only jobs in ``PolicySnapshot.malleable`` (``sgpu submit --malleable MIN:MAX``) are ever
+resized, never below ``min_gpus`` nor above ``max_gpus``, and never while a resize of
+theirs is in flight (``PolicySnapshot.resizing``) or within ``min_interval`` of their
+last one (``PolicySnapshot.last_resize_at``). A resize is a ``resize`` action
+(:func:`~slurmgpu.policy.base.resize_action`) that ``actuate.resize`` carries out as
+checkpoint -> requeue held -> update -> release; the job runs nothing meanwhile.
+
+**What a resize costs**: the measured median of past resizes here
+(``PolicySnapshot.resize_cost``, decision to running at the new size) while
+``use_measured_cost``, else ``checkpoint_time + requeue_delay + startup_time`` (181 s
+by default; Slurm 22.05-25.x holds a requeued job back for credential expiry + 1 s).
+
+**What it gains**: each job's throughput at the sizes it ran
+(``PolicySnapshot.throughput``, ``{gpus: samples/s}``) is fitted to a speedup curve
+(:mod:`slurmgpu.policy.speedup`); a job without measurements follows the curve's prior
+shape. A running job's remaining time ``rem`` is estimated from its history's median run
+time less its elapsed time, or its elapsed time once it has outlived that (Lindy), at
+least ``min_remaining`` and never past its time limit.
+
+**Cycle** (pure; time is ``snapshot.at``):
+
+1. Pending GPU jobs are taken oldest first (eligible time, then submit time, then id).
+   One that fits the free GPUs left will start: its GPUs are set aside. One that does not
+   is *blocked*.
+2. **Shrink** (for each blocked job, while ``shrink``): its wait ``W`` is estimated as
+   when enough running GPUs free up (running jobs sorted by ``rem``). Donors are running
+   malleable jobs above their minimum; each gives back GPUs at the least loss per GPU
+   until the blocked job fits. A donor runs slower while the waiting job runs (its
+   history's median run time ``R``, else its time limit) and is grown back after:
+   ``loss = min(rem, R) * (x(g) / x(g - d) - 1) + cost`` (twice the cost when
+   ``R < rem``). The plan is proposed when ``W - checkpoint_time - sum(loss) >=
+   min_gain * W``.
+3. **Expand** (while ``expand``): the free GPUs nobody will use -- less, while
+   ``reserve_for_blocked``, what the oldest blocked job needs -- go to running
+   malleable jobs whose GPUs are busy (``min_busy_util_pct``), each to its best size up
+   to ``max_gpus`` and ``max_growth`` times its GPUs, when
+   ``rem * (1 - x(g) / x(g')) - cost >= min_gain * rem``. The largest saving per added
+   GPU goes first.
+
+``min_gain`` is a dead band: a move and its reverse cannot both clear it, so a job does
+not flap. Per-node requests (``--gpus-per-node``) are fitted node by node; ``--gpus``
+requests against the cluster's total.
+
+Cost: O(jobs + nodes) plus, per candidate, a memoised curve fit and a scan of its sizes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from slurmgpu.model import Job, JobState, MalleableSpec, Node
+from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, resize_action
+from slurmgpu.policy.priors import Priors
+from slurmgpu.policy.settings import MalleableSettings
+from slurmgpu.policy.speedup import DEFAULT_PRIOR, SpeedupCurve, SpeedupPrior, fit_speedup
+
+__all__ = ["MalleablePolicy"]
+
+# Pending reasons of jobs that will not start whatever GPUs are free.
+_NOT_WAITING_FOR_GPUS = frozenset(
+    {"Dependency", "DependencyNeverSatisfied", "JobHeldUser", "JobHeldAdmin", "BeginTime"}
+)
+_TINY = 1e-9
+
+
+@dataclass(slots=True)
+class _Running:
+    """A running malleable job the policy may resize."""
+
+    job: Job
+    spec: MalleableSpec
+    gpus: int
+    curve: SpeedupCurve
+    remaining_s: float
+    single_node: bool
+    busy: bool
+
+    def rate(self, gpus: int) -> float:
+        return self.curve.throughput(gpus)
+
+
+class _Free:
+    """Free GPUs per node, with set-asides."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        self.per_node: dict[str, int] = {}
+        self.capacity = 0  # GPUs of the biggest node
+        for n in nodes:
+            if n.available and n.gpus > 0:
+                self.per_node[n.name] = max(0, n.gpus - n.gpus_used)
+                self.capacity = max(self.capacity, n.gpus)
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_node.values())
+
+    def fits(self, job: Job, extra: dict[str, int] | None = None) -> bool:
+        return self._plan(job, extra) is not None
+
+    def take(self, job: Job) -> bool:
+        plan = self._plan(job, None)
+        if plan is None:
+            return False
+        for node, count in plan.items():
+            self.per_node[node] -= count
+        return True
+
+    def _plan(self, job: Job, extra: dict[str, int] | None) -> dict[str, int] | None:
+        free = dict(self.per_node)
+        for node, count in (extra or {}).items():
+            free[node] = free.get(node, 0) + count
+        req = job.gpus
+        if req.per_node:
+            nodes = max(1, job.node_count)
+            fitting = sorted(
+                (n for n, f in free.items() if f >= req.per_node), key=lambda n: free[n]
+            )
+            if len(fitting) < nodes:
+                return None
+            return {n: req.per_node for n in fitting[:nodes]}
+        need = req.gpus
+        if sum(free.values()) < need:
+            return None
+        plan: dict[str, int] = {}
+        for node in sorted(free, key=lambda n: -free[n]):
+            if need <= 0:
+                break
+            got = min(need, free[node])
+            if got > 0:
+                plan[node] = got
+                need -= got
+        return plan
+
+
+def _wants_gpus(job: Job) -> int:
+    return job.gpus.gpus if job.gpus.gpus > 0 else 0
+
+
+def _eligible_order(job: Job) -> tuple[float, float, int]:
+    eligible = job.eligible_time.timestamp() if job.eligible_time else math.inf
+    submitted = job.submit_time.timestamp() if job.submit_time else math.inf
+    return (eligible if eligible != math.inf else submitted, submitted, job.job_id)
+
+
+class MalleablePolicy:
+    """Proposes ``resize`` actions for malleable jobs (see the module docstring)."""
+
+    name = "malleable"
+
+    def __init__(
+        self, settings: MalleableSettings | None = None, prior: SpeedupPrior = DEFAULT_PRIOR
+    ) -> None:
+        self.settings = settings or MalleableSettings()
+        self.prior = prior
+        self._cached: tuple[Sequence[HistoryRecord], Priors] | None = None
+
+    def priors(self, history: Sequence[HistoryRecord]) -> Priors:
+        """Return median-run-time priors for ``history``, reused while it is the same object."""
+        if self._cached is None or self._cached[0] is not history:
+            priors = Priors.from_history(
+                history, quantile=0.5, min_samples=self.settings.min_history
+            )
+            self._cached = (history, priors)
+        return self._cached[1]
+
+    def propose(self, snapshot: PolicySnapshot) -> list[Action]:
+        s = self.settings
+        if not snapshot.malleable or not (s.shrink or s.expand):
+            return []
+        cost_s = self._cost_s(snapshot)
+        free = _Free(snapshot.cluster.nodes)
+        priors = self.priors(snapshot.history) if snapshot.history else None
+        running_all: list[tuple[float, int]] = []  # (rem, gpus) of every running GPU job
+        candidates: dict[int, _Running] = {}
+        pending: list[Job] = []
+        for job in snapshot.cluster.jobs:
+            if job.state is JobState.RUNNING and job.allocated_gpus > 0:
+                rem = self._remaining_s(job, snapshot, priors)
+                running_all.append((rem, job.allocated_gpus))
+                cand = self._candidate(job, rem, snapshot)
+                if cand is not None:
+                    candidates[job.job_id] = cand
+            elif job.state is JobState.PENDING and _wants_gpus(job) > 0:
+                resizing = job.job_id in snapshot.resizing
+                if resizing or job.reason not in _NOT_WAITING_FOR_GPUS:
+                    pending.append(job)
+        running_all.sort()
+        ends = [r for r, _ in running_all]
+        freed_by = [0]
+        for _, g in running_all:
+            freed_by.append(freed_by[-1] + g)
+
+        actions: list[Action] = []
+        touched: set[int] = set()
+        blocked: list[Job] = []
+        for job in sorted(pending, key=_eligible_order):
+            if free.take(job):
+                continue
+            if s.shrink and job.job_id not in snapshot.resizing:
+                wait_s = self._wait_s(job, free, ends, freed_by)
+                run_s = self._run_estimate_s(job, priors)
+                plan = self._shrink_plan(job, wait_s, run_s, free, candidates, touched, cost_s)
+                if plan is not None:
+                    actions.extend(plan)
+                    continue
+            blocked.append(job)
+
+        if s.expand:
+            reserve = 0
+            if s.reserve_for_blocked and blocked:
+                reserve = min(free.total, _wants_gpus(blocked[0]))
+            actions.extend(self._expansions(free, reserve, candidates, touched, cost_s))
+        return actions
+
+    # ---- estimates
+
+    def _cost_s(self, snapshot: PolicySnapshot) -> float:
+        s = self.settings
+        if s.use_measured_cost and snapshot.resize_cost is not None:
+            return max(0.0, snapshot.resize_cost.total_seconds())
+        return s.default_cost.total_seconds()
+
+    def _remaining_s(self, job: Job, snapshot: PolicySnapshot, priors: Priors | None) -> float:
+        now = snapshot.at
+        elapsed = (now - job.start_time).total_seconds() if job.start_time else 0.0
+        elapsed = max(0.0, elapsed)
+        rem = elapsed
+        if priors is not None:
+            est = priors.estimate(job)
+            if est is not None and est.run_time.total_seconds() > elapsed:
+                rem = est.run_time.total_seconds() - elapsed
+        rem = max(rem, self.settings.min_remaining.total_seconds())
+        if job.time_limit is not None:
+            rem = min(rem, max(0.0, job.time_limit.total_seconds() - elapsed))
+        return rem
+
+    def _candidate(self, job: Job, rem: float, snapshot: PolicySnapshot) -> _Running | None:
+        spec = snapshot.malleable.get(job.job_id)
+        if spec is None or spec.pool or job.job_id in snapshot.resizing:
+            return None
+        last = snapshot.last_resize_at.get(job.job_id)
+        if last is not None and snapshot.at - last < self.settings.min_interval:
+            return None
+        gpus = job.allocated_gpus
+        measured = snapshot.throughput.get(job.job_id) or {}
+        # Without measurements the prior's shape gives the ratios (they need no scale).
+        curve = fit_speedup(measured, self.prior) or fit_speedup({gpus: 1.0}, self.prior)
+        if curve is None:
+            return None
+        single = bool(job.gpus.per_node) and job.node_count <= 1
+        usage = snapshot.usage.get(job.job_id)
+        utils = (
+            [g.mean_util_pct for g in usage.gpus if g.mean_util_pct is not None] if usage else []
+        )
+        busy = not utils or sum(utils) / len(utils) >= self.settings.min_busy_util_pct
+        return _Running(job, spec, gpus, curve, rem, single, busy)
+
+    def _wait_s(self, job: Job, free: _Free, ends: list[float], freed_by: list[int]) -> float:
+        """When enough running GPUs will have freed up for ``job`` (whole-cluster count)."""
+        short = _wants_gpus(job) - free.total
+        if short <= 0:
+            return 0.0
+        i = bisect.bisect_left(freed_by, short)
+        return ends[i - 1] if i <= len(ends) else (ends[-1] if ends else 0.0)
+
+    # ---- shrink
+
+    def _shrink_plan(
+        self,
+        job: Job,
+        wait_s: float,
+        run_s: float,
+        free: _Free,
+        candidates: dict[int, _Running],
+        touched: set[int],
+        cost_s: float,
+    ) -> list[Action] | None:
+        s = self.settings
+        start_delay = s.checkpoint_time.total_seconds()
+        if wait_s <= start_delay:
+            return None
+        budget = wait_s - start_delay - s.min_gain * wait_s  # the most the donors may lose
+        donors = [
+            c
+            for c in candidates.values()
+            if c.job.job_id not in touched and c.gpus > c.spec.min_gpus
+        ]
+        extra: dict[str, int] = {}
+        chosen: list[tuple[_Running, int, float]] = []
+        lost = 0.0
+        while not free.fits(job, extra):
+            best: tuple[float, _Running, int, float] | None = None
+            for c in donors:
+                give = self._useful_give(c, job, free, extra)
+                if give <= 0:
+                    continue
+                loss = self._shrink_loss(c, c.gpus - give, run_s, cost_s)
+                key = loss / give
+                if best is None or key < best[0]:
+                    best = (key, c, give, loss)
+            if best is None:
+                return None
+            _, c, give, loss = best
+            lost += loss
+            if lost > budget:
+                return None
+            donors.remove(c)
+            chosen.append((c, give, loss))
+            for node, count in self._release(c, give).items():
+                extra[node] = extra.get(node, 0) + count
+        # Drop donors the others made unnecessary (largest loss first).
+        for entry in sorted(chosen, key=lambda e: -e[2]):
+            trial = {n: v for n, v in extra.items()}
+            for node, count in self._release(entry[0], entry[1]).items():
+                trial[node] -= count
+            if free.fits(job, trial):
+                chosen.remove(entry)
+                extra = trial
+                lost -= entry[2]
+        actions: list[Action] = []
+        for c, give, loss in chosen:
+            touched.add(c.job.job_id)
+            to = c.gpus - give
+            actions.append(
+                resize_action(
+                    self.name,
+                    c.job,
+                    c.gpus,
+                    to,
+                    f"shrink {c.gpus} -> {to} GPUs so waiting job {job.display_id} "
+                    f"({_wants_gpus(job)} GPUs) starts about {wait_s / 60:.0f} min sooner; "
+                    f"this job slows to {c.rate(to) / c.rate(c.gpus):.0%} of its speed",
+                    numbers={
+                        "direction": "shrink",
+                        "for_job": job.job_id,
+                        "wait_avoided_s": round(wait_s),
+                        "loss_s": round(loss),
+                        "all_donors_loss_s": round(lost),
+                        "remaining_s": round(c.remaining_s),
+                        "cost_s": round(cost_s),
+                        "throughput_now": c.rate(c.gpus),
+                        "throughput_after": c.rate(to),
+                    },
+                )
+            )
+        # The blocked job now takes what it will start on: free GPUs plus the donors'.
+        for node, count in extra.items():
+            free.per_node[node] = free.per_node.get(node, 0) + count
+        free.take(job)
+        return actions
+
+    def _useful_give(self, c: _Running, job: Job, free: _Free, extra: dict[str, int]) -> int:
+        """How many GPUs ``c`` should give back towards ``job`` (0: it cannot help)."""
+        most = c.gpus - c.spec.min_gpus
+        if most <= 0:
+            return 0
+        req = job.gpus
+        if req.per_node:
+            # Per-node requests need the GPUs on one node: give what that node lacks.
+            node_free = {n: free.per_node.get(n, 0) + extra.get(n, 0) for n in free.per_node}
+            best = 0
+            for a in c.job.gpu_allocations:
+                lack = req.per_node - node_free.get(a.node, 0)
+                if 0 < lack <= min(most, len(a.gpu_indices)):
+                    best = lack if best == 0 else min(best, lack)
+            return best
+        short = _wants_gpus(job) - free.total - sum(extra.values())
+        return max(0, min(most, short))
+
+    @staticmethod
+    def _release(c: _Running, give: int) -> dict[str, int]:
+        """Where ``give`` GPUs of ``c`` come free: from its last nodes first."""
+        out: dict[str, int] = {}
+        for a in reversed(c.job.gpu_allocations):
+            if give <= 0:
+                break
+            got = min(give, len(a.gpu_indices))
+            out[a.node] = got
+            give -= got
+        return out
+
+    @staticmethod
+    def _shrink_loss(c: _Running, to: int, run_s: float, cost_s: float) -> float:
+        """The donor's delay: slower while the waiting job runs, then grown back."""
+        slower = c.rate(c.gpus) / max(_TINY, c.rate(to))
+        if run_s < c.remaining_s:
+            return run_s * max(0.0, slower - 1.0) + 2 * cost_s
+        return c.remaining_s * max(0.0, slower - 1.0) + cost_s
+
+    def _run_estimate_s(self, job: Job, priors: Priors | None) -> float:
+        """A waiting job's run time: its history's median, else its time limit."""
+        if priors is not None:
+            est = priors.estimate(job)
+            if est is not None:
+                return est.run_time.total_seconds()
+        return job.time_limit.total_seconds() if job.time_limit is not None else math.inf
+
+    # ---- expand
+
+    def _expansions(
+        self,
+        free: _Free,
+        reserve: int,
+        candidates: dict[int, _Running],
+        touched: set[int],
+        cost_s: float,
+    ) -> list[Action]:
+        pool = free.total - reserve
+        if pool <= 0:
+            return []
+        plans: list[tuple[float, _Running, int, float]] = []
+        for c in candidates.values():
+            if c.job.job_id in touched or c.gpus >= c.spec.max_gpus or not c.busy:
+                continue
+            plan = self._best_growth(c, pool, free, cost_s)
+            if plan is not None:
+                to, saving = plan
+                plans.append((saving / (to - c.gpus), c, to, saving))
+        plans.sort(key=lambda p: (-p[0], p[1].job.job_id))
+        actions: list[Action] = []
+        for _, c, planned, planned_saving in plans:
+            if pool <= 0:
+                break
+            to, saving = planned, planned_saving
+            if to - c.gpus > pool:
+                replan = self._best_growth(c, pool, free, cost_s)
+                if replan is None:
+                    continue
+                to, saving = replan
+            pool -= to - c.gpus
+            touched.add(c.job.job_id)
+            actions.append(
+                resize_action(
+                    self.name,
+                    c.job,
+                    c.gpus,
+                    to,
+                    f"expand {c.gpus} -> {to} GPUs into idle GPUs no waiting job can use: "
+                    f"{c.rate(to) / c.rate(c.gpus):.2f}x its speed, about "
+                    f"{saving / 60:.0f} min sooner after a {cost_s:.0f} s restart",
+                    numbers={
+                        "direction": "expand",
+                        "saving_s": round(saving),
+                        "remaining_s": round(c.remaining_s),
+                        "cost_s": round(cost_s),
+                        "throughput_now": c.rate(c.gpus),
+                        "throughput_after": c.rate(to),
+                        "idle_gpus": free.total,
+                    },
+                )
+            )
+        return actions
+
+    def _best_growth(
+        self, c: _Running, pool: int, free: _Free, cost_s: float
+    ) -> tuple[int, float] | None:
+        s = self.settings
+        top = min(c.spec.max_gpus, c.gpus + pool, math.floor(c.gpus * s.max_growth + _TINY))
+        if c.single_node:
+            # It restarts on one node: its own GPUs there plus that node's free ones, or
+            # any node's free GPUs.
+            own = {a.node: len(a.gpu_indices) for a in c.job.gpu_allocations}
+            room = max((f + own.get(n, 0) for n, f in free.per_node.items()), default=0)
+            top = min(top, room)
+        if top <= c.gpus:
+            return None
+        now = c.rate(c.gpus)
+        best: tuple[int, float] | None = None
+        for to in range(c.gpus + 1, top + 1):
+            saving = c.remaining_s * (1.0 - now / max(_TINY, c.rate(to))) - cost_s
+            enough = saving > 0 and saving >= s.min_gain * c.remaining_s
+            if enough and (best is None or saving > best[1] * (1 + 1e-9)):
+                best = (to, saving)
+        return best

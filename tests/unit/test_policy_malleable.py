@@ -1,0 +1,324 @@
+"""The malleable policy on hand-built snapshots: shrink for waiting jobs, expand into idle GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import pytest
+
+from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, MalleableSpec, Node
+from slurmgpu.policy.base import Action, JobUsage, Mode, PolicySnapshot, resize_sizes
+from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.policy.malleable import MalleablePolicy
+from slurmgpu.policy.settings import EngineSettings, MalleableSettings, PolicyConfigError
+from tests.unit.policy_builders import HOUR, MIN, T0, gpu, pending_job, record, running_job, usage
+
+
+def nodes(count: int = 2, gpus: int = 4, used: Mapping[str, int] | None = None) -> list[Node]:
+    used = used or {}
+    return [
+        Node(f"gpu{i}", "mixed", gpus=gpus, gpus_used=used.get(f"gpu{i}", 0))
+        for i in range(1, count + 1)
+    ]
+
+
+def used_by(jobs: Iterable[Job]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for j in jobs:
+        for a in j.gpu_allocations:
+            out[a.node] = out.get(a.node, 0) + len(a.gpu_indices)
+    return out
+
+
+def snap(
+    jobs: list[Job],
+    *,
+    malleable: Mapping[int, tuple[int, int]] | None = None,
+    node_count: int = 2,
+    throughput: Mapping[int, Mapping[int, float]] | None = None,
+    at: datetime = T0,
+    resize_cost: timedelta | None = None,
+    last_resize_at: Mapping[int, datetime] | None = None,
+    resizing: Iterable[int] = (),
+    usage_by_job: Iterable[JobUsage] = (),
+    history: Iterable[object] = (),
+) -> PolicySnapshot:
+    running = [j for j in jobs if j.gpu_allocations]
+    return PolicySnapshot(
+        at=at,
+        cluster=ClusterSnapshot(at, tuple(jobs), tuple(nodes(node_count, used=used_by(running)))),
+        usage={u.job_id: u for u in usage_by_job},
+        history=tuple(history),  # type: ignore[arg-type]
+        malleable={j: MalleableSpec(j, lo, hi) for j, (lo, hi) in (malleable or {}).items()},
+        resizing=frozenset(resizing),
+        throughput={k: dict(v) for k, v in (throughput or {}).items()},
+        resize_cost=resize_cost,
+        last_resize_at=dict(last_resize_at or {}),
+    )
+
+
+def four(node: str = "gpu1") -> dict[str, tuple[int, ...]]:
+    return {node: (0, 1, 2, 3)}
+
+
+def two(node: str = "gpu1") -> dict[str, tuple[int, ...]]:
+    return {node: (0, 1)}
+
+
+def sizes(actions: list[Action]) -> dict[int, tuple[int, int]]:
+    return {a.job_id: resize_sizes(a) for a in actions}
+
+
+# Poor scaling past 2 GPUs: shrinking 4 -> 2 costs little throughput.
+POOR = {2: 100.0, 4: 110.0}
+# Near-linear scaling: growing pays.
+GOOD = {2: 100.0, 4: 195.0}
+
+
+def full_cluster_with_waiting_rigid_job(**pending: object) -> list[Job]:
+    mall = running_job(1, gpus=four("gpu1"), started=HOUR)
+    rigid = running_job(2, gpus=four("gpu2"), started=10 * HOUR, user="bob")
+    waiting = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=2, **pending)  # type: ignore[arg-type]
+    return [mall, rigid, waiting]
+
+
+def test_full_cluster_and_a_waiting_rigid_job_shrinks_the_malleable_job() -> None:
+    jobs = full_cluster_with_waiting_rigid_job(time_limit=timedelta(hours=1))
+    actions = MalleablePolicy().propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}))
+    assert sizes(actions) == {1: (4, 2)}
+    a = actions[0]
+    assert a.kind == "resize" and a.policy == "malleable"
+    assert a.numbers["direction"] == "shrink" and a.numbers["for_job"] == 3
+    assert "waiting job 3" in a.reason
+
+
+def test_shrink_needs_a_gain_over_the_donors_loss() -> None:
+    # The waiting job runs 24 h and the donor scales linearly: shrinking it for the
+    # whole of its remaining time costs more than the wait it saves.
+    jobs = full_cluster_with_waiting_rigid_job(time_limit=timedelta(hours=24))
+    linear = {2: 100.0, 4: 200.0}
+    assert (
+        MalleablePolicy().propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: linear})) == []
+    )
+
+
+def test_shrink_never_goes_below_min() -> None:
+    jobs = full_cluster_with_waiting_rigid_job(time_limit=timedelta(hours=1))
+    # MIN 3: the job may give only one GPU, and the waiting job needs two.
+    assert MalleablePolicy().propose(snap(jobs, malleable={1: (3, 4)}, throughput={1: POOR})) == []
+
+
+def test_a_waiting_job_that_fits_is_not_shrunk_for_and_its_gpus_are_not_expanded_into() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=HOUR)
+    rigid = running_job(2, gpus=four("gpu2"), started=HOUR, user="bob")
+    waiting = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=2)
+    actions = MalleablePolicy().propose(
+        snap([mall, rigid, waiting], malleable={1: (1, 4)}, throughput={1: GOOD})
+    )
+    assert actions == []  # the two free GPUs are the waiting job's
+
+
+def test_idle_gpus_and_no_pending_job_expand_the_malleable_job() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    actions = MalleablePolicy().propose(
+        snap([mall], malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1)
+    )
+    assert sizes(actions) == {1: (2, 4)}
+    assert actions[0].numbers["direction"] == "expand"
+    assert int(actions[0].numbers["saving_s"] or 0) > 0
+
+
+def test_expand_without_measurements_follows_the_prior() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    actions = MalleablePolicy().propose(snap([mall], malleable={1: (1, 4)}, node_count=1))
+    assert sizes(actions) == {1: (2, 4)}
+
+
+def test_expand_never_goes_above_max() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    actions = MalleablePolicy().propose(
+        snap([mall], malleable={1: (1, 3)}, throughput={1: GOOD}, node_count=2)
+    )
+    assert sizes(actions) == {1: (2, 3)}
+    at_max = running_job(1, gpus=four("gpu1"), started=2 * HOUR)
+    assert MalleablePolicy().propose(snap([at_max], malleable={1: (1, 4)}, node_count=2)) == []
+
+
+def test_jobs_that_are_not_malleable_are_never_touched() -> None:
+    rigid = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    other = running_job(5, gpus=two("gpu2"), started=2 * HOUR, user="bob")
+    waiting = pending_job(3, gpus_per_node=None, gpus_per_job=6, time_limit=HOUR)
+    actions = MalleablePolicy().propose(
+        snap([rigid, other, waiting], malleable={5: (2, 2)}, throughput={1: GOOD})
+    )
+    assert actions == []
+    # Even with idle GPUs, a job without a malleable spec is not expanded.
+    assert MalleablePolicy().propose(snap([rigid], throughput={1: GOOD}, node_count=2)) == []
+
+
+def test_poor_scaling_is_not_expanded_dead_band_both_ways() -> None:
+    # 4 GPUs are only 8 % faster than 2: expanding is not worth a restart, and at 4 GPUs
+    # with nobody waiting it is not shrunk back either.
+    flat = {2: 100.0, 4: 108.0}
+    small = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    assert (
+        MalleablePolicy().propose(snap([small], malleable={1: (1, 4)}, throughput={1: flat})) == []
+    )
+    big = running_job(1, gpus=four("gpu1"), started=2 * HOUR)
+    assert MalleablePolicy().propose(snap([big], malleable={1: (1, 4)}, throughput={1: flat})) == []
+
+
+def test_min_gain_is_the_hysteresis_threshold() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    s = snap([mall], malleable={1: (1, 4)}, throughput={1: {2: 100.0, 4: 130.0}}, node_count=1)
+    assert sizes(MalleablePolicy(MalleableSettings(min_gain=0.15)).propose(s)) == {1: (2, 4)}
+    assert MalleablePolicy(MalleableSettings(min_gain=0.3)).propose(s) == []
+
+
+def test_minimum_interval_between_resizes_of_one_job() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    base = dict(malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1)
+    recent = snap([mall], last_resize_at={1: T0 - 5 * MIN}, **base)  # type: ignore[arg-type]
+    assert MalleablePolicy().propose(recent) == []
+    older = snap([mall], last_resize_at={1: T0 - 11 * MIN}, **base)  # type: ignore[arg-type]
+    assert sizes(MalleablePolicy().propose(older)) == {1: (2, 4)}
+
+
+def test_a_job_with_a_resize_in_flight_is_left_alone() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    s = snap([mall], malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1, resizing=[1])
+    assert MalleablePolicy().propose(s) == []
+
+
+def test_reconfiguration_cost_too_high_means_no_action() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=HOUR)
+    base = dict(malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1)
+    costly = snap([mall], resize_cost=timedelta(hours=1), **base)  # type: ignore[arg-type]
+    assert MalleablePolicy().propose(costly) == []
+    # The same snapshot with the measured cost ignored uses the 181 s default and acts.
+    assert sizes(MalleablePolicy(MalleableSettings(use_measured_cost=False)).propose(costly)) == {
+        1: (2, 4)
+    }
+    expensive_default = MalleableSettings(requeue_delay=timedelta(hours=1))
+    assert MalleablePolicy(expensive_default).propose(snap([mall], **base)) == []  # type: ignore[arg-type]
+
+
+def test_a_job_near_its_time_limit_is_not_expanded() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR, time_limit=2 * HOUR + 3 * MIN)
+    assert MalleablePolicy().propose(snap([mall], malleable={1: (1, 4)}, node_count=1)) == []
+
+
+def test_a_job_with_idle_gpus_is_not_expanded() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    idle = usage(1, gpu("gpu1", 0, util=2.0), gpu("gpu1", 1, util=1.0))
+    busy = usage(1, gpu("gpu1", 0, util=90.0), gpu("gpu1", 1, util=80.0))
+    base = dict(malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1)
+    assert MalleablePolicy().propose(snap([mall], usage_by_job=[idle], **base)) == []  # type: ignore[arg-type]
+    assert sizes(MalleablePolicy().propose(snap([mall], usage_by_job=[busy], **base))) == {  # type: ignore[arg-type]
+        1: (2, 4)
+    }
+
+
+def test_idle_gpus_go_to_the_job_that_gains_most_per_gpu() -> None:
+    # --gpus=2 requests: Slurm may place them across nodes when they grow.
+    req = GpuRequest(gpus=2, per_job=2)
+    good = replace(running_job(1, gpus={"gpu1": (0, 1)}, started=2 * HOUR), gpus=req)
+    poor = replace(running_job(2, gpus={"gpu1": (2, 3)}, started=2 * HOUR, user="bob"), gpus=req)
+    rigid = running_job(9, gpus={"gpu2": (0, 1)}, started=2 * HOUR, user="dan")
+    s = snap(
+        [good, poor, rigid],
+        malleable={1: (1, 8), 2: (1, 8)},
+        throughput={1: GOOD, 2: {2: 100.0, 4: 150.0}},
+        node_count=2,  # two idle GPUs on gpu2
+    )
+    assert sizes(MalleablePolicy().propose(s)) == {1: (2, 4)}  # to the better scaler
+    # With more idle GPUs than the better scaler may take (its MAX is 4), both grow,
+    # never past what is free.
+    more = tuple(nodes(3, used={"gpu1": 4, "gpu2": 2}))
+    s3 = replace(
+        s,
+        cluster=replace(s.cluster, nodes=more),
+        malleable={1: MalleableSpec(1, 1, 4), 2: MalleableSpec(2, 1, 8)},
+    )
+    got = sizes(MalleablePolicy().propose(s3))
+    assert got[1] == (2, 4)
+    assert got[2][1] > 2
+    assert sum(to - frm for frm, to in got.values()) <= 6
+
+
+def test_blocked_big_job_keeps_its_reservation_from_expansion() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    rigid = running_job(2, gpus=four("gpu2"), started=HOUR, user="bob")
+    big = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=8, time_limit=24 * HOUR)
+    base = dict(malleable={1: (2, 4)}, throughput={1: GOOD})
+    assert MalleablePolicy().propose(snap([mall, rigid, big], **base)) == []  # type: ignore[arg-type]
+    greedy = MalleablePolicy(MalleableSettings(reserve_for_blocked=False))
+    assert sizes(greedy.propose(snap([mall, rigid, big], **base))) == {1: (2, 4)}  # type: ignore[arg-type]
+
+
+def test_multiple_donors_together_free_a_waiting_job() -> None:
+    a = running_job(1, gpus={"gpu1": (0, 1, 2, 3)}, started=HOUR)
+    b = running_job(2, gpus={"gpu2": (0, 1, 2, 3)}, started=HOUR, user="bob")
+    waiting = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=4, time_limit=HOUR)
+    s = snap([a, b, waiting], malleable={1: (2, 4), 2: (2, 4)}, throughput={1: POOR, 2: POOR})
+    assert sizes(MalleablePolicy().propose(s)) == {1: (4, 2), 2: (4, 2)}
+
+
+def test_per_node_waiting_job_is_freed_on_one_node() -> None:
+    a = running_job(1, gpus={"gpu1": (0, 1, 2, 3)}, started=HOUR)
+    b = running_job(2, gpus={"gpu2": (0, 1, 2)}, started=HOUR, user="bob")
+    waiting = pending_job(3, user="carol", gpus_per_node=2, time_limit=HOUR)  # one node
+    s = snap([a, b, waiting], malleable={1: (1, 4)}, throughput={1: {1: 60.0, 2: 100.0, 4: 110.0}})
+    # gpu2 has one free GPU; shrinking job 1 on gpu1 by 2 gives a node with 2 free.
+    assert sizes(MalleablePolicy().propose(s)) == {1: (4, 2)}
+
+
+def test_waiting_job_history_shortens_the_donors_loss() -> None:
+    # A waiting job that runs 20 min (history) next to a donor with hours left: the donor
+    # loses only those 20 minutes at the smaller size, then grows back.
+    jobs = full_cluster_with_waiting_rigid_job(time_limit=24 * HOUR)
+    linear = {2: 100.0, 4: 180.0}
+    hist = [record(user="carol", name="train", run_time=20 * MIN) for _ in range(3)]
+    s = snap(jobs, malleable={1: (2, 4)}, throughput={1: linear}, history=hist)
+    assert sizes(MalleablePolicy().propose(s)) == {1: (4, 2)}
+    assert MalleablePolicy().propose(replace(s, history=())) == []
+
+
+def test_engine_modes_advise_notifies_enforce_executes() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    s = snap([mall], malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1)
+    policy = MalleablePolicy()
+    cooldown = EngineSettings(job_cooldown=timedelta(0))
+    advise = PolicyEngine([(policy, Mode.ADVISE)], cooldown).decide(s)
+    assert [(d.action.kind, d.execute, d.notify) for d in advise] == [("resize", False, True)]
+    enforce = PolicyEngine([(policy, Mode.ENFORCE)], cooldown).decide(s)
+    assert [(d.action.kind, d.execute, d.notify) for d in enforce] == [("resize", True, True)]
+    observe = PolicyEngine([(policy, Mode.OBSERVE)], cooldown).decide(s)
+    assert [(d.execute, d.notify) for d in observe] == [(False, False)]
+    # The engine's guardrails apply as to any change: an exempt user is never resized.
+    exempt = PolicyEngine(
+        [(policy, Mode.ENFORCE)], EngineSettings(exempt_users=frozenset({"alice"}))
+    ).decide(s)
+    assert exempt[0].suppressed.startswith("exempt user")
+
+
+def test_settings_from_config_table() -> None:
+    s = MalleableSettings.from_mapping(
+        {"mode": "enforce", "min_gain": 0.25, "min_interval": "15m", "requeue_delay": "61s"}
+    )
+    assert s.mode is Mode.ENFORCE and s.min_gain == 0.25
+    assert s.min_interval == 15 * MIN
+    assert s.default_cost == timedelta(seconds=30 + 61 + 30)
+    with pytest.raises(PolicyConfigError, match=r"policy\.malleable\.min_gain"):
+        MalleableSettings.from_mapping({"min_gain": 2})
+    with pytest.raises(PolicyConfigError, match="max_growth"):
+        MalleableSettings.from_mapping({"max_growth": 1.0})
+    with pytest.raises(PolicyConfigError, match="not a known setting"):
+        MalleableSettings.from_mapping({"min_gian": 0.2})
+
+
+def test_nothing_malleable_is_cheap_and_empty() -> None:
+    jobs = [running_job(i, gpus={"gpu1": (0,)}, started=HOUR) for i in range(1, 50)]
+    assert MalleablePolicy().propose(snap(jobs)) == []
