@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         ColocateSettings,
         EngineSettings,
         IdleGpuSettings,
+        MalleableSettings,
         RightsizeSettings,
     )
 
@@ -158,6 +159,12 @@ def _colocate() -> ColocateSettings:
     return ColocateSettings()
 
 
+def _malleable() -> MalleableSettings:
+    from slurmgpu.policy.settings import MalleableSettings
+
+    return MalleableSettings()
+
+
 def _notify() -> NotifySettings:
     from slurmgpu.notify.settings import NotifySettings
 
@@ -176,6 +183,7 @@ class PolicySettings:
     rightsize: RightsizeSettings = field(default_factory=_rightsize)
     idle_gpu: IdleGpuSettings = field(default_factory=_idle_gpu)
     colocate: ColocateSettings = field(default_factory=_colocate)
+    malleable: MalleableSettings = field(default_factory=_malleable)
     history_days: int = 90
     history_refresh: timedelta = timedelta(minutes=10)  # how often priors reload history
     recommendations_file: str = ""  # where job_submit.lua reads advice; "" = don't export
@@ -345,7 +353,7 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
     return Settings(daemon=daemon, slurm=slurm, policy=policy, notify=notify, source=path)
 
 
-_POLICY_TABLES = ("engine", "rightsize", "idle_gpu", "colocate")
+_POLICY_TABLES = ("engine", "rightsize", "idle_gpu", "colocate", "malleable")
 
 
 def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) -> PolicySettings:
@@ -353,6 +361,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
         ColocateSettings,
         EngineSettings,
         IdleGpuSettings,
+        MalleableSettings,
         PolicyConfigError,
         RightsizeSettings,
     )
@@ -369,7 +378,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
                 f"[policy.{name}] must be a table", path=path, line=_key_line(text, "policy", name)
             )
         tables[name] = dict(value)
-    for name in ("rightsize", "idle_gpu", "colocate"):
+    for name in ("rightsize", "idle_gpu", "colocate", "malleable"):
         tables[name].setdefault("mode", mode)
     reader = _Reader({"policy": top}, text, path, "policy")
     history_days = reader.integer("history_days", 90, minimum=1)
@@ -384,6 +393,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
             rightsize=RightsizeSettings.from_mapping(tables["rightsize"], "policy.rightsize"),
             idle_gpu=IdleGpuSettings.from_mapping(tables["idle_gpu"], "policy.idle_gpu"),
             colocate=ColocateSettings.from_mapping(tables["colocate"], "policy.colocate"),
+            malleable=MalleableSettings.from_mapping(tables["malleable"], "policy.malleable"),
             history_days=history_days,
             history_refresh=history_refresh,
             recommendations_file=recommendations,

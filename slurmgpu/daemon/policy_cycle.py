@@ -31,6 +31,7 @@ from slurmgpu.policy.base import (
 from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
+from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.recommend import recommendations
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.slurm.client import SlurmClient
@@ -232,6 +233,7 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
             (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
             (rightsize, p.rightsize.mode),
             (ColocatePolicy(p.colocate), p.colocate.mode),
+            (MalleablePolicy(p.malleable), p.malleable.mode),
         ],
         p.engine,
     )

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
+from slurmgpu.config import ConfigError, load_settings
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, MalleableSpec, Node
 from slurmgpu.policy.base import Action, JobUsage, Mode, PolicySnapshot, resize_sizes
 from slurmgpu.policy.engine import PolicyEngine
@@ -322,3 +324,14 @@ def test_settings_from_config_table() -> None:
 def test_nothing_malleable_is_cheap_and_empty() -> None:
     jobs = [running_job(i, gpus={"gpu1": (0,)}, started=HOUR) for i in range(1, 50)]
     assert MalleablePolicy().propose(snap(jobs)) == []
+
+
+def test_config_file_policy_malleable_table(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[daemon]\nmode = "enforce"\n\n[policy.malleable]\nmin_gain = 0.2\n')
+    s = load_settings(path).policy.malleable
+    assert s.mode is Mode.ENFORCE  # daemon.mode, as every policy table without its own
+    assert s.min_gain == 0.2
+    path.write_text('[policy.malleable]\nmin_interval = "soon"\n')
+    with pytest.raises(ConfigError, match=r"line 2: policy\.malleable\.min_interval"):
+        load_settings(path)
