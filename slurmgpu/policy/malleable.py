@@ -51,15 +51,25 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slurmgpu.model import Job, JobState, MalleableSpec, Node
-from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, resize_action
+from slurmgpu.policy.base import (
+    Action,
+    HistoryRecord,
+    PolicySnapshot,
+    resize_action,
+    resize_sizes,
+)
 from slurmgpu.policy.priors import Priors
 from slurmgpu.policy.settings import MalleableSettings
 from slurmgpu.policy.speedup import DEFAULT_PRIOR, SpeedupCurve, SpeedupPrior, fit_speedup
 
-__all__ = ["MalleablePolicy"]
+__all__ = ["MAX_BLOCKED_CONSIDERED", "MalleablePolicy"]
+
+# Shrinks are planned for the oldest blocked jobs only (Slurm starts those first anyway),
+# so a queue of thousands costs no more than a few dozen plans.
+MAX_BLOCKED_CONSIDERED = 32
 
 # Pending reasons of jobs that will not start whatever GPUs are free.
 _NOT_WAITING_FOR_GPUS = frozenset(
@@ -79,58 +89,67 @@ class _Running:
     remaining_s: float
     single_node: bool
     busy: bool
+    rates: dict[int, float] = field(default_factory=dict)
 
     def rate(self, gpus: int) -> float:
-        return self.curve.throughput(gpus)
+        r = self.rates.get(gpus)
+        if r is None:
+            r = self.rates[gpus] = self.curve.throughput(gpus)
+        return r
 
 
 class _Free:
-    """Free GPUs per node, with set-asides."""
+    """Free GPUs per node, with set-asides; ``total`` kept as it changes."""
 
     def __init__(self, nodes: Iterable[Node]) -> None:
         self.per_node: dict[str, int] = {}
-        self.capacity = 0  # GPUs of the biggest node
         for n in nodes:
             if n.available and n.gpus > 0:
                 self.per_node[n.name] = max(0, n.gpus - n.gpus_used)
-                self.capacity = max(self.capacity, n.gpus)
+        self.total = sum(self.per_node.values())
 
-    @property
-    def total(self) -> int:
-        return sum(self.per_node.values())
+    def add(self, node: str, count: int) -> None:
+        self.per_node[node] = self.per_node.get(node, 0) + count
+        self.total += count
 
     def fits(self, job: Job, extra: dict[str, int] | None = None) -> bool:
+        extra = extra or {}
+        if not job.gpus.per_node:
+            return self.total + sum(extra.values()) >= job.gpus.gpus
         return self._plan(job, extra) is not None
 
     def take(self, job: Job) -> bool:
-        plan = self._plan(job, None)
+        plan = self._plan(job, {})
         if plan is None:
             return False
         for node, count in plan.items():
-            self.per_node[node] -= count
+            self.add(node, -count)
         return True
 
-    def _plan(self, job: Job, extra: dict[str, int] | None) -> dict[str, int] | None:
-        free = dict(self.per_node)
-        for node, count in (extra or {}).items():
-            free[node] = free.get(node, 0) + count
+    def _plan(self, job: Job, extra: dict[str, int]) -> dict[str, int] | None:
         req = job.gpus
+        per_node = self.per_node
         if req.per_node:
             nodes = max(1, job.node_count)
-            fitting = sorted(
-                (n for n, f in free.items() if f >= req.per_node), key=lambda n: free[n]
-            )
+            if self.total + sum(extra.values()) < req.per_node * nodes:
+                return None
+            fitting = [
+                (f, n) for n, f0 in per_node.items() if (f := f0 + extra.get(n, 0)) >= req.per_node
+            ]
+            fitting += [(c, n) for n, c in extra.items() if n not in per_node and c >= req.per_node]
             if len(fitting) < nodes:
                 return None
-            return {n: req.per_node for n in fitting[:nodes]}
+            fitting.sort()
+            return {n: req.per_node for _, n in fitting[:nodes]}
         need = req.gpus
-        if sum(free.values()) < need:
+        if self.total + sum(extra.values()) < need:
             return None
         plan: dict[str, int] = {}
-        for node in sorted(free, key=lambda n: -free[n]):
+        room = {n: per_node.get(n, 0) + extra.get(n, 0) for n in (*per_node, *extra)}
+        for node in sorted(room, key=lambda n: -room[n]):
             if need <= 0:
                 break
-            got = min(need, free[node])
+            got = min(need, room[node])
             if got > 0:
                 plan[node] = got
                 need -= got
@@ -198,15 +217,22 @@ class MalleablePolicy:
         actions: list[Action] = []
         touched: set[int] = set()
         blocked: list[Job] = []
+        slack = sum(c.gpus - c.spec.min_gpus for c in candidates.values())
         for job in sorted(pending, key=_eligible_order):
             if free.take(job):
                 continue
-            if s.shrink and job.job_id not in snapshot.resizing:
+            if (
+                s.shrink
+                and job.job_id not in snapshot.resizing
+                and len(blocked) < MAX_BLOCKED_CONSIDERED
+                and _wants_gpus(job) <= free.total + slack
+            ):
                 wait_s = self._wait_s(job, free, ends, freed_by)
                 run_s = self._run_estimate_s(job, priors)
                 plan = self._shrink_plan(job, wait_s, run_s, free, candidates, touched, cost_s)
                 if plan is not None:
                     actions.extend(plan)
+                    slack -= sum(frm - to for frm, to in map(resize_sizes, plan))
                     continue
             blocked.append(job)
 
@@ -338,6 +364,7 @@ class MalleablePolicy:
                     numbers={
                         "direction": "shrink",
                         "for_job": job.job_id,
+                        "gpus_given": give,
                         "wait_avoided_s": round(wait_s),
                         "loss_s": round(loss),
                         "all_donors_loss_s": round(lost),
@@ -350,7 +377,7 @@ class MalleablePolicy:
             )
         # The blocked job now takes what it will start on: free GPUs plus the donors'.
         for node, count in extra.items():
-            free.per_node[node] = free.per_node.get(node, 0) + count
+            free.add(node, count)
         free.take(job)
         return actions
 
@@ -362,10 +389,9 @@ class MalleablePolicy:
         req = job.gpus
         if req.per_node:
             # Per-node requests need the GPUs on one node: give what that node lacks.
-            node_free = {n: free.per_node.get(n, 0) + extra.get(n, 0) for n in free.per_node}
             best = 0
             for a in c.job.gpu_allocations:
-                lack = req.per_node - node_free.get(a.node, 0)
+                lack = req.per_node - free.per_node.get(a.node, 0) - extra.get(a.node, 0)
                 if 0 < lack <= min(most, len(a.gpu_indices)):
                     best = lack if best == 0 else min(best, lack)
             return best
