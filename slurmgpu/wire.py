@@ -33,10 +33,15 @@ HMAC_MAX_SKEW_S = 300
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
-Uid = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+# No control characters: PostgreSQL refuses NUL in text, and a batch the store cannot take
+# would be answered 503 and resent for ever.
+Uid = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
 Epoch = Annotated[float, msgspec.Meta(gt=1e9, lt=1e11)]  # 2001 … 5138
 Amount = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
 Source = Literal["process", "device", "idle", "error"]
+# Bounded so every id fits the store's 64-bit integers (a bigger one would fail the
+# insert, not the validation).
+JobId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 # Bounds are declared on the types so msgspec checks them in C while decoding: validating
 # 20,000 samples a second in Python loops would cost more than storing them.
@@ -48,7 +53,7 @@ class GpuSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     sample_uid: Uid
     at: Epoch  # epoch seconds
     gpu_index: Annotated[int, msgspec.Meta(ge=0, lt=1024)]  # Slurm's device index on the node
-    job_id: Annotated[int, msgspec.Meta(ge=0)] | None = None  # None: unattributed/unallocated
+    job_id: JobId | None = None  # None: unattributed/unallocated
     util_pct: Annotated[float, msgspec.Meta(ge=0, le=100)] | None = None
     memory_used_mib: Amount | None = None
     memory_total_mib: Amount | None = None
@@ -64,7 +69,7 @@ class HostSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     sample_uid: Uid
     at: Epoch
-    job_id: Annotated[int, msgspec.Meta(ge=0)]
+    job_id: JobId
     cpu_pct: Amount | None = None  # 100 = one core busy
     cpus_allocated: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
     rss_mib: Amount | None = None
@@ -78,7 +83,9 @@ class SampleBatch(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     gpu: list[GpuSampleIn] = []
     host: list[HostSampleIn] = []
     agent: Annotated[str, msgspec.Meta(max_length=128)] = ""
-    dropped: Annotated[int, msgspec.Meta(ge=0)] = 0  # samples the agent's spool dropped so far
+    dropped: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = (
+        0  # samples the agent's spool dropped so far
+    )
 
 
 class NodeJob(msgspec.Struct, frozen=True):

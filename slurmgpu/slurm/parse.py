@@ -111,6 +111,30 @@ def _show(value: object, limit: int = 80) -> str:
 # meanings of its own (groups, set operations), so those never reach it.
 _SIMPLE_HOST = re.compile(r"[A-Za-z0-9._\-]+")
 _BRACKET_GROUP = re.compile(r"[A-Za-z0-9._\-\[\],]+")
+# More names than any cluster has: refused before expanding (a[0-999999999] would
+# otherwise build a billion strings).
+MAX_HOSTLIST_NAMES = 100_000
+
+
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+
+
+def _bracket_size(group: str) -> int:
+    """An upper bound of the names a bracket group names (its ranges' sizes multiplied)."""
+    total = 1
+    for body in _BRACKET.findall(group):
+        count = 0
+        for part in body.split(","):
+            m = _RANGE.fullmatch(part)
+            if m is None or len(m.group(1)) > 18 or len(m.group(2) or "") > 18:
+                return MAX_HOSTLIST_NAMES + 1 if m is not None else 1
+            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+            count += max(hi - lo + 1, 1)
+        total *= max(count, 1)
+        if total > MAX_HOSTLIST_NAMES:
+            return total
+    return total
 
 
 @lru_cache(maxsize=65536)
@@ -132,10 +156,27 @@ def _expand_cached(expr: str) -> tuple[str, ...]:
         else:
             if not _BRACKET_GROUP.fullmatch(group):
                 raise HostlistError(f"invalid hostlist {_show(expr)}: bad characters")
+            if _bracket_size(group) + len(out) > MAX_HOSTLIST_NAMES:
+                # Checked before ClusterShell, which builds every number of a range.
+                raise HostlistError(
+                    f"invalid hostlist {_show(expr)}: more than {MAX_HOSTLIST_NAMES} names"
+                )
             try:
-                names = list(NodeSet(group))
-            except (NodeSetException, RangeSetException, ValueError, TypeError) as exc:
+                nodeset = NodeSet(group)
+                size = len(nodeset)
+            except (
+                NodeSetException,
+                RangeSetException,
+                ValueError,
+                TypeError,
+                OverflowError,
+            ) as exc:
                 raise HostlistError(f"invalid hostlist {_show(expr)}: {_oneline(exc)}") from None
+            if size + len(out) > MAX_HOSTLIST_NAMES:
+                raise HostlistError(
+                    f"invalid hostlist {_show(expr)}: more than {MAX_HOSTLIST_NAMES} names"
+                )
+            names = list(nodeset)
         for name in names:
             if name not in seen:
                 seen.add(name)
@@ -207,7 +248,7 @@ def _split_top_level(text: str, sep: str) -> list[str]:
 # --------------------------------------------------------------------------- times
 
 _UNLIMITED = frozenset({"UNLIMITED", "INFINITE", "INFINITY"})
-_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_TIME_RE = re.compile(r"(?:(\d{1,12})-)?(\d{1,15})(?::(\d{1,15}))?(?::(\d{1,15}))?")
 
 
 def parse_time_limit(value: str | int | None) -> timedelta | None:
@@ -344,7 +385,7 @@ class Tres:
         return sum(v for k, v in self.gres.items() if k.startswith("shard:"))
 
 
-_COUNT_RE = re.compile(r"(\d+)([KMGTP]?)", re.IGNORECASE)
+_COUNT_RE = re.compile(r"(\d{1,19})([KMGTP]?)", re.IGNORECASE)
 _COUNT_FACTOR = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 
 
@@ -426,7 +467,7 @@ class GresItem:
     shares: tuple[tuple[int, int], ...] = ()
 
 
-_INDEX_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+_INDEX_ITEM = re.compile(r"(\d{1,12})(?:-(\d{1,12}))?")
 _MAX_INDEX_SPAN = 1 << 16
 
 
@@ -451,7 +492,7 @@ def parse_index_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-_SHARE_RE = re.compile(r"(\d+)/(\d+)")
+_SHARE_RE = re.compile(r"(\d{1,12})/(\d{1,12})")
 _NULL_TYPES = frozenset({"(null)", "null", ""})
 
 
