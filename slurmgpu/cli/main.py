@@ -59,6 +59,7 @@ def _register() -> None:
     from slurmgpu.cli.fakeload import fakeload
     from slurmgpu.cli.jobs import jobs
     from slurmgpu.cli.policy import policy
+    from slurmgpu.cli.report import report
     from slurmgpu.cli.submit import submit
     from slurmgpu.cli.token import node_token_command
 
@@ -71,6 +72,7 @@ def _register() -> None:
     main.add_command(jobs)
     main.add_command(db)
     main.add_command(eff)
+    main.add_command(report)
     main.add_command(fakeload)
     main.add_command(node_token_command)
     from slurmgpu.cli.cluster import cluster

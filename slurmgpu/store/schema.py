@@ -247,6 +247,13 @@ job_summaries = Table(
     Column("job_id", BigInteger, nullable=False),
     Column("created_at", TS, nullable=False),
     Column("summary", JSON, nullable=False),  # jobstats-style per-node/per-GPU summary
+    # The job-level figures the reports aggregate (store/summary_columns.py; NULL: unknown).
+    Column("gpus_reported", Integer),
+    Column("gpus_busy", Integer),
+    Column("gpu_util_pct", Float),
+    Column("gpu_idle_pct", Float),
+    Column("gpu_memory_max_mib", Float),
+    Column("cpu_memory_max_mib", Float),
     Index(None, "cluster", "job_id"),
 )
 

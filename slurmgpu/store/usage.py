@@ -17,6 +17,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
+from slurmgpu.store.summary_columns import summary_columns
 from slurmgpu.wire import SampleBatch
 
 # A GPU counts as busy in a sample above this utilisation (NVML reports integers).
@@ -288,6 +289,7 @@ class UsageStore:
                         "job_id": job_id,
                         "created_at": at,
                         "summary": summary,
+                        **summary_columns(summary),
                     },
                 )
         except SQLAlchemyError as exc:

@@ -1,0 +1,130 @@
+"""``sgpu report``: GPU-hours allocated vs used, waste, flagged jobs and actions, per window."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import cast
+
+import click
+from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
+
+from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
+from slurmgpu.config import parse_duration
+from slurmgpu.report.report import GROUP_BY, GroupBy, build_report
+from slurmgpu.report.report_html import render_html
+from slurmgpu.report.report_render import render_table, to_csv, to_json
+from slurmgpu.store import StoreError
+
+
+def parse_moment(value: str, now: datetime, option: str) -> datetime:
+    """``7d`` (that long before ``now``), ``now``, or an ISO date/time (UTC unless zoned)."""
+    text = value.strip()
+    if text == "now":
+        return now
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration like 7d nor a date like 2026-03-01",
+            param_hint=option,
+        ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+@click.command()
+@click.option(
+    "--since",
+    default="7d",
+    show_default=True,
+    help="Start: a duration before now (7d, 12h) or a date/time (2026-03-01, UTC).",
+)
+@click.option("--until", default="now", show_default=True, help="End: same forms as --since.")
+@click.option("--by", type=click.Choice(GROUP_BY), default="user", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("table", "csv", "json", "html")),
+    default="table",
+    show_default=True,
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write to FILE instead of standard output.",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="How many top wasters to list.",
+)
+@pass_app
+def report(
+    app: AppContext,
+    since: str,
+    until: str,
+    by: str,
+    fmt: str,
+    output: Path | None,
+    top: int,
+) -> None:
+    """Report GPU efficiency of the jobs that ended in a window, and what slurmgpu did."""
+    now = datetime.now(UTC)
+    start = parse_moment(since, now, "--since")
+    end = parse_moment(until, now, "--until")
+    if end <= start:
+        fail(f"--until ({end:%Y-%m-%d %H:%M}) must come after --since ({start:%Y-%m-%d %H:%M})", 2)
+    store = app.store(migrate=False)
+    try:
+        result = build_report(
+            store.engine,
+            since=start,
+            until=end,
+            cluster=store.cluster,
+            by=cast(GroupBy, by),
+            top=top,
+            now=now,
+        )
+    except (StoreError, SQLAlchemyError) as exc:
+        cause = getattr(exc, "orig", None) or exc
+        fail(
+            f"cannot read the store: {str(cause).splitlines()[0]} (run `sgpu db upgrade`?)",
+            EXIT_STORE,
+        )
+    if fmt == "table":
+        if output is None:
+            console = Console()
+            if not console.is_terminal:  # piped or logged: never cut lines to 80 characters
+                console = Console(width=max(console.width, 140))
+            console.print(render_table(result))
+            return
+        try:
+            with output.open("w", encoding="utf-8") as fh:
+                Console(file=fh, width=160).print(render_table(result))
+        except OSError as exc:
+            fail(f"cannot write {output}: {exc.strerror}", 1)
+        click.echo(f"wrote {output}", err=True)
+        return
+    if fmt == "csv":
+        text = to_csv(result)
+    elif fmt == "json":
+        text = json.dumps(to_json(result), indent=2) + "\n"
+    else:
+        text = render_html(result)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}", 1)
+    click.echo(f"wrote {output}", err=True)

@@ -1,0 +1,883 @@
+"""The efficiency report: what finished GPU jobs were given, what they used, what slurmgpu did.
+
+Everything is aggregated in SQL (SQLite and PostgreSQL), never in Python loops over job
+rows. The report first gathers one row per finished GPU job of the window into a
+temporary table (the job row joined with its newest end-of-job summary, with per-job
+GPU-hours and flags computed in the SELECT), then runs each section's GROUP BY over that
+table: one pass over the jobs instead of one per section.
+
+Definitions (also in docs/admin-guide.md):
+
+- The window holds jobs that *ended* in ``[since, until)`` in a terminal state and asked
+  for GPUs or shards; a job is counted whole in the window it ended in.
+- GPU-hours allocated = GPUs x run time; a shard job counts ``shards / shards per GPU``
+  GPUs (the cluster's nodes tell the ratio: shards / GPUs of the nodes that have both).
+- GPU-hours used = allocated x the job's mean GPU utilisation (GPUs that sent no sample
+  counted as 0 %); idle = allocated x the share of GPU-time spent idle (a GPU never busy
+  for its whole run, a busy one from its last busy moment to the end); unused =
+  allocated - used. Jobs without a usage summary (no agent ran) count in "allocated"
+  only; efficiency = used / the allocated GPU-hours whose usage is known.
+- Flags need a run of at least 5 min (jobstats' threshold); see :class:`ReportThresholds`.
+- Queue wait = start - (eligible time, else submit time).
+- Actions are the audit rows of the window; what they reclaimed is estimated per kind in
+  :func:`_reclaimed` (upper bounds where the job's future is unknown).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    and_,
+    case,
+    func,
+    insert,
+    literal,
+    null,
+    or_,
+    select,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from slurmgpu.model import JobState
+from slurmgpu.report.report_sql import epoch_s, floor_div
+from slurmgpu.store import schema
+
+__all__ = [
+    "FLAGS",
+    "ActionCount",
+    "ActionPoint",
+    "GroupBy",
+    "GroupRow",
+    "HistogramBin",
+    "JobRow",
+    "Reclaim",
+    "Report",
+    "ReportThresholds",
+    "SeriesPoint",
+    "WaitBin",
+    "Waster",
+    "build_report",
+]
+
+GroupBy = Literal["user", "account", "partition"]
+GROUP_BY: tuple[GroupBy, ...] = ("user", "account", "partition")
+TERMINAL_STATES = tuple(s.value for s in JobState if s.is_terminal)
+FLAGS = ("idle", "low-util", "over-time", "over-memory", "over-gpus")
+_FLAG_COLUMNS = {
+    "idle": "flag_idle",
+    "low-util": "flag_low_util",
+    "over-time": "flag_time",
+    "over-memory": "flag_memory",
+    "over-gpus": "flag_gpus",
+}
+# Upper edges of the queue-wait bins, seconds (the last bin is open).
+WAIT_EDGES_S = (60, 600, 3600, 6 * 3600)
+DEFAULT_SHARDS_PER_GPU = 16.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReportThresholds:
+    """When a finished job is flagged (jobstats' and Job Defense Shield's defaults).
+
+    >>> ReportThresholds().low_util_pct
+    15.0
+    """
+
+    min_runtime_s: float = 300.0  # shorter runs are never flagged
+    idle_gpu_hours: float = 1.0  # idle: at least this much GPU-time idle (the idle policy's 60 min)
+    low_util_pct: float = 15.0  # low-util: mean GPU util at or below
+    time_min_elapsed_s: float = 900.0  # over-time: COMPLETED, ran longer than this, and
+    time_use_pct: float = 60.0  # used less than this share of its time limit
+    memory_use_pct: float = 70.0  # over-memory: peak below this share of --mem
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """GPU-hours and counts of a set of jobs."""
+
+    jobs: int
+    jobs_with_usage: int
+    gpu_hours_allocated: float
+    gpu_hours_with_usage: float  # allocated GPU-hours of the jobs whose usage is known
+    gpu_hours_used: float
+    gpu_hours_idle: float
+    gpu_hours_unused: float
+    jobs_flagged: int
+    flags: dict[str, int]
+    wait_mean_s: float | None
+    wait_max_s: float | None
+
+    @property
+    def efficiency_pct(self) -> float | None:
+        if self.gpu_hours_with_usage <= 0:
+            return None
+        return 100.0 * self.gpu_hours_used / self.gpu_hours_with_usage
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """One user, account or partition."""
+
+    name: str
+    figures: Figures
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One finished job, as the report lists it."""
+
+    job_id: int
+    name: str
+    user: str
+    account: str
+    partition: str
+    state: str
+    gpus: float  # GPU-equivalents
+    elapsed_s: float
+    gpu_hours_allocated: float
+    gpu_hours_used: float | None
+    gpu_hours_idle: float | None
+    gpu_hours_unused: float | None
+    util_pct: float | None
+    flags: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Waster:
+    """A group that left the most allocated GPU-hours unused, and its worst jobs."""
+
+    group: GroupRow
+    worst: tuple[JobRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramBin:
+    """Jobs whose mean GPU utilisation is in ``[lo_pct, hi_pct)`` (None: unknown)."""
+
+    lo_pct: float | None
+    hi_pct: float | None
+    jobs: int
+    gpu_hours: float
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """GPU-hours of the jobs that ended in ``[start, start + bucket)``."""
+
+    start: datetime
+    jobs: int
+    gpu_hours_allocated: float
+    gpu_hours_with_usage: float
+    gpu_hours_used: float
+    gpu_hours_idle: float
+
+    @property
+    def efficiency_pct(self) -> float | None:
+        if self.gpu_hours_with_usage <= 0:
+            return None
+        return 100.0 * self.gpu_hours_used / self.gpu_hours_with_usage
+
+
+@dataclass(frozen=True, slots=True)
+class WaitBin:
+    """Jobs that waited ``[lo_s, hi_s)`` in the queue (``hi_s`` None: open)."""
+
+    lo_s: float
+    hi_s: float | None
+    jobs: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActionCount:
+    policy: str
+    kind: str
+    mode: str
+    outcome: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActionPoint:
+    """Decisions recorded in ``[start, start + bucket)`` with one outcome."""
+
+    start: datetime
+    outcome: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """What the executed actions of one policy and kind gave back (estimates).
+
+    ``gpu_hours_returned``: GPU-hours other jobs could use because of the actions;
+    ``reserved_gpu_hours_released``: GPU-hours of time-limit reservation given back to the
+    scheduler (lets backfill start jobs sooner; not GPU-time anyone was using).
+    ``estimated``: how many of ``actions`` had the numbers needed for an estimate.
+    """
+
+    policy: str
+    kind: str
+    actions: int
+    estimated: int
+    gpu_hours_returned: float
+    reserved_gpu_hours_released: float
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    cluster: str
+    since: datetime
+    until: datetime
+    by: GroupBy
+    generated_at: datetime
+    bucket_s: int
+    shards_per_gpu: float
+    thresholds: ReportThresholds
+    totals: Figures
+    groups: tuple[GroupRow, ...]
+    wasters: tuple[Waster, ...]
+    flagged: tuple[JobRow, ...]
+    histogram: tuple[HistogramBin, ...]
+    series: tuple[SeriesPoint, ...]
+    waits: tuple[WaitBin, ...]
+    actions: tuple[ActionCount, ...]
+    action_series: tuple[ActionPoint, ...]
+    reclaimed: tuple[Reclaim, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+# -- the per-job table ------------------------------------------------------------------
+
+
+def _job_table() -> Table:
+    """A temporary table of the window's jobs (a fresh MetaData: not part of the schema)."""
+    return Table(
+        "sgpu_report_jobs",
+        MetaData(),
+        Column("row_id", Integer, primary_key=True),
+        Column("job_id", Integer, nullable=False),
+        Column("name", String(256)),
+        Column("user", String(64)),
+        Column("account", String(64)),
+        Column("partition", String(512)),
+        Column("state", String(24)),
+        Column("grp", String(512)),
+        Column("gpus", Float),
+        Column("elapsed_s", Float),
+        Column("end_s", Float),
+        Column("wait_s", Float),
+        Column("util_pct", Float),
+        Column("alloc_h", Float),
+        Column("known_h", Float),  # alloc_h when usage is known, else 0
+        Column("used_h", Float),
+        Column("idle_h", Float),
+        Column("waste_h", Float),
+        Column("flag_idle", Integer),
+        Column("flag_low_util", Integer),
+        Column("flag_time", Integer),
+        Column("flag_memory", Integer),
+        Column("flag_gpus", Integer),
+        Column("flagged", Integer),
+        prefixes=["TEMPORARY"],
+    )
+
+
+def _positive(x: ColumnElement[Any]) -> ColumnElement[Any]:
+    return case((x > 0, x), else_=literal(0.0))
+
+
+def _fill_select(
+    cluster: str,
+    since: datetime,
+    until: datetime,
+    by: GroupBy,
+    shards_per_gpu: float,
+    th: ReportThresholds,
+) -> Any:
+    j, s = schema.jobs, schema.job_summaries
+    newest_summary = (
+        select(func.max(s.c.id))
+        .where(
+            s.c.cluster == j.c.cluster,
+            s.c.job_id == j.c.job_id,
+            s.c.created_at >= j.c.start_time,
+        )
+        .correlate(j)
+        .scalar_subquery()
+    )
+    start = epoch_s(j.c.start_time)
+    end = epoch_s(j.c.end_time)
+    queued = epoch_s(func.coalesce(j.c.eligible_time, j.c.submit_time))
+    base = (
+        select(
+            j.c.id.label("row_id"),
+            j.c.job_id,
+            j.c.name,
+            j.c.user,
+            j.c.account,
+            j.c.partition,
+            j.c.state,
+            j.c[by].label("grp"),
+            case(
+                (j.c.gpus > 0, j.c.gpus * literal(1.0)),
+                else_=j.c.shards / literal(float(shards_per_gpu)),
+            ).label("gpus"),
+            _positive(end - start).label("elapsed_s"),
+            end.label("end_s"),
+            case(
+                (func.coalesce(j.c.eligible_time, j.c.submit_time).is_(None), null()),
+                else_=_positive(start - queued),
+            ).label("wait_s"),
+            j.c.time_limit_s,
+            j.c.memory_mib,
+            j.c.gpus.label("whole_gpus"),
+            newest_summary.label("summary_id"),
+        )
+        .where(
+            j.c.cluster == cluster,
+            j.c.end_time >= since,
+            j.c.end_time < until,
+            j.c.state.in_(TERMINAL_STATES),
+            j.c.start_time.is_not(None),
+            or_(j.c.gpus > 0, j.c.shards > 0),
+        )
+        .subquery("b")
+    )
+    alloc = base.c.gpus * base.c.elapsed_s / literal(3600.0)
+    per_job = (
+        select(
+            base,
+            alloc.label("alloc_h"),
+            s.c.gpu_util_pct.label("util_pct"),
+            s.c.gpu_idle_pct,
+            s.c.gpus_reported,
+            s.c.gpus_busy,
+            s.c.cpu_memory_max_mib,
+        )
+        .select_from(base.outerjoin(s, s.c.id == base.c.summary_id))
+        .subquery("p")
+    )
+    p = per_job.c
+    used = p.alloc_h * p.util_pct / literal(100.0)
+    idle = p.alloc_h * p.gpu_idle_pct / literal(100.0)
+    long_enough = p.elapsed_s >= th.min_runtime_s
+    flags = {
+        "flag_idle": and_(long_enough, idle >= th.idle_gpu_hours),
+        "flag_low_util": and_(long_enough, p.util_pct <= th.low_util_pct),
+        "flag_time": and_(
+            long_enough,
+            p.state == JobState.COMPLETED.value,
+            p.time_limit_s > 0,
+            p.elapsed_s > th.time_min_elapsed_s,
+            p.elapsed_s * literal(100.0) < p.time_limit_s * th.time_use_pct,
+        ),
+        "flag_memory": and_(
+            long_enough,
+            p.memory_mib > 0,
+            p.cpu_memory_max_mib.is_not(None),
+            p.cpu_memory_max_mib * literal(100.0) < p.memory_mib * th.memory_use_pct,
+        ),
+        "flag_gpus": and_(
+            long_enough,
+            p.whole_gpus >= 2,
+            p.gpus_reported >= p.whole_gpus,
+            p.gpus_busy >= 1,
+            p.gpus_busy < p.whole_gpus,
+        ),
+    }
+    flag_cols = {name: case((cond, 1), else_=0) for name, cond in flags.items()}
+    return select(
+        p.row_id,
+        p.job_id,
+        p.name,
+        p.user,
+        p.account,
+        p.partition,
+        p.state,
+        p.grp,
+        p.gpus,
+        p.elapsed_s,
+        p.end_s,
+        p.wait_s,
+        p.util_pct,
+        p.alloc_h,
+        case((p.util_pct.is_(None), literal(0.0)), else_=p.alloc_h).label("known_h"),
+        used.label("used_h"),
+        idle.label("idle_h"),
+        (p.alloc_h - used).label("waste_h"),
+        *(col.label(name) for name, col in flag_cols.items()),
+        case((or_(*flags.values()), 1), else_=0).label("flagged"),
+    )
+
+
+# -- aggregates -------------------------------------------------------------------------
+
+
+def _figure_columns(t: Table) -> list[ColumnElement[Any]]:
+    c = t.c
+    return [
+        func.count().label("jobs"),
+        func.count(c.util_pct).label("jobs_with_usage"),
+        func.coalesce(func.sum(c.alloc_h), 0.0).label("alloc"),
+        func.coalesce(func.sum(c.known_h), 0.0).label("known"),
+        func.coalesce(func.sum(c.used_h), 0.0).label("used"),
+        func.coalesce(func.sum(c.idle_h), 0.0).label("idle"),
+        func.coalesce(func.sum(c.waste_h), 0.0).label("unused"),
+        func.coalesce(func.sum(c.flagged), 0).label("flagged"),
+        *(func.coalesce(func.sum(c[col]), 0).label(col) for col in _FLAG_COLUMNS.values()),
+        func.avg(c.wait_s).label("wait_mean"),
+        func.max(c.wait_s).label("wait_max"),
+    ]
+
+
+def _figures(r: Any) -> Figures:
+    return Figures(
+        jobs=int(r.jobs),
+        jobs_with_usage=int(r.jobs_with_usage),
+        gpu_hours_allocated=float(r.alloc),
+        gpu_hours_with_usage=float(r.known),
+        gpu_hours_used=float(r.used),
+        gpu_hours_idle=float(r.idle),
+        gpu_hours_unused=float(r.unused),
+        jobs_flagged=int(r.flagged),
+        flags={name: int(getattr(r, col)) for name, col in _FLAG_COLUMNS.items()},
+        wait_mean_s=None if r.wait_mean is None else float(r.wait_mean),
+        wait_max_s=None if r.wait_max is None else float(r.wait_max),
+    )
+
+
+def _job_row(r: Any) -> JobRow:
+    return JobRow(
+        job_id=int(r.job_id),
+        name=r.name or "",
+        user=r.user or "",
+        account=r.account or "",
+        partition=r.partition or "",
+        state=r.state or "",
+        gpus=float(r.gpus or 0.0),
+        elapsed_s=float(r.elapsed_s or 0.0),
+        gpu_hours_allocated=float(r.alloc_h or 0.0),
+        gpu_hours_used=None if r.used_h is None else float(r.used_h),
+        gpu_hours_idle=None if r.idle_h is None else float(r.idle_h),
+        gpu_hours_unused=None if r.waste_h is None else float(r.waste_h),
+        util_pct=None if r.util_pct is None else float(r.util_pct),
+        flags=tuple(name for name, col in _FLAG_COLUMNS.items() if getattr(r, col)),
+    )
+
+
+def _job_columns(t: Table) -> list[Any]:
+    c = t.c
+    return [
+        c.job_id,
+        c.name,
+        c.user,
+        c.account,
+        c.partition,
+        c.state,
+        c.gpus,
+        c.elapsed_s,
+        c.alloc_h,
+        c.used_h,
+        c.idle_h,
+        c.waste_h,
+        c.util_pct,
+        *(c[col] for col in _FLAG_COLUMNS.values()),
+    ]
+
+
+def _shards_per_gpu(conn: Connection, cluster: str) -> float:
+    """Shards per GPU on this cluster's nodes (shards / GPUs of nodes that have both)."""
+    n = schema.nodes
+    row = conn.execute(
+        select(func.sum(n.c.shards), func.sum(n.c.gpus)).where(
+            n.c.cluster == cluster, n.c.shards > 0, n.c.gpus > 0
+        )
+    ).one()
+    if not row[0] or not row[1]:
+        return DEFAULT_SHARDS_PER_GPU
+    return float(row[0]) / float(row[1])
+
+
+def bucket_for(since: datetime, until: datetime) -> int:
+    """Seconds per chart bucket: hours for windows up to three days, else days."""
+    return 3600 if until - since <= timedelta(days=3) else 86400
+
+
+def build_report(
+    engine: Engine,
+    *,
+    since: datetime,
+    until: datetime,
+    cluster: str = "",
+    by: GroupBy = "user",
+    top: int = 10,
+    worst: int = 3,
+    flagged_limit: int = 20,
+    thresholds: ReportThresholds | None = None,
+    now: datetime | None = None,
+) -> Report:
+    """Return the report of the jobs that ended in ``[since, until)`` and the actions then."""
+    if by not in GROUP_BY:
+        raise ValueError(f"cannot group by {by!r}: use one of {', '.join(GROUP_BY)}")
+    if until <= since:
+        raise ValueError("the report's end must come after its start")
+    th = thresholds or ReportThresholds()
+    bucket = bucket_for(since, until)
+    t = _job_table()
+    with engine.connect() as conn:
+        ratio = _shards_per_gpu(conn, cluster)
+        t.drop(conn, checkfirst=True)
+        t.create(conn)
+        try:
+            conn.execute(
+                insert(t).from_select(
+                    [c.name for c in t.columns], _fill_select(cluster, since, until, by, ratio, th)
+                )
+            )
+            totals = _figures(conn.execute(select(*_figure_columns(t))).one())
+            groups = tuple(
+                GroupRow(str(r.grp or ""), _figures(r))
+                for r in conn.execute(
+                    select(t.c.grp, *_figure_columns(t))
+                    .group_by(t.c.grp)
+                    .order_by(func.sum(t.c.alloc_h).desc(), t.c.grp)
+                )
+            )
+            wasters = _wasters(conn, t, groups, top, worst)
+            flagged = tuple(
+                _job_row(r)
+                for r in conn.execute(
+                    select(*_job_columns(t))
+                    .where(t.c.flagged == 1)
+                    .order_by(func.coalesce(t.c.waste_h, t.c.alloc_h).desc(), t.c.job_id)
+                    .limit(flagged_limit)
+                )
+            )
+            histogram = _histogram(conn, t)
+            series = _series(conn, t, since, until, bucket)
+            waits = _waits(conn, t)
+        finally:
+            t.drop(conn, checkfirst=True)
+            conn.rollback()
+        actions, action_series = _actions(conn, cluster, since, until, bucket)
+        reclaimed = _reclaimed(conn, cluster, since, until, until if now is None else now)
+        conn.rollback()
+    notes: list[str] = []
+    if totals.jobs and totals.jobs_with_usage < totals.jobs:
+        notes.append(
+            f"{totals.jobs - totals.jobs_with_usage} of {totals.jobs} jobs have no usage "
+            "summary (no agent reported for them): counted in allocated GPU-hours only"
+        )
+    return Report(
+        cluster=cluster,
+        since=since,
+        until=until,
+        by=by,
+        generated_at=now or datetime.now(UTC),
+        bucket_s=bucket,
+        shards_per_gpu=ratio,
+        thresholds=th,
+        totals=totals,
+        groups=groups,
+        wasters=wasters,
+        flagged=flagged,
+        histogram=histogram,
+        series=series,
+        waits=waits,
+        actions=actions,
+        action_series=action_series,
+        reclaimed=reclaimed,
+        notes=tuple(notes),
+    )
+
+
+def _wasters(
+    conn: Connection, t: Table, groups: Sequence[GroupRow], top: int, worst: int
+) -> tuple[Waster, ...]:
+    ranked_groups = sorted(
+        (g for g in groups if g.figures.gpu_hours_unused > 0),
+        key=lambda g: (-g.figures.gpu_hours_unused, g.name),
+    )[:top]
+    if not ranked_groups:
+        return ()
+    names = [g.name for g in ranked_groups]
+    rank = (
+        func.row_number()
+        .over(partition_by=t.c.grp, order_by=(t.c.waste_h.desc(), t.c.job_id))
+        .label("rank")
+    )
+    ranked = (
+        select(t.c.grp, *_job_columns(t), rank)
+        .where(t.c.grp.in_(names), t.c.waste_h.is_not(None), t.c.waste_h > 0)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(ranked).where(ranked.c.rank <= worst).order_by(ranked.c.grp, ranked.c.rank)
+    ).all()
+    by_group: dict[str, list[JobRow]] = {}
+    for r in rows:  # at most top x worst rows
+        by_group.setdefault(str(r.grp or ""), []).append(_job_row(r))
+    return tuple(Waster(g, tuple(by_group.get(g.name, ()))) for g in ranked_groups)
+
+
+def _histogram(conn: Connection, t: Table) -> tuple[HistogramBin, ...]:
+    """Ten 10 %-wide bins of mean GPU utilisation (100 % in the last), then unknown."""
+    u = t.c.util_pct
+    bin_ = case(
+        (u.is_(None), -1),
+        (u >= 90, 9),
+        (u <= 0, 0),
+        else_=floor_div(u, literal(10.0)),
+    ).label("bin")
+    counts = {
+        int(r.bin): (int(r.jobs), float(r.hours or 0.0))
+        for r in conn.execute(
+            select(bin_, func.count().label("jobs"), func.sum(t.c.alloc_h).label("hours"))
+            .group_by(bin_)
+            .order_by(bin_)
+        )
+    }
+    out = [HistogramBin(10.0 * i, 10.0 * (i + 1), *counts.get(i, (0, 0.0))) for i in range(10)]
+    if -1 in counts:
+        out.append(HistogramBin(None, None, *counts[-1]))
+    return tuple(out)
+
+
+def _series(
+    conn: Connection, t: Table, since: datetime, until: datetime, bucket: int
+) -> tuple[SeriesPoint, ...]:
+    origin = math.floor(since.timestamp() / bucket) * bucket
+    key = floor_div(t.c.end_s - literal(float(origin)), literal(float(bucket))).label("k")
+    found = {
+        int(r.k): SeriesPoint(
+            start=datetime.fromtimestamp(origin + int(r.k) * bucket, UTC),
+            jobs=int(r.jobs),
+            gpu_hours_allocated=float(r.alloc or 0.0),
+            gpu_hours_with_usage=float(r.known or 0.0),
+            gpu_hours_used=float(r.used or 0.0),
+            gpu_hours_idle=float(r.idle or 0.0),
+        )
+        for r in conn.execute(
+            select(
+                key,
+                func.count().label("jobs"),
+                func.sum(t.c.alloc_h).label("alloc"),
+                func.sum(t.c.known_h).label("known"),
+                func.sum(t.c.used_h).label("used"),
+                func.sum(t.c.idle_h).label("idle"),
+            )
+            .group_by(key)
+            .order_by(key)
+        )
+    }
+    # Every bucket of the window, empty ones too, so a chart's time axis has no gaps.
+    buckets = math.ceil((until.timestamp() - origin) / bucket)
+    return tuple(
+        found.get(k)
+        or SeriesPoint(datetime.fromtimestamp(origin + k * bucket, UTC), 0, 0.0, 0.0, 0.0, 0.0)
+        for k in range(buckets)
+    )
+
+
+def _waits(conn: Connection, t: Table) -> tuple[WaitBin, ...]:
+    w = t.c.wait_s
+    whens: list[tuple[Any, int]] = [(w.is_(None), -1)]
+    whens += [(w < edge, i) for i, edge in enumerate(WAIT_EDGES_S)]
+    bin_ = case(*whens, else_=len(WAIT_EDGES_S)).label("bin")
+    counts = {
+        int(r.bin): int(r.jobs)
+        for r in conn.execute(select(bin_, func.count().label("jobs")).group_by(bin_))
+    }
+    edges: list[float] = [0.0, *map(float, WAIT_EDGES_S)]
+    return tuple(
+        WaitBin(edges[i], edges[i + 1] if i + 1 < len(edges) else None, counts.get(i, 0))
+        for i in range(len(edges))
+    )
+
+
+def _actions(
+    conn: Connection, cluster: str, since: datetime, until: datetime, bucket: int
+) -> tuple[tuple[ActionCount, ...], tuple[ActionPoint, ...]]:
+    a = schema.actions
+    window = and_(a.c.cluster == cluster, a.c.at >= since, a.c.at < until)
+    counts = tuple(
+        ActionCount(r.policy, r.kind, r.mode, r.outcome, int(r.n))
+        for r in conn.execute(
+            select(a.c.policy, a.c.kind, a.c.mode, a.c.outcome, func.count().label("n"))
+            .where(window)
+            .group_by(a.c.policy, a.c.kind, a.c.mode, a.c.outcome)
+            .order_by(a.c.policy, a.c.kind, a.c.mode, a.c.outcome)
+        )
+    )
+    origin = math.floor(since.timestamp() / bucket) * bucket
+    key = floor_div(epoch_s(a.c.at) - literal(float(origin)), literal(float(bucket))).label("k")
+    points = tuple(
+        ActionPoint(datetime.fromtimestamp(origin + int(r.k) * bucket, UTC), r.outcome, int(r.n))
+        for r in conn.execute(
+            select(key, a.c.outcome, func.count().label("n"))
+            .where(window)
+            .group_by(key, a.c.outcome)
+            .order_by(key, a.c.outcome)
+        )
+    )
+    return counts, points
+
+
+def _reclaimed(
+    conn: Connection, cluster: str, since: datetime, until: datetime, now: datetime
+) -> tuple[Reclaim, ...]:
+    """GPU-hours the executed actions (outcome ``done``) of the window gave back.
+
+    - ``idle_gpu`` requeue/cancel: the idle GPUs x what was left of the job's time limit
+      when it was stopped (an upper bound: the job could have ended sooner); the run's
+      start is the newest RUNNING event of the job before the action.
+    - ``rightsize`` updates of the GPU count: (GPUs before - after) x the job's run time;
+      of the time limit: GPUs x (limit before - after), counted as reservation released.
+    - ``colocate`` packing: (1 - shards given / shards per GPU) x the job's run time.
+    - ``malleable`` resizes (transactions that reached ``running`` at a smaller size):
+      (GPUs before - after) x the time from the resize to the job's end (or ``now``).
+    Run times are those of the job as stored (finished jobs; running ones until ``now``).
+    """
+    a, j, ev = schema.actions, schema.jobs, schema.job_events
+    job_row = (
+        select(func.max(j.c.id))
+        .where(j.c.cluster == a.c.cluster, j.c.job_id == a.c.job_id)
+        .correlate(a)
+        .scalar_subquery()
+    )
+    n = a.c.numbers
+    done = (
+        select(
+            a.c.policy,
+            a.c.kind,
+            a.c.alert,
+            a.c.at,
+            epoch_s(a.c.at).label("at_s"),
+            job_row.label("job_row"),
+            n["idle_gpus"].as_float().label("idle_gpus"),
+            n["gpus_current"].as_float().label("gpus_current"),
+            n["gpus_proposed"].as_float().label("gpus_proposed"),
+            n["time_limit_current_s"].as_float().label("limit_before"),
+            n["time_limit_proposed_s"].as_float().label("limit_after"),
+            n["shards_proposed"].as_float().label("shards_proposed"),
+            n["shards_per_gpu"].as_float().label("shards_per_gpu"),
+        )
+        .where(
+            a.c.cluster == cluster,
+            a.c.at >= since,
+            a.c.at < until,
+            a.c.outcome == "done",
+            a.c.job_id.is_not(None),
+        )
+        .subquery("d")
+    )
+    d = done.c
+    run_start = (
+        select(func.max(ev.c.at))
+        .where(ev.c.job_row == d.job_row, ev.c.to_state == "RUNNING", ev.c.at <= d.at)
+        .correlate(done)
+        .scalar_subquery()
+    )
+    now_s = literal(now.timestamp())
+    job_end = case((j.c.end_time.is_(None), now_s), else_=epoch_s(j.c.end_time))
+    run_h = _positive(job_end - epoch_s(j.c.start_time)) / literal(3600.0)
+    left_h = _positive(j.c.time_limit_s - (d.at_s - epoch_s(run_start))) / literal(3600.0)
+    idle_gpu = and_(d.policy == "idle_gpu", d.kind.in_(("requeue", "cancel")))
+    gpus_cut = and_(d.policy == "rightsize", d.gpus_current > d.gpus_proposed)
+    packed = and_(d.policy == "colocate", d.kind == "update", d.shards_per_gpu > 0)
+    returned = case(
+        (and_(idle_gpu, d.idle_gpus > 0, j.c.time_limit_s > 0), d.idle_gpus * left_h),
+        (and_(gpus_cut, j.c.start_time.is_not(None)), (d.gpus_current - d.gpus_proposed) * run_h),
+        (
+            and_(packed, d.shards_proposed > 0, j.c.start_time.is_not(None)),
+            (literal(1.0) - d.shards_proposed / d.shards_per_gpu) * run_h,
+        ),
+        else_=null(),
+    )
+    gpus_now = case((j.c.gpus > 0, j.c.gpus * literal(1.0)), else_=literal(1.0))
+    reserved = case(
+        (
+            and_(d.policy == "rightsize", d.limit_before > d.limit_after),
+            gpus_now * (d.limit_before - d.limit_after) / literal(3600.0),
+        ),
+        else_=null(),
+    )
+    stmt = (
+        select(
+            d.policy,
+            d.kind,
+            func.count().label("n"),
+            func.count(func.coalesce(returned, reserved)).label("estimated"),
+            func.coalesce(func.sum(returned), 0.0).label("returned"),
+            func.coalesce(func.sum(reserved), 0.0).label("reserved"),
+        )
+        .select_from(done.outerjoin(j, j.c.id == d.job_row))
+        .group_by(d.policy, d.kind)
+        .order_by(d.policy, d.kind)
+    )
+    out = [
+        Reclaim(r.policy, r.kind, int(r.n), int(r.estimated), float(r.returned), float(r.reserved))
+        for r in conn.execute(stmt)
+    ]
+    out.extend(_resized(conn, cluster, since, until, now))
+    return tuple(out)
+
+
+def _resized(
+    conn: Connection, cluster: str, since: datetime, until: datetime, now: datetime
+) -> list[Reclaim]:
+    t, j = schema.transactions, schema.jobs
+    p = t.c.payload
+    from_gpus, to_gpus = p["from_gpus"].as_float(), p["to_gpus"].as_float()
+    job_row = (
+        select(func.max(j.c.id))
+        .where(j.c.cluster == t.c.cluster, j.c.job_id == t.c.job_id)
+        .correlate(t)
+        .scalar_subquery()
+    )
+    shrunk = (
+        select(
+            t.c.updated_at,
+            (from_gpus - to_gpus).label("cut"),
+            job_row.label("job_row"),
+        )
+        .where(
+            t.c.cluster == cluster,
+            t.c.kind == "resize",
+            t.c.state == "running",
+            t.c.updated_at >= since,
+            t.c.updated_at < until,
+            from_gpus > to_gpus,
+        )
+        .subquery("r")
+    )
+    r = shrunk.c
+    end = case((j.c.end_time.is_(None), literal(now.timestamp())), else_=epoch_s(j.c.end_time))
+    hours = r.cut * _positive(end - epoch_s(r.updated_at)) / literal(3600.0)
+    row = conn.execute(
+        select(
+            func.count().label("n"),
+            func.count(j.c.id).label("estimated"),
+            func.coalesce(func.sum(case((j.c.id.is_(None), null()), else_=hours)), 0.0).label(
+                "returned"
+            ),
+        ).select_from(shrunk.outerjoin(j, j.c.id == r.job_row))
+    ).one()
+    if not row.n:
+        return []
+    return [
+        Reclaim("malleable", "shrink", int(row.n), int(row.estimated), float(row.returned), 0.0)
+    ]
