@@ -17,6 +17,8 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresq
 # Debian's Slurm embeds; 5.4 catches what newer Lua would reject). Small.
 command -v lua5.1 >/dev/null 2>&1 || need_apt+=(lua5.1)
 command -v lua5.4 >/dev/null 2>&1 || need_apt+=(lua5.4)
+# Headless Chromium renders the HTML report in its test (tests/unit/test_report_html.py).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
 PY=""
 for cand in python3.13 python3.12 python3.11 python3; do

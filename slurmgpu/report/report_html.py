@@ -225,7 +225,8 @@ def chart_actions(report: Report) -> Markup:
     points = report.action_series
     if not points:
         return _empty("actions-over-time", "policy decisions")
-    starts = sorted({p.start for p in points})
+    # The same time axis as the utilisation chart: every bucket of the window.
+    starts = sorted({p.start for p in report.series} | {p.start for p in points})
     outcomes = sorted({p.outcome for p in points})
     counts = {(p.start, p.outcome): p.count for p in points}
     totals = {s: sum(counts.get((s, o), 0) for o in outcomes) for s in starts}
