@@ -57,6 +57,8 @@ class ConfigError(Exception):
     """A configuration problem, phrased as one line a user can act on."""
 
     def __init__(self, message: str, *, path: Path | None = None, line: int | None = None) -> None:
+        if len(message) > 300:  # a pasted megabyte must still give one readable line
+            message = message[:297] + "..."
         self.path = path
         self.line = line
         self.reason = message
@@ -77,12 +79,12 @@ def parse_duration(text: str | int | float) -> timedelta:
     if isinstance(text, int | float):
         if text < 0:
             raise ValueError(f"{text!r} is negative")
-        return timedelta(seconds=text)
+        return _seconds(text, text)
     s = text.strip().lower()
     if not s:
         raise ValueError("empty duration")
     if re.fullmatch(r"\d+(?:\.\d+)?", s):
-        return timedelta(seconds=float(s))
+        return _seconds(float(s), text)
     pos = 0
     total = 0.0
     for m in _DURATION_PART.finditer(s):
@@ -92,7 +94,14 @@ def parse_duration(text: str | int | float) -> timedelta:
         pos = m.end()
     if pos == 0 or s[pos:].strip():
         raise ValueError(f'{text!r} is not a duration like "30s", "5m" or "1h30m"')
-    return timedelta(seconds=total)
+    return _seconds(total, text)
+
+
+def _seconds(seconds: float, text: object) -> timedelta:
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"{str(text)[:40]!r} is too long a duration") from None
 
 
 def _user_state_dir() -> Path:

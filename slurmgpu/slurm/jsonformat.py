@@ -436,6 +436,9 @@ def _errors_to_exception(
             parts.append(f"in {e.source}")
         texts.append(", ".join(parts) if parts else "unknown error")
     message = f"{what}: " + "; ".join(texts)
+    if len(message) > 400:  # one log line, however much Slurm (or a broken proxy) said
+        message = message[:397] + "..."
+    message = " ".join(message.split())
     # SLURM_COMMUNICATIONS_* (1001-1008), SLURMCTLD_COMMUNICATIONS_* (1800s), socket
     # errors (5000s), auth plugin errors (6000s) and the bare -1 slurm_load_* returns when
     # it could not reach slurmctld: all mean "Slurm is not answering".

@@ -59,7 +59,7 @@ def damaged_json(draw: st.DrawFn, doc: Any, max_mutations: int = 3) -> bytes:
         how = draw(st.sampled_from(["replace", "replace", "replace", "delete", "add"]))
         if not path:
             if how == "replace":
-                data = draw(hostile_values)
+                data = copy.deepcopy(draw(hostile_values))
                 paths = [()]
             continue
         try:
@@ -69,13 +69,13 @@ def damaged_json(draw: st.DrawFn, doc: Any, max_mutations: int = 3) -> bytes:
         key = path[-1]
         try:
             if how == "replace":
-                parent[key] = draw(hostile_values)
+                parent[key] = copy.deepcopy(draw(hostile_values))
             elif how == "delete":
                 del parent[key]
             elif isinstance(parent, dict):
-                parent[draw(st.text(min_size=1, max_size=12))] = draw(hostile_values)
+                parent[draw(st.text(min_size=1, max_size=12))] = copy.deepcopy(draw(hostile_values))
             elif isinstance(parent, list):
-                parent.append(draw(hostile_values))
+                parent.append(copy.deepcopy(draw(hostile_values)))
         except (KeyError, IndexError, TypeError):
             continue
     raw = json.dumps(data).encode()
