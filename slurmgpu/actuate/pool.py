@@ -8,6 +8,15 @@
   requeue every task) once it acknowledged. A task that does not acknowledge within its
   grace is not requeued: it finishes on its own, and the pool converges as tasks end.
 
+**Slurm 22.05 refuses signals to array tasks while the array still has pending tasks**
+(``scancel --signal`` to ``A_i``, to the task's own job id or to its batch step all
+answer "Job can not be altered now, try again later", and scancel retries until it
+times out; found on the lab cluster). A throttled pool always has pending tasks, so
+there the chosen tasks are requeued at once: the requeue's SIGTERM is the checkpoint
+request (``slurmgpu.elastic`` treats SIGTERM as "checkpoint now"), and the task has
+``KillWait`` seconds (30 by default) to write it before SIGKILL. Arrays with no pending
+tasks get the signal and are requeued after their acknowledgement, as above.
+
 A shrink is one ``pool`` transaction (``signaled`` until every chosen task is requeued,
 gone or given up on); each task's progress is written before the next Slurm call, and a
 task whose restart count grew was requeued already, so a daemon killed at any point
@@ -102,6 +111,9 @@ class PoolExecutor:
             log.info("pool %d: throttle set to %d", array_id, to_tasks)
             return row
         grace = self.ack_timeout or spec.checkpoint_grace
+        # See the module docstring: no signal reaches a task of an array with pending tasks.
+        by_sigterm = any(t.array_task_spec for t in mine if t.state is JobState.PENDING)
+        payload["by_sigterm"] = by_sigterm
         for task in victims:
             ack = read_ack(state_dir_of(spec, task), task.job_id)
             payload["tasks"][str(task.job_id)] = {
@@ -117,7 +129,13 @@ class PoolExecutor:
         if row is None:
             raise ResizeError(f"pool {array_id} already has a shrink in flight")
         for task in victims:
-            row = self._signal(row, str(task.job_id), spec.checkpoint_signal, at)
+            try:
+                if by_sigterm:
+                    row = self._requeue(row, str(task.job_id), at)
+                else:
+                    row = self._signal(row, str(task.job_id), spec.checkpoint_signal, at)
+            except SlurmError as exc:  # retried by advance
+                log.warning("pool %d: task %s: %s", array_id, task.job_id, exc)
         log.info(
             "pool %d: throttle %d, checkpoint asked of %s",
             array_id,
@@ -133,6 +151,10 @@ class PoolExecutor:
         else:
             self.slurm.signal(task["ref"], sig)
         return self._task_state(row, key, "signaled", at)
+
+    def _requeue(self, row: TransactionRow, key: str, at: datetime) -> TransactionRow:
+        self.slurm.requeue(row.payload["tasks"][key]["ref"])
+        return self._task_state(row, key, "requeued", at)
 
     def _task_state(
         self, row: TransactionRow, key: str, state: str, at: datetime
@@ -172,6 +194,9 @@ class PoolExecutor:
                 continue
             if job is None or job.state is not JobState.RUNNING:
                 row = self._task_state(row, key, "gone", at)
+                continue
+            if task["state"] == "planned" and row.payload.get("by_sigterm"):
+                row = self._requeue(row, key, at)
                 continue
             if task["state"] == "planned":
                 row = self._signal(row, key, row.payload["signal"], at)

@@ -37,7 +37,9 @@ is not refused by slurmd as revoked: slurmd refuses a credential whose creation 
 not after the revocation's (``ctime <= revoked``). Once the job is seen PENDING (its
 old allocation has been revoked and released), setting ``StartTime=now+1`` makes
 every later credential strictly newer, so the update also sets it (``fast_start``). The
-release then triggers a scheduling pass at once. docs/malleable.md has the measurements.
+release, 1.5 s later (once that begin time has passed), then triggers a scheduling pass
+at once; released earlier, the job would wait for the next backfill pass (up to 30 s).
+docs/malleable.md has the measurements.
 
 **Acknowledgement.** The job's ``slurmgpu.elastic`` runtime writes ``ack.json`` in its
 state directory (shared with the head node); its ``acks`` counter, read before the
@@ -111,6 +113,10 @@ class ResizeSettings:
     ack_timeout: timedelta | None = None
     fast_start: bool = True
     release_after: timedelta = timedelta(minutes=10)
+    # With fast_start, the release waits this long after the update, so that the begin
+    # time (now+1 on slurmctld's clock) has passed when the release triggers the
+    # scheduler: a job not yet eligible then would wait for the next backfill pass.
+    release_delay: timedelta = timedelta(seconds=1.5)
 
 
 def state_dir_of(spec: MalleableSpec, job: Job) -> str:
@@ -234,7 +240,12 @@ class ResizeExecutor:
             to_gpus,
             action.reason,
         )
-        advanced = self._planned(row, job, at)
+        try:
+            advanced = self._planned(row, job, at)
+        except SlurmError as exc:
+            # Left PLANNED: the next cycles send the signal again (recover() aborts it).
+            log.warning("resize %d of job %d: signal not sent yet: %s", row.id, job.job_id, exc)
+            return row
         return advanced or row
 
     # ------------------------------------------------------------------ cycle
@@ -320,6 +331,8 @@ class ResizeExecutor:
     def _planned(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
         if not self._running_at_old_size(row, job):
             return self._close(row, ABORTED, at, "the job is no longer running at its old size")
+        if row.deadline is not None and at >= row.deadline:
+            return self._close(row, ABORTED, at, "the checkpoint signal could not be sent in time")
         ref, sig = row.payload["ref"], row.payload["signal"]
         if isinstance(self.slurm, FullSignalClient):
             self.slurm.signal_all(ref, sig)
@@ -438,6 +451,8 @@ class ResizeExecutor:
 
     def _updated(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
         ref = row.payload["ref"]
+        if self.settings.fast_start and at - row.updated_at < self.settings.release_delay:
+            return None  # see ResizeSettings.release_delay
         try:
             self.slurm.release(ref)
         except SlurmError as exc:

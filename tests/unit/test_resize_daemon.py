@@ -98,9 +98,10 @@ def test_resize_decisions_start_transactions_only_for_opted_in_jobs(tmp_path: Pa
     assert policy.seen[-1].resizing == frozenset({7})  # the policy sees it in flight
     assert [c for c, _, _ in slurm.log] == ["signal", "requeuehold"]
     slurm.settle()
-    cycle.run(snap(later + timedelta(seconds=1)), later + timedelta(seconds=1))
+    cycle.run(snap(later + timedelta(seconds=1)), later + timedelta(seconds=1))  # update
+    cycle.run(snap(later + timedelta(seconds=3)), later + timedelta(seconds=3))  # release
     slurm.schedule(later)
-    done = later + timedelta(seconds=3)
+    done = later + timedelta(seconds=4)
     cycle.run(snap(done), done)
     assert not cycle.busy()
     assert slurm.job(7).allocated_gpus == 2

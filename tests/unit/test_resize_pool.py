@@ -121,3 +121,24 @@ def test_victims_are_the_latest_started_running_tasks() -> None:
     tasks[1] = replace(tasks[1], state=JobState.PENDING)
     assert [t.array_task_id for t in shrink_victims(tasks, 1)] == [3, 2]
     assert shrink_victims(tasks, 3) == []
+
+
+def test_with_pending_tasks_slurm_refuses_signals_so_the_requeue_asks_for_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    p = Pool(tmp_path)
+    meta = replace(
+        task(0),
+        job_id=999,  # the meta record (its own id here: the fake keys jobs by id)
+        state=JobState.PENDING,
+        array_task_id=None,
+        array_task_spec="4-5%4",
+        gpu_allocations=(),
+    )
+    p.slurm.put(meta)
+    p.resize(4, 3)
+    assert [(c, r) for c, r, _ in p.slurm.log] == [("throttle", "100"), ("requeue", "100_3")]
+    assert p.store.recent(["pool"])[0].payload["by_sigterm"] is True
+    p.cycle()
+    assert p.store.recent(["pool"])[0].state == "running"
+    assert p.restarts()[3] == 1 and p.restarts()[0] == 0

@@ -92,8 +92,10 @@ def test_a_shrink_signals_waits_for_the_ack_then_requeues_held_updates_and_relea
     assert w.slurm.held() == [JOB]
     assert w.cycle().state == "held"  # still completing: not updatable yet
     w.slurm.settle()
-    assert w.cycle().state == RELEASED
+    assert w.cycle().state == "updated"
     assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:2", "StartTime": "now+1"})]
+    assert w.slurm.held() == [JOB]  # released once its begin time (now+1) has passed
+    assert w.cycle(2).state == RELEASED
     assert w.slurm.held() == []
     w.slurm.schedule(w.now)
     done = w.cycle()
@@ -102,7 +104,7 @@ def test_a_shrink_signals_waits_for_the_ack_then_requeues_held_updates_and_relea
     assert w.calls() == ["signal", "requeuehold", "update", "release"]
     phases = durations(done)
     assert phases["checkpoint"] == pytest.approx(2.0)
-    assert phases["total"] == pytest.approx(5.0)
+    assert phases["total"] == pytest.approx(7.0)
     assert {"stop", "scheduling"} <= phases.keys()
 
 
@@ -134,7 +136,8 @@ def test_a_refused_update_releases_the_job_at_its_old_size(tmp_path: Path) -> No
     w.cycle()
     w.slurm.settle()
     w.slurm.refuse_update = True
-    row = w.cycle()
+    assert w.cycle().state == "updated"
+    row = w.cycle(2)
     assert row.state == RELEASED and row.payload["rolled_back"]
     assert w.slurm.held() == []
     # Only the start time was set: the request is the old one.
@@ -195,7 +198,7 @@ def test_a_daemon_killed_after_any_slurm_call_ends_with_the_job_running_once_res
     w.slurm.on_signal["42"] = w.ack  # the job checkpoints promptly
     try:
         w.start()
-        for _ in range(3):
+        for _ in range(6):
             w.cycle()
             w.slurm.settle()
         pytest.fail("the daemon was not killed")

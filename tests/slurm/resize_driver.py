@@ -1,0 +1,99 @@
+"""The daemon's resize machinery as a separate process, so a test can SIGKILL it.
+
+``python -m tests.slurm.resize_driver --db URL [--start JOB:FROM:TO] [--kill-after CALL]``
+builds what ``sgpu daemon`` builds (CliSlurmClient, TransactionStore, AuditStore,
+MalleableActuator), recovers like a starting daemon, optionally starts a resize of a
+malleable job recorded by ``sgpu submit``, then observes every 0.3 s and advances the
+open transactions until none is left. ``--kill-after signal|requeue|update|release``
+SIGKILLs this process right after that Slurm call succeeded, before its state is
+written: the worst moment for a daemon to die.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from slurmgpu.actuate.malleable import MalleableActuator
+from slurmgpu.daemon.malleable import MalleableDirectory
+from slurmgpu.model import ClusterSnapshot
+from slurmgpu.policy.base import Decision, Mode, resize_action
+from slurmgpu.slurm.cli import CliSlurmClient
+from slurmgpu.store import open_store
+from slurmgpu.store.audit import AuditStore
+from slurmgpu.store.transactions import TransactionStore
+
+
+class KillingSlurm(CliSlurmClient):
+    def __init__(self, kill_after: str | None) -> None:
+        super().__init__(timeout_s=20)
+        self.kill_after = kill_after
+
+    def _maybe_die(self, call: str) -> None:
+        if call == self.kill_after:
+            print(f"driver: SIGKILL after {call}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def signal_all(self, job_id: str | int, signal: str) -> None:
+        super().signal_all(job_id, signal)
+        self._maybe_die("signal")
+
+    def requeue(self, job_id: str | int, *, hold: bool = False) -> None:
+        super().requeue(job_id, hold=hold)
+        self._maybe_die("requeue")
+
+    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+        super().update_job(job_id, fields)
+        self._maybe_die("update")
+
+    def release(self, job_id: str | int) -> None:
+        super().release(job_id)
+        self._maybe_die("release")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--db", required=True)
+    p.add_argument("--start", help="JOB:FROM:TO")
+    p.add_argument("--kill-after")
+    p.add_argument("--timeout", type=float, default=240)
+    args = p.parse_args()
+    store = open_store(args.db)
+    slurm = KillingSlurm(args.kill_after)
+    audit = AuditStore(store.engine)
+    actuator = MalleableActuator(slurm, TransactionStore(store.engine), audit)
+    directory = MalleableDirectory(store)
+    actuator.recover(datetime.now(UTC))
+
+    def snapshot() -> ClusterSnapshot:
+        return ClusterSnapshot(datetime.now(UTC), tuple(slurm.jobs()), (), slurm.version())
+
+    if args.start:
+        job_id, frm, to = (int(x) for x in args.start.split(":"))
+        snap = snapshot()
+        job = next(j for j in snap.jobs if j.job_id == job_id)
+        action = resize_action("test", job, frm, to, "test driver")
+        decision = Decision(action, Mode.ENFORCE, execute=True, notify=False)
+        (result,) = actuator.carry_out([decision], snap, directory.specs(snap), snap.taken_at)
+        print(f"driver: start {result.outcome} {result.error or ''}", flush=True)
+        if result.outcome != "done":
+            return 3
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        snap = snapshot()
+        actuator.advance(snap, snap.taken_at)
+        if not actuator.busy():
+            print("driver: nothing in flight", flush=True)
+            return 0
+        time.sleep(0.3)
+    print("driver: timed out", flush=True)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
