@@ -14,6 +14,7 @@ from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_op
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
+from slurmgpu.daemon.metrics import DaemonMetrics
 from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.summary import Summarizer
@@ -107,6 +108,7 @@ def _run(
         fail(f"cannot load state from {settings.daemon.database}: {exc}", EXIT_STORE)
     summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
     policies = None if no_policies else build_policy_cycle(settings, store, slurm)
+    metrics = DaemonMetrics(store.engine, store.cluster, snapshot=lambda: observer.latest)
 
     def on_cycle(result: CycleResult) -> None:
         if result.snapshot is None:
@@ -125,6 +127,7 @@ def _run(
         max_backoff=settings.daemon.max_backoff,
         on_cycle=on_cycle,
         busy=policies.busy if policies is not None else None,
+        metrics=metrics,
     )
     if once:
         result = loop.run_once()
@@ -149,8 +152,10 @@ def _run(
         auth = Authenticator(
             site_secret=secret, allow_munge=munge_available(), node_addresses=directory.addresses
         )
+        service = IngestService(usage, auth, directory, metrics=metrics.exposition)
+        metrics.watch_ingest(lambda: (service.accepted, service.rejected))
         try:
-            server = ApiServer(IngestService(usage, auth, directory), host, port)
+            server = ApiServer(service, host, port)
         except OSError as exc:
             fail(f"cannot listen on {host}:{port}: {exc.strerror}", 1)
         server.start()

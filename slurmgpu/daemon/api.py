@@ -10,6 +10,8 @@ Endpoints (JSON; see slurmgpu.wire for the schemas and authentication):
   ``"status\n" + sha256("")``): the caller's jobs only; every job (or ``user``'s) for an
   admin uid (root by default).
 - ``GET /healthz``: ``{"ok": true}`` (no authentication, no data).
+- ``GET /metrics``: Prometheus text format (no authentication, like /healthz; the API
+  binds to localhost unless configured otherwise). See docs/metrics.md.
 
 Status codes: 400 bad payload, 401 not authenticated, 403 authenticated but not for that
 node, 404 unknown path, 413 body too large, 503 database busy (retry). Every rejection is
@@ -160,10 +162,17 @@ class NodeDirectory:
 class IngestService:
     """The request logic, independent of the HTTP server (tested directly and over HTTP)."""
 
-    def __init__(self, usage: UsageStore, auth: Authenticator, directory: NodeDirectory) -> None:
+    def __init__(
+        self,
+        usage: UsageStore,
+        auth: Authenticator,
+        directory: NodeDirectory,
+        metrics: Callable[[], bytes] | None = None,
+    ) -> None:
         self.usage = usage
         self.auth = auth
         self.directory = directory
+        self.metrics = metrics  # the /metrics exposition, when the daemon has metrics
         self.accepted = 0
         self.rejected = 0
 
@@ -269,9 +278,9 @@ def _handler(service: IngestService) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.client_address[0], *args)
 
-        def _send(self, status: int, body: bytes) -> None:
+        def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -282,6 +291,8 @@ def _handler(service: IngestService) -> type[BaseHTTPRequestHandler]:
             parts = path.strip("/").split("/")
             if parts == ["healthz"]:
                 self._send(200, b'{"ok": true}')
+            elif parts == ["metrics"] and service.metrics is not None:
+                self._send(200, service.metrics(), "text/plain; version=0.0.4; charset=utf-8")
             elif parts == ["v1", "jobs"]:
                 users = parse_qs(query).get("user")
                 self._send(

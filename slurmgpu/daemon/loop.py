@@ -12,10 +12,17 @@ import threading
 from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
+from typing import Protocol
 
 from slurmgpu.daemon.observer import CycleResult, Observer
 
 log = logging.getLogger("slurmgpu.daemon")
+
+
+class CycleMetrics(Protocol):
+    """Counts cycles: duration, outcome, Slurm errors (daemon.metrics.DaemonMetrics)."""
+
+    def cycle_done(self, result: CycleResult) -> None: ...
 
 
 def next_delay(interval: timedelta, failures: int, max_backoff: timedelta) -> float:
@@ -39,6 +46,7 @@ class DaemonLoop:
         on_cycle: Callable[[CycleResult], None] | None = None,
         busy: Callable[[], bool] | None = None,
         busy_interval: timedelta = timedelta(seconds=1),
+        metrics: CycleMetrics | None = None,
     ) -> None:
         self.observer = observer
         self.interval = interval
@@ -48,6 +56,7 @@ class DaemonLoop:
         # step of a resize waits for the next observation.
         self.busy = busy
         self.busy_interval = busy_interval
+        self.metrics = metrics
         self.stop_event = threading.Event()
         self.failures = 0
         self.cycles = 0
@@ -63,6 +72,8 @@ class DaemonLoop:
     def run_once(self) -> CycleResult:
         result = self.observer.cycle()
         self.cycles += 1
+        if self.metrics is not None:
+            self.metrics.cycle_done(result)
         if result.ok:
             if self.failures:
                 log.info("slurm reachable again after %d failed cycle(s)", self.failures)

@@ -1,0 +1,243 @@
+"""The daemon's Prometheus metrics, served at ``GET /metrics`` on the API port.
+
+Two kinds of figures:
+
+- counted as they happen (the loop and the API call in): cycle durations, cycles by
+  outcome, Slurm call errors by kind, samples ingested and requests rejected;
+- read when scraped: GPUs by partition from the daemon's latest snapshot and the agents'
+  recent samples; decisions by policy, mode and outcome, and transactions by kind and
+  state, with one GROUP BY each from the store (a scrape every 15-60 s costs three small
+  queries, nothing per job).
+
+A registry per daemon (not the process-global one), so tests can run several.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from slurmgpu.daemon.observer import CycleResult
+from slurmgpu.model import ClusterSnapshot
+from slurmgpu.store import schema
+from slurmgpu.store.usage import IDLE_UTIL_PCT
+
+log = logging.getLogger("slurmgpu.metrics")
+
+__all__ = ["CONTENT_TYPE_LATEST", "DaemonMetrics", "error_kind"]
+
+# A GPU counts as used when one of its samples in this window was busy: agents sample
+# every 10 s by default, so two minutes tolerate a few lost batches.
+USED_WINDOW = timedelta(minutes=2)
+CYCLE_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+def error_kind(error: str) -> str:
+    """The label of a failed cycle's error: unavailable, parse, slurm or store."""
+    if error.startswith("slurm unavailable"):
+        return "unavailable"
+    if error.startswith("slurm output not understood"):
+        return "parse"
+    if error.startswith("slurm error"):
+        return "slurm"
+    return "store"
+
+
+class _StoreCollector(Collector):
+    """Figures read at scrape time from the snapshot and the store."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        cluster: str,
+        snapshot: Callable[[], ClusterSnapshot | None],
+        clock: Callable[[], datetime],
+        ingest_counts: Callable[[], tuple[int, int]] | None,
+    ) -> None:
+        self.engine = engine
+        self.cluster = cluster
+        self.snapshot = snapshot
+        self.clock = clock
+        self.ingest_counts = ingest_counts
+
+    def collect(self) -> Iterator[Metric]:
+        if self.ingest_counts is not None:
+            accepted, rejected = self.ingest_counts()
+            yield CounterMetricFamily(
+                "sgpu_samples_ingested",
+                "Usage samples accepted from node agents (rate() is the ingest rate).",
+                value=accepted,
+            )
+            yield CounterMetricFamily(
+                "sgpu_ingest_rejected",
+                "Agent requests rejected (authentication, bad payload, unknown node).",
+                value=rejected,
+            )
+        yield from self._gpus()
+        try:
+            yield from self._store_counts()
+        except SQLAlchemyError as exc:  # a scrape must never take the daemon down
+            log.warning("metrics: cannot read the store: %s", str(exc).splitlines()[0])
+            up = GaugeMetricFamily("sgpu_store_up", "1 when the last scrape could read the store.")
+            up.add_metric([], 0)
+            yield up
+            return
+        up = GaugeMetricFamily("sgpu_store_up", "1 when the last scrape could read the store.")
+        up.add_metric([], 1)
+        yield up
+
+    def _busy_gpus(self) -> set[tuple[str, int]]:
+        s = schema.samples
+        since = self.clock() - USED_WINDOW
+        stmt = (
+            select(s.c.node, s.c.gpu_index)
+            .where(
+                s.c.cluster == self.cluster,
+                s.c.kind == "gpu",
+                s.c.at >= since,
+                s.c.job_id.is_not(None),
+                s.c.util_pct > IDLE_UTIL_PCT,
+            )
+            .group_by(s.c.node, s.c.gpu_index)
+        )
+        with self.engine.connect() as conn:
+            return {(str(n), int(i)) for n, i in conn.execute(stmt) if i is not None}
+
+    def _gpus(self) -> Iterable[Metric]:
+        snap = self.snapshot()
+        total = GaugeMetricFamily(
+            "sgpu_gpus", "GPUs of the nodes in a partition.", labels=["partition"]
+        )
+        alloc = GaugeMetricFamily(
+            "sgpu_gpus_allocated", "GPUs allocated to jobs, by partition.", labels=["partition"]
+        )
+        used = GaugeMetricFamily(
+            "sgpu_gpus_used",
+            "Allocated GPUs busy in the last 2 minutes of agent samples, by partition.",
+            labels=["partition"],
+        )
+        idle = GaugeMetricFamily(
+            "sgpu_gpus_idle",
+            "Allocated GPUs not busy in the last 2 minutes (allocated - used), by partition.",
+            labels=["partition"],
+        )
+        if snap is not None:
+            try:
+                busy = self._busy_gpus()
+            except SQLAlchemyError as exc:
+                log.warning("metrics: cannot read samples: %s", str(exc).splitlines()[0])
+                busy = set()
+            per: dict[str, list[int]] = {}
+            for node in snap.nodes:
+                allocated = set(node.gpu_indices_used)
+                n_alloc = max(node.gpus_used, len(allocated))
+                n_used = len({i for n, i in busy if n == node.name} & allocated) if allocated else 0
+                for part in node.partitions or ("",):
+                    row = per.setdefault(part, [0, 0, 0])
+                    row[0] += node.gpus
+                    row[1] += n_alloc
+                    row[2] += n_used
+            for part, (n_total, n_alloc, n_used) in sorted(per.items()):
+                total.add_metric([part], n_total)
+                alloc.add_metric([part], n_alloc)
+                used.add_metric([part], n_used)
+                idle.add_metric([part], max(n_alloc - n_used, 0))
+        yield from (total, alloc, used, idle)
+
+    def _store_counts(self) -> Iterable[Metric]:
+        a, t = schema.actions, schema.transactions
+        actions = CounterMetricFamily(
+            "sgpu_actions",
+            "Policy decisions recorded, by policy, kind, mode and outcome.",
+            labels=["policy", "kind", "mode", "outcome"],
+        )
+        txs = GaugeMetricFamily(
+            "sgpu_transactions",
+            "Multi-step actions (resize, pool, ...) by kind and state.",
+            labels=["kind", "state"],
+        )
+        with self.engine.connect() as conn:
+            for policy, kind, mode, outcome, n in conn.execute(
+                select(a.c.policy, a.c.kind, a.c.mode, a.c.outcome, func.count())
+                .where(a.c.cluster == self.cluster)
+                .group_by(a.c.policy, a.c.kind, a.c.mode, a.c.outcome)
+            ):
+                actions.add_metric([policy, kind, mode, outcome], int(n))
+            for kind, state, n in conn.execute(
+                select(t.c.kind, t.c.state, func.count())
+                .where(t.c.cluster == self.cluster)
+                .group_by(t.c.kind, t.c.state)
+            ):
+                txs.add_metric([kind, state], int(n))
+        yield actions
+        yield txs
+
+
+class DaemonMetrics:
+    """The daemon's registry: the loop reports cycles, the API serves :meth:`exposition`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        cluster: str = "",
+        *,
+        snapshot: Callable[[], ClusterSnapshot | None] = lambda: None,
+        ingest_counts: Callable[[], tuple[int, int]] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.cycle_seconds = Histogram(
+            "sgpu_cycle_duration_seconds",
+            "Observe cycle duration (squeue + sinfo + diff + store).",
+            buckets=CYCLE_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.cycles = Counter(
+            "sgpu_cycles",
+            "Observe cycles by outcome (ok, failed).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.slurm_errors = Counter(
+            "sgpu_slurm_errors",
+            "Failed observe cycles by kind (unavailable, parse, slurm, store).",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in ("unavailable", "parse", "slurm", "store"):
+            self.slurm_errors.labels(kind)  # present at 0, so rate() works from the start
+        for outcome in ("ok", "failed"):
+            self.cycles.labels(outcome)
+        self._collector = _StoreCollector(engine, cluster, snapshot, clock, ingest_counts)
+        self.registry.register(self._collector)
+        self.last_cycle = Gauge(
+            "sgpu_last_cycle_timestamp_seconds",
+            "When the last successful observe cycle ended (Unix time).",
+            registry=self.registry,
+        )
+
+    def watch_ingest(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Export (accepted samples, rejected requests) of the API as counters."""
+        self._collector.ingest_counts = counts
+
+    def cycle_done(self, result: CycleResult) -> None:
+        """Count one observe cycle (called by the loop after every cycle)."""
+        self.cycle_seconds.observe(result.seconds)
+        self.cycles.labels("ok" if result.ok else "failed").inc()
+        if not result.ok:
+            self.slurm_errors.labels(error_kind(result.error)).inc()
+        else:
+            self.last_cycle.set(time.time())
+
+    def exposition(self) -> bytes:
+        """The text format Prometheus scrapes."""
+        return generate_latest(self.registry)

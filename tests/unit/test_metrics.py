@@ -1,0 +1,266 @@
+"""The daemon's /metrics over real HTTP, parsed with prometheus-client's own parser.
+
+A real observer (on FakeSlurm, the SlurmClient protocol's fake) runs loop cycles, two of
+them failing the way Slurm fails; agents' samples come in over the API with real HMAC
+credentials; decisions and transactions are in the store. Every figure the scrape shows
+is checked against what was set up.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import insert
+
+from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.loop import DaemonLoop
+from slurmgpu.daemon.metrics import DaemonMetrics, error_kind
+from slurmgpu.daemon.observer import Observer
+from slurmgpu.model import Job, JobState, Node, NodeGpuAllocation
+from slurmgpu.slurm.client import SlurmParseError, SlurmUnavailableError
+from slurmgpu.store import open_store, schema
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.wire import GpuSampleIn, SampleBatch, encode, hmac_header, node_token
+from tests.fakes import FakeSlurm
+
+SECRET = b"m" * 64
+
+
+def _job(job_id: int, node: str, gpus: tuple[int, ...]) -> Job:
+    return Job(
+        job_id=job_id,
+        name="train",
+        user="alice",
+        state=JobState.RUNNING,
+        cpus=4,
+        node_count=1,
+        nodes=(node,),
+        gpu_allocations=(NodeGpuAllocation(node, gpus),),
+        start_time=datetime.now(UTC) - timedelta(minutes=5),
+    )
+
+
+NODES = [
+    Node(
+        "gpu1",
+        "mixed",
+        gpus=4,
+        gpus_used=2,
+        gpu_indices_used=(0, 1),
+        partitions=("gpu",),
+        address="127.0.0.1",
+    ),
+    Node(
+        "gpu2",
+        "mixed",
+        gpus=4,
+        gpus_used=1,
+        gpu_indices_used=(3,),
+        partitions=("gpu", "debug"),
+        address="127.0.0.1",
+    ),
+]
+
+
+@dataclass
+class Daemon:
+    url: str
+    slurm: FakeSlurm
+    loop: DaemonLoop
+    service: IngestService
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    slurm = FakeSlurm([_job(42, "gpu1", (0, 1)), _job(43, "gpu2", (3,))], NODES)
+    observer = Observer(slurm, store)
+    metrics = DaemonMetrics(store.engine, store.cluster, snapshot=lambda: observer.latest)
+    loop = DaemonLoop(
+        observer,
+        interval=timedelta(seconds=1),
+        max_backoff=timedelta(seconds=2),
+        metrics=metrics,
+    )
+    directory = NodeDirectory(lambda: observer.latest)
+    auth = Authenticator(site_secret=SECRET, allow_munge=False, node_addresses=directory.addresses)
+    service = IngestService(UsageStore(store.engine), auth, directory, metrics=metrics.exposition)
+    metrics.watch_ingest(lambda: (service.accepted, service.rejected))
+    server = ApiServer(service, "127.0.0.1", 0)
+    server.start()
+    now = datetime.now(UTC)
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(schema.actions),
+            [
+                {
+                    "at": now,
+                    "job_id": 42,
+                    "policy": "idle_gpu",
+                    "kind": "warn",
+                    "mode": "advise",
+                    "taken": False,
+                    "outcome": "skipped",
+                },
+                {
+                    "at": now,
+                    "job_id": 43,
+                    "policy": "idle_gpu",
+                    "kind": "warn",
+                    "mode": "advise",
+                    "taken": False,
+                    "outcome": "skipped",
+                },
+                {
+                    "at": now,
+                    "job_id": 42,
+                    "policy": "rightsize",
+                    "kind": "update",
+                    "mode": "enforce",
+                    "taken": True,
+                    "outcome": "done",
+                },
+            ],
+        )
+        conn.execute(
+            insert(schema.transactions),
+            [
+                {
+                    "job_id": 42,
+                    "kind": "resize",
+                    "state": state,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for state in ("running", "planned", "planned")
+            ],
+        )
+    try:
+        yield Daemon(f"http://127.0.0.1:{server.address[1]}", slurm, loop, service)
+    finally:
+        server.stop()
+        store.engine.dispose()
+
+
+def _post(d: Daemon, node: str, samples: list[GpuSampleIn]) -> int:
+    body = encode(SampleBatch(node=node, gpu=samples))
+    req = urllib.request.Request(d.url + "/v1/samples", data=body, method="POST")
+    req.add_header("Authorization", hmac_header(node_token(SECRET, node), node, body))
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return int(resp.status)
+
+
+def _scrape(d: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(d.url + "/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _sample(uid: str, index: int, job_id: int, util: float) -> GpuSampleIn:
+    return GpuSampleIn(
+        sample_uid=uid,
+        at=time.time(),
+        gpu_index=index,
+        job_id=job_id,
+        util_pct=util,
+        processes=1,
+    )
+
+
+def test_scrape_shows_gpus_cycles_errors_ingest_actions_and_transactions(d: Daemon) -> None:
+    d.loop.run_once()
+    d.loop.run_once()
+    d.slurm.fail_with = SlurmUnavailableError("slurmctld not responding")
+    d.loop.run_once()
+    d.slurm.fail_with = SlurmParseError("squeue printed garbage")
+    d.loop.run_once()
+    d.slurm.fail_with = None
+    assert _post(d, "gpu1", [_sample("a", 0, 42, 80.0), _sample("b", 1, 42, 0.0)]) == 200
+    assert _post(d, "gpu2", [_sample("c", 3, 43, 50.0)]) == 200
+
+    m = _scrape(d)
+
+    def value(name: str, **labels: str) -> float:
+        return m[(name, tuple(sorted(labels.items())))]
+
+    assert value("sgpu_gpus", partition="gpu") == 8  # gpu1 + gpu2
+    assert value("sgpu_gpus", partition="debug") == 4
+    assert value("sgpu_gpus_allocated", partition="gpu") == 3
+    assert value("sgpu_gpus_allocated", partition="debug") == 1
+    assert value("sgpu_gpus_used", partition="gpu") == 2  # gpu1:0 and gpu2:3 busy
+    assert value("sgpu_gpus_used", partition="debug") == 1
+    assert value("sgpu_gpus_idle", partition="gpu") == 1  # gpu1:1 allocated, 0 %
+    assert value("sgpu_gpus_idle", partition="debug") == 0
+    assert value("sgpu_cycles_total", outcome="ok") == 2
+    assert value("sgpu_cycles_total", outcome="failed") == 2
+    assert value("sgpu_slurm_errors_total", kind="unavailable") == 1
+    assert value("sgpu_slurm_errors_total", kind="parse") == 1
+    assert value("sgpu_slurm_errors_total", kind="slurm") == 0
+    assert value("sgpu_cycle_duration_seconds_count") == 4
+    assert value("sgpu_cycle_duration_seconds_sum") > 0
+    assert value("sgpu_last_cycle_timestamp_seconds") == pytest.approx(time.time(), abs=60)
+    assert value("sgpu_samples_ingested_total") == 3
+    assert value("sgpu_ingest_rejected_total") == 0
+    assert (
+        value(
+            "sgpu_actions_total", policy="idle_gpu", kind="warn", mode="advise", outcome="skipped"
+        )
+        == 2
+    )
+    assert (
+        value(
+            "sgpu_actions_total", policy="rightsize", kind="update", mode="enforce", outcome="done"
+        )
+        == 1
+    )
+    assert value("sgpu_transactions", kind="resize", state="planned") == 2
+    assert value("sgpu_transactions", kind="resize", state="running") == 1
+    assert value("sgpu_store_up") == 1
+
+
+def test_ingest_counter_follows_new_samples_and_rejections(d: Daemon) -> None:
+    d.loop.run_once()
+    assert _post(d, "gpu1", [_sample("x", 0, 42, 10.0)]) == 200
+    before = _scrape(d)[("sgpu_samples_ingested_total", ())]
+    assert _post(d, "gpu1", [_sample("y", 0, 42, 10.0), _sample("x", 0, 42, 10.0)]) == 200
+    body = encode(SampleBatch(node="gpu1", gpu=[_sample("z", 0, 42, 10.0)]))
+    req = urllib.request.Request(d.url + "/v1/samples", data=body, method="POST")
+    req.add_header("Authorization", hmac_header(node_token(b"w" * 64, "gpu1"), "gpu1", body))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=10)
+    assert refused.value.code == 401
+    after = _scrape(d)
+    assert after[("sgpu_samples_ingested_total", ())] == before + 1  # the resent one is a dup
+    assert after[("sgpu_ingest_rejected_total", ())] == 1
+
+
+def test_before_the_first_cycle_gpu_gauges_are_absent_not_zero(d: Daemon) -> None:
+    m = _scrape(d)
+    assert not any(name == "sgpu_gpus" for name, _ in m)
+    assert m[("sgpu_cycles_total", (("outcome", "ok"),))] == 0
+
+
+@pytest.fixture
+def d(daemon: Daemon) -> Daemon:
+    return daemon
+
+
+def test_error_kinds_follow_the_observers_wording() -> None:
+    assert error_kind("slurm unavailable: timeout") == "unavailable"
+    assert error_kind("slurm output not understood: bad JSON") == "parse"
+    assert error_kind("slurm error: squeue exited 1") == "slurm"
+    assert error_kind("database is locked") == "store"
