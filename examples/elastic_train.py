@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 "gpus": gpus,
                 "restart": run.restart_count,
                 "lr": lr,
+                "at": round(time.time(), 3),
             }
         )
         run.step_done(samples=batch, step=step)

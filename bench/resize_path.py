@@ -1,0 +1,206 @@
+"""Decision → running at the new size, measured on the real lab cluster (Slurm 22.05).
+
+Starts a lab cluster (ports --ctld-port / --slurmd-port-base), submits the example
+training (examples/elastic_train.py) with ``sgpu submit --malleable 2:4`` on 4 fake
+GPUs and resizes it 4 → 2 → 4 … with the daemon's ResizeExecutor, observing every
+second like the daemon does while a resize is in flight. Each resize is split into
+
+- checkpoint: signal → acknowledgement seen by the daemon,
+- stop: requeue → job pending again (killed, epilog done),
+- requeue delay: requeue → the begin time Slurm gave the job,
+- scheduling: the later of release and begin time → Slurm's start time,
+- start-up: Slurm's start time → the first training step of the new run,
+- total: decision → the daemon saw it running at the new size (plus start-up: first step).
+
+Two paths, in the same run: ``fast`` (StartTime=now+1 with the update, release 1.5 s
+later; the default) and the baseline ``slurm`` (Slurm's own requeue delay, cred_expire
++ 1 s = 11 s here, then the next scheduling pass). Prints medians and the ratio.
+
+    .venv/bin/python bench/resize_path.py --resizes 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurmgpu.actuate.resize import (  # noqa: E402
+    CLOSED,
+    RUNNING,
+    ResizeExecutor,
+    ResizeSettings,
+    durations,
+)
+from slurmgpu.daemon.malleable import MalleableDirectory  # noqa: E402
+from slurmgpu.labcluster import LabCluster  # noqa: E402
+from slurmgpu.model import ClusterSnapshot, Job, JobState  # noqa: E402
+from slurmgpu.policy.base import resize_action  # noqa: E402
+from slurmgpu.slurm.cli import CliSlurmClient  # noqa: E402
+from slurmgpu.store import open_store  # noqa: E402
+from slurmgpu.store.transactions import TransactionStore  # noqa: E402
+
+PHASES = ("checkpoint", "stop", "requeue_delay", "scheduling", "startup", "total")
+
+
+def _log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _wait(what: str, check: Any, timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def _job(slurm: CliSlurmClient, job_id: int) -> Job | None:
+    return next((j for j in slurm.jobs() if j.job_id == job_id), None)
+
+
+def resize_once(
+    slurm: CliSlurmClient,
+    store: TransactionStore,
+    directory: MalleableDirectory,
+    settings: ResizeSettings,
+    job_id: int,
+    to: int,
+    log: Path,
+) -> dict[str, float]:
+    executor = ResizeExecutor(slurm, store, settings)
+    snap = ClusterSnapshot(datetime.now(UTC), tuple(slurm.jobs()), (), slurm.version())
+    job = next(j for j in snap.jobs if j.job_id == job_id)
+    spec = directory.specs(snap)[job_id]
+    frm = job.allocated_gpus
+    action = resize_action("bench", job, frm, to, "bench")
+    row = executor.start(
+        action, job, spec, at=snap.taken_at, slurm_version=snap.slurm_version, to_gpus=to
+    )
+    while row.state not in CLOSED:
+        time.sleep(1.0)  # the daemon's cycle while a resize is in flight
+        snap = ClusterSnapshot(datetime.now(UTC), tuple(slurm.jobs()), (), slurm.version())
+        executor.advance(snap, snap.taken_at)
+        row = store.recent(["resize"], job_id=job_id, limit=1)[0]
+    if row.state != RUNNING:
+        raise SystemExit(f"resize ended {row.state}: {row.error}")
+    phases = durations(row)
+    restart = row.payload["restart_before"] + 1
+    started = datetime.fromisoformat(row.payload["t"]["started"])
+    decided = datetime.fromisoformat(row.payload["t"]["decided"])
+
+    def first_step() -> float | None:
+        steps = [r for r in _log(log) if "event" not in r and r.get("restart") == restart]
+        return float(steps[0]["at"]) if steps else None
+
+    first = _wait("the first step of the new run", first_step, 60)
+    phases["startup"] = max(first - started.timestamp(), 0.0)
+    phases["total"] = first - decided.timestamp()
+    return phases
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--resizes", type=int, default=3, help="resizes per path")
+    p.add_argument("--ctld-port", type=int, default=6931)
+    p.add_argument("--slurmd-port-base", type=int, default=17201)
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="sgpu-bench-resize-"))
+    lab = LabCluster(tmp / "lab", ctld_port=args.ctld_port, slurmd_port_base=args.slurmd_port_base)
+    lab.up(timeout_s=60)
+    os.environ.update(lab.env())
+    db = f"sqlite:///{tmp / 'state.db'}"
+    env = {**os.environ, "SGPU_DB": db, "PYTHONPATH": str(ROOT)}
+    try:
+        jobstore = open_store(db)
+        store = TransactionStore(jobstore.engine)
+        slurm = CliSlurmClient(timeout_s=20)
+        directory = MalleableDirectory(jobstore)
+        log = tmp / "train.jsonl"
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "slurmgpu",
+                "submit",
+                "--parsable",
+                "-o",
+                "/dev/null",
+                "--malleable",
+                "2:4",
+                "--checkpoint-grace",
+                "60s",
+                "--elastic-dir",
+                str(tmp / "state"),
+                "--gres=gpu:4",
+                "--wrap",
+                f"{sys.executable} {ROOT / 'examples/elastic_train.py'} --steps 1000000 "
+                f"--step-time 0.1 --log {log}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        job_id = int(out.stdout.strip().split(";")[0])
+        _wait("the job training", lambda: len(_log(log)) > 5)
+        results: dict[str, list[dict[str, float]]] = {"fast": [], "slurm": []}
+        sizes = [2, 4]
+        for path, settings in (
+            ("fast", ResizeSettings()),
+            ("slurm", ResizeSettings(fast_start=False)),
+        ):
+            for i in range(args.resizes):
+                to = sizes[i % 2] if _job(slurm, job_id) else 2
+                current = _job(slurm, job_id)
+                assert current is not None and current.state is JobState.RUNNING
+                if current.allocated_gpus == to:
+                    to = 4 if to == 2 else 2
+                phases = resize_once(slurm, store, directory, settings, job_id, to, log)
+                results[path].append(phases)
+                print(
+                    f"{path:5s} -> {to} GPUs: "
+                    + ", ".join(f"{k} {phases.get(k, float('nan')):.1f}s" for k in PHASES),
+                    flush=True,
+                )
+                time.sleep(2)
+        steps = [int(r["step"]) for r in _log(log) if "event" not in r]
+        assert steps == list(range(1, len(steps) + 1)), "steps lost or repeated"
+        print()
+        print(f"{'phase':14s} {'fast (s)':>9s} {'slurm (s)':>10s}")
+        med: dict[str, dict[str, float]] = {}
+        for path in results:
+            med[path] = {
+                k: statistics.median(r[k] for r in results[path] if k in r) for k in PHASES
+            }
+        for k in PHASES:
+            print(f"{k:14s} {med['fast'][k]:9.1f} {med['slurm'][k]:10.1f}")
+        ratio = med["slurm"]["total"] / med["fast"]["total"]
+        print(
+            f"\ndecision -> first step at the new size: fast {med['fast']['total']:.1f} s, "
+            f"Slurm's own requeue path {med['slurm']['total']:.1f} s ({ratio:.1f}x slower); "
+            f"{len(steps)} steps, none lost or repeated"
+        )
+    finally:
+        lab.down(cancel_jobs=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
