@@ -34,7 +34,7 @@ from urllib.parse import parse_qs
 
 from slurmgpu.model import ClusterSnapshot, JobState
 from slurmgpu.store.database import StoreError
-from slurmgpu.store.usage import StoreBusyError, UsageStore
+from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import (
     MAX_BODY_BYTES,
     AuthError,
@@ -175,6 +175,7 @@ class IngestService:
         self.metrics = metrics  # the /metrics exposition, when the daemon has metrics
         self.accepted = 0
         self.rejected = 0
+        self._store_trouble: str | None = None  # logged once until an ingest succeeds
 
     def _reject(self, peer: str, status: HTTPStatus, reason: str) -> tuple[int, bytes]:
         self.rejected += 1
@@ -208,12 +209,15 @@ class IngestService:
             return self._reject(peer, HTTPStatus.FORBIDDEN, str(exc))
         try:
             accepted, duplicates = self.usage.ingest(batch)
-        except StoreBusyError as exc:
-            log.warning("ingest from %s deferred: %s", batch.node, exc)
+        except StoreError as exc:  # StoreBusyError included
+            # Every agent retries every interval: one line per outage, not one per request.
+            level = logging.WARNING if str(exc) != self._store_trouble else logging.DEBUG
+            self._store_trouble = str(exc)
+            log.log(level, "ingest from %s failed (agents keep their batches): %s", batch.node, exc)
             return HTTPStatus.SERVICE_UNAVAILABLE.value, json.dumps({"error": str(exc)}).encode()
-        except StoreError as exc:
-            log.error("ingest from %s failed: %s", batch.node, exc)
-            return HTTPStatus.SERVICE_UNAVAILABLE.value, json.dumps({"error": str(exc)}).encode()
+        if self._store_trouble is not None:
+            log.info("ingest works again")
+            self._store_trouble = None
         self.accepted += accepted
         if batch.dropped:
             log.debug("node %s reports %d samples dropped by its spool", batch.node, batch.dropped)

@@ -60,6 +60,7 @@ class DaemonLoop:
         self.stop_event = threading.Event()
         self.failures = 0
         self.cycles = 0
+        self._last_error: str | None = None
 
     def install_signal_handlers(self) -> None:
         def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -78,6 +79,7 @@ class DaemonLoop:
             if self.failures:
                 log.info("slurm reachable again after %d failed cycle(s)", self.failures)
             self.failures = 0
+            self._last_error = None
             level = (
                 logging.INFO
                 if (result.new or result.changed or result.gone or result.vanished)
@@ -98,7 +100,10 @@ class DaemonLoop:
         else:
             self.failures += 1
             delay = next_delay(self.interval, self.failures, self.max_backoff)
-            log.warning("%s; keeping previous state, retrying in %.0fs", result.error, delay)
+            # One warning per outage (and per new kind of error), not one per retry.
+            level = logging.WARNING if result.error != self._last_error else logging.DEBUG
+            self._last_error = result.error
+            log.log(level, "%s; keeping previous state, retrying in %.0fs", result.error, delay)
         if self.on_cycle is not None:
             self.on_cycle(result)
         return result
