@@ -178,6 +178,8 @@ class DaemonLease:
             return "unreadable lease row"
         if holder.token == self.token:
             return "ours"
+        if holder.expires <= holder.heartbeat:
+            return "released"
         if holder.expires <= at:
             return f"expired {(at - holder.expires).total_seconds():.0f}s ago"
         same_host = holder.host == self.host and holder.pidns == self.pidns
@@ -228,7 +230,7 @@ class DaemonLease:
                 new = self._mine(at).encode()
                 if self._swap(old, new, at):
                     self._value, self._renewed_at, self.lost = new, at, False
-                    if holder is not None and holder.token != self.token:
+                    if holder is not None and why not in ("ours", "released"):
                         log.warning("took over the daemon lease from %s (%s)", holder.name, why)
                     return None
             except SQLAlchemyError as exc:

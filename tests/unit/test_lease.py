@@ -90,12 +90,15 @@ def test_the_real_process_check_sees_this_process_and_not_a_finished_one() -> No
     assert not process_alive(int(proc.stdout), 1.0)
 
 
-def test_release_frees_the_lease_for_the_next_daemon(tmp_path: Path) -> None:
+def test_release_frees_the_lease_for_the_next_daemon(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     e = engine(tmp_path)
     first = DaemonLease(e, host="a", pid=1, alive=alive)
     first.acquire()
     first.release()
     DaemonLease(e, host="b", pid=2, alive=alive).acquire()
+    assert "took over" not in caplog.text, "a released lease is not a takeover"
 
 
 def test_daemons_racing_for_a_free_lease_get_exactly_one_winner(tmp_path: Path) -> None:
