@@ -3,6 +3,8 @@
 - :class:`epoch_s`: a timestamp column as seconds since 1970 (float). SQLite stores
   SQLAlchemy timestamps as UTC text ``YYYY-MM-DD HH:MM:SS.ffffff``; PostgreSQL has
   ``EXTRACT(EPOCH FROM ...)``.
+- :class:`unindexed`: a column the planner must not use an index for (SQLite's unary
+  ``+``; other databases plan this well themselves and get the plain column).
 - :class:`floor_div`: ``floor(x / step)`` as an integer, for histogram and time buckets
   (``CAST(... AS INTEGER)`` truncates on SQLite but rounds on PostgreSQL; the reports
   only divide non-negative numbers, where truncation is the floor).
@@ -18,7 +20,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
-__all__ = ["epoch_s", "floor_div"]
+__all__ = ["epoch_s", "floor_div", "unindexed"]
 
 
 class epoch_s(FunctionElement[float]):
@@ -72,3 +74,26 @@ def _floor_sqlite(element: floor_div, compiler: SQLCompiler, **kw: Any) -> str:
 def _floor_default(element: floor_div, compiler: SQLCompiler, **kw: Any) -> str:
     x, step = _args(element, compiler, **kw)
     return f"CAST(FLOOR(({x}) / ({step})) AS INTEGER)"
+
+
+class unindexed(FunctionElement[Any]):
+    """``column`` without its index (SQLite: ``+column``), for full-table reads."""
+
+    inherit_cache = True
+    name = "unindexed"
+
+    def __init__(self, column: ColumnElement[Any]) -> None:
+        super().__init__(column)
+        self.type = column.type
+
+
+@compiles(unindexed, "sqlite")
+def _unindexed_sqlite(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    (col,) = _args(element, compiler, **kw)
+    return f"+{col}"
+
+
+@compiles(unindexed)
+def _unindexed_default(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    (col,) = _args(element, compiler, **kw)
+    return col
