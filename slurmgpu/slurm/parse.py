@@ -94,7 +94,8 @@ class JobStateError(SlurmValueError):
 def _oneline(text: object) -> str:
     """First line of an exception text (ClusterShell's can span lines)."""
     lines = str(text).strip().splitlines()
-    return lines[0] if lines else ""
+    line = lines[0] if lines else ""
+    return line if len(line) <= 160 else line[:157] + "..."  # it may quote the whole input
 
 
 def _show(value: object, limit: int = 80) -> str:

@@ -38,7 +38,8 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-_uids = itertools.count()
+_uids = itertools.count()  # fresh sample uids, given out in test bodies only
+NOW = time.time()  # strategies must not read the clock: hypothesis replays them
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +64,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IngestService]
     yield IngestService(UsageStore(store.engine), auth, directory)
 
 
-def _gpu_sample(draw: st.DrawFn, now: float) -> dict[str, Any]:
+def _gpu_sample(draw: st.DrawFn, now: float, i: int) -> dict[str, Any]:
     sample: dict[str, Any] = {
-        "sample_uid": f"s{next(_uids)}",
+        "sample_uid": f"s{i}",
         "at": now - draw(st.floats(0, 3600)),
         "gpu_index": draw(st.integers(0, 1023)),
     }
@@ -88,17 +89,17 @@ def _gpu_sample(draw: st.DrawFn, now: float) -> dict[str, Any]:
 
 @st.composite
 def batches(draw: st.DrawFn) -> dict[str, Any]:
-    now = time.time()
-    gpu = [_gpu_sample(draw, now) for _ in range(draw(st.integers(0, 20)))]
+    now = NOW
+    gpu = [_gpu_sample(draw, now, i) for i in range(draw(st.integers(0, 20)))]
     host = [
         {
-            "sample_uid": f"h{next(_uids)}",
+            "sample_uid": f"h{i}",
             "at": now,
             "job_id": draw(st.integers(0, 2**62)),
             "cpu_pct": draw(st.floats(0, 1e9)),
             "cpus_allocated": draw(st.integers(0, 1_000_000)),
         }
-        for _ in range(draw(st.integers(0, 5)))
+        for i in range(draw(st.integers(0, 5)))
     ]
     return {
         "node": draw(st.sampled_from(NODES)),
@@ -118,6 +119,8 @@ def _post(service: IngestService, body: bytes, node: str) -> tuple[int, dict[str
 @given(batches())
 @SETTINGS
 def test_valid_batches_are_stored_exactly(service: IngestService, doc: dict[str, Any]) -> None:
+    for sample in doc["gpu"] + doc["host"]:
+        sample["sample_uid"] = f"v{next(_uids)}"  # new in this store, even on a replay
     body = json.dumps(doc).encode()
     before = service.usage.count_samples()
     status, reply = _post(service, body, doc["node"])
