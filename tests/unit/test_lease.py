@@ -208,3 +208,40 @@ def test_sgpu_daemon_refuses_to_start_while_another_holds_the_lease(tmp_path: Pa
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert lines[0].startswith("sgpu: another daemon (") and "holds the database lease" in lines[0]
+
+
+def test_on_postgresql_racing_daemons_get_one_winner_and_a_stale_lease_moves(
+    postgres_url: str,
+) -> None:
+    from sqlalchemy import delete
+
+    from slurmgpu.store import schema
+
+    e = open_store(postgres_url).engine
+    with e.begin() as conn:
+        conn.execute(delete(schema.meta).where(schema.meta.c.key == "daemon_lease"))
+    clock = Clock()
+    ttl = timedelta(seconds=30)
+    leases = [
+        DaemonLease(e, ttl=ttl, clock=clock, host=f"h{i}", pid=i, alive=alive) for i in range(8)
+    ]
+    barrier = threading.Barrier(len(leases))
+    won: list[int] = []
+
+    def race(i: int) -> None:
+        barrier.wait()
+        if leases[i].try_acquire() is None:
+            won.append(i)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(leases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    clock.now += timedelta(seconds=31)
+    other = leases[(won[0] + 1) % len(leases)]
+    assert other.try_acquire() is None
+    with pytest.raises(LeaseLost):
+        leases[won[0]].renew()
+    e.dispose()
