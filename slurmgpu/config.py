@@ -14,6 +14,7 @@ Example (every key is optional; these are the defaults)::
     admin_comment = false      # copy each job's usage summary into its AdminComment
     lease_ttl = "60s"          # single writer: another daemon takes over this long after
                                # the last heartbeat (docs/reliability.md)
+    admin_uids = [0]           # may see every user's jobs in GET /v1/jobs
 
     [slurm]
     backend = "auto"           # auto | cli | pyslurm
@@ -135,6 +136,7 @@ class DaemonSettings:
     secret_file: str = field(default_factory=default_secret_file)
     admin_comment: bool = False
     lease_ttl: timedelta = timedelta(seconds=60)
+    admin_uids: tuple[int, ...] = (0,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +348,7 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
         secret_file=d.string("secret_file", default_secret_file()),
         admin_comment=d.boolean("admin_comment", False),
         lease_ttl=d.duration("lease_ttl", timedelta(seconds=60), minimum=timedelta(seconds=1)),
+        admin_uids=_uids(d, "admin_uids", (0,)),
     )
     d.finish()
     s = _Reader(doc, text, path, "slurm")
@@ -360,6 +363,18 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
     policy = _parse_policy(doc, text, path, daemon.mode)
     notify = _parse_notify(doc, text, path)
     return Settings(daemon=daemon, slurm=slurm, policy=policy, notify=notify, source=path)
+
+
+def _uids(reader: _Reader, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    if key not in reader.raw:
+        return default
+    value = reader.raw.pop(key)
+    ok = isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 for v in value
+    )
+    if not ok:
+        raise reader.fail(key, f"must be a list of uids like [0, 1001], not {value!r}")
+    return tuple(value)
 
 
 _POLICY_TABLES = ("engine", "rightsize", "idle_gpu", "colocate", "malleable")

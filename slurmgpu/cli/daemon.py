@@ -150,7 +150,10 @@ def _run(
             fail(f"site secret: {exc}", 1)
         directory = NodeDirectory(lambda: observer.latest)
         auth = Authenticator(
-            site_secret=secret, allow_munge=munge_available(), node_addresses=directory.addresses
+            site_secret=secret,
+            allow_munge=munge_available(),
+            node_addresses=directory.addresses,
+            admin_uids=frozenset(settings.daemon.admin_uids),
         )
         service = IngestService(usage, auth, directory, metrics=metrics.exposition)
         metrics.watch_ingest(lambda: (service.accepted, service.rejected))

@@ -462,3 +462,20 @@ def test_submit_passes_job_names_and_comments_verbatim_without_a_shell(tmp_path:
     rows = open_store(db, migrate=False).submissions(4242)
     assert len(rows) == len(NASTY)
     assert [r["argv"][1] for r in rows] == [t.format(d=marks) for t in NASTY]
+
+
+def test_admin_uids_are_configurable_and_checked() -> None:
+    from slurmgpu.config import ConfigError
+
+    assert parse_settings("").daemon.admin_uids == (0,)
+    assert parse_settings("[daemon]\nadmin_uids = [0, 1001]\n").daemon.admin_uids == (0, 1001)
+    for bad in ('"root"', "[-1]", "[true]", '["0"]'):
+        with pytest.raises(ConfigError) as info:
+            parse_settings(f"[daemon]\nadmin_uids = {bad}\n")
+        assert info.value.line == 2 and "list of uids" in str(info.value)
+
+
+def test_a_configured_admin_sees_every_job(service: IngestService) -> None:
+    service.auth.admin_uids = frozenset({0, 65534})
+    status, reply = service.get_jobs("127.0.0.1", "Test uid=65534", None)
+    assert status == 200 and _ids(reply) == ["1", "2", "3"]
