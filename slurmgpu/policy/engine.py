@@ -19,7 +19,10 @@ The others are suppressed as ``superseded by …``.
    id is in ``snapshot.opted_in``;
 4. ``cooldown`` — a change (update, requeue, cancel) within ``job_cooldown`` of the
    job's last executed change (``snapshot.last_action_at``), unless the action is
-   ``protective`` (it undoes a change before it hurts, e.g. a co-location separation);
+   ``protective`` (it undoes a change before it hurts, e.g. a co-location separation).
+   A ``resize`` is not held by it: the malleable policy spaces one job's resizes by its
+   own ``min_interval`` (a shrink and the expansion back after the waiting job ended are
+   minutes apart, well within a 30-minute cooldown);
 5. ``rate limit`` (changes executed on one user's jobs in the past hour, counting this
    cycle's, reach ``max_actions_per_user_per_hour``) and ``cycle limit``
    (``max_actions_per_cycle`` changes this cycle) — these bound what slurmgpu does, so
@@ -52,6 +55,8 @@ ACTION_PRIORITY: dict[str, int] = {
     "update": 1,
 }
 CHANGE_KINDS = frozenset({"update", "requeue", "cancel", "resize"})
+# Changes whose policy spaces them itself (MalleableSettings.min_interval), not job_cooldown.
+_OWN_INTERVAL_KINDS = frozenset({"resize"})
 
 
 class _Proposal:
@@ -134,7 +139,11 @@ class PolicyEngine:
             or (job.array_job_id is not None and job.array_job_id in snapshot.opted_in)
         ):
             return "not opted in (rightsizing applies to opted-in jobs only)"
-        if action.kind in CHANGE_KINDS and not action.protective:
+        if (
+            action.kind in CHANGE_KINDS
+            and action.kind not in _OWN_INTERVAL_KINDS
+            and not action.protective
+        ):
             last = snapshot.last_action_at.get(job.job_id)
             if last is not None and snapshot.at - last < s.job_cooldown:
                 ago = int((snapshot.at - last).total_seconds() // 60)

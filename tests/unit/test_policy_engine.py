@@ -164,6 +164,16 @@ def test_cooldown_holds_changes_but_not_warnings() -> None:
     assert decide([(Fixed("p", [act(100)]), Mode.ENFORCE)], later)[0].execute
 
 
+def test_resizes_are_spaced_by_their_policy_not_the_job_cooldown() -> None:
+    # A shrink for a waiting job and the expansion back after it ended come minutes
+    # apart; the malleable policy's min_interval spaces them, the 30-min cooldown must not.
+    snap = snapshot(jobs(2), last_action_at={100: T0 - MIN * 2, 101: T0 - MIN * 2})
+    p = Fixed("p", [act(100, "resize"), act(101, "requeue")])
+    out = {d.action.job_id: d for d in decide([(p, Mode.ENFORCE)], snap)}
+    assert out[100].execute and not out[100].suppressed
+    assert out[101].suppressed == "cooldown: last change 2 min ago (wait 30 min)"
+
+
 def test_per_user_hourly_rate_counts_this_cycle() -> None:
     snap = snapshot(jobs(5), user_actions_last_hour={"alice": 8})
     p = Fixed("p", [act(100 + i) for i in range(5)])
