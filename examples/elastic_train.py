@@ -7,7 +7,9 @@ exactly the data it would have seen), splits it across the run's GPUs as replica
 averages their gradients and takes one SGD step with the learning rate scaled by
 ``--lr-rule`` (``adascale`` uses the replicas' gradient spread). ``--step-time`` sleeps
 ``step_time * base_gpus / gpus`` per step to stand in for compute on the lab cluster's
-fake GPUs, so more GPUs really are faster.
+fake GPUs, so more GPUs really are faster. ``--sim-util PCT`` also declares that
+utilisation on the job's GPUs for the simulated probe (``sgpu fakeload``'s declarations in
+``$SGPU_SIMGPU_DIR``), so node agents see a busy training job, as on real GPUs.
 
 Every step appends one JSON line to ``--log`` (``step``, ``loss``, ``gpus``, ``restart``,
 ``lr``); each run starts with an ``event: start`` line. Submit it malleable::
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ except ImportError:  # pragma: no cover
 
 from slurmgpu import elastic
 from slurmgpu.elastic.scaling import RULES, GradientNoise, scaled_lr
+from slurmgpu.telemetry.fakeload import FakeloadError, parse_size_mib, run_fakeload
+from slurmgpu.telemetry.simgpu import default_state_dir
 
 DIM = 32
 
@@ -58,8 +63,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-every", type=int, default=0, help="periodic checkpoint (0: none)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--log", type=Path, required=True)
+    p.add_argument("--sim-util", type=float, default=0.0, help="declare this GPU util (%%)")
+    p.add_argument("--sim-mem", default="8GiB", help="memory declared with --sim-util")
+    p.add_argument("--sim-dir", type=Path, default=None, help="default $SGPU_SIMGPU_DIR")
     args = p.parse_args(argv)
+    stop = threading.Event()
+    load = None
+    if args.sim_util > 0:
+        load = _declare_load(args.sim_util, args.sim_mem, args.sim_dir or default_state_dir(), stop)
+    try:
+        return _train(args)
+    finally:
+        stop.set()
+        if load is not None:
+            load.join(timeout=5)  # removes its declarations
 
+
+def _declare_load(
+    util: float, mem: str, state_dir: Path, stop: threading.Event
+) -> threading.Thread:
+    """Declare ``util`` on this run's GPUs until ``stop`` (the probe drops a dead pid's)."""
+
+    def declare() -> None:
+        try:
+            run_fakeload(
+                util, parse_size_mib(mem), "constant", None, state_dir, None, 1.0, stop=stop
+            )
+        except FakeloadError as exc:
+            print(f"elastic_train: no simulated load: {exc}", file=sys.stderr)
+
+    thread = threading.Thread(target=declare, name="sim-load", daemon=True)
+    thread.start()
+    return thread
+
+
+def _train(args: argparse.Namespace) -> int:
     run = elastic.init()
     gpus = max(run.gpus, 1)
     fresh = {"step": 0, "w": np.zeros(DIM), "noise": GradientNoise()}
