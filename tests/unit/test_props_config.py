@@ -28,22 +28,11 @@ _POLICY_TABLES = ("engine", "idle_gpu", "rightsize")
 
 
 def _base() -> dict[str, Any]:
+    # policy show's document is valid input (tests/unit/test_policy_show.py).
     doc = effective(Settings())
     doc["policy"] = {
         k: v for k, v in doc["policy"].items() if k in _POLICY_TABLES or not isinstance(v, dict)
     }
-
-    def keep(table: dict[str, Any]) -> dict[str, Any]:
-        # "" stands for None in policy show's output (not a value one may write).
-        return {
-            k: keep(v) if isinstance(v, dict) else v
-            for k, v in table.items()
-            if v not in ("", None)
-        }
-
-    doc = keep(doc)
-    # policy show prints this mapping as a list when it is empty; not valid input.
-    doc["notify"].pop("alert_intervals", None)
     return doc
 
 
