@@ -1,0 +1,183 @@
+"""Malleable jobs end to end through the real ``sgpu daemon`` and the real malleable policy.
+
+Daemon (``[policy.malleable]`` in enforce mode, other policies observing), four node
+agents with the simulated probe, and the example training
+(examples/elastic_train.py, ``sgpu submit --malleable 2:4``, declaring 80 % on its fake
+GPUs) on the lab cluster filled by three 4-GPU jobs. A rigid 2-GPU job arrives and
+cannot start: the daemon shrinks the training 4 -> 2, the rigid job starts on the GPUs
+given back, and once it ends the daemon grows the training back to 4. Its step counter
+and loss carry on across both resizes with no step lost or repeated.
+
+The policy's cost and pacing are set in seconds (production defaults are minutes):
+``min_interval``, and the reconfiguration cost assumed before one is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmgpu.labcluster import LabCluster
+from slurmgpu.model import Job, JobState
+from slurmgpu.slurm.cli import CliSlurmClient
+from tests.polling import wait_for
+from tests.slurm.harness import Telemetry, running_stack
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "elastic_train.py"
+
+CONFIG = """
+[policy.rightsize]
+mode = "observe"
+[policy.idle_gpu]
+mode = "observe"
+[policy.colocate]
+mode = "observe"
+[policy.malleable]
+mode = "enforce"
+min_interval = "5s"
+checkpoint_time = "2s"
+requeue_delay = "2s"
+startup_time = "2s"
+"""
+
+SLURM = CliSlurmClient(timeout_s=20)
+
+
+def job(job_id: int) -> Job | None:
+    return next((j for j in SLURM.jobs() if j.job_id == job_id), None)
+
+
+def running(job_id: int, gpus: int | None = None) -> Job | None:
+    j = job(job_id)
+    ok = (
+        j is not None
+        and j.state is JobState.RUNNING
+        and "COMPLETING" not in j.state_flags
+        and (gpus is None or j.allocated_gpus == gpus)
+    )
+    return j if ok else None
+
+
+def sbatch(t: Telemetry, *args: str) -> int:
+    return SLURM.submit(["-o", "/dev/null", *args], env=t.env)
+
+
+def trainer(t: Telemetry, log: Path) -> int:
+    return t.submit(
+        "--malleable",
+        "2:4",
+        "--checkpoint-grace",
+        "30s",
+        "--elastic-dir",
+        str(t.tmp / "state"),
+        "--gres=gpu:4",
+        "-J",
+        "elastic",
+        "--wrap",
+        f"{sys.executable} {EXAMPLE} --steps 100000 --step-time 0.2 --sim-util 80 "
+        f"--sim-dir {t.sim_dir} --log {log}",
+    )
+
+
+def records(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def steps(log: Path) -> list[int]:
+    return [int(r["step"]) for r in records(log) if "event" not in r]
+
+
+def starts(log: Path) -> list[tuple[Any, Any, Any]]:
+    return [
+        (r["gpus"], r["restart"], r["resumed_step"])
+        for r in records(log)
+        if r.get("event") == "start"
+    ]
+
+
+def last_step_per_run(log: Path) -> list[int]:
+    out: list[int] = []
+    last = 0
+    for r in records(log):
+        if r.get("event") == "start" and last:
+            out.append(last)
+        elif "event" not in r:
+            last = int(r["step"])
+    return out
+
+
+def malleable_actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(
+        t.run("actions", "--json", "--job", str(job_id), "--policy", "malleable")
+    )
+    return list(reversed(rows))  # oldest first
+
+
+def assert_continuous(log: Path) -> None:
+    s = steps(log)
+    assert s == list(range(1, len(s) + 1)), "a step was lost or repeated across the resizes"
+    runs = starts(log)
+    for (_, _, resumed), prev_last in zip(runs[1:], last_step_per_run(log), strict=True):
+        assert resumed == prev_last  # each run resumed where the previous one checkpointed
+    losses = {int(r["step"]): float(r["loss"]) for r in records(log) if "event" not in r}
+    for _, _, resumed in runs[1:]:
+        assert losses[resumed + 1] < 0.8 * losses[1]  # trained on, not from scratch
+
+
+def fill_cluster(t: Telemetry) -> list[int]:
+    fillers = [sbatch(t, "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
+    wait_for("the fillers running", lambda: all(running(f) for f in fillers))
+    return fillers
+
+
+@pytest.mark.slow
+def test_the_daemon_shrinks_a_malleable_job_for_a_rigid_job_and_grows_it_back(
+    slurm_cluster: LabCluster, tmp_path: Path
+) -> None:
+    log = tmp_path / "elastic.jsonl"
+    with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
+        elastic = trainer(t, log)
+        wait_for("the malleable job at 4 GPUs", lambda: running(elastic, 4))
+        wait_for("10 steps", lambda: len(steps(log)) >= 10)
+        fill_cluster(t)
+        submitted = time.monotonic()
+        rigid = sbatch(t, "--gres=gpu:2", "-t", "1", "-J", "rigid", "--wrap", "sleep 15")
+
+        wait_for("the rigid job running", lambda: running(rigid), timeout_s=90)
+        rigid_started = time.monotonic() - submitted
+        wait_for("the malleable job at 2 GPUs", lambda: running(elastic, 2), timeout_s=30)
+        shrink = malleable_actions(t, elastic)
+        assert [(a["numbers"]["direction"], a["outcome"]) for a in shrink] == [("shrink", "done")]
+        assert shrink[0]["numbers"]["for_job"] == rigid
+        assert shrink[0]["fields"] == {"from_gpus": "4", "to_gpus": "2"}
+
+        wait_for(
+            "the rigid job done", lambda: (j := job(rigid)) and j.state.is_terminal, timeout_s=60
+        )
+        ended = time.monotonic()
+        grown = wait_for("the malleable job at 4 GPUs again", lambda: running(elastic, 4))
+        grow_s = time.monotonic() - ended
+        assert grown.restart_count == 2
+        wait_for(
+            "steps after the expansion",
+            lambda: (
+                len(starts(log)) == 3 and steps(log) and steps(log)[-1] > starts(log)[-1][2] + 3
+            ),
+        )
+        assert [(g, r) for g, r, _ in starts(log)] == [(4, 0), (2, 1), (4, 2)]
+        assert_continuous(log)
+        moves = [(a["numbers"]["direction"], a["outcome"]) for a in malleable_actions(t, elastic)]
+        assert moves == [("shrink", "done"), ("expand", "done")]
+        print(
+            f"\nmalleable e2e: rigid job submit -> running {rigid_started:.1f} s; "
+            f"rigid job ended -> malleable job at 4 GPUs {grow_s:.1f} s",
+            file=sys.stderr,
+        )
