@@ -14,6 +14,14 @@ A cycle is skipped when nothing changed since the last one, except that one runs
 least every ``quiet_period_s`` (10 min) so time-based rules still fire. History (for
 the priors) is rebuilt at most every ``history_refresh_s`` (10 min, as the daemon) and
 only when it grew by 5 % or a day passed, so a long trace does not rebuild it per cycle.
+
+For replaying a scenario seen on a real cluster (``tests/slurm/test_sim_vs_real.py``):
+``SimOptions.history`` preloads the priors' history (the records the daemon's store
+would hand out), ``SimOptions.opted_in`` decides opt-in the daemon's way (from the
+job's comment) instead of opting every pending job in, ``sample_interval_s`` is the
+agents' sampling period, a trace job whose ``extra`` has ``hold`` is submitted held
+(``sbatch --hold``), and ``record_decisions`` keeps every decision that was not
+suppressed, warnings and advice included (outcome ``notified``), in order.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from slurmgpu.actuate.actuator import execute_action
-from slurmgpu.model import ClusterSnapshot, JobState, MalleableSpec
+from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
     Action,
     Decision,
@@ -95,6 +103,10 @@ class SimOptions:
     max_virtual_s: float = 400 * 86400.0
     max_resubmits: int = 3  # a user resubmits a timed-out job this many times
     record_decisions: bool = False
+    history: tuple[HistoryRecord, ...] = ()  # finished jobs known before the trace starts
+    # None: every pending job opted in to rightsizing; else the daemon's rule per job.
+    opted_in: Callable[[Job], bool] | None = None
+    sample_interval_s: float = 30.0  # the agents' sampling period (GpuStat.samples)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,8 +212,10 @@ class _Runner:
             self.qssf = QssfPriority(self.sim)
             self.sim.priority = self.qssf
         self.next_arrival = 0
-        self.history: list[HistoryRecord] = []
-        self.history_tuple: tuple[HistoryRecord, ...] = ()
+        self.history: list[HistoryRecord] = list(options.history)
+        self.history_tuple: tuple[HistoryRecord, ...] = options.history
+        if self.qssf is not None and options.history:
+            self.qssf.update(Priors.from_history(options.history))
         self.history_at = -math.inf
         self.alerts: list[PriorAlert] = []
         self.last_action: dict[int, float] = {}
@@ -219,15 +233,20 @@ class _Runner:
 
     # ---- arrivals and endings
 
+    def _submit(self, spec: TraceJob) -> None:
+        job_id = self.sim.submit_job(spec)
+        if spec.extra.get("hold"):
+            self.sim.hold(job_id)
+
     def _arrive(self) -> None:
         spec = self.trace[self.next_arrival]
         self.next_arrival += 1
-        self.sim.submit_job(spec)
+        self._submit(spec)
         while (
             self.next_arrival < len(self.trace)
             and self.trace[self.next_arrival].submit_s <= self.sim.now
         ):
-            self.sim.submit_job(self.trace[self.next_arrival])
+            self._submit(self.trace[self.next_arrival])
             self.next_arrival += 1
         if self.next_arrival < len(self.trace):
             self.sim.call_at(self.trace[self.next_arrival].submit_s, self._arrive)
@@ -285,7 +304,10 @@ class _Runner:
         for job in sim.running():
             if not job.alloc:
                 continue
-            samples = max(1, int((now - job.start_s) // 30.0))
+            samples = max(1, int((now - job.start_s) // self.options.sample_interval_s))
+            # A job whose GPUs compute nothing has been idle since it started.
+            idle = job.model.util_pct <= 0
+            idle_for = timedelta(seconds=now - job.start_s) if idle else timedelta(0)
             node_names = [n for n in sim.job_record(job).nodes]
             stats = tuple(
                 GpuStat(
@@ -296,8 +318,8 @@ class _Runner:
                     max_util_pct=job.model.util_pct,
                     max_memory_mib=job.model.memory_mib,
                     memory_total_mib=DEVICE_MEMORY_MIB,
-                    trailing_idle=timedelta(0),
-                    never_busy=job.model.util_pct <= 0,
+                    trailing_idle=idle_for,
+                    never_busy=idle,
                     last_sample_at=at,
                 )
                 for name, (_, gpus) in zip(node_names, job.alloc, strict=True)
@@ -329,6 +351,7 @@ class _Runner:
             if times:
                 per_user[user] = len(times)
         live = {j.job_id for j in jobs}
+        opt_in = self.options.opted_in
         self._resize_progress()
         specs, rates = self._malleable_view()
         costs = sorted(self.resize_costs)
@@ -342,7 +365,11 @@ class _Runner:
                 jid: sim.at(t) for jid, t in self.last_action.items() if sim.now - t < cooldown
             },
             user_actions_last_hour=per_user,
-            opted_in=frozenset(j.job_id for j in jobs if j.state is JobState.PENDING),
+            opted_in=frozenset(
+                j.job_id
+                for j in jobs
+                if j.state is JobState.PENDING and (opt_in is None or opt_in(j))
+            ),
             malleable=specs,
             resizing=frozenset(self.resizing),
             throughput=rates,
@@ -358,6 +385,11 @@ class _Runner:
         if not d.suppressed:
             self.alerts.append(PriorAlert(a.job_id, a.policy, a.alert or a.kind, sim.at(sim.now)))
         if not d.execute:
+            if d.notify and self.options.record_decisions:
+                fields = tuple(sorted(a.fields.items()))
+                self.records.append(
+                    DecisionRecord(sim.now, a.policy, a.kind, a.job_id, fields, "notified")
+                )
             return
         outcome = "done"
         try:
