@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from slurmgpu.actuate.resize import ResizeSettings
     from slurmgpu.notify.settings import NotifySettings
     from slurmgpu.policy.settings import (
         ColocateSettings,
@@ -176,6 +177,12 @@ def _malleable() -> MalleableSettings:
     return MalleableSettings()
 
 
+def _resize() -> ResizeSettings:
+    from slurmgpu.actuate.resize import ResizeSettings
+
+    return ResizeSettings()
+
+
 def _notify() -> NotifySettings:
     from slurmgpu.notify.settings import NotifySettings
 
@@ -187,7 +194,8 @@ class PolicySettings:
     """``[policy]``: the engine's guardrails and each policy's own table.
 
     A policy table without ``mode`` takes ``daemon.mode`` (advise on a fresh install).
-    ``history_days``: how far back priors learn from finished jobs.
+    ``history_days``: how far back priors learn from finished jobs. ``[policy.resize]``
+    paces the resizes the malleable policy decides (``actuate.resize.ResizeSettings``).
     """
 
     engine: EngineSettings = field(default_factory=_engine)
@@ -195,6 +203,7 @@ class PolicySettings:
     idle_gpu: IdleGpuSettings = field(default_factory=_idle_gpu)
     colocate: ColocateSettings = field(default_factory=_colocate)
     malleable: MalleableSettings = field(default_factory=_malleable)
+    resize: ResizeSettings = field(default_factory=_resize)
     history_days: int = 90
     history_refresh: timedelta = timedelta(minutes=10)  # how often priors reload history
     recommendations_file: str = ""  # where job_submit.lua reads advice; "" = don't export
@@ -377,7 +386,7 @@ def _uids(reader: _Reader, key: str, default: tuple[int, ...]) -> tuple[int, ...
     return tuple(value)
 
 
-_POLICY_TABLES = ("engine", "rightsize", "idle_gpu", "colocate", "malleable")
+_POLICY_TABLES = ("engine", "rightsize", "idle_gpu", "colocate", "malleable", "resize")
 
 
 def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) -> PolicySettings:
@@ -411,6 +420,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
     )
     recommendations = reader.string("recommendations_file", "")
     reader.finish()
+    resize = _parse_resize(tables["resize"], text, path)
     try:
         return PolicySettings(
             engine=EngineSettings.from_mapping(tables["engine"], "policy.engine"),
@@ -418,12 +428,45 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
             idle_gpu=IdleGpuSettings.from_mapping(tables["idle_gpu"], "policy.idle_gpu"),
             colocate=ColocateSettings.from_mapping(tables["colocate"], "policy.colocate"),
             malleable=MalleableSettings.from_mapping(tables["malleable"], "policy.malleable"),
+            resize=resize,
             history_days=history_days,
             history_refresh=history_refresh,
             recommendations_file=recommendations,
         )
     except PolicyConfigError as exc:
         raise ConfigError(str(exc), path=path, line=_key_line(text, exc.where, exc.key)) from None
+
+
+def _parse_resize(raw: dict[str, Any], text: str, path: Path | None) -> ResizeSettings:
+    """``[policy.resize]``: how resize transactions are paced (see ResizeSettings)."""
+    from slurmgpu.actuate.resize import ResizeSettings
+
+    r = _Reader({"policy.resize": raw}, text, path, "policy.resize")
+    d = ResizeSettings()
+    ack: timedelta | None = None
+    if r.raw.get("ack_timeout") != "grace":
+        ack = r.duration("ack_timeout", timedelta(0), minimum=timedelta(seconds=1)) or None
+    else:
+        r.raw.pop("ack_timeout")
+    within = d.requeue_within
+    if "requeue_within" in r.raw:
+        value = r.raw.pop("requeue_within")
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok or not 0 < value <= 1:
+            raise r.fail("requeue_within", f"must be a number in (0, 1], not {value!r}")
+        within = float(value)
+    settings = ResizeSettings(
+        ack_timeout=ack,
+        requeue_within=within,
+        fast_start=r.boolean("fast_start", d.fast_start),
+        release_delay=r.duration("release_delay", d.release_delay),
+        release_after=r.duration("release_after", d.release_after, minimum=timedelta(seconds=1)),
+        cycle_interval=r.duration(
+            "cycle_interval", d.cycle_interval, minimum=timedelta(milliseconds=100)
+        ),
+    )
+    r.finish()
+    return settings
 
 
 def _parse_notify(doc: dict[str, Any], text: str, path: Path | None) -> NotifySettings:

@@ -101,22 +101,32 @@ class ResizeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ResizeSettings:
-    """How the executor paces a resize.
+    """How the executor paces a resize: the ``[policy.resize]`` table of the config file.
 
-    ``ack_timeout``: how long to wait for the checkpoint acknowledgement; None uses each
-    job's checkpoint grace. ``fast_start``: set ``StartTime=now+1`` with the update (see
-    the module docstring). ``release_after``: a job requeued held that Slurm still shows
-    completing after this long is released anyway (at whatever size it has then), so a
-    stuck epilog never leaves a job held.
+    - ``ack_timeout``: how long to wait for the checkpoint acknowledgement; None (the
+      file's ``"grace"``) uses each job's checkpoint grace.
+    - ``requeue_within`` (0.5): share of the job's grace after its ack within which the
+      requeue must happen, else the resize is aborted (the job stops waiting after the
+      grace and trains on, so a later requeue would lose steps).
+    - ``fast_start`` (true): set ``StartTime=now+1`` with the update (see the module
+      docstring).
+    - ``release_delay`` (1.5 s): with ``fast_start``, the release waits this long after
+      the update, so that the begin time (now+1 on slurmctld's clock) has passed when the
+      release triggers the scheduler: a job not yet eligible then waits for the next
+      backfill pass.
+    - ``release_after`` (10 min): a job requeued held that Slurm still shows completing
+      after this long is released anyway (at whatever size it has then), so a stuck
+      epilog never leaves a job held.
+    - ``cycle_interval`` (1 s): how often the daemon observes while a resize is in
+      flight (each step waits for the next observation).
     """
 
     ack_timeout: timedelta | None = None
+    requeue_within: float = 0.5
     fast_start: bool = True
-    release_after: timedelta = timedelta(minutes=10)
-    # With fast_start, the release waits this long after the update, so that the begin
-    # time (now+1 on slurmctld's clock) has passed when the release triggers the
-    # scheduler: a job not yet eligible then would wait for the next backfill pass.
     release_delay: timedelta = timedelta(seconds=1.5)
+    release_after: timedelta = timedelta(minutes=10)
+    cycle_interval: timedelta = timedelta(seconds=1)
 
 
 def state_dir_of(spec: MalleableSpec, job: Job) -> str:
@@ -359,7 +369,8 @@ class ResizeExecutor:
         )
         if ack is not None and fresh:
             # The job waits the grace after its ack; requeue well within it.
-            hold_by = at + timedelta(seconds=float(row.payload["grace_s"]) / 2)
+            within = float(row.payload["grace_s"]) * self.settings.requeue_within
+            hold_by = at + timedelta(seconds=within)
             nxt = self.store.advance(
                 row,
                 CHECKPOINTED,

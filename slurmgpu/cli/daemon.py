@@ -127,6 +127,7 @@ def _run(
         max_backoff=settings.daemon.max_backoff,
         on_cycle=on_cycle,
         busy=policies.busy if policies is not None else None,
+        busy_interval=settings.policy.resize.cycle_interval,
         metrics=metrics,
     )
     if once:

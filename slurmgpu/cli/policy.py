@@ -29,7 +29,7 @@ def _duration(d: timedelta) -> str | float:
 # Settings fields whose key in the file is spelt differently.
 _KEYS = {"device_memory_mib": "device_memory", "memory_margin_mib": "memory_margin"}
 # What the file says for a field left None, where it has a word for it ("" is no value).
-_NONE = {"device_memory": "auto", "second_warn_after": "off"}
+_NONE = {"device_memory": "auto", "second_warn_after": "off", "ack_timeout": "grace"}
 
 
 def _value(v: Any) -> Any:

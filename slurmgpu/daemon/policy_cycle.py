@@ -181,6 +181,9 @@ class PolicyCycle:
 
     def run(self, cluster: ClusterSnapshot, at: datetime) -> list[ActuationResult]:
         """Decide and act for one observed snapshot; never raises for store trouble."""
+        # Decisions a stopped daemon left pending are judged before anything is decided:
+        # a change confirmed in Slurm then counts for the cooldown.
+        self.actuator.settle_interrupted(cluster.jobs)
         if self.malleable is not None:
             self.malleable.advance(cluster, at)  # before deciding: policies see what is in flight
         try:
@@ -245,7 +248,9 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
     audit = AuditStore(store.engine, store.cluster)
     actuator = Actuator(slurm, audit, notifier)
     actuator.recover()
-    malleable = MalleableActuator(slurm, TransactionStore(store.engine, store.cluster), audit)
+    malleable = MalleableActuator(
+        slurm, TransactionStore(store.engine, store.cluster), audit, p.resize
+    )
     malleable.recover(datetime.now(UTC))
     return PolicyCycle(
         engine,

@@ -52,6 +52,41 @@ def test_bad_choice_lists_the_choices() -> None:
         parse_settings('[daemon]\nmode = "yolo"\n')
 
 
+def test_resize_pacing_is_read_from_policy_resize() -> None:
+    default = parse_settings("").policy.resize
+    assert default.ack_timeout is None and default.requeue_within == 0.5
+    assert default.release_delay == timedelta(seconds=1.5) and default.fast_start
+    s = parse_settings(
+        "[policy.resize]\n"
+        'ack_timeout = "20s"\nrequeue_within = 0.25\nfast_start = false\n'
+        'release_delay = "2s"\nrelease_after = "5m"\ncycle_interval = "500ms"\n'
+    ).policy.resize
+    assert s.ack_timeout == timedelta(seconds=20) and s.requeue_within == 0.25
+    assert not s.fast_start and s.release_delay == timedelta(seconds=2)
+    assert s.release_after == timedelta(minutes=5)
+    assert s.cycle_interval == timedelta(milliseconds=500)
+    assert (
+        parse_settings('[policy.resize]\nack_timeout = "grace"\n').policy.resize.ack_timeout is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("requeue_within = 0", "policy.resize.requeue_within must be a number in (0, 1], not 0"),
+        ("requeue_within = true", "policy.resize.requeue_within must be a number in (0, 1]"),
+        ('ack_timeout = "0s"', "policy.resize.ack_timeout must be at least 1s"),
+        ('cycle_interval = "1ms"', "policy.resize.cycle_interval must be at least 0.1s"),
+        ('release_delay = "soon"', "policy.resize.release_delay must be a duration"),
+        ("delay = 1", "policy.resize.delay is not a known setting"),
+    ],
+)
+def test_bad_resize_pacing_is_one_line_naming_key_and_line(line: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(f"[policy.resize]\n{line}\n", Path("c.toml"))
+    assert f"line 2: {message}" in str(info.value)
+
+
 def test_invalid_toml_reports_the_line() -> None:
     with pytest.raises(ConfigError, match=r"line 2: not valid TOML"):
         parse_settings("[daemon]\nmode = \n", Path("c.toml"))
