@@ -11,7 +11,11 @@ lets a pending job switch from gres/gpu to gres/shard (``convert_gpu_requests``;
 22.05 refuses) -- that opted in (``sgpu submit --shareable``, comment token
 ``sgpu:shareable``) or any job while ``apply_to_all``. Its profile: mean GPU util and
 peak GPU memory of past runs (:class:`~slurmgpu.policy.priors.Priors`), memory also from
-``--gpu-mem`` (``sgpu:gpu-mem=MiB``; the larger counts). It is packed when
+``--gpu-mem`` (``sgpu:gpu-mem=MiB``; the larger counts). History counts only at the job's
+own keys (its script or its name, :data:`JOB_LEVELS`): the mean util of a user's *other*
+jobs says nothing about this one (a user with a light sweep would have their heavy
+training packed). ``--gpu-mem`` is required for a job without such history. It is
+packed when
 
 - light: util <= ``max_util_pct`` (a shareable job without history counts at that ceiling);
 - memory fits: shards are memory budgets. ``N = max(ceil(S * mem / (device - margin)),
@@ -51,7 +55,7 @@ from datetime import datetime
 from slurmgpu.model import Job, JobState, Node
 from slurmgpu.policy.base import Action, GpuStat, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.interference import COEFFICIENTS, InterferenceModel, slowdown_with
-from slurmgpu.policy.priors import Priors
+from slurmgpu.policy.priors import LEVELS, Priors
 from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.policy.settings import ColocateSettings
 
@@ -60,6 +64,7 @@ __all__ = [
     "ALERT_SEPARATE",
     "ALERT_SEPARATE_NOTICE",
     "GPU_MEM_MARK",
+    "JOB_LEVELS",
     "SEPARATED_MARK",
     "SHAREABLE_MARK",
     "ColocateHints",
@@ -74,6 +79,8 @@ SEPARATED_MARK = "sgpu:separated"
 ALERT_PACK = "colocate"
 ALERT_SEPARATE = "colocate_separation"
 ALERT_SEPARATE_NOTICE = "colocate_separation_notice"
+# Priors levels keyed by the job itself (script or name); the user-wide ones are not.
+JOB_LEVELS = frozenset(level for level in LEVELS if "script" in level or "name" in level)
 
 Numbers = dict[str, float | int | str | None]
 
@@ -220,6 +227,8 @@ class ColocatePolicy:
             if priors is None:
                 priors = self.priors(snapshot.history)
             est = priors.estimate(job)
+            if est is not None and est.level not in JOB_LEVELS:
+                est = None
             util = est.mean_gpu_util_pct if est is not None else None
             util_source = "history"
             if util is None:

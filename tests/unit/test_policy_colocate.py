@@ -182,6 +182,23 @@ def test_heavy_or_big_or_unknown_jobs_are_never_packed() -> None:
     assert ColocatePolicy().propose(snap(jobs, records=records)) == []
 
 
+def test_only_the_jobs_own_history_makes_it_light_not_the_users_other_jobs() -> None:
+    # Alice's sweep is light (15 %); her "train" job has no history of its own. The
+    # user-level prior (15 %, 6 GiB) must not get it packed: it may be a heavy run.
+    records = history("sweep", util=15.0, peak_gpu_mib=6 * GIB)
+    gpu_job = pending(1, name="train", gpus=GpuRequest(gpus=1, per_node=1))
+    policy = ColocatePolicy(ColocateSettings(apply_to_all=True, convert_gpu_requests="always"))
+    assert policy.propose(snap([gpu_job], records=records)) == []
+    # Declared shareable (and its memory), it is packed at the assumed ceiling instead.
+    declared = pending(2, name="train", comment=SHAREABLE_8G)
+    (action,) = policy.propose(snap([declared], records=records))
+    assert action.numbers["util_source"] == "declared shareable (assumed at the ceiling)"
+    assert action.numbers["gpu_memory_mib"] == 8 * GIB
+    # Its own history, once there, decides.
+    own = records + history("train", util=85.0, peak_gpu_mib=6 * GIB)
+    assert policy.propose(snap([gpu_job, declared], records=own)) == []
+
+
 def test_memory_sets_the_shard_count_so_the_gpu_never_overflows() -> None:
     # 30 GiB of 78 usable: ceil(4 * 30 / 78) = 2 shards; 50 GiB: 3 shards.
     actions = ColocatePolicy().propose(
