@@ -60,6 +60,7 @@ def _register() -> None:
     from slurmgpu.cli.jobs import jobs
     from slurmgpu.cli.policy import policy
     from slurmgpu.cli.report import report
+    from slurmgpu.cli.resizes import resizes
     from slurmgpu.cli.submit import submit
     from slurmgpu.cli.token import node_token_command
 
@@ -73,6 +74,7 @@ def _register() -> None:
     main.add_command(db)
     main.add_command(eff)
     main.add_command(report)
+    main.add_command(resizes)
     main.add_command(fakeload)
     main.add_command(node_token_command)
     from slurmgpu.cli.cluster import cluster
