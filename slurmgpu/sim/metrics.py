@@ -7,7 +7,11 @@
 - GPU-hours: GPUs held times time held, every run (a shard counts as its share of a GPU).
 - Allocated utilisation: GPU-hours / (cluster GPUs x makespan); used utilisation: the
   GPU-time spent computing (not checkpointing or starting up), weighted by the
-  application's GPU utilisation, over the same capacity.
+  application's GPU utilisation and, for a job sharing a GPU, by its co-location speed
+  (a shard job computes on its one GPU; its util counts in full there, not scaled by its
+  share of the shards), over the same capacity. It is productive GPU time: a job's total
+  is its util times its run time alone, however it ran, so sharing raises it only by
+  finishing the same work sooner (a shorter makespan).
 - Restarts: requeues (resizes and preemptions); timeouts: runs killed at their limit.
 """
 

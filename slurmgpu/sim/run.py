@@ -301,29 +301,48 @@ class _Runner:
         now = sim.now
         at = sim.at(now)
         usage: dict[int, JobUsage] = {}
+        # Util the jobs sharing one GPU would keep it busy at alone, summed: per-process
+        # samples show each its own util while the sum fits the GPU, and its time slice
+        # (its util / the sum) once it does not.
+        demand: dict[tuple[int, int], float] = {}
         for job in sim.running():
-            if not job.alloc:
+            if job.shard_alloc is not None:
+                key = (job.shard_alloc[0], job.shard_alloc[1])
+                demand[key] = demand.get(key, 0.0) + max(job.model.util_pct, 0.0)
+        for job in sim.running():
+            util = job.model.util_pct
+            if job.alloc:
+                node_names = [n for n in sim.job_record(job).nodes]
+                where = [
+                    (name, g)
+                    for name, (_, gpus) in zip(node_names, job.alloc, strict=True)
+                    for g in gpus
+                ]
+            elif job.shard_alloc is not None:
+                # A shard job's per-process samples are on the one GPU its shards are on.
+                where = [(sim.job_record(job).nodes[0], job.shard_alloc[1])]
+                summed = demand[(job.shard_alloc[0], job.shard_alloc[1])]
+                util *= min(1.0, 100.0 / max(summed, 1e-9))
+            else:
                 continue
             samples = max(1, int((now - job.start_s) // self.options.sample_interval_s))
             # A job whose GPUs compute nothing has been idle since it started.
             idle = job.model.util_pct <= 0
             idle_for = timedelta(seconds=now - job.start_s) if idle else timedelta(0)
-            node_names = [n for n in sim.job_record(job).nodes]
             stats = tuple(
                 GpuStat(
                     node=name,
                     gpu_index=g,
                     samples=samples,
-                    mean_util_pct=job.model.util_pct,
-                    max_util_pct=job.model.util_pct,
+                    mean_util_pct=util,
+                    max_util_pct=util,
                     max_memory_mib=job.model.memory_mib,
                     memory_total_mib=DEVICE_MEMORY_MIB,
                     trailing_idle=idle_for,
                     never_busy=idle,
                     last_sample_at=at,
                 )
-                for name, (_, gpus) in zip(node_names, job.alloc, strict=True)
-                for g in gpus
+                for name, g in where
             )
             usage[job.job_id] = JobUsage(job.job_id, stats)
         return usage

@@ -33,7 +33,10 @@ What it models, and how faithfully:
   (:meth:`SimSlurm.checkpointed_at`); a restarted run spends ``startup_s`` loading it.
 - **Co-location**: jobs sharing a GPU slow each other as ``interference`` predicts (a
   callable ``(util_a, mem_a, util_b, mem_b) -> (slow_a, slow_b)``; slowdowns >= 1,
-  values below 1 are read as relative speeds); without one they run at full speed.
+  values below 1 are read as relative speeds); without one they run at full speed. A
+  job's current relative speed is ``SimJob.speed``; the GPU time it *uses* is its util
+  on the one GPU its shards are on times that speed (not times its share of the shards:
+  a 30 % job on half a GPU's shards keeps that GPU 30 % busy).
 
 Event-driven: a heap of timed events (arrivals, ends, limits, begin times, checkpoints,
 callers' timers); nothing ticks. ``run_until(t)`` processes every event up to ``t``.
@@ -87,6 +90,9 @@ class _Run:
     end_s: float
     gpus: float  # whole GPUs, or shards / shards_per_gpu
     used_gpu_s: float = 0.0
+    # GPUs the job's kernels run on: its whole GPUs, or the one GPU its shards are on
+    # (a light job on half a GPU's shards still keeps that GPU busy at its own util).
+    compute_gpus: float = 0.0
 
 
 class SimJob:
@@ -126,6 +132,7 @@ class SimJob:
         "shard_alloc",
         "shards",
         "spec",
+        "speed",
         "start_s",
         "state",
         "submit_s",
@@ -157,8 +164,8 @@ class SimJob:
         self.requeue = True
         self.gpus = spec.gpus if not spec.shards else 0
         self.shards = spec.shards
-        self.gpus_per_node: int | None = None
-        self.fixed_nodes = 0
+        self.gpus_per_node: int | None = spec.gpus_per_node if self.gpus else None
+        self.fixed_nodes = self.gpus // self.gpus_per_node if self.gpus_per_node else 0
         self.time_limit_s = spec.time_limit_s
         self.fields: dict[str, str] = {}
         self.alloc: list[tuple[int, tuple[int, ...]]] = []
@@ -171,6 +178,7 @@ class SimJob:
         self.checkpointed_s = math.nan
         self.busy_from = math.inf
         self.rate = 0.0
+        self.speed = 1.0  # relative speed from co-location (1 = alone on its GPU)
         self.restarts = 0
         self.version = 0
         self.attained_gpu_s = 0.0
@@ -337,6 +345,16 @@ class SimSlurm:
         if spec.gpus > self.total_gpus:
             raise SlurmCommandError(
                 f"job {spec.name}: {spec.gpus} GPUs but the cluster has {self.total_gpus}"
+            )
+        per_node = spec.gpus_per_node
+        if (
+            spec.gpus
+            and per_node is not None
+            and (per_node < 1 or per_node > self.gpus_per_node or spec.gpus % per_node)
+        ):
+            raise SlurmCommandError(
+                f"job {spec.name}: {spec.gpus} GPUs at {per_node} per node do not fit "
+                f"nodes of {self.gpus_per_node}"
             )
         first = next(self._ids)
         if spec.array_tasks > 0:
@@ -608,7 +626,7 @@ class SimSlurm:
         self._close_run(job)
         job.alloc = keep
         job.gpus = sum(len(g) for _, g in keep)
-        job.runs.append(_Run(self.now, math.nan, float(job.gpus)))
+        job.runs.append(_Run(self.now, math.nan, float(job.gpus), compute_gpus=float(job.gpus)))
         job.busy_from = max(job.busy_from, self.now) + self.runtime.reform_s
         self._rates_for([job])
         self._dirty = True
@@ -700,7 +718,13 @@ class SimSlurm:
         if self.now > job.busy_from:
             if job.runs:
                 run = job.runs[-1]
-                run.used_gpu_s += (self.now - job.busy_from) * run.gpus * job.model.util_pct / 100.0
+                run.used_gpu_s += (
+                    (self.now - job.busy_from)
+                    * run.compute_gpus
+                    * job.speed
+                    * job.model.util_pct
+                    / 100.0
+                )
             job.base_work = job.work_at(self.now)
             job.busy_from = self.now
 
@@ -762,7 +786,8 @@ class SimSlurm:
                 continue
             self._fold(job)
             placement = job.placement if job.alloc else (1,)
-            job.rate = job.model.rate(placement) * self._speed(job)
+            job.speed = self._speed(job)
+            job.rate = job.model.rate(placement) * job.speed
             self._reschedule_end(job)
 
     def _sharers(self, job: SimJob) -> list[SimJob]:
@@ -798,7 +823,8 @@ class SimSlurm:
                 self._free_counts[n] -= 1
             self._nodes[n].gpu_shards[g][job.job_id] = s
         share = job.allocated_gpus if shard is None else shard[2] / max(1, self.shards_per_gpu)
-        job.runs.append(_Run(self.now, math.nan, float(share)))
+        compute = float(job.allocated_gpus if shard is None else 1)
+        job.runs.append(_Run(self.now, math.nan, float(share), compute_gpus=compute))
         startup = self.runtime.startup_s if job.restarts else 0.0
         job.base_work = min(job.base_work, job.model.work)
         job.busy_from = self.now + startup

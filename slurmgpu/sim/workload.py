@@ -124,8 +124,10 @@ class MalleableRange:
 class TraceJob:
     """One job of a trace, ready to submit to :class:`~slurmgpu.sim.slurm.SimSlurm`.
 
-    ``gpus`` is the whole-GPU request (``--gpus=N``, Slurm places it on any nodes);
-    ``shards`` a ``gres/shard`` request instead. ``time_limit_s`` None means no limit.
+    ``gpus`` is the whole-GPU request (``--gpus=N``, Slurm places it on any nodes), or
+    with ``gpus_per_node`` K the ``--gres=gpu:K`` form (``gpus / K`` nodes of K GPUs;
+    what co-location can turn into shards); ``shards`` a ``gres/shard`` request instead.
+    ``time_limit_s`` None means no limit.
     """
 
     submit_s: float
@@ -134,6 +136,7 @@ class TraceJob:
     model: JobModel
     gpus: int = 1
     shards: int = 0
+    gpus_per_node: int | None = None
     time_limit_s: float | None = None
     account: str = ""
     partition: str = "gpu"
