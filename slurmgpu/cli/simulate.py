@@ -25,7 +25,8 @@ from rich.progress import (
 )
 
 from slurmgpu.cli.context import fail
-from slurmgpu.sim.loaders import FORMATS, TraceError, load_trace
+from slurmgpu.sim.loaders import FORMATS, TraceError, detect_format, load_trace
+from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interference, solo_profiles
 from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import PolicySetUnavailable, known_sets
 from slurmgpu.sim.profiles import ProfileError, ThroughputProfile, load_profiles
@@ -76,6 +77,16 @@ def _interference() -> InterferenceModel | None:
         return float(p.slowdown_a), float(p.slowdown_b)
 
     return pair
+
+
+def _is_lucid(trace: Path, fmt: str | None) -> bool:
+    if fmt is not None:
+        return fmt == "lucid"
+    try:
+        with trace.open(encoding="utf-8", errors="replace") as f:
+            return detect_format(f.readline()) == "lucid"
+    except (OSError, TraceError):
+        return False
 
 
 def _write(target: str, text: str, console: Console) -> None:
@@ -168,6 +179,15 @@ def simulate_command(
         fail(str(exc))
     jobs = scale_load(jobs, load)
     interference = None if no_interference else _interference()
+    slowdown_source = "slurmgpu.policy.interference.predict"
+    if interference is not None and _is_lucid(trace, fmt):
+        # A workload drawn from Lucid's pairs: sharers slow each other as Lucid measured.
+        try:
+            pairs = load_lucid_pairs(trace)
+            interference = measured_interference(pairs, solo_profiles(pairs))
+        except LucidError as exc:
+            fail(str(exc))
+        slowdown_source = "Lucid's measured pair speeds (the model where a pair was not measured)"
     options = SimOptions(
         period_s=period_s,
         requeue_delay_s=requeue_delay,
@@ -180,8 +200,7 @@ def simulate_command(
         published = PUBLISHED_AVG_JCT_S[int(m.group(1))]
         comparison.published = {k: float(v) for k, v in published.items()}
     comparison.notes.append(
-        "co-location slowdown: "
-        + ("slurmgpu.policy.interference.predict" if interference else "none (full speed)")
+        "co-location slowdown: " + (slowdown_source if interference else "none (full speed)")
     )
     with Progress(
         TextColumn("{task.description}"),

@@ -25,6 +25,10 @@ Formats (``load_trace`` picks one by content):
   ``user``, ``name``, ``time_limit_s``, ``shards``, ``util_pct``, ``memory_mib``,
   ``min_gpus``, ``max_gpus`` (a malleable range), ``application`` and ``batch_size``
   (then the duration comes from the profile and ``duration_s`` may be empty).
+- **Lucid pairs** (``shared/data/lucid/colocate_info.csv``): not a trace but the
+  measurements a seeded fractional-GPU workload is drawn from
+  (:func:`slurmgpu.sim.lucid.lucid_workload`: 600 1-GPU jobs offered at the cluster's
+  GPUs, ``seed`` as everywhere).
 
 Time limits missing from a trace are drawn from the seeded
 :class:`~slurmgpu.sim.workload.TimeLimitModel`.
@@ -40,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from slurmgpu.sim.lucid import LucidError, lucid_workload, parse_lucid_pairs, solo_profiles
 from slurmgpu.sim.profiles import APPLICATIONS, ThroughputProfile
 from slurmgpu.sim.workload import (
     JobModel,
@@ -61,7 +66,7 @@ __all__ = [
     "load_trace",
 ]
 
-FORMATS = ("pollux", "philly", "sacct-json", "sacct", "csv")
+FORMATS = ("pollux", "philly", "sacct-json", "sacct", "csv", "lucid")
 
 
 class TraceError(ValueError):
@@ -397,9 +402,12 @@ def detect_format(text: str) -> str:
         return "philly"
     if {"submit_s", "gpus"} <= cols:
         return "csv"
+    if {"model1", "model2", "speed1", "speed2", "gmem"} <= cols:
+        return "lucid"
     raise TraceError(
         "cannot tell the trace format from its first line; expected a Pollux workload, "
-        "the Philly CSV, sacct --json, sacct --parsable2 or the generic CSV (docs/simulator.md)"
+        "the Philly CSV, sacct --json, sacct --parsable2, the generic CSV or Lucid's "
+        "colocate_info.csv (docs/simulator.md)"
     )
 
 
@@ -435,4 +443,9 @@ def load_trace(
         return load_sacct_parsable(text, name, seed=seed, gpus_per_node=gpus_per_node)
     if kind == "csv":
         return load_generic_csv(text, name, profiles, seed=seed, gpus_per_node=gpus_per_node)
+    if kind == "lucid":
+        try:
+            return lucid_workload(solo_profiles(parse_lucid_pairs(text, name)), max_gpus, seed=seed)
+        except LucidError as exc:
+            raise TraceError(str(exc)) from None
     raise TraceError(f"unknown trace format {kind!r} (one of {', '.join(FORMATS)})")

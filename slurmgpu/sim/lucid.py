@@ -120,17 +120,27 @@ def config_name(config: Config) -> str:
 
 def parse_lucid_pairs(text: str, path: str = "colocate_info.csv") -> list[LucidPair]:
     """Return the pairs of a colocate_info.csv text; a bad row raises one clear error."""
-    reader = csv.DictReader(io.StringIO(text))
-    fields = reader.fieldnames or []
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        fields = reader.fieldnames or []
+    except csv.Error as exc:
+        raise LucidError(f"{Path(path).name}, line 1: not valid CSV: {exc}") from None
     missing = [c for c in LUCID_COLUMNS if c not in fields]
     name = Path(path).name
     if missing:
         raise LucidError(f"{name}, line 1: not Lucid's colocate_info.csv (no {', '.join(missing)})")
     pairs = []
-    for line, row in enumerate(reader, start=2):
+    rows = enumerate(reader, start=2)
+    while True:
+        try:
+            line, row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise LucidError(f"{name}, line {reader.line_num}: not valid CSV: {exc}") from None
         try:
             values = [float(row[k] or "") for k in ("speed1", "speed2", "gpu_util", "gmem")]
-        except ValueError:
+        except (TypeError, ValueError):
             raise LucidError(
                 f"{name}, line {line}: speeds, gpu_util and gmem must be numbers"
             ) from None

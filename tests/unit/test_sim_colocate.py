@@ -12,13 +12,17 @@ so a 3,600 s job takes 3600 / 0.98933116 = 3,638.82 s next to its partner.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from click.testing import CliRunner
 
+from slurmgpu.cli.main import main
+from slurmgpu.sim.loaders import TraceError, detect_format, load_trace
 from slurmgpu.sim.lucid import (
     LucidError,
     LucidWorkload,
@@ -226,3 +230,24 @@ def test_co_location_raises_used_utilisation_and_lowers_jct_on_a_lucid_trace(
     assert shared.avg_jct_s < plain.avg_jct_s
     assert shared.used_util_pct > plain.used_util_pct
     assert shared.gpu_hours < plain.gpu_hours  # the same work on fewer GPU-hours
+
+
+def test_sgpu_simulate_draws_the_workload_from_the_lucid_file(
+    lucid: list[object], tmp_path: Path
+) -> None:
+    assert detect_format(LUCID.read_text().splitlines()[0]) == "lucid"
+    args = ["simulate", str(LUCID), "--policies", "slurm,colocate", "--cluster", "2x4"]
+    out = CliRunner().invoke(main, [*args, "--load", "1.3", "--json", "-"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    runs = {r["policy_set"]: r for r in doc["results"]}
+    assert runs["slurm"]["jobs"] == runs["colocate"]["jobs"] == 600
+    assert runs["colocate"]["actions"] > 0
+    assert runs["colocate"]["avg_jct_s"] < runs["slurm"]["avg_jct_s"]
+    assert any("measured pair speeds" in n for n in doc["notes"])
+    bad = tmp_path / "pairs.csv"
+    bad.write_text(LUCID.read_text().splitlines()[0] + "\n0,A,D,1,32,0,x,B,D,1,32,0,1,5,5,5\n")
+    with pytest.raises(TraceError, match=r"pairs\.csv, line 2: speeds, gpu_util and gmem"):
+        load_trace(bad, None)
+    out = CliRunner().invoke(main, ["simulate", str(bad), "--policies", "slurm"])
+    assert out.exit_code == 1 and "line 2: speeds" in out.output
