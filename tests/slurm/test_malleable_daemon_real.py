@@ -8,6 +8,10 @@ cannot start: the daemon shrinks the training 4 -> 2, the rigid job starts on th
 given back, and once it ends the daemon grows the training back to 4. Its step counter
 and loss carry on across both resizes with no step lost or repeated.
 
+The daemon SIGKILLed right after each Slurm call of one resize (requeue held, update,
+release; tests/slurm/resize_fault_daemon.py) and restarted each time: the job ends up
+running at its new size, never left held, resized once.
+
 The policy's cost and pacing are set in seconds (production defaults are minutes):
 ``min_interval``, and the reconfiguration cost assumed before one is measured.
 """
@@ -15,6 +19,8 @@ The policy's cost and pacing are set in seconds (production defaults are minutes
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from slurmgpu.actuate.resize import HELD_REASONS
 from slurmgpu.labcluster import LabCluster
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient
@@ -181,3 +188,73 @@ def test_the_daemon_shrinks_a_malleable_job_for_a_rigid_job_and_grows_it_back(
             f"rigid job ended -> malleable job at 4 GPUs {grow_s:.1f} s",
             file=sys.stderr,
         )
+
+
+def kill_daemon_after(t: Telemetry, call: str) -> str:
+    """Run the daemon until it SIGKILLs itself after the resize's ``call``; the marker."""
+    marker = t.tmp / f"killed-after-{call}"
+    log = (t.tmp / "daemon.log").open("ab")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.slurm.resize_fault_daemon",
+            call,
+            str(marker),
+            "daemon",
+            "--interval",
+            "1s",
+            "--listen",
+            f"127.0.0.1:{t.port}",
+        ],
+        env={**t.env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(f"the daemon killed after {call}", lambda: proc.poll() is not None, 90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"the daemon exited {proc.returncode}"
+    return marker.read_text()
+
+
+def held(j: Job | None) -> bool:
+    return j is not None and j.state is JobState.PENDING and j.reason in HELD_REASONS
+
+
+@pytest.mark.slow
+def test_the_daemon_killed_after_each_slurm_call_of_a_resize_resizes_once(
+    slurm_cluster: LabCluster, tmp_path: Path
+) -> None:
+    log = tmp_path / "elastic.jsonl"
+    with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
+        elastic = trainer(t, log)
+        wait_for("the malleable job at 4 GPUs", lambda: running(elastic, 4))
+        wait_for("10 steps", lambda: len(steps(log)) >= 10)
+        fill_cluster(t)
+        t.stop_daemon()  # from here on, daemons that die mid-resize
+        rigid = sbatch(t, "--gres=gpu:2", "-t", "1", "-J", "rigid", "--wrap", "sleep 15")
+        kills = [kill_daemon_after(t, call).split() for call in ("requeue", "update", "release")]
+        assert kills == [[c, str(elastic)] for c in ("requeue", "update", "release")]
+        t.start_daemon()
+
+        wait_for("the rigid job running", lambda: running(rigid), timeout_s=60)
+        final = wait_for("the malleable job at 2 GPUs", lambda: running(elastic, 2), timeout_s=60)
+        assert final.restart_count == 1  # requeued once: never resized twice
+        wait_for(
+            "steps at 2 GPUs",
+            lambda: len(starts(log)) == 2 and steps(log)[-1] > starts(log)[-1][2] + 5,
+        )
+        assert not held(job(elastic))
+        assert [(g, r) for g, r, _ in starts(log)] == [(4, 0), (2, 1)]
+        assert_continuous(log)
+        resizes = json.loads(t.run("resizes", "--json", "--job", str(elastic)))
+        assert [(r["state"], r["from_gpus"], r["to_gpus"]) for r in resizes] == [("running", 4, 2)]
+        moves = [(a["numbers"]["direction"], a["outcome"]) for a in malleable_actions(t, elastic)]
+        assert moves == [("shrink", "done")]
+        text = (t.tmp / "daemon.log").read_text()
+        assert text.count("resumes at") >= 3, "each restarted daemon carried the resize on"
