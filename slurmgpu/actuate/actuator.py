@@ -2,9 +2,13 @@
 
 Order per decision: the decision is already in the audit (outcome ``pending``) before
 anything happens; then the Slurm change (enforce mode only), then the notification;
-then the outcome is stored. A daemon killed in between leaves ``pending`` rows, which
-are marked ``failed`` ("interrupted") on the next start, never replayed blindly: the
-next cycle decides again from a fresh snapshot.
+then the outcome is stored. A daemon killed in between leaves ``pending`` rows. The next
+daemon never replays them: it checks each against Slurm's listing (``actuate.confirm``)
+and records it ``done`` ("interrupted; taken (confirmed after restart)") when the change
+is in place, ``failed`` ("interrupted; not applied") when it is not, and ``failed``
+("interrupted … not confirmed") when Slurm's listing cannot tell (a warning, a job that
+has left the listing). The next cycle decides again from a fresh snapshot, so a change
+not applied is proposed again and a confirmed one counts for cooldowns.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from slurmgpu.actuate.confirm import Verdict, judge
 from slurmgpu.actuate.separate import recover_separations, separate
+from slurmgpu.model import Job
 from slurmgpu.policy.base import Action, Decision
 from slurmgpu.slurm.client import SlurmClient, SlurmError
 from slurmgpu.store.audit import AuditStore
@@ -63,19 +69,77 @@ class Actuator:
         self.slurm = slurm
         self.audit = audit
         self.notifier = notifier
+        # Ids of decisions a stopped daemon left pending, until they are judged.
+        self._interrupted: set[int] = set()
 
     def recover(self) -> int:
-        """Mark decisions a previous daemon recorded but did not finish; return how many."""
+        """Settle decisions a previous daemon recorded but did not finish; return how many.
+
+        Half-done separations are finished first (no job may stay held). Each interrupted
+        decision is then judged against Slurm's listing; when Slurm does not answer now,
+        they stay ``pending`` until :meth:`settle_interrupted` gets the first listing.
+        """
         stale = self.audit.pending()
-        if stale:
-            # A separation stopped between its requeuehold and release must not leave
-            # the job held.
-            recover_separations(self.slurm, self.audit.list(policy="colocate"), set(stale))
-        for action_id in stale:
-            self.audit.set_outcome(action_id, "failed", "interrupted: the daemon stopped")
-        if stale:
-            log.warning("%d decision(s) interrupted by a daemon stop marked failed", len(stale))
+        if not stale:
+            return 0
+        # A separation stopped between its requeuehold and release must not leave
+        # the job held.
+        recover_separations(self.slurm, self.audit.list(policy="colocate"), set(stale))
+        self._interrupted = set(stale)
+        try:
+            jobs = self.slurm.jobs()
+        except SlurmError as exc:
+            log.warning(
+                "%d decision(s) interrupted by a daemon stop; Slurm did not answer (%s): "
+                "they are checked against the first listing",
+                len(stale),
+                exc,
+            )
+            return len(stale)
+        self.settle_interrupted(jobs)
         return len(stale)
+
+    def settle_interrupted(self, jobs: Sequence[Job]) -> int:
+        """Record what became of the interrupted decisions, judged on ``jobs`` (a listing
+        taken after the restart); return how many were settled (0 once all are)."""
+        if not self._interrupted:
+            return 0
+        by_id = {j.job_id: j for j in jobs}
+        counts = dict.fromkeys(Verdict, 0)
+        try:
+            for r in self.audit.pending_records():
+                if r.id not in self._interrupted:
+                    continue
+                verdict, why = judge(r.kind, r.fields, r.at, by_id.get(r.job_id or -1))
+                if verdict is Verdict.TAKEN:
+                    self.audit.set_outcome(
+                        r.id, "done", f"interrupted; taken (confirmed after restart): {why}"
+                    )
+                elif verdict is Verdict.NOT_APPLIED:
+                    self.audit.set_outcome(
+                        r.id, "failed", f"interrupted; not applied (checked after restart): {why}"
+                    )
+                else:
+                    self.audit.set_outcome(
+                        r.id, "failed", f"interrupted: the daemon stopped; not confirmed: {why}"
+                    )
+                self._interrupted.discard(r.id)
+                counts[verdict] += 1
+        except StoreError as exc:
+            log.error("%s; interrupted decisions are settled on a later cycle", exc)
+            return 0
+        settled = sum(counts.values())
+        self._interrupted.clear()  # any left were settled by someone else (not pending)
+        if settled:
+            log.warning(
+                "%d decision(s) interrupted by a daemon stop, checked in Slurm: %d taken "
+                "(confirmed), %d not applied, %d not confirmed",
+                settled,
+                counts[Verdict.TAKEN],
+                counts[Verdict.NOT_APPLIED],
+                counts[Verdict.NOT_CONFIRMED],
+            )
+        return settled
 
     def _execute(self, action: Action) -> None:
         execute_action(self.slurm, action)

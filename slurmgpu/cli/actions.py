@@ -70,7 +70,7 @@ def actions(
     for r in rows:
         why = r.reason + (f" [suppressed: {r.suppressed}]" if r.suppressed else "")
         if r.error:
-            why += f" [error: {r.error}]"
+            why += f" [{'note' if r.outcome == 'done' else 'error'}: {r.error}]"
         table.add_row(
             r.at.strftime("%m-%d %H:%M:%S"),
             str(r.job_id or "-"),

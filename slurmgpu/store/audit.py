@@ -139,12 +139,21 @@ class AuditStore:
 
     def pending(self) -> list[int]:
         """Ids of decisions recorded but never carried out (a daemon died in between)."""
+        return [r.id for r in self.pending_records()]
+
+    def pending_records(self) -> list[AuditRecord]:
+        """Decisions recorded but never carried out, oldest first."""
         a = schema.actions
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(a.c.id).where(and_(a.c.cluster == self.cluster, a.c.outcome == "pending"))
-            )
-            return [int(r[0]) for r in rows]
+        stmt = (
+            select(a)
+            .where(and_(a.c.cluster == self.cluster, a.c.outcome == "pending"))
+            .order_by(a.c.id)
+        )
+        try:
+            with self.engine.connect() as conn:
+                return [_record(r) for r in conn.execute(stmt).mappings()]
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not read interrupted decisions: {exc}") from exc
 
     # -- policy memory -----------------------------------------------------------
 
@@ -223,22 +232,23 @@ class AuditStore:
             cond.append(a.c.outcome != "skipped")
         stmt = select(a).where(and_(*cond)).order_by(a.c.id.desc()).limit(limit)
         with self.engine.connect() as conn:
-            return [
-                AuditRecord(
-                    id=int(r["id"]),
-                    at=r["at"],
-                    job_id=r["job_id"],
-                    user=r["user"],
-                    policy=r["policy"],
-                    kind=r["kind"],
-                    mode=r["mode"],
-                    outcome=r["outcome"],
-                    reason=r["reason"],
-                    suppressed=r["suppressed"],
-                    numbers=dict(r["numbers"] or {}),
-                    fields=dict(r["fields"] or {}),
-                    error=r["error"],
-                    caller_uid=r["caller_uid"],
-                )
-                for r in conn.execute(stmt).mappings()
-            ]
+            return [_record(r) for r in conn.execute(stmt).mappings()]
+
+
+def _record(r: Any) -> AuditRecord:
+    return AuditRecord(
+        id=int(r["id"]),
+        at=as_utc(r["at"]),
+        job_id=r["job_id"],
+        user=r["user"],
+        policy=r["policy"],
+        kind=r["kind"],
+        mode=r["mode"],
+        outcome=r["outcome"],
+        reason=r["reason"],
+        suppressed=r["suppressed"],
+        numbers=dict(r["numbers"] or {}),
+        fields=dict(r["fields"] or {}),
+        error=r["error"],
+        caller_uid=r["caller_uid"],
+    )
