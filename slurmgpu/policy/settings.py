@@ -196,6 +196,9 @@ class RightsizeSettings:
       every pending job. Either way every proposal is audited.
     - ``time_quantile`` (0.95, nearest rank) * ``time_headroom`` (1.3) of past run
       times, rounded up to ``time_round`` (5 min), at least ``min_time_limit`` (15 min).
+    - ``time_from_other_jobs`` (false): a ``TimeLimit`` comes only from runs of the same
+      script or job name; the user's other jobs (the ``user+partition`` / ``user``
+      history levels) never set one, since a limit that is too short kills the run.
     - ``memory_headroom`` (1.2, jobstats' ``ceil(1.2 * used)``) * the peak, rounded up to
       ``memory_round_mib`` (256 MiB).
     - ``cpu_headroom`` (1.2) * the most cores a past run used on average, never below
@@ -217,6 +220,7 @@ class RightsizeSettings:
     time_headroom: float = 1.3
     min_time_limit: timedelta = timedelta(minutes=15)
     time_round: timedelta = timedelta(minutes=5)
+    time_from_other_jobs: bool = False
     memory_headroom: float = 1.2
     memory_round_mib: int = 256
     cpu_headroom: float = 1.2
@@ -245,6 +249,7 @@ class RightsizeSettings:
                 "min_time_limit", timedelta(minutes=15), minimum=timedelta(minutes=1)
             ),
             time_round=t.duration("time_round", timedelta(minutes=5), minimum=timedelta(minutes=1)),
+            time_from_other_jobs=t.boolean("time_from_other_jobs", False),
             memory_headroom=t.number("memory_headroom", 1.2, minimum=1.0),
             memory_round_mib=t.integer("memory_round_mib", 256, minimum=1),
             cpu_headroom=t.number("cpu_headroom", 1.2, minimum=1.0),
@@ -440,7 +445,9 @@ class ColocateSettings:
 class MalleableSettings:
     """When malleable jobs are shrunk for waiting jobs and expanded into idle GPUs.
 
-    - ``mode`` (advise); ``shrink`` / ``expand`` (both true): which moves are proposed.
+    - ``mode`` (advise); ``shrink`` / ``expand`` / ``start_smaller`` (all true): which
+      moves are proposed (``start_smaller``: a waiting malleable job's request lowered
+      to the GPUs free now).
     - Reconfiguration cost, until resizes here have been measured
       (``PolicySnapshot.resize_cost``, used while ``use_measured_cost``):
       ``checkpoint_time`` (30 s) + ``requeue_delay`` (121 s: Slurm 22.05-25.x's
@@ -467,6 +474,7 @@ class MalleableSettings:
     mode: Mode = Mode.ADVISE
     shrink: bool = True
     expand: bool = True
+    start_smaller: bool = True
     checkpoint_time: timedelta = timedelta(seconds=30)
     requeue_delay: timedelta = timedelta(seconds=121)
     startup_time: timedelta = timedelta(seconds=30)
@@ -494,6 +502,7 @@ class MalleableSettings:
             mode=t.mode("mode", Mode.ADVISE),
             shrink=t.boolean("shrink", True),
             expand=t.boolean("expand", True),
+            start_smaller=t.boolean("start_smaller", True),
             checkpoint_time=t.duration("checkpoint_time", timedelta(seconds=30)),
             requeue_delay=t.duration("requeue_delay", timedelta(seconds=121)),
             startup_time=t.duration("startup_time", timedelta(seconds=30)),

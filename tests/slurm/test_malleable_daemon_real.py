@@ -8,6 +8,9 @@ cannot start: the daemon shrinks the training 4 -> 2, the rigid job starts on th
 given back, and once it ends the daemon grows the training back to 4. Its step counter
 and loss carry on across both resizes with no step lost or repeated.
 
+A malleable job that arrives when only 2 GPUs are free is started at 2 (its pending
+request lowered) instead of waiting, and grown to 4 once GPUs free up.
+
 The daemon SIGKILLed right after each Slurm call of a resize (checkpoint signal, requeue
 held, update, release; tests/slurm/resize_fault_daemon.py) and restarted each time: the
 resize killed after its signal is aborted (the job checkpointed, waited, and trains on
@@ -77,8 +80,9 @@ def sbatch(t: Telemetry, *args: str) -> int:
     return SLURM.submit(["-o", "/dev/null", *args], env=t.env)
 
 
-def trainer(t: Telemetry, log: Path) -> int:
+def trainer(t: Telemetry, log: Path, *extra: str) -> int:
     return t.submit(
+        *extra,
         "--malleable",
         "2:4",
         "--checkpoint-grace",
@@ -272,3 +276,34 @@ def test_the_daemon_killed_after_each_slurm_call_of_a_resize_never_holds_or_resi
         assert "interrupted" in shrinks[0]["error"]
         text = (t.tmp / "daemon.log").read_text()
         assert text.count("resumes at") >= 3, "each restarted daemon carried the resize on"
+
+
+@pytest.mark.slow
+def test_a_waiting_malleable_job_starts_at_the_gpus_free_and_grows_later(
+    slurm_cluster: LabCluster, tmp_path: Path
+) -> None:
+    log = tmp_path / "elastic.jsonl"
+    with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
+        full = [sbatch(t, "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
+        half = sbatch(t, "--gres=gpu:2", "--wrap", "sleep 600")
+        wait_for("3 full nodes and a half one", lambda: all(running(j) for j in [*full, half]))
+        elastic = trainer(t, log, "-t", "3")
+
+        started = wait_for("the malleable job running at 2 GPUs", lambda: running(elastic, 2))
+        assert started.restart_count == 0  # started smaller, not resized
+        (update,) = [a for a in malleable_actions(t, elastic) if a["kind"] == "update"]
+        assert update["outcome"] == "done" and update["numbers"]["direction"] == "start_smaller"
+        assert update["fields"] == {"TresPerNode": "gres:gpu:2"}  # Slurm 22.05's spelling
+        wait_for("steps at 2 GPUs", lambda: len(steps(log)) >= 10)
+
+        SLURM.cancel(half)
+        grown = wait_for("the malleable job grown to 4 GPUs", lambda: running(elastic, 4))
+        assert grown.restart_count == 1
+        wait_for(
+            "steps at 4 GPUs",
+            lambda: len(starts(log)) == 2 and steps(log)[-1] > starts(log)[-1][2] + 3,
+        )
+        assert [(g, r) for g, r, _ in starts(log)] == [(2, 0), (4, 1)]
+        assert_continuous(log)
+        moves = [(a["kind"], a["numbers"]["direction"]) for a in malleable_actions(t, elastic)]
+        assert moves == [("update", "start_smaller"), ("resize", "expand")]

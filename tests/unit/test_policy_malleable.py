@@ -335,3 +335,58 @@ def test_config_file_policy_malleable_table(tmp_path: Path) -> None:
     path.write_text('[policy.malleable]\nmin_interval = "soon"\n')
     with pytest.raises(ConfigError, match=r"line 2: policy\.malleable\.min_interval"):
         load_settings(path)
+
+
+# ---- start smaller
+
+
+def two_free_and_a_waiting_malleable_job(**pending: object) -> list[Job]:
+    """gpu1 has 2 of 4 GPUs free, gpu2 is full; job 3 waits for 4 GPUs on one node."""
+    rigid_a = running_job(1, gpus=two("gpu1"), started=HOUR, user="bob")
+    rigid_b = running_job(2, gpus=four("gpu2"), started=HOUR, user="bob")
+    waiting = pending_job(3, user="carol", gpus_per_node=4, **pending)  # type: ignore[arg-type]
+    return [rigid_a, rigid_b, waiting]
+
+
+def test_a_waiting_malleable_job_starts_now_at_the_gpus_free() -> None:
+    jobs = two_free_and_a_waiting_malleable_job(time_limit=timedelta(hours=1))
+    actions = MalleablePolicy().propose(snap(jobs, malleable={3: (2, 4)}))
+    (a,) = actions
+    assert (a.kind, a.job_id, a.policy) == ("update", 3, "malleable")
+    assert a.fields == {"TresPerNode": "gres/gpu:2"}
+    assert a.numbers["direction"] == "start_smaller" and a.numbers["to_gpus"] == 2
+    assert not a.requires_opt_in  # the malleable spec is the opt-in
+
+
+def test_start_smaller_spells_gres_for_slurm_22_05_and_per_job_requests() -> None:
+    rigid = running_job(1, gpus=four("gpu1"), started=HOUR, user="bob")
+    half = running_job(2, gpus=two("gpu2"), started=HOUR, user="bob")
+    waiting = pending_job(3, gpus_per_node=None, gpus_per_job=4, time_limit=timedelta(hours=1))
+    s = snap([rigid, half, waiting], malleable={3: (1, 4)})
+    s = replace(s, cluster=replace(s.cluster, slurm_version="22.05.8"))
+    (a,) = MalleablePolicy().propose(s)
+    assert a.fields == {"TresPerJob": "gres:gpu:2"}
+
+
+def test_start_smaller_never_below_min_nor_for_jobs_that_are_not_malleable() -> None:
+    jobs = two_free_and_a_waiting_malleable_job(time_limit=timedelta(hours=1))
+    assert MalleablePolicy().propose(snap(jobs, malleable={3: (3, 4)})) == []
+    assert MalleablePolicy().propose(snap(jobs, malleable={1: (2, 4)})) == []
+
+
+def test_start_smaller_only_when_it_beats_waiting() -> None:
+    # The running jobs end within minutes (their history says so) but the waiting one
+    # would run for days at half speed: waiting is better.
+    jobs = two_free_and_a_waiting_malleable_job(time_limit=timedelta(days=7))
+    jobs = [
+        replace(j, time_limit=timedelta(hours=1, minutes=5)) if j.job_id != 3 else j for j in jobs
+    ]
+    assert MalleablePolicy().propose(snap(jobs, malleable={3: (2, 4)})) == []
+    off = MalleablePolicy(MalleableSettings(start_smaller=False))
+    short = two_free_and_a_waiting_malleable_job(time_limit=timedelta(hours=1))
+    assert off.propose(snap(short, malleable={3: (2, 4)})) == []
+
+
+def test_a_malleable_job_held_mid_resize_is_not_started_smaller() -> None:
+    jobs = two_free_and_a_waiting_malleable_job(time_limit=timedelta(hours=1))
+    assert MalleablePolicy().propose(snap(jobs, malleable={3: (2, 4)}, resizing=[3])) == []
