@@ -40,7 +40,7 @@ import csv
 import io
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -73,6 +73,22 @@ class TraceError(ValueError):
     """A trace that cannot be loaded; the message names the file and line."""
 
 
+# Bounds on what one row may say. Past them a trace is wrong, not big: the simulator
+# would overflow its clock (durations, times) or spend minutes placing one job (GPUs).
+MAX_SECONDS = 1e9  # ~31.7 years: durations, time limits, and the trace's whole span
+MAX_GPUS = 10_000  # GPUs (or shards) of one job
+MAX_COUNT = 10**9  # other counts (batch size)
+MAX_SUBMIT = 1e11  # submit times: seconds from any origin (Unix time included)
+
+
+def _show(value: object, limit: int = 40) -> str:
+    """``repr`` of a value from the trace, cut so that an error stays one short line."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        return repr(text[:limit]) + f"... ({len(text)} chars)"
+    return repr(text)
+
+
 def _rng(seed: int, salt: str) -> random.Random:
     return random.Random(f"{seed}:{salt}")  # noqa: S311 - reproducible draws, not secrets
 
@@ -81,36 +97,75 @@ def _where(path: str, line: int) -> str:
     return f"{Path(path).name}, line {line}"
 
 
-def _number(row: Mapping[str, str | None], key: str, where: str, what: str) -> float:
+def _number(
+    row: Mapping[str, str | None],
+    key: str,
+    where: str,
+    what: str,
+    maximum: float = MAX_SECONDS,
+) -> float:
     raw = (row.get(key) or "").strip()
     try:
         value = float(raw)
     except ValueError:
-        raise TraceError(f"{where}: {key} must be {what}, not {raw!r}") from None
+        raise TraceError(f"{where}: {key} must be {what}, not {_show(raw)}") from None
     if not math.isfinite(value) or value < 0:
-        raise TraceError(f"{where}: {key} must be {what}, not {raw!r}")
+        raise TraceError(f"{where}: {key} must be {what}, not {_show(raw)}")
+    if value > maximum:
+        raise TraceError(f"{where}: {key} must be {what} up to {maximum:g}, not {_show(raw)}")
     return value
 
 
-def _count(row: Mapping[str, str | None], key: str, where: str, minimum: int = 1) -> int:
-    value = _number(row, key, where, f"a whole number >= {minimum}")
+def _count(
+    row: Mapping[str, str | None],
+    key: str,
+    where: str,
+    minimum: int = 1,
+    maximum: int = MAX_GPUS,
+) -> int:
+    what = f"a whole number >= {minimum}"
+    value = _number(row, key, where, what, maximum)
     if value != int(value) or value < minimum:
-        raise TraceError(f"{where}: {key} must be a whole number >= {minimum}, not {value:g}")
+        raise TraceError(
+            f"{where}: {key} must be {what}, not {_show((row.get(key) or '').strip())}"
+        )
     return int(value)
 
 
 def _reader(
     text: str, path: str, required: Sequence[str], delimiter: str = ","
 ) -> csv.DictReader[str]:
-    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
-    fields = reader.fieldnames or []
+    # newline="": the csv module sees \r, \n and \r\n line ends itself (a lone \r is
+    # a line end, not "new-line character seen in unquoted field").
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        fields = reader.fieldnames or []
+    except csv.Error as exc:
+        raise TraceError(f"{_where(path, reader.line_num + 1)}: not valid CSV: {exc}") from None
     missing = [c for c in required if c not in fields]
     if missing:
+        found = ", ".join(_show(f, 20) for f in fields[:12]) or "nothing"
         raise TraceError(
-            f"{Path(path).name}, line 1: missing column(s) {', '.join(missing)} "
-            f"(found: {', '.join(fields) or 'nothing'})"
+            f"{Path(path).name}, line {reader.line_num or 1}: missing column(s) "
+            f"{', '.join(missing)} (found: {found})"
         )
     return reader
+
+
+def _rows(reader: csv.DictReader[str], path: str) -> Iterator[tuple[int, dict[str, str | None]]]:
+    """Each row with the file line it starts on (blank lines and quoted line breaks count)."""
+    while True:
+        before = reader.line_num
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            line = reader.line_num + 1  # the line it could not read is not counted yet
+            raise TraceError(f"{_where(path, line)}: not valid CSV: {exc}") from None
+        values = [v for v in row.values() if isinstance(v, str)]
+        breaks = sum(v.count("\n") + v.count("\r") - v.count("\r\n") for v in values)
+        yield max(before + 1, reader.line_num - breaks), row
 
 
 def _finish(jobs: list[TraceJob], path: str) -> list[TraceJob]:
@@ -118,6 +173,12 @@ def _finish(jobs: list[TraceJob], path: str) -> list[TraceJob]:
         raise TraceError(f"{Path(path).name}: no jobs in the trace")
     jobs.sort(key=lambda j: (j.submit_s, j.line))
     t0 = jobs[0].submit_s
+    last = jobs[-1]
+    if last.submit_s - t0 > MAX_SECONDS:
+        raise TraceError(
+            f"{_where(path, last.line)}: submitted {last.submit_s - t0:.3g} s after the first "
+            f"job (line {jobs[0].line}); a trace may span at most {MAX_SECONDS:g} s"
+        )
     for j in jobs:
         j.submit_s -= t0
     return jobs
@@ -145,19 +206,19 @@ def load_pollux(
     reader = _reader(text, path, ("time", "application", "num_replicas", "batch_size"))
     rng = _rng(seed, "pollux-user")
     jobs: list[TraceJob] = []
-    for line, row in enumerate(reader, 2):
+    for line, row in _rows(reader, path):
         where = _where(path, line)
         app_name = (row.get("application") or "").strip()
         if app_name not in APPLICATIONS:
             raise TraceError(
-                f"{where}: unknown application {app_name!r} "
+                f"{where}: unknown application {_show(app_name)} "
                 f"(known: {', '.join(sorted(APPLICATIONS))})"
             )
         if app_name not in profiles:
             raise TraceError(f"{where}: no throughput profile for {app_name}")
-        submit = _number(row, "time", where, "seconds >= 0")
+        submit = _number(row, "time", where, "seconds >= 0", MAX_SUBMIT)
         replicas = _count(row, "num_replicas", where)
-        batch = _count(row, "batch_size", where)
+        batch = _count(row, "batch_size", where, maximum=MAX_COUNT)
         profile = profiles[app_name]
         model = ProfiledJob(APPLICATIONS[app_name], profile, batch)
         top = min(max_gpus, max(replicas, profile.max_replicas(batch)))
@@ -190,14 +251,14 @@ def load_philly(
     """Philly CSV → rigid jobs of their measured duration."""
     reader = _reader(text, path, ("timestamp", "duration", "num_gpus"))
     jobs: list[TraceJob] = []
-    for line, row in enumerate(reader, 2):
+    for line, row in _rows(reader, path):
         where = _where(path, line)
         stamp = (row.get("timestamp") or "").strip()
         try:
             when = datetime.fromisoformat(stamp).replace(tzinfo=UTC)
         except ValueError:
             raise TraceError(
-                f"{where}: timestamp must look like 2017-10-09 07:01:55, not {stamp!r}"
+                f"{where}: timestamp must look like 2017-10-09 07:01:55, not {_show(stamp)}"
             ) from None
         duration = _number(row, "duration", where, "a number of seconds")
         gpus = _count(row, "num_gpus", where)
@@ -232,26 +293,28 @@ def load_generic_csv(
     """The documented generic CSV (see the module docstring)."""
     reader = _reader(text, path, ("submit_s", "gpus"))
     jobs: list[TraceJob] = []
-    for line, row in enumerate(reader, 2):
+    for line, row in _rows(reader, path):
         where = _where(path, line)
-        submit = _number(row, "submit_s", where, "seconds >= 0")
+        submit = _number(row, "submit_s", where, "seconds >= 0", MAX_SUBMIT)
         shards = _count(row, "shards", where, 0) if (row.get("shards") or "").strip() else 0
         gpus = _count(row, "gpus", where, 0 if shards else 1)
         app_name = (row.get("application") or "").strip()
         model: JobModel
         if app_name:
             if app_name not in APPLICATIONS or not profiles or app_name not in profiles:
-                raise TraceError(f"{where}: no profile for application {app_name!r}")
+                raise TraceError(f"{where}: no profile for application {_show(app_name)}")
             model = ProfiledJob(
-                APPLICATIONS[app_name], profiles[app_name], _count(row, "batch_size", where)
+                APPLICATIONS[app_name],
+                profiles[app_name],
+                _count(row, "batch_size", where, maximum=MAX_COUNT),
             )
         else:
             duration = _number(row, "duration_s", where, "a number of seconds")
             model = RigidJob(max(1.0, duration), max(1, gpus))
         if (row.get("util_pct") or "").strip():
-            model.util_pct = _number(row, "util_pct", where, "a percentage")
+            model.util_pct = _number(row, "util_pct", where, "a percentage", 100.0)
         if (row.get("memory_mib") or "").strip():
-            model.memory_mib = _number(row, "memory_mib", where, "MiB")
+            model.memory_mib = _number(row, "memory_mib", where, "MiB", 1e9)
         malleable = None
         if (row.get("min_gpus") or "").strip() or (row.get("max_gpus") or "").strip():
             lo = _count(row, "min_gpus", where)
@@ -303,6 +366,8 @@ def load_sacct_json(
         if gpus <= 0:
             continue
         elapsed = max(1.0, (job.end_time - job.start_time).total_seconds())
+        limit = None if job.time_limit is None else job.time_limit.total_seconds()
+        _check_run(f"{Path(path).name}, job {job.job_id} (record {index})", gpus, elapsed, limit)
         jobs.append(
             TraceJob(
                 submit_s=job.submit_time.timestamp(),
@@ -312,7 +377,7 @@ def load_sacct_json(
                 partition=job.partition or "gpu",
                 model=RigidJob(elapsed, gpus),
                 gpus=gpus,
-                time_limit_s=None if job.time_limit is None else job.time_limit.total_seconds(),
+                time_limit_s=limit,
                 line=index,
             )
         )
@@ -323,6 +388,16 @@ def load_sacct_json(
     return jobs
 
 
+def _check_run(where: str, gpus: int, elapsed: float, limit: float | None) -> None:
+    """Refuse a finished job whose numbers no simulation can take (see MAX_*)."""
+    if gpus > MAX_GPUS:
+        raise TraceError(f"{where}: {gpus} GPUs; a job may have at most {MAX_GPUS}")
+    if elapsed > MAX_SECONDS:
+        raise TraceError(f"{where}: ran {elapsed:.3g} s; at most {MAX_SECONDS:g} s")
+    if limit is not None and limit > MAX_SECONDS:
+        raise TraceError(f"{where}: time limit {limit:.3g} s; at most {MAX_SECONDS:g} s")
+
+
 def _sacct_time(value: str, where: str, key: str) -> float | None:
     v = value.strip()
     if v in ("", "Unknown", "None", "N/A"):
@@ -331,7 +406,7 @@ def _sacct_time(value: str, where: str, key: str) -> float | None:
         return datetime.fromisoformat(v).replace(tzinfo=UTC).timestamp()
     except ValueError:
         raise TraceError(
-            f"{where}: {key} must be a time like 2024-01-02T03:04:05, not {v!r}"
+            f"{where}: {key} must be a time like 2024-01-02T03:04:05, not {_show(v)}"
         ) from None
 
 
@@ -344,7 +419,7 @@ def load_sacct_parsable(
     required = ("JobID", "User", "JobName", "Submit", "Start", "End", "AllocTRES", "Timelimit")
     reader = _reader(text, path, required, delimiter="|")
     jobs: list[TraceJob] = []
-    for line, row in enumerate(reader, 2):
+    for line, row in _rows(reader, path):
         where = _where(path, line)
         job_id = (row.get("JobID") or "").strip()
         if "." in job_id or not job_id:
@@ -368,8 +443,10 @@ def load_sacct_parsable(
         except ValueError:
             raise TraceError(
                 f"{where}: Timelimit must look like 1-02:00:00 or UNLIMITED, "
-                f"not {row.get('Timelimit')!r}"
+                f"not {_show(row.get('Timelimit') or '')}"
             ) from None
+        seconds = None if limit is None else limit.total_seconds()
+        _check_run(where, gpus, end - start, seconds)
         jobs.append(
             TraceJob(
                 submit_s=submit,
@@ -378,7 +455,7 @@ def load_sacct_parsable(
                 partition=(row.get("Partition") or "").strip() or "gpu",
                 model=RigidJob(max(1.0, end - start), gpus),
                 gpus=gpus,
-                time_limit_s=None if limit is None else limit.total_seconds(),
+                time_limit_s=seconds,
                 line=line,
             )
         )
