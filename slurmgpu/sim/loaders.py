@@ -351,13 +351,15 @@ def load_sacct_json(
     text: str, path: str, *, seed: int = 1, gpus_per_node: int = 4
 ) -> list[TraceJob]:
     """``sacct --json`` → rigid jobs of their elapsed time (the daemon's decoder)."""
-    from slurmgpu.slurm.client import SlurmParseError
+    from slurmgpu.slurm.client import SlurmError, SlurmParseError
     from slurmgpu.slurm.sacct import decode_sacct
 
     try:
         records, _ = decode_sacct(text)
     except SlurmParseError as exc:
         raise TraceError(f"{Path(path).name}: not a sacct --json document: {exc}") from None
+    except SlurmError as exc:  # the export holds sacct's own errors, not jobs
+        raise TraceError(f"{Path(path).name}: the sacct export reports an error: {exc}") from None
     jobs: list[TraceJob] = []
     for index, job in enumerate(records, 1):
         if job.start_time is None or job.end_time is None or job.submit_time is None:

@@ -163,9 +163,7 @@ def philly_rows(draw: st.DrawFn) -> list[list[str]]:
         duration = draw(seconds)
         gpus = draw(st.integers(1, 64))
         cluster = draw(st.one_of(st.just(""), label))
-        rows.append(
-            [stamp.strftime("%Y-%m-%d %H:%M:%S"), repr(duration), str(gpus), "0", cluster]
-        )
+        rows.append([stamp.strftime("%Y-%m-%d %H:%M:%S"), repr(duration), str(gpus), "0", cluster])
     return rows
 
 
@@ -413,14 +411,14 @@ def sacct_rows(draw: st.DrawFn) -> tuple[list[list[str]], list[int | None]]:
         kind = draw(st.sampled_from(["gpu", "gpu", "gpu", "cpu", "never ran"]))
         gpus = draw(st.integers(1, 16))
         tres = f"billing=4,cpu=4,gres/gpu={gpus},mem=16G,node=1" if kind != "cpu" else "cpu=2"
-        limit = draw(st.one_of(st.just("UNLIMITED"), st.integers(60, 7 * 86400)))
+        limit: int | None = draw(st.one_of(st.none(), st.integers(60, 7 * 86400)))
         times = [submit.isoformat(timespec="seconds").replace("+00:00", "")]
         times += (
             ["Unknown", "Unknown"]
             if kind == "never ran"
             else [t.isoformat(timespec="seconds").replace("+00:00", "") for t in (start, end)]
         )
-        limit_s = limit if limit == "UNLIMITED" else format_time_limit(timedelta(seconds=limit))
+        limit_s = "UNLIMITED" if limit is None else format_time_limit(timedelta(seconds=limit))
         user, name = draw(label), draw(label)
         rows.append([str(job_id), user, name, "gpu", *times, tres, limit_s, "COMPLETED"])
         gpus_of.append(gpus if kind == "gpu" else None)
@@ -436,7 +434,10 @@ def test_valid_sacct_parsable_rows_come_back_exactly(data: st.DataObject) -> Non
     rows, gpus_of = data.draw(sacct_rows())
     doc = data.draw(layout(SACCT, rows, delimiter="|"))
     expected = sum(1 for g in gpus_of if g is not None)
-    call = lambda: load_sacct_parsable(doc.text, "sacct.txt")  # noqa: E731
+
+    def call() -> list[TraceJob]:
+        return load_sacct_parsable(doc.text, "sacct.txt")
+
     if not expected:
         with pytest.raises(TraceError, match="no jobs in the trace"):
             call()
