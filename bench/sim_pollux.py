@@ -1,7 +1,8 @@
 """Benchmark: Pollux workloads 1-5 and 7 on 16x4 at load 1.0, every policy set and baseline.
 
-Prints each workload's average JCT per set, the mean over the six, and the published
-means beside them (Tiresias 3,959 s, Pollux 2,769 s, from shared/data/ATTRIBUTION.md),
+Prints each workload's average JCT per set, the mean over the six, the runs killed at
+their time limit per set, and the published means beside them (Tiresias 3,959 s, Pollux
+2,769 s, from shared/data/ATTRIBUTION.md),
 then the speed figures: one 160-job workload through every set (target < 10 s), and the
 82k-job Philly trace through one set (target < 5 min on one core), each as CPU seconds
 (process time, so a busy shared machine does not inflate it) and wall seconds.
@@ -42,6 +43,7 @@ def main() -> int:
     profiles = load_profiles(args.data / "profiles")
     shape = ClusterShape(16, 4)
     avg: dict[str, list[float]] = {s: [] for s in SETS}
+    timeouts: dict[str, int] = dict.fromkeys(SETS, 0)
     unavailable: dict[str, str] = {}
     speed_cpu: list[float] = []
     speed_wall: list[float] = []
@@ -58,6 +60,7 @@ def main() -> int:
                 cells.append(f"{'n/a':>10}")
                 continue
             avg[s].append(r.avg_jct_s)
+            timeouts[s] += r.timeouts
             cells.append(f"{r.avg_jct_s:>10,.0f}")
         speed_cpu.append(time.process_time() - cpu0)
         speed_wall.append(time.perf_counter() - wall0)
@@ -67,6 +70,11 @@ def main() -> int:
         f"{'mean':>8} "
         + " ".join(f"{statistics.mean(v):>10,.0f}" if v else f"{'n/a':>10}" for v in avg.values())
         + f"   {published_mean('pollux'):,.0f} / {published_mean('tiresias'):,.0f}"
+    )
+    print(
+        f"{'timeouts':>8} "
+        + " ".join(f"{timeouts[s]:>10}" if avg[s] else f"{'n/a':>10}" for s in SETS)
+        + "   (runs killed at their limit, all workloads)"
     )
     for s, why in unavailable.items():
         print(f"  {s}: {why}")

@@ -19,6 +19,17 @@ level                      key
 A pending job that lists several partitions (``gpu,gpu-long``) skips the partition
 levels: it may run in any of them.
 
+**GPU count.** The same job name asked with 1 GPU and with 8 runs for very different
+times, so a run time is estimated *for the job's GPU count* ``k`` (``Job.gpus.gpus``):
+at each level, when at least ``min_samples`` of the key's runs asked for exactly ``k``
+GPUs, the run time comes from those runs only (``Estimate.gpu_samples``); otherwise
+from every run of the key, a run that had ``g`` GPUs counting as ``t * max(1, g / k)``
+(``Estimate.gpu_scaled``). That scaling never shortens a run: with diminishing
+returns (speed-up per GPU never rising with more GPUs) a job on fewer GPUs takes at
+most ``g / k`` times as long, and on more GPUs at most as long, so the limit built on it
+errs long, never into a timeout. Runs and jobs without GPUs are not scaled. The other
+figures (memory, CPU, GPUs used) are over every run of the key, as before.
+
 Only runs that ended ``COMPLETED`` or ``TIMEOUT`` are samples: a cancelled or failed
 run says little about what a full run needs (it may have stopped after a minute); a
 timed-out run is a lower bound of its need and keeps the estimate high. Runs that ended
@@ -99,6 +110,9 @@ class Estimate:
     gpus_used_samples: int
     gpus_requested: int
     oom_runs: int
+    gpus: int | None = None  # the GPU count the run time is for (None: not GPU-aware)
+    gpu_samples: int = 0  # runs that asked for exactly ``gpus``
+    gpu_scaled: bool = False  # run times of other GPU counts were scaled to ``gpus``
 
 
 _SAMPLE, _TIMEOUT, _OOM, _IGNORED = range(4)
@@ -142,12 +156,14 @@ class _Agg:
         "mem_max",
         "node_mem_max",
         "oom",
+        "run_gpus",
         "run_times",
         "timeouts",
     )
 
     def __init__(self) -> None:
         self.run_times: list[float] = []
+        self.run_gpus: list[int] = []  # GPUs each sample asked for, parallel to run_times
         self.timeouts = 0
         self.oom = 0
         self.mem_max: float | None = None
@@ -171,6 +187,7 @@ class _Agg:
                     self.oom += 1
                 continue
             self.run_times.append(r.run_time.total_seconds())
+            self.run_gpus.append(r.gpus_requested)
             if kind == _TIMEOUT:
                 self.timeouts += 1
             self.mem_max = _max(self.mem_max, r.peak_memory_mib)
@@ -199,6 +216,7 @@ class _Agg:
 
     def merge(self, other: _Agg) -> None:
         self.run_times.extend(other.run_times)
+        self.run_gpus.extend(other.run_gpus)
         self.timeouts += other.timeouts
         self.oom += other.oom
         self.mem_max = _max(self.mem_max, other.mem_max)
@@ -217,8 +235,29 @@ class _Agg:
         self.gpus_used_n += other.gpus_used_n
         self.gpus_requested = max(self.gpus_requested, other.gpus_requested)
 
-    def estimate(self, level: str, key: tuple[str, ...], q: float) -> Estimate:
-        times = sorted(self.run_times)
+    def times_for(self, gpus: int | None, min_samples: int) -> tuple[list[float], int, bool]:
+        """Run times for a job of ``gpus`` GPUs (see the module docstring), sorted; how
+        many runs had exactly that count; whether other counts were scaled."""
+        if gpus is None or gpus <= 0:
+            return sorted(self.run_times), 0, False
+        same = [t for t, g in zip(self.run_times, self.run_gpus, strict=True) if g == gpus]
+        if len(same) >= min_samples or len(same) == len(self.run_times):
+            return sorted(same), len(same), False
+        scaled = [
+            t * g / gpus if g > gpus else t
+            for t, g in zip(self.run_times, self.run_gpus, strict=True)
+        ]
+        return sorted(scaled), len(same), True
+
+    def estimate(
+        self,
+        level: str,
+        key: tuple[str, ...],
+        q: float,
+        gpus: int | None = None,
+        min_samples: int = 1,
+    ) -> Estimate:
+        times, gpu_samples, scaled = self.times_for(gpus, min_samples)
         return Estimate(
             level=level,
             key=key,
@@ -238,6 +277,9 @@ class _Agg:
             gpus_used_samples=self.gpus_used_n,
             gpus_requested=self.gpus_requested,
             oom_runs=self.oom,
+            gpus=gpus if gpus is not None and gpus > 0 else None,
+            gpu_samples=gpu_samples,
+            gpu_scaled=scaled,
         )
 
 
@@ -273,22 +315,33 @@ class Priors:
         *,
         quantile: float,
         min_samples: int,
+        by_gpus: bool = True,
     ) -> None:
         self._groups = groups  # finest keys (levels 0 and 2) -> their records
         self._children = children  # coarser keys -> the finer keys they sum
         self.quantile = quantile
         self.min_samples = min_samples
+        self.by_gpus = by_gpus
         self._aggs: dict[_Key, _Agg] = {}
-        self._estimates: dict[_Key, Estimate | None] = {}
-        # (user, name, partition, script hash) -> answer, so a key pending jobs share walks
-        # the fallback chain once.
-        self._resolved: dict[tuple[str, str, str, str | None], Estimate | None] = {}
+        self._estimates: dict[tuple[_Key, int | None], Estimate | None] = {}
+        # (user, name, partition, script hash, GPUs) -> answer, so a key pending jobs
+        # share walks the fallback chain once.
+        self._resolved: dict[tuple[str, str, str, str | None, int | None], Estimate | None]
+        self._resolved = {}
 
     @classmethod
     def from_history(
-        cls, records: Iterable[HistoryRecord], *, quantile: float = 0.95, min_samples: int = 3
+        cls,
+        records: Iterable[HistoryRecord],
+        *,
+        quantile: float = 0.95,
+        min_samples: int = 3,
+        by_gpus: bool = True,
     ) -> Priors:
-        """Return priors over ``records``; keys with < ``min_samples`` samples never answer."""
+        """Return priors over ``records``; keys with < ``min_samples`` samples never answer.
+
+        ``by_gpus`` false: run times pool every GPU count, as if all runs were the job's.
+        """
         groups: dict[_Key, list[HistoryRecord]] = {}
         for r in records:
             key: _Key = (2, r.user, r.name, r.partition)
@@ -314,7 +367,7 @@ class Priors:
                     children.setdefault((5, user), []).append(user_partition)
                 else:
                     siblings.append(key)
-        return cls(groups, children, quantile=quantile, min_samples=min_samples)
+        return cls(groups, children, quantile=quantile, min_samples=min_samples, by_gpus=by_gpus)
 
     def __len__(self) -> int:
         """Return how many history keys there are, over all levels."""
@@ -360,27 +413,37 @@ class Priors:
         self._aggs[key] = agg
         return agg
 
-    def _at(self, key: _Key) -> Estimate | None:
-        """Return the estimate at one key, or None when it has too few samples."""
-        if key in self._estimates:
-            return self._estimates[key]
+    def _at(self, key: _Key, gpus: int | None = None) -> Estimate | None:
+        """Return the estimate at one key for a job of ``gpus`` GPUs (None: any), or None
+        when the key has too few samples."""
+        memo = (key, gpus)
+        if memo in self._estimates:
+            return self._estimates[memo]
         agg = self._agg(key)
         est = None
         if agg is not None and len(agg.run_times) >= self.min_samples:
-            est = agg.estimate(LEVELS[int(key[0])], tuple(str(k) for k in key[1:]), self.quantile)
-        self._estimates[key] = est
+            est = agg.estimate(
+                LEVELS[int(key[0])],
+                tuple(str(k) for k in key[1:]),
+                self.quantile,
+                gpus,
+                self.min_samples,
+            )
+        self._estimates[memo] = est
         return est
 
     def estimate(self, job: Job, *, script_hash: str | None = None) -> Estimate | None:
-        """Return the estimate from the finest key with enough samples, or None."""
-        key = (job.user, job.name, job.partition, script_hash)
+        """Return the estimate for ``job``'s GPU count from the finest key with enough
+        samples, or None."""
+        gpus = (job.gpus.gpus or None) if self.by_gpus else None
+        key = (job.user, job.name, job.partition, script_hash, gpus)
         if key in self._resolved:
             return self._resolved[key]
-        est = self._resolve(job, script_hash)
+        est = self._resolve(job, script_hash, gpus)
         self._resolved[key] = est
         return est
 
-    def _resolve(self, job: Job, script_hash: str | None) -> Estimate | None:
+    def _resolve(self, job: Job, script_hash: str | None, gpus: int | None) -> Estimate | None:
         at = self._at
         user, partition = job.user, job.partition
         one_partition = bool(partition) and "," not in partition
@@ -396,7 +459,7 @@ class Priors:
             candidates.append((4, user, partition))
         candidates.append((5, user))
         for key in candidates:
-            est = at(key)
+            est = at(key, gpus)
             if est is not None:
                 return est
         return None

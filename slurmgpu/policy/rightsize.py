@@ -9,10 +9,15 @@ that range, since its tasks share one shape; tasks already split out are their o
 Rules (defaults in :class:`~slurmgpu.policy.settings.RightsizeSettings`):
 
 - ``TimeLimit`` = the larger of ``time_quantile`` (0.95) * ``time_headroom`` (1.3) of past
-  run times, ``min_time_limit`` (15 min), and ``time_headroom`` * the longest elapsed
-  time of a RUNNING job with the same user and name (a sibling running for 2 h proves a
-  run can take 2 h), rounded up to ``time_round`` (5 min). A job with no limit
-  (``UNLIMITED``) gets one.
+  run times (for the job's GPU count: runs that asked as many GPUs, else every run
+  scaled so that it never errs short, see :mod:`slurmgpu.policy.priors`),
+  ``min_time_limit`` (15 min), and ``time_headroom`` * the longest elapsed time of a
+  RUNNING job with the same user and name (a sibling running for 2 h proves a run can
+  take 2 h), rounded up to ``time_round`` (5 min). A job with no limit
+  (``UNLIMITED``) gets one. Only from runs of the job's own script or name unless
+  ``time_from_other_jobs``: the user's other jobs say little about this one's run time,
+  and a limit too short is a killed run (on Pollux workloads 1, 2 and 4, 66 of the 71
+  timeouts after rightsizing came from the ``user+partition`` level).
 - ``MinMemoryNode`` (MiB per node) = ``ceil(memory_headroom * peak of the busiest
   node)`` rounded up to ``memory_round_mib`` (256 MiB); a past run without a per-node
   figure counts with its total, which only errs high. Never when any run at the key ran
@@ -45,7 +50,7 @@ from datetime import timedelta
 
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_job_ref
-from slurmgpu.policy.priors import Estimate, Priors
+from slurmgpu.policy.priors import LEVELS, Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.slurm.parse import format_time_limit
 
@@ -55,6 +60,8 @@ PriorsFactory = Callable[[Sequence[HistoryRecord]], Priors]
 Numbers = dict[str, float | int | str | None]
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)")
+# History levels keyed by the job itself (its script or name), not the user's other jobs.
+_OWN_LEVELS = frozenset(level for level in LEVELS if "script" in level or "name" in level)
 
 
 def gres_prefix(slurm_version: str) -> str:
@@ -90,10 +97,14 @@ class _Derived:
             "history_level": est.level,
             "history_key": "/".join(est.key),
             "time_quantile": est.quantile,
+            # the run time is for this many GPUs: from runs with as many, or scaled
+            "history_gpus": est.gpus,
+            "history_gpu_samples": est.gpu_samples,
+            "history_gpu_scaled": int(est.gpu_scaled),
         }
         self.reason = f"{est.samples} past runs ({est.level}) suggest "
         self.time_s: int | None = None
-        if s.time_limit:
+        if s.time_limit and (s.time_from_other_jobs or est.level in _OWN_LEVELS):
             history_s = est.run_time.total_seconds() * s.time_headroom
             self.time_s = int(
                 _round_up(
@@ -173,14 +184,15 @@ class RightsizePolicy:
                     sibling_s[key] = elapsed
         prefix = gres_prefix(snapshot.cluster.slurm_version)
         # Pending jobs share keys (resubmissions, arrays): resolve each key once a cycle:
-        # its estimate, what that implies, and the time limit with the sibling floor.
-        by_key: dict[tuple[str, str, str], tuple[Estimate, _Derived, int | None, float | None]]
-        by_key = {}
-        unknown: set[tuple[str, str, str]] = set()
+        # its estimate (for the job's GPU count), what that implies, and the time limit
+        # with the sibling floor.
+        JobKey = tuple[str, str, str, int]
+        by_key: dict[JobKey, tuple[Estimate, _Derived, int | None, float | None]] = {}
+        unknown: set[JobKey] = set()
         headroom, round_s = s.time_headroom, self._round_s
         actions: list[Action] = []
         for job in pending:
-            job_key = (job.user, job.name, job.partition)
+            job_key = (job.user, job.name, job.partition, job.gpus.gpus)
             resolved = by_key.get(job_key)
             if resolved is None:
                 if job_key in unknown:

@@ -140,3 +140,49 @@ def test_statistics_are_computed_on_first_use_and_prepare_computes_them_all() ->
     assert eager.prepare() == 4
     assert lazy.estimate(pending_job()) == eager.estimate(pending_job())
     assert lazy.estimate(pending_job(name="rare")) == eager.estimate(pending_job(name="rare"))
+
+
+def test_run_time_is_for_the_jobs_gpu_count_when_enough_runs_had_it() -> None:
+    # The same job name on 8 GPUs runs 1 h, on 1 GPU 6 h: neither answers for the other.
+    history = [record(gpus_requested=8, run_time=HOUR)] * 3 + [
+        record(gpus_requested=1, run_time=6 * HOUR)
+    ] * 3
+    priors = Priors.from_history(history)
+    one = priors.estimate(pending_job(gpus_per_node=1))
+    eight = priors.estimate(pending_job(gpus_per_node=8))
+    assert one is not None and eight is not None
+    assert one.level == eight.level == "user+name+partition"
+    assert (one.run_time, one.gpus, one.gpu_samples, one.gpu_scaled) == (6 * HOUR, 1, 3, False)
+    assert (eight.run_time, eight.gpus, eight.samples) == (HOUR, 8, 3)
+
+
+def test_too_few_runs_at_the_gpu_count_scale_the_others_never_shorter() -> None:
+    history = [record(gpus_requested=8, run_time=HOUR)] * 3
+    priors = Priors.from_history(history)
+    # On 2 GPUs a run of 8 takes at most 8/2 = 4 times as long...
+    two = priors.estimate(pending_job(gpus_per_node=2))
+    assert two is not None and two.gpu_scaled and two.gpu_samples == 0
+    assert two.run_time == 4 * HOUR and two.samples == 3
+    # ...and on 16 at most as long: more GPUs never shorten the estimate.
+    many = priors.estimate(pending_job(gpus_per_node=16))
+    assert many is not None and many.gpu_scaled and many.run_time == HOUR
+    # One run at the job's own count is mixed with the scaled others.
+    mixed = Priors.from_history([*history, record(gpus_requested=2, run_time=30 * MIN)])
+    est = mixed.estimate(pending_job(gpus_per_node=2))
+    assert est is not None and est.gpu_samples == 1 and est.samples == 4
+    assert est.run_time == 4 * HOUR
+
+
+def test_jobs_and_runs_without_gpus_are_not_scaled() -> None:
+    history = [record(gpus_requested=0, gpus_used=None, run_time=HOUR)] * 3
+    cpu_job = pending_job(gpus_per_node=None)
+    est = Priors.from_history(history).estimate(cpu_job)
+    assert est is not None and est.run_time == HOUR and est.gpus is None
+    est = Priors.from_history(history).estimate(pending_job(gpus_per_node=4))
+    assert est is not None and est.run_time == HOUR and est.gpu_scaled
+
+
+def test_gpu_counts_can_be_pooled_for_a_median() -> None:
+    history = [record(gpus_requested=8, run_time=HOUR)] * 3
+    pooled = Priors.from_history(history, by_gpus=False).estimate(pending_job(gpus_per_node=2))
+    assert pooled is not None and pooled.run_time == HOUR and pooled.gpus is None

@@ -316,3 +316,39 @@ def test_rightsizing_never_raises_a_request(case: tuple[list[HistoryRecord], Job
         if "TresPerJob" in fields:
             assert job.gpus.per_job is not None
             assert 1 <= int(fields["TresPerJob"].rsplit(":", 1)[1]) < job.gpus.per_job
+
+
+def test_time_limits_follow_the_gpu_count_of_the_pending_job() -> None:
+    # One name, two shapes: 8-GPU runs take 40 min, 1-GPU runs 5 h. Each pending job's
+    # limit comes from runs of its own shape. (Mixed, both got one quantile: 6.5 h here,
+    # and with mostly 8-GPU runs in the history a 1-GPU job got less than it runs.)
+    history = [record(gpus_requested=8, run_time=40 * MIN)] * 3 + [
+        record(gpus_requested=1, run_time=5 * HOUR)
+    ] * 3
+    small = pending_job(100, gpus_per_node=1, time_limit=24 * HOUR)
+    big = pending_job(101, gpus_per_node=8, time_limit=24 * HOUR)
+    by_job = {a.job_id: a for a in propose([small, big], history, ONLY_TIME)}
+    assert by_job[100].fields == {"TimeLimit": "06:30:00"}  # 5 h * 1.3
+    assert by_job[101].fields == {"TimeLimit": "00:55:00"}  # 40 min * 1.3 = 52 -> 55
+    assert by_job[101].numbers["history_gpus"] == 8
+    assert by_job[101].numbers["history_gpu_samples"] == 3
+    # A 2-GPU job has no runs of its own shape: the 8-GPU runs count 4x, never shorter.
+    two = only(propose([pending_job(102, gpus_per_node=2, time_limit=24 * HOUR)], history[:3]))
+    assert two.fields["TimeLimit"] == "03:30:00"  # 40 min * 4 = 160 min * 1.3 = 208 -> 210
+    assert two.numbers["history_gpu_scaled"] == 1
+
+
+def test_the_users_other_jobs_never_set_a_time_limit_unless_allowed() -> None:
+    # Three short runs of other jobs: the user+partition level answers for "train".
+    history = [record(name=f"other{i}", run_time=10 * MIN) for i in range(3)]
+    job = pending_job(time_limit=8 * HOUR)
+    assert propose([job], history, ONLY_TIME) == []
+    allowed = replace(ONLY_TIME, time_from_other_jobs=True)
+    a = only(propose([job], history, allowed))
+    assert a.numbers["history_level"] == "user+partition"
+    assert a.fields == {"TimeLimit": "00:15:00"}
+    # Memory still comes from the user's jobs when nothing finer is known.
+    memory = only(propose([job], history, RightsizeSettings(time_limit=True, cpus=False)))
+    assert "TimeLimit" not in memory.fields and "MinMemoryNode" in memory.fields
+    parsed = RightsizeSettings.from_mapping({"time_from_other_jobs": True}, "policy.rightsize")
+    assert parsed.time_from_other_jobs
