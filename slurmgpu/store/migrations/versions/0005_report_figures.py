@@ -1,14 +1,12 @@
 """job_summaries: the flat job-level figures the reports aggregate, backfilled from the JSON
 
 Revision ID: 0005
-Revises: the newest revision below 0005 in this folder (see ``_previous``)
+Revises: 0002
 """
 
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -16,23 +14,8 @@ from alembic import op
 
 from slurmgpu.store.summary_columns import SUMMARY_COLUMNS, summary_columns
 
-
-def _previous() -> str:
-    """The newest revision numbered below this one.
-
-    Revisions 0003 and 0004 were being written in parallel with this one; chaining to
-    whichever of them exists keeps one head. Replace with a literal once they are merged.
-    """
-    numbers = [
-        m.group(1)
-        for p in Path(__file__).parent.glob("[0-9][0-9][0-9][0-9]_*.py")
-        if (m := re.match(r"(\d{4})_", p.name)) and m.group(1) < "0005"
-    ]
-    return max(numbers)
-
-
 revision = "0005"
-down_revision = _previous()
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
