@@ -5,14 +5,17 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic is imported where a migration is read or run: importing it costs ~0.5 s, paid by
+# every sgpu command otherwise (sgpu report has a 5 s budget on a million jobs).
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -85,6 +88,8 @@ def create_store_engine(url: str, *, create: bool = True) -> Engine:
 
 
 def alembic_config(engine: Engine) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.attributes["engine"] = engine
@@ -97,6 +102,8 @@ def _reason(exc: SQLAlchemyError) -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     try:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
@@ -105,12 +112,16 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory(str(MIGRATIONS))
     return script.get_current_head()
 
 
 def upgrade(engine: Engine) -> None:
     """Migrate the database to the newest schema (no-op when already there)."""
+    from alembic import command
+
     if current_revision(engine) == head_revision():
         return
     try:
