@@ -20,6 +20,8 @@ from slurmgpu.report.report import FLAGS, Figures, JobRow, Report
 
 JSON_VERSION = 1
 HIST_BAR_WIDTH = 30
+# The table lists this many groups (most allocated first); CSV, JSON and HTML list all.
+TABLE_GROUPS = 40
 
 __all__ = ["JSON_VERSION", "duration_text", "render_table", "to_csv", "to_json"]
 
@@ -180,10 +182,18 @@ def _summary(report: Report) -> Table:
 
 
 def _groups(report: Report) -> Table:
-    table = Table(title=f"By {report.by}", title_justify="left")
+    shown = report.groups[:TABLE_GROUPS]
+    more = len(report.groups) - len(shown)
+    caption = f"and {more:,} more: every {report.by} is in --format csv, json and html"
+    table = Table(
+        title=f"By {report.by}" + (f" (the {len(shown)} with most GPU-hours)" if more else ""),
+        title_justify="left",
+        caption=caption if more else None,
+        caption_justify="left",
+    )
     for name in ("", "jobs", "allocated", "used", "idle", "unused", "eff", "flagged", "wait"):
         table.add_column(name or report.by, justify="left" if not name else "right")
-    for g in report.groups:
+    for g in shown:
         f = g.figures
         table.add_row(
             g.name or "-",

@@ -11,6 +11,8 @@ Tables:
 - ``actions``: the audit of every policy decision, taken or suppressed.
 - ``transactions``: persisted multi-step actions (resize, requeue, co-locate).
 - ``meta``: small key/value facts (daemon lease, last cycle).
+- ``notifications``: user email decisions (the per-user, per-alert rate limit).
+- ``report_*``: per-day rollups of ``sgpu report`` (a cache kept fresh by triggers).
 """
 
 from __future__ import annotations
@@ -254,7 +256,19 @@ job_summaries = Table(
     Column("gpu_idle_pct", Float),
     Column("gpu_memory_max_mib", Float),
     Column("cpu_memory_max_mib", Float),
-    Index(None, "cluster", "job_id"),
+    # Covers the report's join (the job's summary and its figures): on a million jobs,
+    # reading the wide summary rows instead took most of a report's time (migration 0006).
+    Index(
+        "ix_job_summaries_report",
+        "cluster",
+        "job_id",
+        "created_at",
+        "gpu_util_pct",
+        "gpu_idle_pct",
+        "gpus_reported",
+        "gpus_busy",
+        "cpu_memory_max_mib",
+    ),
 )
 
 actions = Table(
@@ -325,4 +339,108 @@ notifications = Table(
     Column("subject", Text, nullable=False, default=""),
     Column("outcome", String(16), nullable=False),  # sent | rate_limited | dry_run | failed
     Index(None, "cluster", "user", "alert", "sent_at"),
+)
+
+# -- report rollups (slurmgpu/report/report_rollup.py) ------------------------------------
+# Per UTC day (``day`` = seconds since 1970 // 86400 of the jobs' end): what ``sgpu report``
+# would compute from the jobs that ended that day, so a 30-day report reads a few thousand
+# rollup rows instead of every job. A cache, never the truth: database triggers (migration
+# 0006) mark a day dirty when a finished job or a summary of that day is written, and the
+# report rebuilds dirty and missing days from the jobs before reading.
+
+# Days whose rollup no longer matches the jobs (written by the triggers only).
+report_dirty = Table(
+    "report_dirty",
+    metadata,
+    Column("cluster", String(64), primary_key=True),
+    Column("day", Integer, primary_key=True),
+)
+
+# Days whose rollup rows are built, and with which settings (shard ratio, thresholds).
+report_days = Table(
+    "report_days",
+    metadata,
+    Column("cluster", String(64), primary_key=True),
+    Column("day", Integer, primary_key=True),
+    Column("fingerprint", String(256), nullable=False),
+    Column("built_at", TS, nullable=False),
+)
+
+# Figures per (day, user, account, partition): the report's group rows and totals.
+report_day_groups = Table(
+    "report_day_groups",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False),
+    Column("day", Integer, nullable=False),
+    Column("user", String(64)),
+    Column("account", String(64)),
+    Column("partition", String(512)),
+    Column("jobs", Integer, nullable=False),
+    Column("jobs_with_usage", Integer, nullable=False),
+    Column("alloc", Float, nullable=False),
+    Column("known", Float, nullable=False),
+    Column("used", Float, nullable=False),
+    Column("idle", Float, nullable=False),
+    Column("unused", Float, nullable=False),
+    Column("flagged", Integer, nullable=False),
+    Column("flag_idle", Integer, nullable=False),
+    Column("flag_low_util", Integer, nullable=False),
+    Column("flag_time", Integer, nullable=False),
+    Column("flag_memory", Integer, nullable=False),
+    Column("flag_gpus", Integer, nullable=False),
+    Column("wait_sum", Float),
+    Column("wait_n", Integer, nullable=False),
+    Column("wait_max", Float),
+    Index(None, "cluster", "day"),
+)
+
+# Jobs per (day, utilisation bin, queue-wait bin): the histogram, series and waits.
+report_day_cells = Table(
+    "report_day_cells",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False),
+    Column("day", Integer, nullable=False),
+    Column("hbin", Integer, nullable=False),
+    Column("wbin", Integer, nullable=False),
+    Column("jobs", Integer, nullable=False),
+    Column("alloc", Float, nullable=False),
+    Column("known", Float, nullable=False),
+    Column("used", Float, nullable=False),
+    Column("idle", Float, nullable=False),
+    Index(None, "cluster", "day"),
+)
+
+# Each day's candidates for the report's job lists: the most wasteful flagged jobs
+# (``list`` = "flagged") and each user's, account's and partition's worst jobs (``list`` =
+# "user" | "account" | "partition", ``grp`` its name). A window's top N is among its
+# days' top N, so the lists stay exact.
+report_day_jobs = Table(
+    "report_day_jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False),
+    Column("day", Integer, nullable=False),
+    Column("list", String(16), nullable=False),
+    Column("grp", String(512)),
+    Column("job_id", BigInteger, nullable=False),
+    Column("name", String(256)),
+    Column("user", String(64)),
+    Column("account", String(64)),
+    Column("partition", String(512)),
+    Column("state", String(24)),
+    Column("gpus", Float),
+    Column("elapsed_s", Float),
+    Column("alloc_h", Float),
+    Column("used_h", Float),
+    Column("idle_h", Float),
+    Column("waste_h", Float),
+    Column("util_pct", Float),
+    Column("flag_idle", Integer),
+    Column("flag_low_util", Integer),
+    Column("flag_time", Integer),
+    Column("flag_memory", Integer),
+    Column("flag_gpus", Integer),
+    Index(None, "cluster", "list", "day"),
 )
