@@ -77,7 +77,13 @@ class DaemonLoop:
             self.metrics.cycle_done(result)
         if result.ok:
             if self.failures:
-                log.info("slurm reachable again after %d failed cycle(s)", self.failures)
+                # Say what came back: Slurm, or the database that refused the cycle's writes.
+                what = (
+                    "slurm reachable"
+                    if (self._last_error or "").startswith("slurm")
+                    else "observe cycles stored"
+                )
+                log.info("%s again after %d failed cycle(s)", what, self.failures)
             self.failures = 0
             self._last_error = None
             level = (
