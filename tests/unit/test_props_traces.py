@@ -314,7 +314,8 @@ def test_a_bad_generic_csv_field_is_refused_with_its_line(data: st.DataObject) -
 @SETTINGS
 @given(syntax, st.sampled_from(["submit_s,duration_s,gpus", "submit_s,gpus,shards,min_gpus"]))
 def test_random_generic_csv_text_is_loaded_or_refused(junk: str, header: str) -> None:
-    text = header + "\n" + junk
+    first = "0,5,1" if header.endswith("gpus") else "0,1,,"
+    text = header + "\n" + first + "\n" + junk
     _either("load_generic_csv (random rows)", lambda: load_generic_csv(text, "t.csv"))
 
 
@@ -471,7 +472,8 @@ def test_valid_sacct_parsable_rows_come_back_exactly(data: st.DataObject) -> Non
 def test_a_bad_sacct_parsable_field_is_refused_with_its_line(data: st.DataObject) -> None:
     rows, gpus_of = data.draw(sacct_rows())
     candidates = [i for i, g in enumerate(gpus_of) if g is not None]
-    if not candidates:
+    if not candidates:  # make the first job one that ran on a GPU
+        rows[0][5] = rows[0][6] = rows[0][4]
         rows[0][7] = "cpu=4,gres/gpu=1"
         candidates = [0]
     k = data.draw(st.sampled_from(candidates))
@@ -496,7 +498,9 @@ def test_a_bad_sacct_parsable_field_is_refused_with_its_line(data: st.DataObject
 @SETTINGS
 @given(syntax)
 def test_random_sacct_parsable_text_is_loaded_or_refused(junk: str) -> None:
-    text = "|".join(SACCT) + "\n" + junk
+    ran = "2017-10-01T00:00:00|2017-10-01T00:00:00|2017-10-01T01:00:00"
+    first = f"7|u|n|gpu|{ran}|gres/gpu=1|01:00:00|COMPLETED"
+    text = "|".join(SACCT) + "\n" + first + "\n" + junk
     _either("load_sacct_parsable (random rows)", lambda: load_sacct_parsable(text, "s.txt"))
 
 
