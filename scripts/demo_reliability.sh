@@ -35,3 +35,15 @@ sgpu actions --policy admin --json | python3 -c '
 import json, sys
 for r in json.load(sys.stdin):
     print(r["at"][:19], r["kind"], "uid", r["caller_uid"], "-", r["reason"])'
+
+echo "== sgpu policy show prints a config file: policy check accepts it"
+shown=$(mktemp --suffix=.toml)
+sgpu policy show > "$shown"
+sgpu policy check "$shown"
+rm -f "$shown"
+
+echo "== a trace with a bad row is refused in one line naming its line (blank lines counted)"
+trace=$(mktemp --suffix=.csv)
+printf 'timestamp,duration,num_gpus\n2017-10-09 07:01:55,66,1\n\n2017-10-09 07:02:00,1e308,1\n' > "$trace"
+if sgpu simulate --policies slurm "$trace" 2>&1 | grep '^sgpu:'; then :; fi
+rm -f "$trace"
