@@ -191,8 +191,8 @@ class MalleablePolicy:
 
         Run times pool every GPU count (``by_gpus=False``): the priors' GPU scaling is an
         upper bound made for time limits, which would bias a median, and a malleable
-        job's runs change size anyway (Pollux workloads: mean avg JCT 2,948 s pooled vs
-        3,078 s scaled, bench/sim_pollux.py).
+        job's runs change size anyway (Pollux workloads 1-5 and 7, malleable set: mean avg
+        JCT 2,929 s pooled vs 3,048 s scaled, bench/sim_pollux.py).
         """
         if self._cached is None or self._cached[0] is not history:
             priors = Priors.from_history(
