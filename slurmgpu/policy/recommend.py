@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 
 from slurmgpu.policy.priors import Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
@@ -36,12 +37,18 @@ def advice(est: Estimate, s: RightsizeSettings) -> dict[str, int | None]:
 def recommendations(
     priors: Priors, settings: RightsizeSettings
 ) -> tuple[dict[str, dict[str, int | None]], dict[str, dict[str, int | None]]]:
-    """(by "user|name|partition", fallback by user) for the export."""
+    """(by "user|name|partition", fallback by user) for the export.
+
+    The per-user fallback carries no time limit unless ``time_from_other_jobs``: as in
+    RightsizePolicy, the user's other jobs never set a job's limit (one too short kills
+    the run).
+    """
     by_key = {
         f"{user}|{name}|{partition}": advice(est, settings)
         for (user, name, partition), est in _sorted(priors.key_estimates())
     }
-    fallback = {user: advice(est, settings) for user, est in priors.user_estimates()}
+    user_level = settings if settings.time_from_other_jobs else replace(settings, time_limit=False)
+    fallback = {user: advice(est, user_level) for user, est in priors.user_estimates()}
     return by_key, fallback
 
 

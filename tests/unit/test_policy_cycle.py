@@ -227,6 +227,14 @@ def test_recommendations_for_job_submit_lua_are_exported_after_a_history_load(
     entry = doc["by_key"]["alice|sim|gpu"]
     assert entry["time_limit_min"] == 30  # 20 min x 1.3 = 26, rounded up to 5 min
     assert entry["samples"] == 5
+    # The per-user fallback sets no time limit: the user's other jobs never do.
+    assert "time_limit_min" not in doc["fallback"].get("alice", {})
+    w.cycle.rightsize = RightsizePolicy(
+        RightsizeSettings(mode=Mode.ADVISE, time_from_other_jobs=True)
+    )
+    w.cycle.history_refresh = timedelta(0)
+    w.run([], T0 + timedelta(minutes=1))
+    doc = parse_tsv((tmp_path / "etc" / "recommendations.tsv").read_text())
     assert doc["fallback"]["alice"]["time_limit_min"] == 30
 
 
