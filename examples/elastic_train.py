@@ -6,8 +6,11 @@ Linear regression on a synthetic stream: each step draws a global batch of
 exactly the data it would have seen), splits it across the run's GPUs as replicas,
 averages their gradients and takes one SGD step with the learning rate scaled by
 ``--lr-rule`` (``adascale`` uses the replicas' gradient spread). ``--step-time`` sleeps
-``step_time * base_gpus / gpus`` per step to stand in for compute on the lab cluster's
-fake GPUs, so more GPUs really are faster. ``--sim-util PCT`` also declares that
+``step_time * (base_gpus / gpus + sync_share * log2(gpus))`` per step to stand in for
+compute and the gradient all-reduce on the lab cluster's fake GPUs, so more GPUs really
+are faster, sublinearly. The throughput it reports (``progress.json``, what the
+malleable policy fits its speedup curve to) is the base batch per step's time: training
+progress per second, the figure a resize changes. ``--sim-util PCT`` also declares that
 utilisation on the job's GPUs for the simulated probe (``sgpu fakeload``'s declarations in
 ``$SGPU_SIMGPU_DIR``), so node agents see a busy training job, as on real GPUs.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import threading
 import time
@@ -60,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=0.002, help="learning rate at --base-gpus")
     p.add_argument("--lr-rule", choices=RULES, default="sqrt")
     p.add_argument("--step-time", type=float, default=0.05, help="seconds per step at base")
+    p.add_argument(
+        "--sync-share", type=float, default=0.05, help="all-reduce per log2(GPUs), of step time"
+    )
     p.add_argument("--save-every", type=int, default=0, help="periodic checkpoint (0: none)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--log", type=Path, required=True)
@@ -136,7 +143,7 @@ def _train(args: argparse.Namespace) -> int:
         lr = scaled_lr(args.lr, base_batch, batch, args.lr_rule, var=var, sqr=noise.sqr)
         w = w - lr * mean
         loss = float(np.mean((x @ w - y) ** 2))
-        time.sleep(args.step_time * args.base_gpus / gpus)
+        time.sleep(args.step_time * (args.base_gpus / gpus + args.sync_share * math.log2(gpus)))
         state = {"step": step, "w": w, "noise": noise}
         emit(
             {
@@ -148,7 +155,9 @@ def _train(args: argparse.Namespace) -> int:
                 "at": round(time.time(), 3),
             }
         )
-        run.step_done(samples=batch, step=step)
+        # Progress, not the (growing) batch: a step's work at the base size. Counting the
+        # batch would report the larger batches on top of the shorter steps.
+        run.step_done(samples=base_batch, step=step)
         if run.checkpoint_requested or run.stop_requested:
             run.checkpoint(state, step=step)  # answers the request; exits when requeued
             emit({"event": "resumed_in_place", "step": step, "at": time.time()})
