@@ -15,7 +15,8 @@ Kinds and what stands in for the production case (docs/reliability.md):
 - agents cut off from the daemon: the daemon is stopped for 20 s. At the agents' 1 s
   interval that is 20 batches per node, twice what a 5-minute outage spools at the
   production 30 s interval; the spool bound (64 MiB) is not reached either way.
-- the database on a small tmpfs, filled up and then remounted read-only.
+- the database on a small tmpfs, filled up and then remounted read-only; and on an
+  ext4 loop image that an ext4 error turns read-only under the running daemon.
 - a restart with a broken config (three kinds of breakage).
 
 The tally of injected faults prints at the end of the module.
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -549,6 +550,106 @@ def test_database_disk_full_then_read_only_then_recovered(
         assert slurm_job(job) is not None
         assert "Traceback" not in daemon_log(t)
         t.stop_daemon()  # before the tmpfs goes away
+        t.daemon = None
+
+
+@contextlib.contextmanager
+def ext4(
+    path: Path, size_mib: int
+) -> Iterator[tuple[Path, Callable[[], None], Callable[[], None]]]:
+    """A mounted ext4 loop image (``errors=remount-ro``), with ``fail`` (an ext4 error:
+    the kernel remounts it read-only under open files, as for a failing disk) and
+    ``repair`` (unmount, fsck, mount again: what the operator does)."""
+    image, mnt = path.with_suffix(".img"), path
+    mnt.mkdir()
+    with image.open("wb") as f:
+        f.truncate(size_mib << 20)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, capture_output=True, text=True, check=False, timeout=60)
+
+    def mount() -> str:
+        proc = run("mount", "-o", "loop,errors=remount-ro", str(image), str(mnt))
+        if proc.returncode != 0:
+            reason = f"cannot mount an ext4 loop image here: {proc.stderr.strip()}"
+            print(f"\n{reason}", file=sys.stderr)
+            pytest.skip(reason)
+        return Path(run("findmnt", "-n", "-o", "SOURCE", str(mnt)).stdout.strip()).name
+
+    made = run("mkfs.ext4", "-q", "-F", str(image))
+    if made.returncode != 0:
+        pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
+    device = [mount()]
+
+    def fail() -> None:
+        Path(f"/sys/fs/ext4/{device[0]}/trigger_fs_error").write_text("slurmgpu fault test\n")
+
+    def repair() -> None:
+        for _ in range(10):
+            gc.collect()  # this test's own store engines hold the file open too
+            if run("umount", str(mnt)).returncode == 0:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"{mnt} stays busy: {run('fuser', '-vm', str(mnt)).stderr}")
+        fsck = run("e2fsck", "-fy", str(image))
+        assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 1: errors corrected
+        device[0] = mount()
+
+    try:
+        yield mnt, fail, repair
+    finally:
+        if run("findmnt", str(mnt)).returncode == 0:
+            run("umount", "-l", str(mnt))
+
+
+def test_database_read_only_under_the_running_daemon(
+    slurm_cluster: LabCluster, tmp_path: Path
+) -> None:
+    with (
+        running_stack(slurm_cluster, tmp_path) as t,
+        ext4(tmp_path / "dbdisk", 64) as (mnt, fail, repair),
+    ):
+        t.stop_daemon()
+        t.db = f"sqlite:///{mnt / 'state.db'}"
+        t.env["SGPU_DB"] = t.db
+        t.run("db", "upgrade")
+        t.start_daemon()
+        job = t.submit(
+            "--gres=gpu:1",
+            "--wrap",
+            t.fakeload("--util", "50", "--mem", "1GiB", "--duration", "600s"),
+        )
+        samples_arriving(t)
+        fail()  # from here the test reads nothing from the database until it is repaired
+        wait_for(
+            "the daemon to report the read-only disk",
+            lambda: problems(t, "could not store the observe cycle"),
+            60,
+        )
+        wait_for(
+            "the agents to spool",
+            lambda: any((t.tmp / f"spool-{n}").glob("*.batch") for n in NODES),
+            60,
+        )
+        elapse("15 s of a read-only database", 15)
+        assert t.daemon is not None and t.daemon.poll() is None, "the daemon died"
+        text = daemon_log(t)
+        assert "Traceback" not in text
+        # One line per writer that met the read-only disk (observe cycle, ingest, lease).
+        cycle = problems(t, "could not store the observe cycle")
+        assert len(cycle) == 1, problems(t, "")
+        assert 1 <= len(problems(t, "ingest from")) <= 2, problems(t, "")
+        FAULTS["database read-only (daemon running)"] += 1
+        t.stop_daemon()  # the operator's turn: stop, fsck, remount, start
+        repair()
+        t.start_daemon()
+        assert_agents_drained(t)
+        samples_arriving(t)
+        assert assert_no_samples_lost(t) > 0
+        assert slurm_job(job) is not None
+        assert "Traceback" not in daemon_log(t)
+        t.stop_daemon()  # before the file system goes away
         t.daemon = None
 
 
