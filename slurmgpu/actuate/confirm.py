@@ -12,7 +12,9 @@ Slurm: each interrupted decision is compared with the job as listed now.
   and shard counts of ``TresPerNode`` / ``TresPerJob``, ``Comment``, ``MinMemoryNode`` of
   one-node jobs) is compared: one that differs means not applied, all equal means taken.
 - ``warn``, jobs no longer listed, and fields the listing does not show: not confirmed
-  (the audit says so; the next cycle decides again from the fresh listing).
+  (the audit says so; the next cycle decides again from the fresh listing). A
+  ``resize`` is not judged here: its persisted transaction (actuate/resize.py,
+  actuate/pool.py) is recovered on its own.
 
 This is pure: it reads an audit record and a :class:`~slurmgpu.model.Job`, nothing else.
 """
@@ -119,4 +121,6 @@ def judge(
         if same:
             return Verdict.TAKEN, f"{', '.join(same)} in place"
         return Verdict.NOT_CONFIRMED, "Slurm's listing does not show the changed fields"
+    if kind == "resize":
+        return Verdict.NOT_CONFIRMED, "a resize is followed by its own transaction"
     return Verdict.NOT_CONFIRMED, f"{kind} is not checked here"

@@ -101,6 +101,7 @@ def test_judge_reads_each_kind_of_change_off_the_listing() -> None:
     assert judge("cancel", {}, at, ended)[0] is Verdict.NOT_CONFIRMED
     assert judge("warn", {}, at, run)[0] is Verdict.NOT_CONFIRMED
     assert judge("requeue", {}, at, None)[0] is Verdict.NOT_CONFIRMED
+    assert judge("resize", {"from_gpus": "4", "to_gpus": "2"}, at, run)[0] is Verdict.NOT_CONFIRMED
 
     job = pending_job(2, timedelta(hours=2))
     assert judge("update", {"TimeLimit": "02:00:00"}, at, job) == (
