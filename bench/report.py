@@ -160,8 +160,8 @@ def main() -> None:
     raw.close()
     store = open_store(url)  # a kept database from before migration 0006 gets the rollups
     since = now - timedelta(days=30)
-    with store.engine.begin() as conn:  # every day unbuilt, as after a bulk load
-        conn.execute(text("DELETE FROM report_days"))
+    with store.engine.begin() as conn:  # nothing built, as after a bulk load
+        conn.execute(text("DELETE FROM report_built"))
     t0 = time.perf_counter()
     report = build_report(store.engine, since=since, until=now)
     first_s = time.perf_counter() - t0

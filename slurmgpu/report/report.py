@@ -4,11 +4,11 @@ Everything is aggregated in SQL (SQLite and PostgreSQL), never in Python loops o
 rows. The report gathers one row per finished GPU job of the window into a temporary
 table (slurmgpu/report/report_jobs.py: the job row joined with its end-of-job summary,
 with per-job GPU-hours and flags computed in the SELECT), then runs each section's
-GROUP BY over that table. Windows measured in days read their whole UTC days from
-per-day rollups instead (slurmgpu/report/report_rollup.py: a few rows per day, rebuilt
-from the jobs when a trigger marked the day changed), and only the partial days at the
-ends from the jobs: the figures are the same, the 30-day report on a million jobs is
-~10x faster.
+GROUP BY over that table. The whole UTC days (day-bucketed windows) and whole hours of a
+window are read from rollups instead (slurmgpu/report/report_rollup.py: a few rows per
+bucket, rebuilt from the jobs when a trigger marked the bucket changed), and only the
+partial hours at the two ends from the jobs: the figures are the same, a 30-day report
+on a million jobs reads a few thousand rows instead of every job.
 
 Definitions (also in docs/admin-guide.md):
 
@@ -363,9 +363,9 @@ def build_report(
 ) -> Report:
     """Return the report of the jobs that ended in ``[since, until)`` and the actions then.
 
-    ``rollups``: read the window's whole days from the per-day rollups where the window
-    is bucketed by day (rebuilding the days that changed first); False reads every job
-    (the same figures, slower: the tests compare the two).
+    ``rollups``: read the window's whole days (day-bucketed windows) and hours from the
+    rollups, rebuilding the buckets that changed first; False reads every job (the same
+    figures, slower: the tests compare the two).
     """
     if by not in GROUP_BY:
         raise ValueError(f"cannot group by {by!r}: use one of {', '.join(GROUP_BY)}")
@@ -382,13 +382,8 @@ def build_report(
             conn.exec_driver_sql("PRAGMA cache_size=-65536")
         ratio = _shards_per_gpu(conn, cluster)
         split = None
-        if (
-            rollups
-            and bucket == rollup.DAY_S
-            and worst <= rollup.WORST_KEEP
-            and flagged_limit <= rollup.FLAGGED_KEEP
-        ):
-            split, why_not = _fresh_rollups(conn, cluster, since, until, ratio, th)
+        if rollups and worst <= rollup.WORST_KEEP and flagged_limit <= rollup.FLAGGED_KEEP:
+            split, why_not = _fresh_rollups(conn, cluster, since, until, bucket, ratio, th)
             notes.extend(why_not)
         ranges = split.partial if split is not None else ((since, until),)
         scan = covers_most(conn, ranges)
@@ -404,9 +399,9 @@ def build_report(
                 conn.execute(
                     insert(cells).from_select([c.name for c in cells.columns], cells_select(t))
                 )
-            if split is not None and split.has_days:
+            if split is not None and split.pieces:
                 rollup.add_groups(conn, g, cluster, split, by)
-                rollup.add_cells(conn, cells, cluster, split, origin)
+                rollup.add_cells(conn, cells, cluster, split, origin, bucket)
             totals = _figures(conn.execute(select(*_figure_columns(g))).one())
             groups = tuple(
                 GroupRow(str(r.grp or ""), _figures(r))
@@ -472,13 +467,15 @@ def _fresh_rollups(
     cluster: str,
     since: datetime,
     until: datetime,
+    bucket: int,
     ratio: float,
     th: ReportThresholds,
-) -> tuple[rollup.DaySplit | None, list[str]]:
-    """The window's split into whole and partial days once the whole days' rollups are
-    fresh; None (and why, for the report's notes) when they cannot be trusted or built."""
-    split = rollup.split_days(since, until)
-    if not split.has_days:
+) -> tuple[rollup.Split | None, list[str]]:
+    """The window's split into whole buckets and partial hours once the buckets' rollups
+    are fresh; None (and why, for the report's notes) when they cannot be trusted or
+    built. Day rollups serve only day-bucketed windows (an hourly chart needs hours)."""
+    split = rollup.split_window(since, until, days=bucket == rollup.DAY_S)
+    if not split.pieces:
         return None, []
     if not rollup.triggers_present(conn):
         conn.rollback()
@@ -502,7 +499,7 @@ def _wasters(
     conn: Connection,
     t: Table,
     cluster: str,
-    split: rollup.DaySplit | None,
+    split: rollup.Split | None,
     by: GroupBy,
     groups: Sequence[GroupRow],
     top: int,

@@ -1,24 +1,26 @@
-"""Per-day rollups of the report: a window's whole UTC days read from a few rows per day.
+"""Per-day and per-hour rollups of the report: a window read from a few rows per bucket.
 
 A 30-day report on a million jobs spent nearly all its time reading every job of the
-window, joined with its summary. For windows measured in days (hour-bucketed windows of
-up to three days read the jobs), the report now reads, for each whole day of the window,
-rows that hold what it would have computed from that day's jobs:
+window, joined with its summary. Now the report reads, for each whole UTC day of the
+window (windows bucketed by day) and each whole hour of the rest, rows that hold what it
+would have computed from that bucket's jobs:
 
-- ``report_day_groups``: the figures per (day, user, account, partition); a window's
-  groups and totals are their sums (every figure is a sum, a count or a maximum);
-- ``report_day_cells``: jobs and GPU-hours per (day, utilisation bin, queue-wait bin), for
-  the histogram, the daily series and the waits;
-- ``report_day_jobs``: each day's :data:`FLAGGED_KEEP` most wasteful flagged jobs and each
-  group's :data:`WORST_KEEP` worst jobs; the window's top N (N up to those) is among its
-  days' top N under the same order, so the lists stay exact.
+- ``report_rollup_groups``: the figures per (bucket, user, account, partition); a
+  window's groups and totals are their sums (every figure is a sum, a count or a max);
+- ``report_rollup_cells``: jobs and GPU-hours per (bucket, utilisation bin, queue-wait
+  bin), for the histogram, the series and the waits;
+- ``report_rollup_jobs``: each bucket's :data:`FLAGGED_KEEP` most wasteful flagged jobs
+  and each group's :data:`WORST_KEEP` worst jobs; the window's top N (N up to those) is
+  among its buckets' top N under the same order, so the lists stay exact.
 
-Only the partial days at the window's ends are read from the jobs. The rows are a cache:
-triggers (migration 0006) mark a day in ``report_dirty`` when a finished job of that day
-or a summary of such a job is written, changed or deleted, and :func:`refresh` rebuilds
-dirty days, days never built and days built with other settings (the shard ratio of the
-nodes or the flag thresholds: ``report_days.fingerprint``) before the report reads them,
-with the same SQL that reads the jobs (:func:`~slurmgpu.report.report_jobs.fill_select`).
+Only the partial hours at the window's two ends are read from the jobs. The rows are a
+cache: triggers (migration 0006) mark a day and an hour in ``report_dirty`` when a
+finished job of theirs or its summary is written, changed or deleted, and
+:func:`refresh` rebuilds marked buckets, buckets never built and buckets built with
+other settings (the nodes' shard ratio, the flag thresholds:
+``report_built.fingerprint``) before the report reads them, with the same SQL that reads
+the jobs (:func:`~slurmgpu.report.report_jobs.fill_select`). In steady state only the
+last hour or so is rebuilt (jobs ending now, summaries arriving).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    or_,
     select,
     text,
     union_all,
@@ -60,22 +63,25 @@ from slurmgpu.store import schema
 __all__ = [
     "DAY_S",
     "FLAGGED_KEEP",
+    "HOUR_S",
     "WORST_KEEP",
-    "DaySplit",
+    "Piece",
+    "Split",
     "add_cells",
     "add_groups",
     "fingerprint",
     "flagged_candidates",
     "refresh",
-    "split_days",
+    "split_window",
     "triggers_present",
     "worst_candidates",
 ]
 
 DAY_S = 86400
-FLAGGED_KEEP = 50  # per day; a report listing more flagged jobs reads the jobs
-WORST_KEEP = 5  # per day and group; likewise for more worst jobs per waster
-# Bumped when what a rollup row holds changes: every day is then rebuilt on first use.
+HOUR_S = 3600
+FLAGGED_KEEP = 50  # per bucket; a report listing more flagged jobs reads the jobs
+WORST_KEEP = 5  # per bucket and group; likewise for more worst jobs per waster
+# Bumped when what a rollup row holds changes: every bucket is then rebuilt on first use.
 ROLLUP_VERSION = 1
 TRIGGERS = (
     "report_dirty_jobs_insert",
@@ -89,43 +95,75 @@ _PG_LOCK = 0x5347505552  # "SGPUR": one rollup refresh at a time on PostgreSQL
 
 
 @dataclass(frozen=True, slots=True)
-class DaySplit:
-    """A window as whole UTC days ``[first, last)`` (day numbers) and the rest."""
+class Piece:
+    """Buckets ``[first, last)`` of ``span`` seconds (bucket n starts at n x span)."""
 
+    span: int
     first: int
     last: int
-    partial: tuple[tuple[datetime, datetime], ...]  # read from the jobs
 
-    @property
-    def has_days(self) -> bool:
-        return self.last > self.first
-
-
-def _moment(day: int) -> datetime:
-    return datetime.fromtimestamp(day * DAY_S, UTC)
+    def where(self, table: Table) -> ColumnElement[bool]:
+        c = table.c
+        return and_(c.span == self.span, c.bucket >= self.first, c.bucket < self.last)
 
 
-def split_days(since: datetime, until: datetime) -> DaySplit:
-    """The whole days of ``[since, until)`` and the partial ranges at its ends.
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A window as whole buckets (read from rollups) and partial ranges (from the jobs)."""
 
-    >>> s = split_days(datetime(2026, 3, 1, 12, tzinfo=UTC), datetime(2026, 3, 4, tzinfo=UTC))
-    >>> (s.last - s.first, [(a.day, a.hour, b.day, b.hour) for a, b in s.partial])
-    (2, [(1, 12, 2, 0)])
+    pieces: tuple[Piece, ...]
+    partial: tuple[tuple[datetime, datetime], ...]
+
+    def where(self, table: Table, cluster: str) -> ColumnElement[bool]:
+        return and_(table.c.cluster == cluster, or_(*(p.where(table) for p in self.pieces)))
+
+
+def _moment(seconds: int) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def split_window(since: datetime, until: datetime, *, days: bool) -> Split:
+    """``[since, until)`` as whole UTC days (when ``days``), whole hours in the rest, and
+    the partial hours left at the ends.
+
+    >>> s = split_window(datetime(2026, 3, 1, 12, 30, tzinfo=UTC),
+    ...                  datetime(2026, 3, 4, 2, 10, tzinfo=UTC), days=True)
+    >>> [(p.span, p.last - p.first) for p in s.pieces]
+    [(86400, 2), (3600, 11), (3600, 2)]
+    >>> [(a.hour, a.minute, b.hour, b.minute) for a, b in s.partial]
+    [(12, 30, 13, 0), (2, 0, 2, 10)]
     """
-    first = math.ceil(since.timestamp() / DAY_S)
-    last = math.floor(until.timestamp() / DAY_S)
-    if last <= first:
-        return DaySplit(first, first, ((since, until),))
-    partial = []
-    if since < _moment(first):
-        partial.append((since, _moment(first)))
-    if _moment(last) < until:
-        partial.append((_moment(last), until))
-    return DaySplit(first, last, tuple(partial))
+    lo_s, hi_s = since.timestamp(), until.timestamp()
+    pieces: list[Piece] = []
+    ends = [(lo_s, hi_s)]
+    d0, d1 = math.ceil(lo_s / DAY_S), math.floor(hi_s / DAY_S)
+    if days and d1 > d0:
+        pieces.append(Piece(DAY_S, d0, d1))
+        ends = [(lo_s, d0 * DAY_S), (d1 * DAY_S, hi_s)]
+    partial: list[tuple[float, float]] = []
+    for lo, hi in ends:
+        if hi <= lo:
+            continue
+        h0, h1 = math.ceil(lo / HOUR_S), math.floor(hi / HOUR_S)
+        if h1 <= h0:
+            partial.append((lo, hi))
+            continue
+        pieces.append(Piece(HOUR_S, h0, h1))
+        if lo < h0 * HOUR_S:
+            partial.append((lo, h0 * HOUR_S))
+        if h1 * HOUR_S < hi:
+            partial.append((h1 * HOUR_S, hi))
+    exact = {lo_s: since, hi_s: until}  # the window's own ends keep their microseconds
+    return Split(
+        tuple(pieces),
+        tuple(
+            (exact.get(a) or _moment(int(a)), exact.get(b) or _moment(int(b))) for a, b in partial
+        ),
+    )
 
 
 def fingerprint(shards_per_gpu: float, th: ReportThresholds) -> str:
-    """What a day's rollup was computed with; another value means rebuild it."""
+    """What a bucket's rollup was computed with; another value means rebuild it."""
     settings = f"v{ROLLUP_VERSION} {shards_per_gpu!r} {th!r} {FLAGGED_KEEP} {WORST_KEEP}"
     return hashlib.sha256(settings.encode()).hexdigest()
 
@@ -144,102 +182,103 @@ def triggers_present(conn: Connection) -> bool:
     return conn.execute(text(query)).scalar() == len(TRIGGERS)
 
 
-def _runs(days: Sequence[int]) -> Iterator[tuple[int, int]]:
-    """Sorted day numbers as ``[first, last)`` runs of consecutive days."""
+def _runs(buckets: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """Sorted bucket numbers as ``[first, last)`` runs of consecutive buckets."""
     start = prev = None
-    for day in days:
-        if prev is not None and day == prev + 1:
-            prev = day
+    for n in buckets:
+        if prev is not None and n == prev + 1:
+            prev = n
             continue
         if start is not None and prev is not None:
             yield start, prev + 1
-        start = prev = day
+        start = prev = n
     if start is not None and prev is not None:
         yield start, prev + 1
 
 
 def refresh(
-    conn: Connection, cluster: str, split: DaySplit, shards_per_gpu: float, th: ReportThresholds
+    conn: Connection, cluster: str, split: Split, shards_per_gpu: float, th: ReportThresholds
 ) -> int:
-    """Rebuild the rollups of the window's days that are dirty, missing or stale; commit.
+    """Rebuild the window's buckets that are marked, missing or stale; commit.
 
-    Returns how many days were rebuilt. The dirty marks of a day are deleted in the same
+    Returns how many buckets were rebuilt. The marks of a bucket are deleted in the same
     transaction that reads its jobs, before reading them: a job written meanwhile marks
-    the day again (SQLite: it waits for this writer; PostgreSQL: its mark waits on the
-    deleted row), so no change is lost.
+    the bucket again (SQLite: it waits for this writer; PostgreSQL: its mark waits on
+    the deleted row), so no change is lost.
     """
-    days, dirty = schema.report_days, schema.report_dirty
+    built, dirty = schema.report_built, schema.report_dirty
     fp = fingerprint(shards_per_gpu, th)
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK})
-    in_window = and_(days.c.cluster == cluster, days.c.day >= split.first, days.c.day < split.last)
-    built = {
-        int(d)
-        for d in conn.execute(
-            select(days.c.day).where(in_window, days.c.fingerprint == fp)
-        ).scalars()
-    }
-    marked = {
-        int(d)
-        for d in conn.execute(
-            select(dirty.c.day).where(
-                dirty.c.cluster == cluster, dirty.c.day >= split.first, dirty.c.day < split.last
-            )
-        ).scalars()
-    }
-    stale = sorted((set(range(split.first, split.last)) - built) | marked)
+    stale: list[tuple[int, list[int]]] = []
+    for piece in split.pieces:
+        fresh = set(
+            conn.execute(
+                select(built.c.bucket).where(
+                    built.c.cluster == cluster, piece.where(built), built.c.fingerprint == fp
+                )
+            ).scalars()
+        )
+        marked = set(
+            conn.execute(
+                select(dirty.c.bucket).where(dirty.c.cluster == cluster, piece.where(dirty))
+            ).scalars()
+        )
+        todo = sorted((set(range(piece.first, piece.last)) - fresh) | marked)
+        if todo:
+            stale.append((piece.span, todo))
     if not stale:
         conn.rollback()
         return 0
     t = job_table()
     t.drop(conn, checkfirst=True)
-    for lo, hi in _runs(stale):
-        in_run = and_(dirty.c.cluster == cluster, dirty.c.day >= lo, dirty.c.day < hi)
-        conn.execute(delete(dirty).where(in_run))  # first: see the docstring
-        for table in (schema.report_day_groups, schema.report_day_cells, schema.report_day_jobs):
+    rows = (schema.report_rollup_groups, schema.report_rollup_cells, schema.report_rollup_jobs)
+    for span, buckets in stale:
+        for lo, hi in _runs(buckets):
+            run = Piece(span, lo, hi)
+            conn.execute(delete(dirty).where(dirty.c.cluster == cluster, run.where(dirty)))
+            for table in (*rows, built):
+                conn.execute(delete(table).where(table.c.cluster == cluster, run.where(table)))
+            t.create(conn)
+            start, end = _moment(lo * span), _moment(hi * span)
+            scan = covers_most(conn, [(start, end)])
+            # k = the bucket number: buckets of span seconds from the epoch.
+            fill = fill_select(cluster, [(start, end)], "user", shards_per_gpu, th, span, 0, scan)
+            conn.execute(insert(t).from_select([c.name for c in t.columns], fill))
+            _build(conn, t, cluster, span)
+            now = datetime.now(UTC)
             conn.execute(
-                delete(table).where(table.c.cluster == cluster, table.c.day >= lo, table.c.day < hi)
-            )
-        conn.execute(
-            delete(days).where(days.c.cluster == cluster, days.c.day >= lo, days.c.day < hi)
-        )
-        t.create(conn)
-        start, end = _moment(lo), _moment(hi)
-        scan = covers_most(conn, [(start, end)])
-        # k = the day number: buckets of a day from the epoch.
-        fill = fill_select(cluster, [(start, end)], "user", shards_per_gpu, th, DAY_S, 0, scan)
-        conn.execute(insert(t).from_select([c.name for c in t.columns], fill))
-        _build_days(conn, t, cluster)
-        now = datetime.now(UTC)
-        conn.execute(
-            insert(days),
-            [
-                {"cluster": cluster, "day": d, "fingerprint": fp, "built_at": now}
-                for d in range(lo, hi)
-            ],
-        )
-        t.drop(conn)
+                insert(built),
+                [
+                    {"cluster": cluster, "span": span, "bucket": n, "fingerprint": fp,
+                     "built_at": now}
+                    for n in range(lo, hi)
+                ],
+            )  # fmt: skip
+            t.drop(conn)
     conn.commit()
-    return len(stale)
+    return sum(len(b) for _, b in stale)
 
 
-def _build_days(conn: Connection, t: Table, cluster: str) -> None:
-    """Aggregate the per-job table ``t`` (``k`` = day number) into the rollup tables."""
-    g, c, dj = schema.report_day_groups, schema.report_day_cells, schema.report_day_jobs
+def _build(conn: Connection, t: Table, cluster: str, span: int) -> None:
+    """Aggregate the per-job table ``t`` (``k`` = bucket number) into the rollup tables."""
+    g, c = schema.report_rollup_groups, schema.report_rollup_cells
+    dj = schema.report_rollup_jobs
     keys = (t.c.k, t.c.user, t.c.account, t.c.partition)
     groups = group_select(t, *keys).subquery()
-    figures = [c.name for c in groups.c if c.name not in ("k", "user", "account", "partition")]
+    figures = [x.name for x in groups.c if x.name not in ("k", "user", "account", "partition")]
+    head: list[ColumnElement[Any]] = [literal(cluster), literal(span)]
     conn.execute(
         insert(g).from_select(
-            ["cluster", "day", "user", "account", "partition", *figures],
-            select(literal(cluster), *(groups.c[name] for name in ("k", "user", "account",
-                   "partition", *figures))),
+            ["cluster", "span", "bucket", "user", "account", "partition", *figures],
+            select(*head, *(groups.c[name] for name in ("k", "user", "account", "partition",
+                                                        *figures))),
         )
     )  # fmt: skip
     conn.execute(
         insert(c).from_select(
-            ["cluster", "day", "hbin", "wbin", "jobs", "alloc", "known", "used", "idle"],
-            select(literal(cluster), cells_select(t).subquery()),
+            ["cluster", "span", "bucket", "hbin", "wbin", "jobs", "alloc", "known", "used", "idle"],
+            select(*head, cells_select(t).subquery()),
         )
     )
     job_cols = [col.name for col in job_columns(t)]
@@ -256,14 +295,14 @@ def _build_days(conn: Connection, t: Table, cluster: str) -> None:
             order = (t.c.waste_h.desc(), t.c.job_id)
             where = (t.c.waste_h.is_not(None), t.c.waste_h > 0)
             partition = (t.c.k, grp)
-        # Ranked on narrow rows (sorting whole job rows was 3x slower), then joined back.
+        # Ranked on narrow rows (the ranking sorts every job), then joined back.
         rank = func.row_number().over(partition_by=partition, order_by=order).label("rank")
         ranked = select(t.c.row_id, rank).where(*where).subquery()
         conn.execute(
             insert(dj).from_select(
-                ["cluster", "day", "list", "grp", *job_cols],
+                ["cluster", "span", "bucket", "list", "grp", *job_cols],
                 select(
-                    literal(cluster),
+                    *head,
                     t.c.k,
                     literal(name),
                     literal(None) if grp is None else grp,
@@ -275,9 +314,9 @@ def _build_days(conn: Connection, t: Table, cluster: str) -> None:
         )
 
 
-def add_groups(conn: Connection, g: Table, cluster: str, split: DaySplit, by: GroupBy) -> None:
-    """Add the window's whole days to the per-group table ``g`` (one row per group)."""
-    r = schema.report_day_groups
+def add_groups(conn: Connection, g: Table, cluster: str, split: Split, by: GroupBy) -> None:
+    """Add the window's whole buckets to the per-group table ``g`` (a row per group)."""
+    r = schema.report_rollup_groups
     sums = [name for name in (c.name for c in g.columns) if name not in ("grp", "wait_max")]
     conn.execute(
         insert(g).from_select(
@@ -287,55 +326,52 @@ def add_groups(conn: Connection, g: Table, cluster: str, split: DaySplit, by: Gr
                 *(func.sum(r.c[name]) for name in sums),
                 func.max(r.c.wait_max),
             )
-            .where(r.c.cluster == cluster, r.c.day >= split.first, r.c.day < split.last)
+            .where(split.where(r, cluster))
             .group_by(r.c[by]),
         )
     )
 
 
-def add_cells(conn: Connection, cells: Table, cluster: str, split: DaySplit, origin: int) -> None:
-    """Add the window's whole days to the chart cells (``k`` = days from ``origin``)."""
-    r = schema.report_day_cells
+def add_cells(
+    conn: Connection, cells: Table, cluster: str, split: Split, origin: int, bucket: int
+) -> None:
+    """Add the window's whole buckets to the chart cells (``k``: ``bucket`` s from
+    ``origin``; a rollup bucket lies inside one chart bucket)."""
+    r = schema.report_rollup_cells
     names = ["hbin", "wbin", "jobs", "alloc", "known", "used", "idle"]
+    k = (r.c.bucket * r.c.span - literal(origin)) // literal(bucket)
     conn.execute(
         insert(cells).from_select(
-            ["k", *names],
-            select(r.c.day - literal(origin // DAY_S), *(r.c[n] for n in names)).where(
-                r.c.cluster == cluster, r.c.day >= split.first, r.c.day < split.last
-            ),
+            ["k", *names], select(k, *(r.c[n] for n in names)).where(split.where(r, cluster))
         )
     )
 
 
-def _day_jobs(cluster: str, split: DaySplit, name: str) -> tuple[Table, ColumnElement[bool]]:
-    dj = schema.report_day_jobs
-    where = and_(
-        dj.c.cluster == cluster,
-        dj.c.list == name,
-        dj.c.day >= split.first,
-        dj.c.day < split.last,
-    )
-    return dj, where
-
-
 def worst_candidates(
-    t: Table, cluster: str, split: DaySplit | None, by: GroupBy, names: Sequence[str]
+    t: Table, cluster: str, split: Split | None, by: GroupBy, names: Sequence[str]
 ) -> Any:
-    """Jobs that may be the worst of the groups ``names``: the partial days' from ``t``,
-    the whole days' from their lists."""
+    """Jobs that may be the worst of the groups ``names``: the partial hours' from ``t``,
+    the whole buckets' from their lists."""
     partial = select(t.c.grp, *job_columns(t)).where(
         t.c.grp.in_(names), t.c.waste_h.is_not(None), t.c.waste_h > 0
     )
-    if split is None or not split.has_days:
+    if split is None or not split.pieces:
         return partial
-    dj, where = _day_jobs(cluster, split, by)
-    return union_all(partial, select(dj.c.grp, *job_columns(dj)).where(where, dj.c.grp.in_(names)))
+    dj = schema.report_rollup_jobs
+    return union_all(
+        partial,
+        select(dj.c.grp, *job_columns(dj)).where(
+            split.where(dj, cluster), dj.c.list == by, dj.c.grp.in_(names)
+        ),
+    )
 
 
-def flagged_candidates(t: Table, cluster: str, split: DaySplit | None) -> Any:
+def flagged_candidates(t: Table, cluster: str, split: Split | None) -> Any:
     """Flagged jobs that may be among the window's most wasteful."""
     flag = select(*job_columns(t)).where(t.c.flagged == 1)
-    if split is None or not split.has_days:
+    if split is None or not split.pieces:
         return flag
-    dj, where = _day_jobs(cluster, split, "flagged")
-    return union_all(flag, select(*job_columns(dj)).where(where))
+    dj = schema.report_rollup_jobs
+    return union_all(
+        flag, select(*job_columns(dj)).where(split.where(dj, cluster), dj.c.list == "flagged")
+    )

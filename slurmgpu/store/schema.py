@@ -342,37 +342,41 @@ notifications = Table(
 )
 
 # -- report rollups (slurmgpu/report/report_rollup.py) ------------------------------------
-# Per UTC day (``day`` = seconds since 1970 // 86400 of the jobs' end): what ``sgpu report``
-# would compute from the jobs that ended that day, so a 30-day report reads a few thousand
-# rollup rows instead of every job. A cache, never the truth: database triggers (migration
-# 0006) mark a day dirty when a finished job or a summary of that day is written, and the
-# report rebuilds dirty and missing days from the jobs before reading.
+# Per UTC day and per hour (``span`` = 86400 or 3600 s, ``bucket`` = seconds since 1970 //
+# span of the jobs' end): what ``sgpu report`` would compute from the jobs that ended in
+# that bucket, so a 30-day report reads a few thousand rows instead of every job. A cache,
+# never the truth: database triggers (migration 0006) mark a day and an hour dirty when a
+# finished job of theirs or its summary is written, and the report rebuilds dirty and
+# missing buckets from the jobs before reading.
 
-# Days whose rollup no longer matches the jobs (written by the triggers only).
+# Buckets whose rollup no longer matches the jobs (written by the triggers only).
 report_dirty = Table(
     "report_dirty",
     metadata,
     Column("cluster", String(64), primary_key=True),
-    Column("day", Integer, primary_key=True),
+    Column("span", Integer, primary_key=True),
+    Column("bucket", Integer, primary_key=True),
 )
 
-# Days whose rollup rows are built, and with which settings (shard ratio, thresholds).
-report_days = Table(
-    "report_days",
+# Buckets whose rollup rows are built, and with which settings (shard ratio, thresholds).
+report_built = Table(
+    "report_built",
     metadata,
     Column("cluster", String(64), primary_key=True),
-    Column("day", Integer, primary_key=True),
+    Column("span", Integer, primary_key=True),
+    Column("bucket", Integer, primary_key=True),
     Column("fingerprint", String(256), nullable=False),
     Column("built_at", TS, nullable=False),
 )
 
-# Figures per (day, user, account, partition): the report's group rows and totals.
-report_day_groups = Table(
-    "report_day_groups",
+# Figures per (bucket, user, account, partition): the report's group rows and totals.
+report_rollup_groups = Table(
+    "report_rollup_groups",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("cluster", String(64), nullable=False),
-    Column("day", Integer, nullable=False),
+    Column("span", Integer, nullable=False),
+    Column("bucket", Integer, nullable=False),
     Column("user", String(64)),
     Column("account", String(64)),
     Column("partition", String(512)),
@@ -392,16 +396,17 @@ report_day_groups = Table(
     Column("wait_sum", Float),
     Column("wait_n", Integer, nullable=False),
     Column("wait_max", Float),
-    Index(None, "cluster", "day"),
+    Index(None, "cluster", "span", "bucket"),
 )
 
-# Jobs per (day, utilisation bin, queue-wait bin): the histogram, series and waits.
-report_day_cells = Table(
-    "report_day_cells",
+# Jobs per (bucket, utilisation bin, queue-wait bin): the histogram, series and waits.
+report_rollup_cells = Table(
+    "report_rollup_cells",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("cluster", String(64), nullable=False),
-    Column("day", Integer, nullable=False),
+    Column("span", Integer, nullable=False),
+    Column("bucket", Integer, nullable=False),
     Column("hbin", Integer, nullable=False),
     Column("wbin", Integer, nullable=False),
     Column("jobs", Integer, nullable=False),
@@ -409,19 +414,20 @@ report_day_cells = Table(
     Column("known", Float, nullable=False),
     Column("used", Float, nullable=False),
     Column("idle", Float, nullable=False),
-    Index(None, "cluster", "day"),
+    Index(None, "cluster", "span", "bucket"),
 )
 
-# Each day's candidates for the report's job lists: the most wasteful flagged jobs
+# Each bucket's candidates for the report's job lists: the most wasteful flagged jobs
 # (``list`` = "flagged") and each user's, account's and partition's worst jobs (``list`` =
 # "user" | "account" | "partition", ``grp`` its name). A window's top N is among its
-# days' top N, so the lists stay exact.
-report_day_jobs = Table(
-    "report_day_jobs",
+# buckets' top N, so the lists stay exact.
+report_rollup_jobs = Table(
+    "report_rollup_jobs",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("cluster", String(64), nullable=False),
-    Column("day", Integer, nullable=False),
+    Column("span", Integer, nullable=False),
+    Column("bucket", Integer, nullable=False),
     Column("list", String(16), nullable=False),
     Column("grp", String(512)),
     Column("job_id", BigInteger, nullable=False),
@@ -442,5 +448,5 @@ report_day_jobs = Table(
     Column("flag_time", Integer),
     Column("flag_memory", Integer),
     Column("flag_gpus", Integer),
-    Index(None, "cluster", "list", "day"),
+    Index(None, "cluster", "list", "span", "bucket"),
 )

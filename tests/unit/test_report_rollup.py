@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, delete, func, insert, select, text, update
 
 from slurmgpu.report.report import GroupBy, Report, ReportThresholds, build_report
-from slurmgpu.report.report_rollup import split_days
+from slurmgpu.report.report_rollup import DAY_S, HOUR_S, split_window
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.usage import UsageStore
 from tests.unit import report_store
@@ -75,16 +75,29 @@ def _both(
     return fast
 
 
-def _count(engine: Engine, table: Any) -> int:
+def _built(engine: Engine, span: int = DAY_S) -> int:
+    b = schema.report_built
     with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(table)).scalar() or 0)
+        return int(
+            conn.execute(select(func.count()).select_from(b).where(b.c.span == span)).scalar() or 0
+        )
 
 
 def _dirty_days(engine: Engine) -> set[int]:
     """The marked days of the test window (job 105, before it, stays marked: never read)."""
+    d = schema.report_dirty
     with engine.connect() as conn:
-        marked = set(conn.execute(select(schema.report_dirty.c.day)).scalars())
+        marked = set(conn.execute(select(d.c.bucket).where(d.c.span == DAY_S)).scalars())
     return marked & set(range(_day(SINCE), _day(UNTIL) + 1))
+
+
+def _dirty_hours(engine: Engine) -> set[int]:
+    d = schema.report_dirty
+    with engine.connect() as conn:
+        marked = set(conn.execute(select(d.c.bucket).where(d.c.span == HOUR_S)).scalars())
+    return marked & set(
+        range(int(SINCE.timestamp()) // HOUR_S, int(UNTIL.timestamp()) // HOUR_S + 1)
+    )
 
 
 def _day(moment: datetime) -> int:
@@ -97,14 +110,22 @@ def test_rollups_and_partial_days_give_the_figures_of_the_jobs(engine: Engine) -
     assert r.totals.gpu_hours_allocated == approx(EXPECTED["allocated"], rel=1e-9)
     assert r.notes == (f"1 of {EXPECTED['jobs']} jobs have no usage summary (no agent "
                        "reported for them): counted in allocated GPU-hours only",)  # fmt: skip
-    assert _count(engine, schema.report_days) == 7  # every whole day built, empty ones too
+    assert _built(engine) == 7  # every whole day built, empty ones too
+    assert _built(engine, HOUR_S) == 0  # no partial day
     assert _dirty_days(engine) == set()
-    # Job 101 ends at 04:00 on day 2 and 108 at 00:03 on day 6: both in partial days.
-    since, until = SINCE + timedelta(days=1, hours=2), SINCE + timedelta(days=5, hours=12)
-    assert split_days(since, until).last - split_days(since, until).first == 3
+    # Job 101 ends at 04:00 on day 2 (a whole hour of a partial day), 108 at 00:03:20 on
+    # day 6 (in the partial hour at the end).
+    since = SINCE + timedelta(days=1, hours=2, minutes=30)
+    until = SINCE + timedelta(days=5, minutes=10)
+    split = split_window(since, until, days=True)
+    assert [(p.span, p.last - p.first) for p in split.pieces] == [(DAY_S, 3), (HOUR_S, 21)]
+    assert [b - a for a, b in split.partial] == [timedelta(minutes=30), timedelta(minutes=10)]
     for by in ("user", "account", "partition"):
         part = _both(engine, since, until, by)
     assert part.totals.jobs == 5 and [j.job_id for j in part.flagged] == [101, 104]
+    assert _built(engine, HOUR_S) == 21
+    hourly = _both(engine, since, since + timedelta(days=2))  # hour rollups, hourly series
+    assert hourly.bucket_s == HOUR_S and hourly.totals.jobs == 3  # 101, 102, 103
     _both(engine, SINCE - timedelta(days=30), UNTIL + timedelta(days=2))  # beyond the data
     _both(engine, SINCE, UNTIL, top=1)
     slow = build_report(engine, since=SINCE, until=UNTIL, now=UNTIL, worst=50, flagged_limit=99)
@@ -118,9 +139,11 @@ def test_every_change_to_a_finished_job_or_its_summary_is_seen(engine: Engine) -
     new = report_store._job(  # 2 GPUs x 3 h, ended on day 4
         201, "erin", "acct-b", "gpu", gpus=2, start_time=day4, end_time=day4 + timedelta(hours=3)
     )
+    hours = _dirty_hours(engine)  # hours never built keep their marks: no report read them
     with engine.begin() as conn:
         conn.execute(insert(schema.jobs), new)
     assert _dirty_days(engine) == {_day(day4)}
+    assert _dirty_hours(engine) - hours == {int(day4.timestamp()) // HOUR_S + 3}
     t = _both(engine, SINCE, UNTIL).totals
     assert t.jobs == base.jobs + 1
     assert t.gpu_hours_allocated == approx(base.gpu_hours_allocated + 6.0, rel=1e-9)
@@ -164,13 +187,14 @@ def test_bookkeeping_updates_leave_the_days_clean(engine: Engine) -> None:
     neither may mark a day (each mark costs a rebuild of the whole day)."""
     report_store.fill(engine)
     build_report(engine, since=SINCE, until=UNTIL, now=UNTIL)
+    hours = _dirty_hours(engine)
     j = schema.jobs
     with engine.begin() as conn:
         conn.execute(update(j).values(last_seen=UNTIL, updated_at=UNTIL))
         conn.execute(
             update(j).where(j.c.job_id == 107).values(end_time=UNTIL, time_limit_s=7200)
         )  # running
-    assert _dirty_days(engine) == set()
+    assert _dirty_days(engine) == set() and _dirty_hours(engine) == hours
     with engine.begin() as conn:  # 107 finishes
         conn.execute(update(j).where(j.c.job_id == 107).values(state="COMPLETED"))
     assert _dirty_days(engine) == {_day(UNTIL)}
@@ -184,7 +208,7 @@ def test_without_the_triggers_the_report_reads_the_jobs(engine: Engine) -> None:
     r = build_report(engine, since=SINCE, until=UNTIL, now=UNTIL)
     assert r.totals.gpu_hours_allocated == approx(EXPECTED["allocated"], rel=1e-9)
     assert any("sgpu db upgrade" in note for note in r.notes)
-    assert _count(engine, schema.report_days) == 0
+    assert _built(engine) == 0
 
 
 def _generated(engine: Engine, n: int, start: datetime, days: int) -> None:
@@ -247,7 +271,7 @@ def test_a_generated_store_gives_the_same_figures_either_way(engine: Engine) -> 
         for by in ("user", "account", "partition"):
             r = _both(engine, since, until, by)
             assert r.totals.jobs > 0 and r.wasters and r.flagged
-    assert _count(engine, schema.report_days) == 20
+    assert _built(engine) == 20
 
 
 def test_the_table_lists_the_biggest_groups_and_says_how_many_more(
@@ -271,3 +295,30 @@ def test_the_table_lists_the_biggest_groups_and_says_how_many_more(
     by_user = out.split("Top wasters")[0]
     assert f"│ {r.groups[4].name} " in by_user and f"│ {r.groups[5].name} " not in by_user
     assert len(list(report_render.to_csv(r).splitlines())) == 1 + 12 + 1  # CSV: all of them
+
+
+def _read_only(engine: Engine, tmp_path: Path) -> Engine:
+    """The same store through a connection that may not write."""
+    if engine.dialect.name == "sqlite":
+        return create_engine(f"sqlite:///file:{engine.url.database}?mode=ro&uri=true")
+    with engine.begin() as conn:
+        conn.execute(text("DROP ROLE IF EXISTS sgpu_ro"))
+        conn.execute(text("CREATE ROLE sgpu_ro LOGIN"))
+        conn.execute(text("GRANT USAGE ON SCHEMA public TO sgpu_ro"))
+        conn.execute(text("GRANT SELECT ON ALL TABLES IN SCHEMA public TO sgpu_ro"))
+    return create_engine(engine.url.set(username="sgpu_ro"))
+
+
+def test_a_read_only_store_is_reported_from_the_jobs(engine: Engine, tmp_path: Path) -> None:
+    report_store.fill(engine)
+    ro = _read_only(engine, tmp_path)
+    try:
+        r = build_report(ro, since=SINCE, until=UNTIL, now=UNTIL)
+    finally:
+        ro.dispose()
+    assert r.totals.gpu_hours_allocated == approx(EXPECTED["allocated"], rel=1e-9)
+    assert [j.job_id for j in r.flagged] == EXPECTED["flagged_jobs"]
+    assert any("could not be brought up to date" in note for note in r.notes), r.notes
+    assert _built(engine) == 0
+    _both(engine, SINCE, UNTIL)  # and once writable again, the rollups are built
+    assert _built(engine) == 7

@@ -1,4 +1,4 @@
-"""report rollups: per-day figures of finished jobs, kept fresh by dirty-day triggers
+"""report rollups: per-day and per-hour figures of finished jobs, kept fresh by triggers
 
 Revision ID: 0006
 Revises: 0005
@@ -7,10 +7,11 @@ Also replaces the (cluster, job_id) index of job_summaries with one that covers 
 report's join.
 
 The rollup tables are a cache of what ``sgpu report`` computes from the jobs of one UTC
-day (slurmgpu/report/report_rollup.py). Triggers on ``jobs`` and ``job_summaries`` mark
-the day of every finished job whose report figures may have changed in ``report_dirty``;
-the report rebuilds those days before it reads. Days never built have no ``report_days``
-row and are built on first use, so no backfill is needed here.
+day or hour (slurmgpu/report/report_rollup.py). Triggers on ``jobs`` and
+``job_summaries`` mark the day and the hour of every finished job whose report figures
+may have changed in ``report_dirty``; the report rebuilds those before it reads. Buckets
+never built have no ``report_built`` row and are built on first use, so no backfill is
+needed here.
 
 SQLite drops a table's triggers when Alembic's batch mode recreates the table: a later
 migration that batch-alters ``jobs`` or ``job_summaries`` must create them again (the
@@ -68,24 +69,35 @@ def _row(prefix: str) -> str:
     return "(" + ", ".join(f"{prefix}.{c}" for c in _READ) + ")"
 
 
+_SPANS = (86400, 3600)  # a day and an hour
+
+
 def _sqlite_mark_job(row: str) -> str:
-    day = f"unixepoch({row}.end_time) / 86400"
-    return (
-        f"INSERT INTO report_dirty (cluster, day) SELECT {row}.cluster, {day} "
-        f"WHERE {row}.end_time IS NOT NULL AND {row}.state IN ({_TERMINAL}) "
-        f"AND NOT EXISTS (SELECT 1 FROM report_dirty d "
-        f"WHERE d.cluster = {row}.cluster AND d.day = {day});"
-    )
+    out = []
+    for span in _SPANS:
+        bucket = f"unixepoch({row}.end_time) / {span}"
+        out.append(
+            f"INSERT INTO report_dirty (cluster, span, bucket) "
+            f"SELECT {row}.cluster, {span}, {bucket} "
+            f"WHERE {row}.end_time IS NOT NULL AND {row}.state IN ({_TERMINAL}) "
+            f"AND NOT EXISTS (SELECT 1 FROM report_dirty d WHERE d.cluster = {row}.cluster "
+            f"AND d.span = {span} AND d.bucket = {bucket});"
+        )
+    return " ".join(out)
 
 
 def _sqlite_mark_summary(row: str) -> str:
-    day = "unixepoch(j.end_time) / 86400"
-    return (
-        f"INSERT INTO report_dirty (cluster, day) SELECT DISTINCT j.cluster, {day} FROM jobs j "
-        f"WHERE j.cluster = {row}.cluster AND j.job_id = {row}.job_id "
-        f"AND j.end_time IS NOT NULL AND NOT EXISTS (SELECT 1 FROM report_dirty d "
-        f"WHERE d.cluster = j.cluster AND d.day = {day});"
-    )
+    out = []
+    for span in _SPANS:
+        bucket = f"unixepoch(j.end_time) / {span}"
+        out.append(
+            f"INSERT INTO report_dirty (cluster, span, bucket) "
+            f"SELECT DISTINCT j.cluster, {span}, {bucket} FROM jobs j "
+            f"WHERE j.cluster = {row}.cluster AND j.job_id = {row}.job_id "
+            f"AND j.end_time IS NOT NULL AND NOT EXISTS (SELECT 1 FROM report_dirty d "
+            f"WHERE d.cluster = j.cluster AND d.span = {span} AND d.bucket = {bucket});"
+        )
+    return " ".join(out)
 
 
 def _sqlite_triggers() -> list[str]:
@@ -106,21 +118,28 @@ def _sqlite_triggers() -> list[str]:
     ]
 
 
+def _pg_bucket(column: str, span: int) -> str:
+    return f"floor(extract(epoch FROM {column}) / {span})::integer"
+
+
 def _pg_mark_job(row: str) -> str:
+    values = ", ".join(
+        f"({row}.cluster, {span}, {_pg_bucket(f'{row}.end_time', span)})" for span in _SPANS
+    )
     return (
         f"IF {row}.end_time IS NOT NULL AND {row}.state IN ({_TERMINAL}) THEN "
-        f"INSERT INTO report_dirty (cluster, day) VALUES ({row}.cluster, "
-        f"floor(extract(epoch FROM {row}.end_time) / 86400)::integer) ON CONFLICT DO NOTHING; "
-        f"END IF;"
+        f"INSERT INTO report_dirty (cluster, span, bucket) VALUES {values} "
+        f"ON CONFLICT DO NOTHING; END IF;"
     )
 
 
 def _pg_mark_summary(row: str) -> str:
-    return (
-        f"INSERT INTO report_dirty (cluster, day) SELECT DISTINCT j.cluster, "
-        f"floor(extract(epoch FROM j.end_time) / 86400)::integer FROM jobs j "
+    return " ".join(
+        f"INSERT INTO report_dirty (cluster, span, bucket) SELECT DISTINCT j.cluster, {span}, "
+        f"{_pg_bucket('j.end_time', span)} FROM jobs j "
         f"WHERE j.cluster = {row}.cluster AND j.job_id = {row}.job_id "
         f"AND j.end_time IS NOT NULL ON CONFLICT DO NOTHING;"
+        for span in _SPANS
     )
 
 
@@ -172,22 +191,25 @@ def upgrade() -> None:
     op.create_table(
         "report_dirty",
         sa.Column("cluster", sa.String(length=64), nullable=False),
-        sa.Column("day", sa.Integer(), nullable=False),
-        sa.PrimaryKeyConstraint("cluster", "day", name=op.f("pk_report_dirty")),
+        sa.Column("span", sa.Integer(), nullable=False),
+        sa.Column("bucket", sa.Integer(), nullable=False),
+        sa.PrimaryKeyConstraint("cluster", "span", "bucket", name=op.f("pk_report_dirty")),
     )
     op.create_table(
-        "report_days",
+        "report_built",
         sa.Column("cluster", sa.String(length=64), nullable=False),
-        sa.Column("day", sa.Integer(), nullable=False),
+        sa.Column("span", sa.Integer(), nullable=False),
+        sa.Column("bucket", sa.Integer(), nullable=False),
         sa.Column("fingerprint", sa.String(length=256), nullable=False),
         sa.Column("built_at", slurmgpu.store.schema.UtcDateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("cluster", "day", name=op.f("pk_report_days")),
+        sa.PrimaryKeyConstraint("cluster", "span", "bucket", name=op.f("pk_report_built")),
     )
     op.create_table(
-        "report_day_groups",
+        "report_rollup_groups",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
         sa.Column("cluster", sa.String(length=64), nullable=False),
-        sa.Column("day", sa.Integer(), nullable=False),
+        sa.Column("span", sa.Integer(), nullable=False),
+        sa.Column("bucket", sa.Integer(), nullable=False),
         sa.Column("user", sa.String(length=64), nullable=True),
         sa.Column("account", sa.String(length=64), nullable=True),
         sa.Column("partition", sa.String(length=512), nullable=True),
@@ -207,16 +229,19 @@ def upgrade() -> None:
         sa.Column("wait_sum", sa.Float(), nullable=True),
         sa.Column("wait_n", sa.Integer(), nullable=False),
         sa.Column("wait_max", sa.Float(), nullable=True),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_report_day_groups")),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_report_rollup_groups")),
     )
     op.create_index(
-        op.f("ix_report_day_groups_cluster_day"), "report_day_groups", ["cluster", "day"]
+        op.f("ix_report_rollup_groups_cluster_span_bucket"),
+        "report_rollup_groups",
+        ["cluster", "span", "bucket"],
     )
     op.create_table(
-        "report_day_cells",
+        "report_rollup_cells",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
         sa.Column("cluster", sa.String(length=64), nullable=False),
-        sa.Column("day", sa.Integer(), nullable=False),
+        sa.Column("span", sa.Integer(), nullable=False),
+        sa.Column("bucket", sa.Integer(), nullable=False),
         sa.Column("hbin", sa.Integer(), nullable=False),
         sa.Column("wbin", sa.Integer(), nullable=False),
         sa.Column("jobs", sa.Integer(), nullable=False),
@@ -224,14 +249,19 @@ def upgrade() -> None:
         sa.Column("known", sa.Float(), nullable=False),
         sa.Column("used", sa.Float(), nullable=False),
         sa.Column("idle", sa.Float(), nullable=False),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_report_day_cells")),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_report_rollup_cells")),
     )
-    op.create_index(op.f("ix_report_day_cells_cluster_day"), "report_day_cells", ["cluster", "day"])
+    op.create_index(
+        op.f("ix_report_rollup_cells_cluster_span_bucket"),
+        "report_rollup_cells",
+        ["cluster", "span", "bucket"],
+    )
     op.create_table(
-        "report_day_jobs",
+        "report_rollup_jobs",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
         sa.Column("cluster", sa.String(length=64), nullable=False),
-        sa.Column("day", sa.Integer(), nullable=False),
+        sa.Column("span", sa.Integer(), nullable=False),
+        sa.Column("bucket", sa.Integer(), nullable=False),
         sa.Column("list", sa.String(length=16), nullable=False),
         sa.Column("grp", sa.String(length=512), nullable=True),
         sa.Column("job_id", sa.BigInteger(), nullable=False),
@@ -252,10 +282,12 @@ def upgrade() -> None:
         sa.Column("flag_time", sa.Integer(), nullable=True),
         sa.Column("flag_memory", sa.Integer(), nullable=True),
         sa.Column("flag_gpus", sa.Integer(), nullable=True),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_report_day_jobs")),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_report_rollup_jobs")),
     )
     op.create_index(
-        op.f("ix_report_day_jobs_cluster_list_day"), "report_day_jobs", ["cluster", "list", "day"]
+        op.f("ix_report_rollup_jobs_cluster_list_span_bucket"),
+        "report_rollup_jobs",
+        ["cluster", "list", "span", "bucket"],
     )
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
@@ -278,13 +310,19 @@ def downgrade() -> None:
     if dialect == "postgresql":
         op.execute("DROP FUNCTION IF EXISTS report_dirty_jobs()")
         op.execute("DROP FUNCTION IF EXISTS report_dirty_summaries()")
-    op.drop_index(op.f("ix_report_day_jobs_cluster_list_day"), table_name="report_day_jobs")
-    op.drop_table("report_day_jobs")
-    op.drop_index(op.f("ix_report_day_cells_cluster_day"), table_name="report_day_cells")
-    op.drop_table("report_day_cells")
-    op.drop_index(op.f("ix_report_day_groups_cluster_day"), table_name="report_day_groups")
-    op.drop_table("report_day_groups")
-    op.drop_table("report_days")
+    op.drop_index(
+        op.f("ix_report_rollup_jobs_cluster_list_span_bucket"), table_name="report_rollup_jobs"
+    )
+    op.drop_table("report_rollup_jobs")
+    op.drop_index(
+        op.f("ix_report_rollup_cells_cluster_span_bucket"), table_name="report_rollup_cells"
+    )
+    op.drop_table("report_rollup_cells")
+    op.drop_index(
+        op.f("ix_report_rollup_groups_cluster_span_bucket"), table_name="report_rollup_groups"
+    )
+    op.drop_table("report_rollup_groups")
+    op.drop_table("report_built")
     op.drop_table("report_dirty")
     op.create_index("ix_job_summaries_cluster_job_id", "job_summaries", ["cluster", "job_id"])
     op.drop_index("ix_job_summaries_report", table_name="job_summaries")
