@@ -77,6 +77,7 @@ from slurmgpu.store import schema
 
 __all__ = [
     "FLAGS",
+    "GROUP_BY",
     "ActionCount",
     "ActionPoint",
     "GroupBy",
