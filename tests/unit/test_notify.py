@@ -14,6 +14,7 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
@@ -304,7 +305,7 @@ def test_after_the_window_the_user_is_warned_again(smtp_server: SmtpServer, engi
 def test_an_alert_with_a_zero_window_is_sent_every_time(
     smtp_server: SmtpServer, engine: Engine
 ) -> None:
-    cancelled = replace(
+    cancelled = msgspec.structs.replace(
         idle_warning(),
         kind="cancel",
         alert="idle_gpu_action",
@@ -314,7 +315,9 @@ def test_an_alert_with_a_zero_window_is_sent_every_time(
     mailer = Mailer(settings, engine, cluster="della")
 
     first = mailer.notify(cancelled, at=T0)
-    second = mailer.notify(replace(cancelled, job_id=4243), at=T0 + timedelta(hours=1))
+    second = mailer.notify(
+        msgspec.structs.replace(cancelled, job_id=4243), at=T0 + timedelta(hours=1)
+    )
     warning = mailer.notify(idle_warning(), at=T0)
 
     assert [first.status, second.status, warning.status] == [NotifyStatus.SENT] * 3
@@ -561,7 +564,7 @@ def test_every_shipped_template_renders_with_the_numbers_policies_provide(
     alert: str, with_others: bool, job_known: bool
 ) -> None:
     action = _action(alert, DOCUMENTED_NUMBERS[alert])
-    others = [(replace(action, job_id=4243), None)] if with_others else []
+    others = [(msgspec.structs.replace(action, job_id=4243), None)] if with_others else []
     job = JobFacts(4242, name="train", nodes="gpu1", gpus=4) if job_known else None
 
     message = AlertTemplates().render(
