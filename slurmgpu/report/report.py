@@ -384,7 +384,8 @@ def build_report(
         ratio = _shards_per_gpu(conn, cluster)
         split = None
         if rollups and worst <= rollup.WORST_KEEP and flagged_limit <= rollup.FLAGGED_KEEP:
-            split, why_not = _fresh_rollups(conn, cluster, since, until, bucket, ratio, th)
+            moment = until if now is None else now
+            split, why_not = _fresh_rollups(conn, cluster, since, until, bucket, ratio, th, moment)
             notes.extend(why_not)
         ranges = split.partial if split is not None else ((since, until),)
         scan = covers_most(conn, ranges)
@@ -471,6 +472,7 @@ def _fresh_rollups(
     bucket: int,
     ratio: float,
     th: ReportThresholds,
+    now: datetime,
 ) -> tuple[rollup.Split | None, list[str]]:
     """The window's split into whole buckets and partial hours once the buckets' rollups
     are fresh; None (and why, for the report's notes) when they cannot be trusted or
@@ -485,7 +487,7 @@ def _fresh_rollups(
             "window was read, which is slow on large stores"
         ]
     try:
-        rollup.refresh(conn, cluster, split, ratio, th)
+        rollup.refresh(conn, cluster, split, ratio, th, now)
     except SQLAlchemyError as exc:  # a read-only store, a lock held too long
         conn.rollback()
         cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]

@@ -29,7 +29,7 @@ import hashlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -40,6 +40,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    not_,
     or_,
     select,
     text,
@@ -63,6 +64,7 @@ from slurmgpu.store import schema
 __all__ = [
     "DAY_S",
     "FLAGGED_KEEP",
+    "HOURS_KEPT",
     "HOUR_S",
     "WORST_KEEP",
     "Piece",
@@ -80,6 +82,10 @@ __all__ = [
 DAY_S = 86400
 HOUR_S = 3600
 FLAGGED_KEEP = 50  # per bucket; a report listing more flagged jobs reads the jobs
+# Hour rollups serve the partial days at a window's ends: those older than this before the
+# report's moment are dropped when a refresh writes (rebuilt if a window needs them again),
+# so they do not grow for ever (their job lists can hold a few rows per job).
+HOURS_KEPT = timedelta(days=45)
 WORST_KEEP = 5  # per bucket and group; likewise for more worst jobs per waster
 # Bumped when what a rollup row holds changes: every bucket is then rebuilt on first use.
 ROLLUP_VERSION = 1
@@ -197,9 +203,17 @@ def _runs(buckets: Sequence[int]) -> Iterator[tuple[int, int]]:
 
 
 def refresh(
-    conn: Connection, cluster: str, split: Split, shards_per_gpu: float, th: ReportThresholds
+    conn: Connection,
+    cluster: str,
+    split: Split,
+    shards_per_gpu: float,
+    th: ReportThresholds,
+    now: datetime,
 ) -> int:
     """Rebuild the window's buckets that are marked, missing or stale; commit.
+
+    Hour rollups older than :data:`HOURS_KEPT` before ``now`` (other than this window's)
+    are dropped in the same transaction.
 
     Returns how many buckets were rebuilt. The marks of a bucket are deleted in the same
     transaction that reads its jobs, before reading them: a job written meanwhile marks
@@ -256,6 +270,17 @@ def refresh(
                 ],
             )  # fmt: skip
             t.drop(conn)
+    cutoff = int((now - HOURS_KEPT).timestamp()) // HOUR_S
+    for table in (*rows, built, dirty):
+        c = table.c
+        conn.execute(
+            delete(table).where(
+                c.cluster == cluster,
+                c.span == HOUR_S,
+                c.bucket < cutoff,
+                *(not_(p.where(table)) for p in split.pieces if p.span == HOUR_S),
+            )
+        )
     conn.commit()
     return sum(len(b) for _, b in stale)
 

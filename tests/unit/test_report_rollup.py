@@ -322,3 +322,25 @@ def test_a_read_only_store_is_reported_from_the_jobs(engine: Engine, tmp_path: P
     assert _built(engine) == 0
     _both(engine, SINCE, UNTIL)  # and once writable again, the rollups are built
     assert _built(engine) == 7
+
+
+def test_old_hour_rollups_are_dropped(engine: Engine) -> None:
+    start = datetime(2026, 2, 1, tzinfo=UTC)
+    _generated(engine, 300, start, 3)
+    since = start + timedelta(hours=12, minutes=30)
+    _both(engine, since, start + timedelta(days=5))
+    assert _built(engine, HOUR_S) == 11  # 13:00 to midnight of the first day
+    later = start + timedelta(days=60, hours=12, minutes=30)  # the February hours are old
+    r = build_report(engine, since=later, until=later + timedelta(days=4), now=later)
+    assert r.totals.jobs == 0
+    b = schema.report_built
+    with engine.connect() as conn:
+        hours = set(conn.execute(select(b.c.bucket).where(b.c.span == HOUR_S)).scalars())
+        rows = conn.execute(
+            select(func.count())
+            .select_from(schema.report_rollup_groups)
+            .where(schema.report_rollup_groups.c.span == HOUR_S)
+        ).scalar()
+    assert hours and min(hours) >= int(later.timestamp()) // HOUR_S and rows == 0
+    assert _built(engine) == 4 + 3  # day rollups stay: 4 days of February, 3 of April
+    _both(engine, since, start + timedelta(days=5))  # rebuilt when a window needs them
