@@ -7,4 +7,7 @@ cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 echo "== ruff"; .venv/bin/ruff check slurmgpu tests bench
 echo "== mypy"; .venv/bin/mypy
-echo "== pytest"; .venv/bin/pytest -q "$@"
+# Two workers (pytest-xdist), each with its own lab cluster on its own ports: the
+# real-cluster tests mostly wait on Slurm, so two run side by side in about half the time.
+# SGPU_TEST_WORKERS=0 runs in one process.
+echo "== pytest"; .venv/bin/pytest -q -n "${SGPU_TEST_WORKERS:-2}" "$@"

@@ -26,9 +26,20 @@ from slurmgpu.labcluster import LabCluster, LabClusterError, ensure_packages
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-# Two test sessions on one machine can use different ports with these variables.
-SESSION_CTLD_PORT = int(os.environ.get("SGPU_TEST_CTLD_PORT", "6917"))
-SESSION_SLURMD_PORT_BASE = int(os.environ.get("SGPU_TEST_SLURMD_PORT_BASE", "17101"))
+
+def _xdist_worker_index() -> int:
+    """0, 1, ... for pytest-xdist's workers gw0, gw1, ...; 0 without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+# Two test sessions on one machine can use different ports with these variables; each
+# xdist worker starts its own lab cluster 10 ports further on (slurmd uses base..base+3).
+_PORT_OFFSET = 10 * _xdist_worker_index()
+SESSION_CTLD_PORT = int(os.environ.get("SGPU_TEST_CTLD_PORT", "6917")) + _PORT_OFFSET
+SESSION_SLURMD_PORT_BASE = (
+    int(os.environ.get("SGPU_TEST_SLURMD_PORT_BASE", "17101")) + _PORT_OFFSET
+)
 _SLURM_TESTS_DIR = Path(__file__).parent / "slurm"
 
 

@@ -19,6 +19,7 @@ import pytest
 from slurmgpu.labcluster import LabCluster
 from slurmgpu.store import JobStore, open_store
 from tests.polling import wait_for
+from tests.slurm.harness import free_port
 
 JOB_SCRIPT = """#!/bin/bash
 echo "CVD=${CUDA_VISIBLE_DEVICES:-none} SHARDS=${SLURM_SHARDS_ON_NODE:-0}" \
@@ -33,7 +34,11 @@ class Sgpu:
     def __init__(self, tmp: Path) -> None:
         self.db = f"sqlite:///{tmp / 'state.db'}"
         self.config = tmp / "config.toml"
-        self.config.write_text('[slurm]\ncommand_timeout = "5s"\n[daemon]\nmax_backoff = "2s"\n')
+        # A free API port: the default 8787 may be a running demo's or another session's.
+        self.config.write_text(
+            '[slurm]\ncommand_timeout = "5s"\n'
+            f'[daemon]\nmax_backoff = "2s"\nlisten = "127.0.0.1:{free_port()}"\n'
+        )
         self.env = {**os.environ, "SGPU_DB": self.db, "SGPU_CONFIG": str(self.config)}
         self.tmp = tmp
 
