@@ -37,9 +37,7 @@ def _xdist_worker_index() -> int:
 # xdist worker starts its own lab cluster 10 ports further on (slurmd uses base..base+3).
 _PORT_OFFSET = 10 * _xdist_worker_index()
 SESSION_CTLD_PORT = int(os.environ.get("SGPU_TEST_CTLD_PORT", "6917")) + _PORT_OFFSET
-SESSION_SLURMD_PORT_BASE = (
-    int(os.environ.get("SGPU_TEST_SLURMD_PORT_BASE", "17101")) + _PORT_OFFSET
-)
+SESSION_SLURMD_PORT_BASE = int(os.environ.get("SGPU_TEST_SLURMD_PORT_BASE", "17101")) + _PORT_OFFSET
 _SLURM_TESTS_DIR = Path(__file__).parent / "slurm"
 
 
