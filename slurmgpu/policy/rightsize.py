@@ -59,6 +59,7 @@ __all__ = ["PriorsFactory", "RightsizePolicy", "gres_prefix"]
 PriorsFactory = Callable[[Sequence[HistoryRecord]], Priors]
 Numbers = dict[str, float | int | str | None]
 
+_JobKey = tuple[str, str, str, int]
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)")
 # History levels keyed by the job itself (its script or name), not the user's other jobs.
 _OWN_LEVELS = frozenset(level for level in LEVELS if "script" in level or "name" in level)
@@ -153,6 +154,10 @@ class RightsizePolicy:
         self._cached: tuple[Sequence[HistoryRecord], Priors] | None = None
         # Keyed by id(): the estimates live as long as the cached priors.
         self._derived: dict[int, _Derived] = {}
+        # (user, name, partition, GPUs) -> estimate and what it implies ((None, None):
+        # none), as long as the cached priors: most pending jobs are still pending next
+        # cycle, so a key costs one look-up after its first cycle.
+        self._keyed: dict[_JobKey, tuple[Estimate | None, _Derived | None]] = {}
         self._keep = 1.0 - s.min_change_fraction
         self._round_s = s.time_round.total_seconds()
 
@@ -161,6 +166,7 @@ class RightsizePolicy:
         if self._cached is None or self._cached[0] is not history:
             self._cached = (history, self._factory(history))
             self._derived = {}
+            self._keyed = {}
         return self._cached[1]
 
     def propose(self, snapshot: PolicySnapshot) -> list[Action]:
@@ -171,48 +177,56 @@ class RightsizePolicy:
         if not pending:
             return []
         priors = self.priors(snapshot.history)
-        derived = self._derived
+        keyed = self._keyed
         # The longest a RUNNING job of the same user and name has run so far, as a floor
-        # for the time limit (with the same headroom and rounding as history).
+        # for the time limit (with the same headroom and rounding as history); by user,
+        # then name, so a pending job's look-up builds no tuple.
         at = snapshot.at
-        sibling_s: dict[tuple[str, str], float] = {}
+        sibling_s: dict[str, dict[str, float]] = {}
         for j in jobs:
             if j.state is JobState.RUNNING and j.start_time is not None:
-                key = (j.user, j.name)
                 elapsed = (at - j.start_time).total_seconds()
-                if elapsed > sibling_s.get(key, 0.0):
-                    sibling_s[key] = elapsed
+                if elapsed > 0.0:
+                    names = sibling_s.get(j.user)
+                    if names is None:
+                        sibling_s[j.user] = {j.name: elapsed}
+                    elif elapsed > names.get(j.name, 0.0):
+                        names[j.name] = elapsed
         prefix = gres_prefix(snapshot.cluster.slurm_version)
-        # Pending jobs share keys (resubmissions, arrays): resolve each key once a cycle:
-        # its estimate (for the job's GPU count), what that implies, and the time limit
-        # with the sibling floor.
-        JobKey = tuple[str, str, str, int]
-        by_key: dict[JobKey, tuple[Estimate, _Derived, int | None, float | None]] = {}
-        unknown: set[JobKey] = set()
+        # Pending jobs share keys (resubmissions, arrays, the same jobs next cycle): each
+        # key's estimate (for the job's GPU count) and what that implies are resolved once
+        # per priors.
         headroom, round_s = s.time_headroom, self._round_s
         actions: list[Action] = []
         for job in pending:
             job_key = (job.user, job.name, job.partition, job.gpus.gpus)
-            resolved = by_key.get(job_key)
-            if resolved is None:
-                if job_key in unknown:
-                    continue
-                est = priors.estimate(job)
-                if est is None:
-                    unknown.add(job_key)
-                    continue
-                d = derived.get(id(est))
-                if d is None:
-                    d = derived[id(est)] = _Derived(est, s)
-                sibling = sibling_s.get((job.user, job.name))
-                time_s = d.time_s
+            known = keyed.get(job_key)
+            if known is None:
+                known = keyed[job_key] = self._resolve(job, priors)
+            est, d = known
+            if est is None or d is None:
+                continue
+            time_s = d.time_s
+            sibling: float | None = None
+            names = sibling_s.get(job.user)
+            if names is not None:
+                sibling = names.get(job.name)
                 if time_s is not None and sibling is not None:
                     time_s = max(time_s, int(_round_up(sibling * headroom, round_s)))
-                resolved = by_key[job_key] = (est, d, time_s, sibling)
-            action = self._propose_one(job, *resolved, prefix, snapshot)
+            action = self._propose_one(job, est, d, time_s, sibling, prefix, snapshot)
             if action is not None:
                 actions.append(action)
         return actions
+
+    def _resolve(self, job: Job, priors: Priors) -> tuple[Estimate | None, _Derived | None]:
+        """Return the job's estimate and what it implies, or (None, None)."""
+        est = priors.estimate(job)
+        if est is None:
+            return None, None
+        d = self._derived.get(id(est))
+        if d is None:
+            d = self._derived[id(est)] = _Derived(est, self.settings)
+        return est, d
 
     def _propose_one(
         self,

@@ -352,3 +352,23 @@ def test_the_users_other_jobs_never_set_a_time_limit_unless_allowed() -> None:
     assert "TimeLimit" not in memory.fields and "MinMemoryNode" in memory.fields
     parsed = RightsizeSettings.from_mapping({"time_from_other_jobs": True}, "policy.rightsize")
     assert parsed.time_from_other_jobs
+
+
+def test_a_policy_kept_across_cycles_answers_as_a_fresh_one() -> None:
+    """Estimates are kept per key while the history is the same; siblings are per cycle."""
+    history = tuple(record(run_time=HOUR) for _ in range(3))
+    kept = RightsizePolicy(ONLY_TIME)
+    waiting = [pending_job(100, time_limit=24 * HOUR), pending_job(101, time_limit=24 * HOUR)]
+    cycles = [
+        waiting,
+        [*waiting, running_job(300, started=2 * HOUR)],  # a sibling raises the floor
+        [*waiting, running_job(300, started=7 * HOUR)],
+        waiting[:1],  # the sibling ended, one job started
+    ]
+    seen = []
+    for jobs in cycles:
+        snap = snapshot(jobs, history=history)
+        got = kept.propose(snap)
+        assert got == RightsizePolicy(ONLY_TIME).propose(snap)
+        seen.append([a.fields.get("TimeLimit") for a in got])
+    assert seen == [["01:20:00"] * 2, ["02:40:00"] * 2, ["09:10:00"] * 2, ["01:20:00"]]
