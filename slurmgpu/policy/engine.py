@@ -39,6 +39,7 @@ Decisions come back sorted by kind rank (highest first), then job id, then polic
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 from slurmgpu.model import Job
@@ -62,7 +63,16 @@ _OWN_INTERVAL_KINDS = frozenset({"resize"})
 class _Proposal:
     """One proposed action on its way to a decision."""
 
-    __slots__ = ("action", "kind_rank", "mode", "policy_index", "rank", "seq", "suppressed")
+    __slots__ = (
+        "action",
+        "kind_rank",
+        "mode",
+        "order",
+        "policy_index",
+        "rank",
+        "seq",
+        "suppressed",
+    )
 
     def __init__(self, seq: int, policy_index: int, mode: Mode, action: Action) -> None:
         self.seq = seq
@@ -73,7 +83,13 @@ class _Proposal:
         # Higher is stronger: kind, then the action's own priority, then earlier policy,
         # then earlier proposal.
         self.rank = (self.kind_rank, action.priority, -policy_index, -seq)
+        # Output order: kind rank, then job id; policy order and proposal order come from
+        # a stable sort of the proposals as made (seq grows with the policy index).
+        self.order = (-self.kind_rank, action.job_id)
         self.suppressed = ""
+
+
+_ORDER = operator.attrgetter("order")
 
 
 class PolicyEngine:
@@ -90,9 +106,12 @@ class PolicyEngine:
     def decide(self, snapshot: PolicySnapshot) -> list[Decision]:
         """Return one decision per proposed action, in a deterministic order."""
         proposals: list[_Proposal] = []
-        for index, (policy, mode) in enumerate(self.policies):
+        for index, (policy, given) in enumerate(self.policies):
+            mode = Mode(given)  # once per policy, not per action
+            seq = len(proposals)
             for action in policy.propose(snapshot):
-                proposals.append(_Proposal(len(proposals), index, Mode(mode), action))
+                proposals.append(_Proposal(seq, index, mode, action))
+                seq += 1
         if not proposals:
             return []
 
@@ -116,8 +135,19 @@ class PolicyEngine:
                 rated.append(p)
         self._rate_limit(rated, jobs, snapshot)
 
-        proposals.sort(key=lambda p: (-p.kind_rank, p.action.job_id, p.policy_index, p.seq))
-        return [self._decision(p) for p in proposals]
+        proposals.sort(key=_ORDER)  # stable: ties keep policy order, then proposal order
+        enforce, observe = Mode.ENFORCE, Mode.OBSERVE
+        return [
+            Decision(p.action, p.mode, execute=False, notify=False, suppressed=p.suppressed)
+            if p.suppressed
+            else Decision(
+                p.action,
+                p.mode,
+                execute=p.mode is enforce and p.action.kind in CHANGE_KINDS,
+                notify=p.mode is not observe,
+            )
+            for p in proposals
+        ]
 
     def _check(self, action: Action, job: Job | None, snapshot: PolicySnapshot) -> str:
         """Return why a winning action is held back by a per-job guardrail, or ''."""
@@ -184,15 +214,3 @@ class PolicyEngine:
             else:
                 per_user[user] = per_user.get(user, 0) + 1
                 taken += 1
-
-    @staticmethod
-    def _decision(p: _Proposal) -> Decision:
-        if p.suppressed:
-            return Decision(p.action, p.mode, execute=False, notify=False, suppressed=p.suppressed)
-        change = p.action.kind in CHANGE_KINDS
-        return Decision(
-            p.action,
-            p.mode,
-            execute=change and p.mode is Mode.ENFORCE,
-            notify=p.mode is not Mode.OBSERVE,
-        )
