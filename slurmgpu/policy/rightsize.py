@@ -79,6 +79,20 @@ def gres_prefix(slurm_version: str) -> str:
     return "gres/"
 
 
+_LIMIT_TEXTS: dict[float, str] = {}
+
+
+def _limit_text(seconds: float) -> str:
+    """``format_time_limit`` of a limit in seconds, memoised: queues hold few distinct
+    limits and proposals are rounded to ``time_round``."""
+    text = _LIMIT_TEXTS.get(seconds)
+    if text is None:
+        text = format_time_limit(timedelta(seconds=seconds))
+        if len(_LIMIT_TEXTS) < 4096:
+            _LIMIT_TEXTS[seconds] = text
+    return text
+
+
 def _round_up(value: float, step: float) -> float:
     return math.ceil(value / step - 1e-9) * step
 
@@ -297,7 +311,7 @@ class RightsizePolicy:
         changes: list[str] = []
         if new_time is not None:
             limit = job.time_limit
-            fields["TimeLimit"] = text = format_time_limit(timedelta(seconds=new_time))
+            fields["TimeLimit"] = text = _limit_text(new_time)
             numbers["time_limit_current_s"] = limit.total_seconds() if limit is not None else None
             numbers["time_limit_proposed_s"] = new_time
             # the names the notification template reads
@@ -305,7 +319,8 @@ class RightsizePolicy:
             numbers["proposed_time_limit_s"] = new_time
             numbers["run_time_quantile_s"] = est.run_time.total_seconds()
             numbers["sibling_elapsed_s"] = sibling_s
-            changes.append(f"TimeLimit {text} (was {format_time_limit(limit)})")
+            was = "UNLIMITED" if limit is None else _limit_text(limit.total_seconds())
+            changes.append(f"TimeLimit {text} (was {was})")
         if new_memory is not None:
             fields["MinMemoryNode"] = str(new_memory)
             numbers["memory_per_node_current_mib"] = current_memory
