@@ -61,6 +61,7 @@ from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, slurm_job_ref
 from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
+from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.store.transactions import TransactionRow, TransactionStore
 
 log = logging.getLogger("slurmgpu.actuate.resize")
@@ -219,6 +220,11 @@ class ResizeExecutor:
             raise ResizeError(f"job {job.job_id} already has {current} GPUs")
         fields = resize_fields(job, to_gpus, slurm_version)
         old_fields = resize_fields(job, current, slurm_version)
+        if "TimeLimit" in action.fields:
+            # The limit for the new size goes in the same pending update (the daemon runs
+            # as SlurmUser/root, so it may raise it).
+            fields["TimeLimit"] = action.fields["TimeLimit"]
+            old_fields["TimeLimit"] = format_time_limit(job.time_limit)
         state_dir = state_dir_of(spec, job)
         ack = read_ack(state_dir, job.job_id)
         grace = self.settings.ack_timeout or spec.checkpoint_grace
@@ -433,8 +439,20 @@ class ResizeExecutor:
                 )
             return None
         moments = self._timeline(row, pending=at)
+        fields = dict(row.payload["fields"])
+        refused: dict[str, str] = {}
         try:
-            self.slurm.update_job(ref, self._update_fields(row, row.payload["fields"]))
+            try:
+                self.slurm.update_job(ref, self._update_fields(row, fields))
+            except SlurmError as exc:
+                if "TimeLimit" not in fields:
+                    raise
+                # A limit Slurm will not take (over the partition's MaxTime, say) must
+                # not cost the resize: the new size alone, the limit as it was.
+                log.warning("resize %d of job %d: TimeLimit refused: %s", row.id, row.job_id, exc)
+                fields.pop("TimeLimit")
+                self.slurm.update_job(ref, self._update_fields(row, fields))
+                refused = {"time_limit_refused": str(exc)}
         except SlurmError as exc:
             # Update refused: back to the old size, released, nothing lost.
             log.warning("resize %d of job %d: update refused: %s", row.id, row.job_id, exc)
@@ -450,7 +468,7 @@ class ResizeExecutor:
             )
             return self._updated(nxt, job, at) if nxt else None
         nxt = self.store.advance(
-            row, UPDATED, at=at, payload=self._timeline(row, pending=at, updated=at)
+            row, UPDATED, at=at, payload={**refused, **self._timeline(row, pending=at, updated=at)}
         )
         return self._updated(nxt, job, at) if nxt else None
 

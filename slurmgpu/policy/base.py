@@ -125,6 +125,8 @@ class PolicySnapshot:
     resize_cost: timedelta | None = None
     # When each job's last completed resize ended (for a minimum interval between resizes).
     last_resize_at: Mapping[int, datetime] = field(default_factory=dict)
+    # Each partition's MaxTime, where known (a raised time limit is capped there).
+    partition_max_time: Mapping[str, timedelta] = field(default_factory=dict)
 
     def jobs(self) -> tuple[Job, ...]:
         return self.cluster.jobs
@@ -211,10 +213,13 @@ def resize_action(
     *,
     numbers: Mapping[str, float | int | str | None] | None = None,
     priority: int = 0,
+    fields: Mapping[str, str] | None = None,
 ) -> Action:
     """A ``resize`` of ``job`` from ``from_gpus`` to ``to_gpus`` (tasks, for an array pool).
 
     For a pool ``job`` is any record of the array; the action names the array id.
+    ``fields`` are more ``scontrol update`` fields for the held job's update
+    (``TimeLimit``), sent with the new GPU request.
     """
     if from_gpus < 0 or to_gpus < 0 or from_gpus == to_gpus:
         raise ValueError(f"not a resize: {from_gpus} -> {to_gpus}")
@@ -226,7 +231,7 @@ def resize_action(
         user=job.user,
         reason=reason,
         numbers={"from_gpus": from_gpus, "to_gpus": to_gpus, **(numbers or {})},
-        fields={"from_gpus": str(from_gpus), "to_gpus": str(to_gpus)},
+        fields={**(fields or {}), "from_gpus": str(from_gpus), "to_gpus": str(to_gpus)},
         priority=priority,
     )
 

@@ -45,6 +45,10 @@ least ``min_remaining`` and never past its time limit.
    ``rem * (1 - x(g) / x(g')) - cost >= min_gain * rem``. The largest saving per added
    GPU goes first.
 
+Every resize and start smaller also sets the job's ``TimeLimit`` for its new size in the
+same update (:mod:`slurmgpu.policy.resize_limit`; ``scale_time_limit``), shown in the
+action's ``numbers`` (``time_limit_s``, ``time_limit_was_s``).
+
 ``min_gain`` is a dead band: a move and its reverse cannot both clear it, so a job does
 not flap. Per-node requests (``--gpus-per-node``) are fitted node by node; ``--gpus``
 requests against the cluster's total.
@@ -59,6 +63,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from slurmgpu.model import Job, JobState, MalleableSpec, Node
 from slurmgpu.policy.base import (
@@ -69,9 +74,11 @@ from slurmgpu.policy.base import (
     resize_sizes,
 )
 from slurmgpu.policy.priors import Priors
+from slurmgpu.policy.resize_limit import resized_time_limit
 from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.policy.settings import MalleableSettings
 from slurmgpu.policy.speedup import DEFAULT_PRIOR, SpeedupCurve, SpeedupPrior, fit_speedup
+from slurmgpu.slurm.parse import format_time_limit
 
 __all__ = ["MAX_BLOCKED_CONSIDERED", "MalleablePolicy"]
 
@@ -168,6 +175,15 @@ def _wants_gpus(job: Job) -> int:
     return job.gpus.gpus if job.gpus.gpus > 0 else 0
 
 
+def _partition_max_time(job: Job, snapshot: PolicySnapshot) -> timedelta | None:
+    """The longest MaxTime of the job's partitions, when every one of them is known."""
+    known = snapshot.partition_max_time
+    parts = [p for p in (job.partition or "").split(",") if p]
+    if not known or not parts or any(p not in known for p in parts):
+        return None
+    return max(known[p] for p in parts)
+
+
 def _eligible_order(job: Job) -> tuple[float, float, int]:
     eligible = job.eligible_time.timestamp() if job.eligible_time else math.inf
     submitted = job.submit_time.timestamp() if job.submit_time else math.inf
@@ -248,7 +264,9 @@ class MalleablePolicy:
             ):
                 wait_s = self._wait_s(job, free, ends, freed_by)
                 run_s = self._run_estimate_s(job, priors)
-                plan = self._shrink_plan(job, wait_s, run_s, free, candidates, touched, cost_s)
+                plan = self._shrink_plan(
+                    job, wait_s, run_s, free, candidates, touched, cost_s, snapshot
+                )
                 if plan is not None:
                     actions.extend(plan)
                     slack -= sum(frm - to for frm, to in map(resize_sizes, plan))
@@ -259,7 +277,7 @@ class MalleablePolicy:
             reserve = 0
             if s.reserve_for_blocked and blocked:
                 reserve = min(free.total, _wants_gpus(blocked[0]))
-            actions.extend(self._expansions(free, reserve, candidates, touched, cost_s))
+            actions.extend(self._expansions(free, reserve, candidates, touched, cost_s, snapshot))
         return actions
 
     # ---- estimates
@@ -357,6 +375,13 @@ class MalleablePolicy:
         prefix = gres_prefix(snapshot.cluster.slurm_version)
         gpu = f"{prefix}gpu:{req.gpu_type}:" if req.gpu_type else f"{prefix}gpu:"
         key = "TresPerNode" if req.per_node is not None else "TresPerJob"
+        limit_fields, limit_numbers = self._time_limit(
+            job,
+            snapshot,
+            (want, fitting),
+            (curve.throughput(want), curve.throughput(fitting)),
+            run_s,
+        )
         return Action(
             policy=self.name,
             kind="update",
@@ -367,7 +392,7 @@ class MalleablePolicy:
                 f"{spec.max_gpus}) instead of waiting about {wait_s / 60:.0f} min; "
                 "grown when GPUs free up"
             ),
-            fields={key: f"{gpu}{fitting}"},
+            fields={key: f"{gpu}{fitting}", **limit_fields},
             numbers={
                 "direction": "start_smaller",
                 "from_gpus": want,
@@ -375,8 +400,46 @@ class MalleablePolicy:
                 "wait_avoided_s": round(wait_s),
                 "run_estimate_s": round(run_s),
                 "gain_s": round(gain),
+                **limit_numbers,
             },
         )
+
+    def _time_limit(
+        self,
+        job: Job,
+        snapshot: PolicySnapshot,
+        gpus: tuple[int, int],
+        speeds: tuple[float, float],
+        remaining_s: float,
+    ) -> tuple[dict[str, str], dict[str, float | int | str | None]]:
+        """The ``TimeLimit`` field (and audit numbers) for ``job`` at its new size.
+
+        :func:`~slurmgpu.policy.resize_limit.resized_time_limit`; nothing when the limit
+        stays, or while ``scale_time_limit`` is off.
+        """
+        s = self.settings
+        if not s.scale_time_limit or job.time_limit is None:
+            return {}, {}
+        running = job.state is JobState.RUNNING and job.start_time is not None
+        elapsed = snapshot.at - job.start_time if running and job.start_time else timedelta(0)
+        rem = remaining_s if math.isfinite(remaining_s) else 0.0
+        new = resized_time_limit(
+            job.time_limit,
+            max(elapsed, timedelta(0)),
+            *gpus,
+            *speeds,
+            remaining=timedelta(seconds=max(0.0, rem)),
+            restart=s.checkpoint_time + s.startup_time,
+            headroom=s.time_limit_headroom,
+            max_time=_partition_max_time(job, snapshot),
+        )
+        if new is None:
+            return {}, {}
+        numbers: dict[str, float | int | str | None] = {
+            "time_limit_s": round(new.total_seconds()),
+            "time_limit_was_s": round(job.time_limit.total_seconds()),
+        }
+        return {"TimeLimit": format_time_limit(new)}, numbers
 
     @staticmethod
     def _at_size(job: Job, gpus: int) -> Job:
@@ -398,6 +461,7 @@ class MalleablePolicy:
         candidates: dict[int, _Running],
         touched: set[int],
         cost_s: float,
+        snapshot: PolicySnapshot,
     ) -> list[Action] | None:
         s = self.settings
         start_delay = s.checkpoint_time.total_seconds()
@@ -445,6 +509,9 @@ class MalleablePolicy:
         for c, give, loss in chosen:
             touched.add(c.job.job_id)
             to = c.gpus - give
+            limit_fields, limit_numbers = self._time_limit(
+                c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), c.rate(to)), c.remaining_s
+            )
             actions.append(
                 resize_action(
                     self.name,
@@ -465,7 +532,9 @@ class MalleablePolicy:
                         "cost_s": round(cost_s),
                         "throughput_now": c.rate(c.gpus),
                         "throughput_after": c.rate(to),
+                        **limit_numbers,
                     },
+                    fields=limit_fields,
                 )
             )
         # The blocked job now takes what it will start on: free GPUs plus the donors'.
@@ -528,6 +597,7 @@ class MalleablePolicy:
         candidates: dict[int, _Running],
         touched: set[int],
         cost_s: float,
+        snapshot: PolicySnapshot,
     ) -> list[Action]:
         pool = free.total - reserve
         if pool <= 0:
@@ -553,6 +623,9 @@ class MalleablePolicy:
                 to, saving = replan
             pool -= to - c.gpus
             touched.add(c.job.job_id)
+            limit_fields, limit_numbers = self._time_limit(
+                c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), c.rate(to)), c.remaining_s
+            )
             actions.append(
                 resize_action(
                     self.name,
@@ -570,7 +643,9 @@ class MalleablePolicy:
                         "throughput_now": c.rate(c.gpus),
                         "throughput_after": c.rate(to),
                         "idle_gpus": free.total,
+                        **limit_numbers,
                     },
+                    fields=limit_fields,
                 )
             )
         return actions

@@ -466,6 +466,9 @@ class MalleableSettings:
       jobs end are not expanded into (as Slurm reserves them for it).
     - ``min_busy_util_pct`` (10): a job whose GPUs average less is never expanded.
     - ``min_history`` (3): past runs of a job's key before its median run time is used.
+    - ``scale_time_limit`` (true): a resize (and a start smaller) also sets the job's
+      ``TimeLimit`` for its new size (:mod:`slurmgpu.policy.resize_limit`), with
+      ``time_limit_headroom`` (1.1) for the speedup curve's error.
 
     >>> MalleableSettings.from_mapping({"min_gain": 0.3}, "policy.malleable").min_gain
     0.3
@@ -486,6 +489,8 @@ class MalleableSettings:
     reserve_for_blocked: bool = True
     min_busy_util_pct: float = 10.0
     min_history: int = 3
+    scale_time_limit: bool = True
+    time_limit_headroom: float = 1.1
 
     @property
     def default_cost(self) -> timedelta:
@@ -514,6 +519,8 @@ class MalleableSettings:
             reserve_for_blocked=t.boolean("reserve_for_blocked", True),
             min_busy_util_pct=t.number("min_busy_util_pct", 10.0, minimum=0.0, maximum=100.0),
             min_history=t.integer("min_history", 3, minimum=1),
+            scale_time_limit=t.boolean("scale_time_limit", True),
+            time_limit_headroom=t.number("time_limit_headroom", 1.1, minimum=1.0),
         )
         t.finish()
         return s

@@ -164,19 +164,25 @@ def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
 
 
 def _target_gpus(action: Action) -> tuple[int, dict[str, str]] | None:
-    """The GPU count a resize asks for, and the scontrol fields that set it."""
+    """The GPU count a resize asks for, and the scontrol fields that set it.
+
+    A ``TimeLimit`` the policy set for the new size goes in the same update.
+    """
     f = dict(action.fields)
+    limit = {"TimeLimit": f["TimeLimit"]} if "TimeLimit" in f else {}
     for key in ("to_gpus", "gpus"):
         if key not in f:
             continue
         k = int(f[key])
-        return k, {"TresPerJob": f"gres:gpu:{k}"}
+        return k, {"TresPerJob": f"gres:gpu:{k}", **limit}
     for key in ("TresPerJob", "TresPerNode"):
         if key in f:
             count = sum(i.count for i in parse_gres(f[key].replace("gres/", "gres:")))
             nodes = int(f.get("NumNodes", "1")) if key == "TresPerNode" else 1
             return count * nodes, {
-                k: v for k, v in f.items() if k in ("TresPerJob", "TresPerNode", "NumNodes")
+                k: v
+                for k, v in f.items()
+                if k in ("TresPerJob", "TresPerNode", "NumNodes", "TimeLimit")
             }
     return None
 

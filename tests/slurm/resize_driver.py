@@ -1,6 +1,7 @@
 """The daemon's resize machinery as a separate process, so a test can SIGKILL it.
 
-``python -m tests.slurm.resize_driver --db URL [--start JOB:FROM:TO] [--kill-after CALL]``
+``python -m tests.slurm.resize_driver --db URL [--start JOB:FROM:TO] [--time-limit T]
+[--kill-after CALL]``
 builds what ``sgpu daemon`` builds (CliSlurmClient, TransactionStore, AuditStore,
 MalleableActuator), recovers like a starting daemon, optionally starts a resize of a
 malleable job recorded by ``sgpu submit``, then observes every 0.3 s and advances the
@@ -60,6 +61,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--db", required=True)
     p.add_argument("--start", help="JOB:FROM:TO")
+    p.add_argument("--time-limit", help="TimeLimit for the new size, in the same update")
     p.add_argument("--kill-after")
     p.add_argument("--timeout", type=float, default=240)
     args = p.parse_args()
@@ -77,7 +79,8 @@ def main() -> int:
         job_id, frm, to = (int(x) for x in args.start.split(":"))
         snap = snapshot()
         job = next(j for j in snap.jobs if j.job_id == job_id)
-        action = resize_action("test", job, frm, to, "test driver")
+        fields = {"TimeLimit": args.time_limit} if args.time_limit else None
+        action = resize_action("test", job, frm, to, "test driver", fields=fields)
         decision = Decision(action, Mode.ENFORCE, execute=True, notify=False)
         (result,) = actuator.carry_out([decision], snap, directory.specs(snap), snap.taken_at)
         print(f"driver: start {result.outcome} {result.error or ''}", flush=True)

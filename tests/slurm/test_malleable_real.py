@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,9 @@ class Lab:
         assert "Traceback" not in out, out
         return out
 
-    def trainer(self, name: str, gpus: int, lo: int, hi: int, steps: int = 100000) -> int:
+    def trainer(
+        self, name: str, gpus: int, lo: int, hi: int, steps: int = 100000, *extra: str
+    ) -> int:
         log = self.tmp / f"{name}.jsonl"
         return self.submit(
             "--malleable",
@@ -97,6 +100,7 @@ class Lab:
             "--elastic-dir",
             str(self.tmp / "state"),
             f"--gres=gpu:{gpus}",
+            *extra,
             "-J",
             name,
             "--wrap",
@@ -144,7 +148,7 @@ def _consecutive(steps: list[int]) -> bool:
 
 
 def test_a_malleable_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None:
-    job = lab.trainer("elastic", 4, 2, 4)
+    job = lab.trainer("elastic", 4, 2, 4, 100000, "-t", "30")
     wait_for("the malleable job at 4 GPUs", lambda: lab.running(job, 4))
     wait_for("10 steps", lambda: len(lab.steps("elastic")) >= 10)
     fillers = [lab.sbatch("--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
@@ -152,10 +156,13 @@ def test_a_malleable_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> Non
     rigid = lab.sbatch("--gres=gpu:2", "-t", "1", "--wrap", "sleep 15")
     wait_for("the rigid job blocked", lambda: (j := lab.job(rigid)) and j.reason == "Resources")
 
-    lab.drive("--start", f"{job}:4:2")  # returns once the job runs at its new size
+    # Returns once the job runs at its new size; its limit for 2 GPUs goes in the same
+    # update of the held job (the policy's rule: policy/resize_limit.py).
+    lab.drive("--start", f"{job}:4:2", "--time-limit", "00:55:00")
     started = lab.job(rigid)
     assert started is not None and started.start_time is not None  # it got the GPUs
-    assert lab.running(job, 2) is not None
+    shrunk = lab.running(job, 2)
+    assert shrunk is not None and shrunk.time_limit == timedelta(minutes=55)
     wait_for(
         "the rigid job done", lambda: (j := lab.job(rigid)) and j.state.is_terminal, timeout_s=90
     )

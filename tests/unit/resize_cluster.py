@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.slurm.client import SlurmCommandError
+from slurmgpu.slurm.parse import parse_time_limit
 from tests.fakes import FakeSlurm
 
 HELD = "job_requeued_in_held_state"
@@ -54,6 +55,8 @@ class ResizeSlurm(FakeSlurm):
         self.log: list[tuple[str, str, str]] = []  # (call, ref, detail)
         self.kill_after: str | None = None
         self.refuse_update = False
+        # Like EnforcePartLimits refusing a TimeLimit past the partition's MaxTime.
+        self.max_time: timedelta | None = None
         self.on_signal: dict[str, object] = {}
         self.throttles: dict[int, int] = {}
 
@@ -129,6 +132,15 @@ class ResizeSlurm(FakeSlurm):
         gpu_fields = {k: v for k, v in fields.items() if k != "StartTime"}
         if self.refuse_update and gpu_fields:
             raise SlurmCommandError("Requested node configuration is not available")
+        if "TimeLimit" in fields and self.max_time is not None:
+            limit = parse_time_limit(fields["TimeLimit"])
+            if limit is None or limit > self.max_time:
+                raise SlurmCommandError(
+                    "Requested time limit is invalid (missing or exceeds some limit)"
+                )
+            job = replace(job, time_limit=limit)
+        elif "TimeLimit" in fields:
+            job = replace(job, time_limit=parse_time_limit(fields["TimeLimit"]))
         if "TresPerNode" in fields:
             n = int(fields["TresPerNode"].rsplit(":", 1)[1])
             job = replace(job, gpus=GpuRequest(gpus=n, per_node=n, sources=("tres_per_node",)))

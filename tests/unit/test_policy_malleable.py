@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -15,6 +16,8 @@ from slurmgpu.policy.base import Action, JobUsage, Mode, PolicySnapshot, resize_
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.settings import EngineSettings, MalleableSettings, PolicyConfigError
+from slurmgpu.policy.speedup import DEFAULT_PRIOR, fit_speedup
+from slurmgpu.slurm.parse import parse_time_limit
 from tests.unit.policy_builders import HOUR, MIN, T0, gpu, pending_job, record, running_job, usage
 
 
@@ -353,8 +356,16 @@ def test_a_waiting_malleable_job_starts_now_at_the_gpus_free() -> None:
     actions = MalleablePolicy().propose(snap(jobs, malleable={3: (2, 4)}))
     (a,) = actions
     assert (a.kind, a.job_id, a.policy) == ("update", 3, "malleable")
-    assert a.fields == {"TresPerNode": "gres/gpu:2"}
+    assert a.fields == {"TresPerNode": "gres/gpu:2", "TimeLimit": a.fields["TimeLimit"]}
     assert a.numbers["direction"] == "start_smaller" and a.numbers["to_gpus"] == 2
+    # Its 1 h limit was for 4 GPUs: scaled by the prior curve's speed ratio, +10 %, +1 min.
+    curve = fit_speedup({4: 1.0}, DEFAULT_PRIOR)
+    assert curve is not None
+    ratio = curve.throughput(4) / curve.throughput(2)
+    want = timedelta(minutes=math.ceil(60 * ratio * 1.1 + 1))
+    assert parse_time_limit(a.fields["TimeLimit"]) == want
+    assert a.numbers["time_limit_s"] == want.total_seconds()
+    assert a.numbers["time_limit_was_s"] == 3600
     assert not a.requires_opt_in  # the malleable spec is the opt-in
 
 
@@ -365,7 +376,7 @@ def test_start_smaller_spells_gres_for_slurm_22_05_and_per_job_requests() -> Non
     s = snap([rigid, half, waiting], malleable={3: (1, 4)})
     s = replace(s, cluster=replace(s.cluster, slurm_version="22.05.8"))
     (a,) = MalleablePolicy().propose(s)
-    assert a.fields == {"TresPerJob": "gres:gpu:2"}
+    assert a.fields == {"TresPerJob": "gres:gpu:2", "TimeLimit": "02:03:00"}
 
 
 def test_start_smaller_never_below_min_nor_for_jobs_that_are_not_malleable() -> None:
@@ -390,3 +401,46 @@ def test_start_smaller_only_when_it_beats_waiting() -> None:
 def test_a_malleable_job_held_mid_resize_is_not_started_smaller() -> None:
     jobs = two_free_and_a_waiting_malleable_job(time_limit=timedelta(hours=1))
     assert MalleablePolicy().propose(snap(jobs, malleable={3: (2, 4)}, resizing=[3])) == []
+
+
+# ---- time limits at the new size
+
+
+def test_a_shrunk_job_gets_its_time_limit_raised_in_the_same_update() -> None:
+    # Job 1 ran 1 h of its 24 h limit on 4 GPUs; at 2 GPUs it runs at 100/110 of its speed.
+    jobs = full_cluster_with_waiting_rigid_job(time_limit=timedelta(hours=1))
+    (a,) = MalleablePolicy().propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}))
+    assert sizes([a]) == {1: (4, 2)}
+    want = timedelta(minutes=math.ceil(23 * 60 * 110 / 100 * 1.1 + 1))
+    assert parse_time_limit(a.fields["TimeLimit"]) == want
+    assert a.numbers["time_limit_s"] == want.total_seconds()
+    assert a.numbers["time_limit_was_s"] == 24 * 3600
+
+
+def test_a_shrunk_job_s_raised_limit_stops_at_its_partition_s_max_time() -> None:
+    jobs = full_cluster_with_waiting_rigid_job(time_limit=timedelta(hours=1))
+    s = replace(
+        snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}),
+        partition_max_time={"gpu": timedelta(hours=25)},
+    )
+    (a,) = MalleablePolicy().propose(s)
+    assert a.fields["TimeLimit"] == "1-01:00:00"
+
+
+def test_an_expanded_job_s_limit_is_lowered_to_what_it_had_left() -> None:
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    (a,) = MalleablePolicy().propose(
+        snap([mall], malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1)
+    )
+    assert sizes([a]) == {1: (2, 4)}
+    # 2 h used of its 24 h limit: the run at 4 GPUs gets the 22 h left (+1 min restart),
+    # not a fresh 24 h, and no less whatever the speed-up.
+    assert parse_time_limit(a.fields["TimeLimit"]) == timedelta(hours=22, minutes=1)
+    assert a.numbers["time_limit_s"] == 22 * 3600 + 60
+
+
+def test_time_limits_stay_when_scaling_is_off() -> None:
+    jobs = full_cluster_with_waiting_rigid_job(time_limit=timedelta(hours=1))
+    off = MalleablePolicy(MalleableSettings(scale_time_limit=False))
+    (a,) = off.propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}))
+    assert "TimeLimit" not in a.fields

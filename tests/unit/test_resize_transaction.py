@@ -59,9 +59,9 @@ class World:
         ack = Ack(JOB, self.acks, job.restart_count, 100 + self.acks, 4, 0.0)
         write_atomic(self.tmp / str(JOB) / "ack.json", json.dumps(ack.to_json()).encode())
 
-    def start(self, to: int = 2) -> TransactionRow:
+    def start(self, to: int = 2, fields: dict[str, str] | None = None) -> TransactionRow:
         job = self.slurm.job(JOB)
-        action = resize_action("malleable", job, 4, to, "a 2-GPU job waits")
+        action = resize_action("malleable", job, 4, to, "a 2-GPU job waits", fields=fields)
         return self.executor.start(
             action, job, self.spec, at=self.now, slurm_version="22.05.8", to_gpus=to
         )
@@ -262,3 +262,34 @@ def test_settings_without_fast_start_leave_slurms_begin_time_alone(tmp_path: Pat
     w.slurm.settle()
     w.cycle()
     assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:2"})]
+
+
+def test_the_time_limit_for_the_new_size_goes_in_the_same_update(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.slurm.put(replace(w.slurm.job(JOB), time_limit=timedelta(hours=2)))
+    row = w.start(fields={"TimeLimit": "03:42:00"})
+    assert row.payload["old_fields"]["TimeLimit"] == "02:00:00"
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    assert w.cycle().state == "updated"
+    assert w.slurm.updates == [
+        (JOB, {"TresPerNode": "gres:gpu:2", "TimeLimit": "03:42:00", "StartTime": "now+1"})
+    ]
+    assert w.slurm.job(JOB).time_limit == timedelta(hours=3, minutes=42)
+
+
+def test_a_refused_time_limit_does_not_cost_the_resize(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.slurm.max_time = timedelta(hours=3)
+    w.start(fields={"TimeLimit": "03:42:00"})
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    row = w.cycle()
+    assert row.state == "updated" and not row.payload.get("rolled_back")
+    assert "exceeds some limit" in row.payload["time_limit_refused"]
+    assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:2", "StartTime": "now+1"})]
+    w.cycle(2)
+    w.slurm.schedule(w.now)
+    assert w.cycle().payload["running_gpus"] == 2

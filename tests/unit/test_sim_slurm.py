@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from slurmgpu.model import JobState
-from slurmgpu.policy.base import Action, Mode, PolicySnapshot
+from slurmgpu.policy.base import Action, HistoryRecord, Mode, PolicySnapshot
 from slurmgpu.policy.engine import PolicyEngine
-from slurmgpu.policy.settings import EngineSettings
-from slurmgpu.sim.run import ClusterShape, SimOptions, simulate, start_resize
+from slurmgpu.policy.settings import EngineSettings, MalleableSettings
+from slurmgpu.sim.policysets import SimPolicies
+from slurmgpu.sim.run import ClusterShape, SimOptions, SimRun, simulate, start_resize
 from slurmgpu.sim.slurm import ElasticRuntime, SimSlurm
-from slurmgpu.sim.workload import RigidJob, TraceJob
+from slurmgpu.sim.workload import MalleableRange, RigidJob, TraceJob
 from slurmgpu.slurm.client import SlurmClient, SlurmCommandError
+from slurmgpu.slurm.parse import parse_time_limit
 
 
 def job(
@@ -250,3 +255,55 @@ def test_a_resize_of_a_job_that_ends_before_its_checkpoint_is_abandoned() -> Non
     sim.run_until(100_000)
     a = sim.job(jid)
     assert a.state is JobState.CANCELLED and a.restarts == 0 and a.end_s == 50
+
+
+def _shrink_scenario(scale_time_limit: bool) -> SimRun:
+    # One node of 4 GPUs. A (malleable 2:4) has 3000 s of work at 4 GPUs and a 3600 s
+    # limit, right for 4 GPUs; its history says such runs take ~4000 s. B (rigid, 2 GPUs,
+    # 1000 s, 1200 s limit) arrives at t=100: the malleable policy shrinks A to 2 GPUs
+    # for it. At 2 GPUs A's ~2900 s of work left take ~5300 s, past its 3600 s limit.
+    a = job("A", 4, 3000, 3600, malleable=MalleableRange(2, 4))
+    b = replace(job("B", 2, 1000, 1200, at=100), user="bob")
+    past = tuple(
+        HistoryRecord(
+            user="alice",
+            name="A",
+            partition="gpu",
+            script_hash=None,
+            state="COMPLETED",
+            run_time=timedelta(seconds=4000),
+            time_limit=timedelta(seconds=4200),
+            gpus_requested=4,
+            gpus_used=4,
+            cpus=0,
+            memory_requested_mib=None,
+            peak_memory_mib=None,
+            mean_cpu_pct=None,
+            mean_gpu_util_pct=100.0,
+            peak_gpu_memory_mib=None,
+            ended_at=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+        for _ in range(5)
+    )
+    malleable = MalleableSettings(scale_time_limit=scale_time_limit, expand=False)
+    options = SimOptions(
+        record_decisions=True,
+        history=past,
+        max_resubmits=0,
+        policies=SimPolicies(extra=(("malleable", malleable),)),
+    )
+    return simulate([a, b], ClusterShape(1, 4), "malleable", options)
+
+
+def test_a_shrunk_job_gets_a_time_limit_for_its_new_size_and_no_longer_times_out() -> None:
+    before = _shrink_scenario(scale_time_limit=False)
+    assert [d.fields for d in before.decisions if d.kind == "resize"] == [
+        (("from_gpus", "4"), ("to_gpus", "2"))
+    ]
+    assert {j.name: j.state for j in before.jobs}["A"] is JobState.TIMEOUT
+    after = _shrink_scenario(scale_time_limit=True)
+    (resize,) = [dict(d.fields) for d in after.decisions if d.kind == "resize"]
+    assert resize["to_gpus"] == "2" and "TimeLimit" in resize
+    a = next(j for j in after.jobs if j.name == "A")
+    assert a.state is JobState.COMPLETED and a.allocated_gpus == 2
+    assert a.time_limit_s == parse_time_limit(resize["TimeLimit"]).total_seconds()  # type: ignore[union-attr]
