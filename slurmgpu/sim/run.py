@@ -11,9 +11,13 @@ the GPU request, release -- the job waits out the requeue delay and restarts at 
 size, paying the checkpoint, the delay, scheduling and start-up.
 
 A cycle is skipped when nothing changed since the last one, except that one runs at
-least every ``quiet_period_s`` (10 min) so time-based rules still fire. History (for
-the priors) is rebuilt at most every ``history_refresh_s`` (10 min, as the daemon) and
-only when it grew by 5 % or a day passed, so a long trace does not rebuild it per cycle.
+least every ``quiet_period_s`` (10 min) so time-based rules still fire, and at the
+daemon's cadence while running jobs' samples can change a sample-driven policy's
+verdict: while an idle job (no GPU util) runs and ``idle_gpu`` is in the set, and until
+a co-located (shard) job has had ``colocate``'s ``min_samples`` samples + a cycle
+(``_watch_horizon``). History (for the priors) is rebuilt at most every
+``history_refresh_s`` (10 min, as the daemon) and only when it grew by 5 % or a day
+passed, so a long trace does not rebuild it per cycle.
 
 For replaying a scenario seen on a real cluster (``tests/slurm/test_sim_vs_real.py``):
 ``SimOptions.history`` preloads the priors' history (the records the daemon's store
@@ -236,6 +240,14 @@ class _Runner:
         self.total = sum(max(1, j.array_tasks) for j in self.trace)
         self.sim.listeners.append(self._ended)
         self.needs_cycles = bool(self.engine.policies) or policy_set in BASELINES
+        # Running jobs whose samples sample-driven policies watch (see _watch_horizon).
+        names = {p.name: p for p, _ in self.engine.policies}
+        self.watch_idle = "idle_gpu" in names
+        self.colocate_window_s = -math.inf
+        self.watch_until = -math.inf
+        if "colocate" in names:
+            min_samples = getattr(getattr(names["colocate"], "settings", None), "min_samples", 3)
+            self.colocate_window_s = int(min_samples) * options.sample_interval_s + options.period_s
 
     # ---- arrivals and endings
 
@@ -280,7 +292,8 @@ class _Runner:
     def _tick(self) -> None:
         sim = self.sim
         quiet = sim.now - self.last_cycle >= self.options.quiet_period_s
-        if sim.changes != self.last_changes or quiet:
+        watched = sim.now <= self.watch_until
+        if sim.changes != self.last_changes or quiet or watched:
             self._cycle()
         arrivals_left = self.next_arrival < len(self.trace)
         if arrivals_left or not sim.idle:
@@ -288,6 +301,23 @@ class _Runner:
             if stuck and all(j.held for j in sim.pending()):
                 return  # only held jobs left: nothing will ever change
             sim.call_at(sim.now + self.options.period_s, self._tick)
+
+    def _watch_horizon(self) -> float:
+        """Until when running jobs' samples may change a sample-driven verdict.
+
+        Worked out at each cycle (a job starting or ending changes the cluster, so a
+        cycle follows it): while an idle job runs, for ever; else until the newest
+        co-located job has had its samples judged.
+        """
+        if not self.watch_idle and self.colocate_window_s < 0:
+            return -math.inf
+        until = -math.inf
+        for job in self.sim.running():
+            if self.watch_idle and job.model.util_pct <= 0:
+                return math.inf
+            if job.shard_alloc is not None:
+                until = max(until, job.start_s + self.colocate_window_s)
+        return until
 
     def _refresh_history(self) -> None:
         now = self.sim.now
@@ -359,6 +389,7 @@ class _Runner:
         self.last_changes = sim.changes
         self.last_cycle = sim.now
         self._refresh_history()
+        self.watch_until = self._watch_horizon()
         if self.policy_set == "tiresias":
             self._tiresias()
             return
