@@ -36,6 +36,7 @@ from sqlalchemy import (
     Connection,
     Table,
     and_,
+    bindparam,
     delete,
     func,
     insert,
@@ -177,15 +178,15 @@ def fingerprint(shards_per_gpu: float, th: ReportThresholds) -> str:
 def triggers_present(conn: Connection) -> bool:
     """True when the dirty-day triggers exist (a store migrated to 0006, and no later
     SQLite table rebuild dropped them): without them the rollups cannot be trusted."""
-    names = ", ".join(f"'{name}'" for name in TRIGGERS)
     dialect = conn.dialect.name
     if dialect == "sqlite":
-        query = f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
+        query = "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN :names"
     elif dialect == "postgresql":
-        query = f"SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal AND tgname IN ({names})"
+        query = "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal AND tgname IN :names"
     else:
         return False
-    return conn.execute(text(query)).scalar() == len(TRIGGERS)
+    stmt = text(query).bindparams(bindparam("names", expanding=True))
+    return conn.execute(stmt, {"names": list(TRIGGERS)}).scalar() == len(TRIGGERS)
 
 
 def _runs(buckets: Sequence[int]) -> Iterator[tuple[int, int]]:

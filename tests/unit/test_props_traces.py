@@ -138,6 +138,10 @@ def _either(target: str, call: Callable[[], list[TraceJob]]) -> list[TraceJob] |
 BAD_SECONDS = st.sampled_from(
     ["", "abc", "-1", "nan", "inf", "-inf", "1e400", "9" * 5000, "1e10", "0x10", "1,5", "\x00"]
 )
+# Submit times may be Unix times (the loaders allow up to MAX_SUBMIT, 1e11 s): past that.
+BAD_SUBMIT = st.sampled_from(
+    ["", "abc", "-1", "nan", "inf", "-inf", "1e400", "9" * 5000, "1e12", "0x10", "1,5", "\x00"]
+)
 BAD_COUNT = st.sampled_from(["", "0", "-2", "1.5", "abc", "1e5", "nan", "9" * 5000, "2 gpus"])
 BAD_STAMP = st.sampled_from(
     ["", "abc", "2017-13-01 00:00:00", "2017-10-09 25:00:00", "9" * 5000, "10/09/2017"]
@@ -289,7 +293,7 @@ def test_valid_generic_csv_rows_come_back_exactly(data: st.DataObject) -> None:
 def test_a_bad_generic_csv_field_is_refused_with_its_line(data: st.DataObject) -> None:
     header, rows = data.draw(generic_doc())
     k = data.draw(st.integers(0, len(rows) - 1))
-    bad = {"submit_s": BAD_SECONDS, "duration_s": BAD_SECONDS, "time_limit_s": BAD_SECONDS}
+    bad = {"submit_s": BAD_SUBMIT, "duration_s": BAD_SECONDS, "time_limit_s": BAD_SECONDS}
     bad |= {"util_pct": st.sampled_from(["101", "-1", "nan", "x", "1e400"])}
     bad |= {"memory_mib": st.sampled_from(["-1", "lots", "inf", "1e12"])}
     bad |= {"min_gpus": BAD_COUNT, "max_gpus": BAD_COUNT}
@@ -373,7 +377,7 @@ def test_a_bad_pollux_field_is_refused_with_its_line(data: st.DataObject) -> Non
     k = data.draw(st.integers(0, len(rows) - 1))
     column = data.draw(st.sampled_from([1, 2, 3, 4]))
     bad_app = st.sampled_from(["", "resnet", "BERT", "x" * 5000, "cifar10 "[:-1] + "\x00"])
-    rows[k][column] = data.draw([BAD_SECONDS, bad_app, BAD_COUNT, BAD_COUNT][column - 1])
+    rows[k][column] = data.draw([BAD_SUBMIT, bad_app, BAD_COUNT, BAD_COUNT][column - 1])
     if column == 4 and rows[k][column] == "1e5":
         rows[k][column] = "1e12"  # batch sizes may be large; past 1e9 they are refused
     doc = data.draw(layout(POLLUX, rows))
