@@ -40,7 +40,10 @@ def duration_text(seconds: float | None) -> str:
 
 
 def _h(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
+    """GPU-hours: one decimal, two below one hour (a small window's 0.05 is not 0.0)."""
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if value == 0 or abs(value) >= 1 else f"{value:.2f}"
 
 
 def _pct(value: float | None) -> str:
