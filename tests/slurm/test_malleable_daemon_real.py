@@ -293,7 +293,11 @@ def test_a_waiting_malleable_job_starts_at_the_gpus_free_and_grows_later(
         assert started.restart_count == 0  # started smaller, not resized
         (update,) = [a for a in malleable_actions(t, elastic) if a["kind"] == "update"]
         assert update["outcome"] == "done" and update["numbers"]["direction"] == "start_smaller"
-        assert update["fields"] == {"TresPerNode": "gres:gpu:2"}  # Slurm 22.05's spelling
+        assert update["fields"]["TresPerNode"] == "gres:gpu:2"  # Slurm 22.05's spelling
+        # Fewer GPUs run slower: the limit (-t 3) is raised in the same update.
+        assert set(update["fields"]) == {"TresPerNode", "TimeLimit"}
+        h, m, sec = (int(x) for x in update["fields"]["TimeLimit"].split(":"))
+        assert h * 3600 + m * 60 + sec > 3 * 60
         wait_for("steps at 2 GPUs", lambda: len(steps(log)) >= 10)
 
         SLURM.cancel(half)
