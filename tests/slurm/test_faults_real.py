@@ -480,7 +480,7 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 def test_database_disk_full_then_read_only_then_recovered(
     slurm_cluster: LabCluster, tmp_path: Path
 ) -> None:
-    with running_stack(slurm_cluster, tmp_path) as t, tmpfs(tmp_path / "dbfs", "16m") as mnt:
+    with running_stack(slurm_cluster, tmp_path) as t, tmpfs(tmp_path / "dbfs", "64m") as mnt:
         t.stop_daemon()
         t.db = f"sqlite:///{mnt / 'state.db'}"
         t.env["SGPU_DB"] = t.db
@@ -493,6 +493,8 @@ def test_database_disk_full_then_read_only_then_recovered(
         )
         samples_arriving(t)
         filler = mnt / "filler"
+        # 64 MiB: the store (4 agents' samples, WAL) must not fill it before the filler does;
+        # at 16 MiB it once had, and the filler could not even be opened.
         with filler.open("wb") as f, contextlib.suppress(OSError):
             while True:
                 f.write(b"\0" * (1 << 16))
