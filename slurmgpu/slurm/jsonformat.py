@@ -705,9 +705,13 @@ _MINUTES: dict[int, timedelta] = {}
 
 
 def _minutes(v: IntLike) -> timedelta | None:
-    """A time limit in minutes; unset/infinite → None (no limit). Memoised."""
+    """A time limit in minutes; unset/infinite → None (no limit). Memoised.
+
+    Zero is no limit too, as ``--time=0`` means to sbatch ("no time limit be imposed"),
+    and so is a negative number, which no Slurm writes: neither is a run that must end
+    at once."""
     n = _num(v)
-    if n is None:
+    if n is None or n <= 0:
         return None
     td = _MINUTES.get(n)
     if td is None:
