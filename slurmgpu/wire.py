@@ -133,6 +133,12 @@ class WireError(ValueError):
     """A payload that does not match the schema, in one line."""
 
 
+def _line(exc: Exception) -> str:
+    """The decoder's message on one line: it quotes field names and paths from the
+    payload, which may hold newlines or other control characters."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc))
+
+
 _BATCH_DECODER = msgspec.json.Decoder(SampleBatch)
 
 
@@ -143,9 +149,9 @@ def decode_batch(body: bytes) -> SampleBatch:
     try:
         batch = _BATCH_DECODER.decode(body)
     except msgspec.ValidationError as exc:
-        raise WireError(f"invalid batch: {exc}") from None
+        raise WireError(f"invalid batch: {_line(exc)}") from None
     except msgspec.DecodeError as exc:
-        raise WireError(f"not JSON: {exc}") from None
+        raise WireError(f"not JSON: {_line(exc)}") from None
     if len(batch.gpu) + len(batch.host) > MAX_SAMPLES_PER_BATCH:
         raise WireError(f"more than {MAX_SAMPLES_PER_BATCH} samples in one batch")
     return batch
