@@ -418,16 +418,18 @@ def _parse_tres_cached(text: str) -> Tres:
             try:
                 mem = parse_memory_mib(value)
             except MemoryStringError:
-                raise TresStringError(f"invalid TRES {_show(text)}: mem={value}") from None
+                raise TresStringError(f"invalid TRES {_show(text)}: mem={_show(value)}") from None
         elif key == "node":
             node = _parse_count(value, text, TresStringError)
         elif key == "billing":
             try:
                 billing = float(value)
             except ValueError:
-                raise TresStringError(f"invalid TRES {_show(text)}: billing={value}") from None
+                raise TresStringError(
+                    f"invalid TRES {_show(text)}: billing={_show(value)}"
+                ) from None
             if not math.isfinite(billing):
-                raise TresStringError(f"invalid TRES {_show(text)}: billing={value}")
+                raise TresStringError(f"invalid TRES {_show(text)}: billing={_show(value)}")
         elif key.startswith("gres/"):
             name = key[5:]
             if not name:
