@@ -10,4 +10,7 @@ echo "== mypy"; .venv/bin/mypy
 # Two workers (pytest-xdist), each with its own lab cluster on its own ports: the
 # real-cluster tests mostly wait on Slurm, so two run side by side in about half the time.
 # SGPU_TEST_WORKERS=0 runs in one process.
+# Property tests draw the same inputs every run here (tests/conftest.py, profile "ci");
+# SGPU_HYPOTHESIS_PROFILE=dev draws new ones.
+export SGPU_HYPOTHESIS_PROFILE="${SGPU_HYPOTHESIS_PROFILE:-ci}"
 echo "== pytest"; .venv/bin/pytest -q -n "${SGPU_TEST_WORKERS:-2}" "$@"

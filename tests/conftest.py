@@ -20,11 +20,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from slurmgpu.labcluster import LabCluster, LabClusterError, ensure_packages
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+
+# Property tests: "dev" (pytest run by hand) draws new inputs every run, to find new
+# bugs; "ci" (scripts/test.sh) draws the same inputs every run (derandomize), so a
+# submission's CI result does not depend on the luck of the draw. A failure either way
+# prints the input and the @reproduce_failure blob.
+hypothesis_settings.register_profile("dev", print_blob=True)
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("SGPU_HYPOTHESIS_PROFILE", "dev"))
 
 
 def _xdist_worker_index() -> int:
