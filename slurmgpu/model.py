@@ -9,6 +9,7 @@ these immutable values. Times are timezone-aware UTC ``datetime``; durations are
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -187,3 +188,17 @@ class ClusterSnapshot:
     jobs: tuple[Job, ...]
     nodes: tuple[Node, ...]
     slurm_version: str = ""
+    # Built on first use by jobs_by_id(): not part of the value.
+    _by_id: dict[int, Job] | None = field(
+        default=None, init=False, repr=False, compare=False, hash=False
+    )
+
+    def jobs_by_id(self) -> Mapping[int, Job]:
+        """Every job by its id, built once per snapshot and shared by whoever asks (the
+        policy engine and each actuator look jobs up by id every cycle). The last job
+        listed wins if Slurm listed an id twice. Treat it as read-only."""
+        index = self._by_id
+        if index is None:
+            index = {j.job_id: j for j in self.jobs}
+            object.__setattr__(self, "_by_id", index)
+        return index

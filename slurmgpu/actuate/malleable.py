@@ -120,7 +120,7 @@ class MalleableActuator:
         except StoreError as exc:
             log.error("%s; no resize started this cycle", exc)
             return []
-        jobs = {j.job_id: j for j in cluster.jobs}
+        jobs = cluster.jobs_by_id()
         results = []
         for decision, action_id in zip(decisions, ids, strict=True):
             results.append(self._one(decision, action_id, cluster, jobs, specs, at))

@@ -26,7 +26,7 @@ requeues no task twice and no other task at all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -173,7 +173,7 @@ class PoolExecutor:
         return len(rows)
 
     def advance(self, cluster: ClusterSnapshot, at: datetime) -> list[TransactionRow]:
-        by_id = {j.job_id: j for j in cluster.jobs}
+        by_id = cluster.jobs_by_id()
         out = []
         for row in self.store.in_states([KIND], OPEN):
             try:
@@ -183,7 +183,9 @@ class PoolExecutor:
                 out.append(row)
         return out
 
-    def _advance(self, row: TransactionRow, by_id: dict[int, Job], at: datetime) -> TransactionRow:
+    def _advance(
+        self, row: TransactionRow, by_id: Mapping[int, Job], at: datetime
+    ) -> TransactionRow:
         late = row.deadline is not None and at >= row.deadline
         for key, task in list(row.payload["tasks"].items()):
             if task["state"] not in ("planned", "signaled"):

@@ -286,7 +286,7 @@ class ResizeExecutor:
 
     def advance(self, cluster: ClusterSnapshot, at: datetime) -> list[TransactionRow]:
         """Take every open transaction as far as this snapshot allows; return them."""
-        by_id = {j.job_id: j for j in cluster.jobs}
+        by_id = cluster.jobs_by_id()
         out = []
         for row in self.open():
             try:

@@ -132,7 +132,7 @@ class PolicySnapshot:
         return self.cluster.jobs
 
 
-class Action(msgspec.Struct, frozen=True):
+class Action(msgspec.Struct, frozen=True, gc=False):
     """A change one policy proposes for one job, with the numbers behind it.
 
     ``kind`` is one of: ``update`` (``fields`` are ``scontrol update`` fields, e.g.
@@ -156,6 +156,9 @@ class Action(msgspec.Struct, frozen=True):
     A frozen ``msgspec.Struct``, not a dataclass: a cycle over a big queue builds tens of
     thousands of these and a frozen dataclass costs about ten times as much to build.
     Change one with ``msgspec.structs.replace``, not ``dataclasses.replace``.
+    ``gc=False``: the cyclic garbage collector does not track these (an Action holds
+    strings, numbers and two flat dicts, so it can be in no cycle); tens of thousands
+    of them a cycle would otherwise trigger collections that walk the whole heap.
     """
 
     policy: str
@@ -172,13 +175,13 @@ class Action(msgspec.Struct, frozen=True):
     protective: bool = False
 
 
-class Decision(msgspec.Struct, frozen=True):
+class Decision(msgspec.Struct, frozen=True, gc=False):
     """An action after the engine applied the mode and guardrails.
 
     ``execute``: the actuator should carry it out (enforce mode and not suppressed).
     ``notify``: the user should be told (advise or enforce, not suppressed).
     ``suppressed``: why the engine held it back (empty when it was not).
-    A frozen ``msgspec.Struct`` like :class:`Action`, for the same reason.
+    A frozen ``msgspec.Struct`` like :class:`Action`, untracked by the collector too.
     """
 
     action: Action

@@ -39,8 +39,7 @@ Decisions come back sorted by kind rank (highest first), then job id, then polic
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from slurmgpu.model import Job
 from slurmgpu.policy.base import Action, Decision, Mode, Policy, PolicySnapshot
@@ -60,36 +59,14 @@ CHANGE_KINDS = frozenset({"update", "requeue", "cancel", "resize"})
 _OWN_INTERVAL_KINDS = frozenset({"resize"})
 
 
-class _Proposal:
-    """One proposed action on its way to a decision."""
-
-    __slots__ = (
-        "action",
-        "kind_rank",
-        "mode",
-        "order",
-        "policy_index",
-        "rank",
-        "seq",
-        "suppressed",
-    )
-
-    def __init__(self, seq: int, policy_index: int, mode: Mode, action: Action) -> None:
-        self.seq = seq
-        self.policy_index = policy_index
-        self.mode = mode
-        self.action = action
-        self.kind_rank = ACTION_PRIORITY.get(action.kind, 0)
-        # Higher is stronger: kind, then the action's own priority, then earlier policy,
-        # then earlier proposal.
-        self.rank = (self.kind_rank, action.priority, -policy_index, -seq)
-        # Output order: kind rank, then job id; policy order and proposal order come from
-        # a stable sort of the proposals as made (seq grows with the policy index).
-        self.order = (-self.kind_rank, action.job_id)
-        self.suppressed = ""
-
-
-_ORDER = operator.attrgetter("order")
+# Output order is (kind rank, highest first; job id), ties in policy then proposal order.
+# As one int per proposal (kind band * _BAND + job id) a stable sort of the proposals
+# needs no tuple keys; job ids at or above _BAND (Slurm's are 32-bit) sort by tuples.
+_BAND = 1 << 48
+_KIND_BAND = {
+    kind: (max(ACTION_PRIORITY.values()) - rank) * _BAND for kind, rank in ACTION_PRIORITY.items()
+}
+_UNKNOWN_BAND = (max(ACTION_PRIORITY.values())) * _BAND
 
 
 class PolicyEngine:
@@ -105,48 +82,72 @@ class PolicyEngine:
 
     def decide(self, snapshot: PolicySnapshot) -> list[Decision]:
         """Return one decision per proposed action, in a deterministic order."""
-        proposals: list[_Proposal] = []
+        # Flat lists, one entry per proposal in the order made: a queue of 100,000 jobs
+        # proposes tens of thousands of actions a cycle, and an object per proposal
+        # (with its rank tuples) cost as much as the policies themselves.
+        actions: list[Action] = []
+        modes: list[Mode] = []
+        owners: list[int] = []  # the proposing policy's index
         for index, (policy, given) in enumerate(self.policies):
             mode = Mode(given)  # once per policy, not per action
-            seq = len(proposals)
-            for action in policy.propose(snapshot):
-                proposals.append(_Proposal(seq, index, mode, action))
-                seq += 1
-        if not proposals:
+            made = policy.propose(snapshot)
+            if not isinstance(made, list):
+                made = list(made)  # a policy may yield its actions
+            actions.extend(made)
+            modes.extend([mode] * len(made))
+            owners.extend([index] * len(made))
+        n = len(actions)
+        if not n:
             return []
+        suppressed = [""] * n
 
-        wanted = {p.action.job_id for p in proposals}
-        jobs = {j.job_id: j for j in snapshot.cluster.jobs if j.job_id in wanted}
+        # One action per job: the first proposal for a job holds its slot unless a later
+        # one outranks it (kind, then the action's priority; ties keep the earlier).
+        winner: dict[int, int] = {}
+        contested: set[int] = set()
+        for i, action in enumerate(actions):
+            w = winner.setdefault(action.job_id, i)
+            if w != i:
+                contested.add(action.job_id)
+                if _strength(action) > _strength(actions[w]):
+                    winner[action.job_id] = i
+        if contested:
+            for i, action in enumerate(actions):
+                if action.job_id in contested:
+                    w = winner[action.job_id]
+                    if w != i:
+                        best = actions[w]
+                        suppressed[i] = f"superseded by {best.policy} {best.kind} for this job"
 
-        winners: dict[int, _Proposal] = {}
-        for p in proposals:
-            best = winners.get(p.action.job_id)
-            if best is None or p.rank > best.rank:
-                winners[p.action.job_id] = p
-        for p in proposals:
-            w = winners[p.action.job_id]
-            if w is not p:
-                p.suppressed = f"superseded by {w.action.policy} {w.action.kind} for this job"
-
-        rated: list[_Proposal] = []
-        for p in winners.values():
-            p.suppressed = self._check(p.action, jobs.get(p.action.job_id), snapshot)
-            if not p.suppressed and p.mode is Mode.ENFORCE and p.action.kind in CHANGE_KINDS:
-                rated.append(p)
-        self._rate_limit(rated, jobs, snapshot)
-
-        proposals.sort(key=_ORDER)  # stable: ties keep policy order, then proposal order
+        by_id = snapshot.cluster.jobs_by_id()
+        rated: list[int] = []
+        check = self._check
         enforce, observe = Mode.ENFORCE, Mode.OBSERVE
+        for i in winner.values():
+            action = actions[i]
+            why = suppressed[i] = check(action, by_id.get(action.job_id), snapshot)
+            if not why and modes[i] is enforce and action.kind in CHANGE_KINDS:
+                rated.append(i)
+        self._rate_limit(rated, actions, owners, suppressed, by_id, snapshot)
+
+        # stable sorts: ties keep the order made
+        if all(0 <= a.job_id < _BAND for a in actions):
+            bands = _KIND_BAND
+            keys = [bands.get(a.kind, _UNKNOWN_BAND) + a.job_id for a in actions]
+            ordered = sorted(range(n), key=keys.__getitem__)
+        else:
+            wide = [(-ACTION_PRIORITY.get(a.kind, 0), a.job_id) for a in actions]
+            ordered = sorted(range(n), key=wide.__getitem__)
         return [
-            Decision(p.action, p.mode, execute=False, notify=False, suppressed=p.suppressed)
-            if p.suppressed
+            Decision(actions[i], modes[i], execute=False, notify=False, suppressed=suppressed[i])
+            if suppressed[i]
             else Decision(
-                p.action,
-                p.mode,
-                execute=p.mode is enforce and p.action.kind in CHANGE_KINDS,
-                notify=p.mode is not observe,
+                actions[i],
+                modes[i],
+                execute=modes[i] is enforce and actions[i].kind in CHANGE_KINDS,
+                notify=modes[i] is not observe,
             )
-            for p in proposals
+            for i in ordered
         ]
 
     def _check(self, action: Action, job: Job | None, snapshot: PolicySnapshot) -> str:
@@ -182,35 +183,50 @@ class PolicyEngine:
         return ""
 
     def _rate_limit(
-        self, rated: list[_Proposal], jobs: dict[int, Job], snapshot: PolicySnapshot
+        self,
+        rated: list[int],
+        actions: list[Action],
+        owners: list[int],
+        suppressed: list[str],
+        by_id: Mapping[int, Job],
+        snapshot: PolicySnapshot,
     ) -> None:
-        """Suppress enforce-mode changes beyond the per-user and per-cycle budgets."""
+        """Suppress enforce-mode changes beyond the per-user and per-cycle budgets.
+
+        ``rated`` indexes ``actions``; a held-back change gets its reason in ``suppressed``.
+        """
         s = self.settings
 
-        def order(p: _Proposal) -> tuple[int, int, int, float, int]:
-            job = jobs[p.action.job_id]
+        def order(i: int) -> tuple[int, int, int, float, int]:
+            action = actions[i]
+            job = by_id[action.job_id]
             submitted = job.submit_time.timestamp() if job.submit_time else math.inf
             return (
-                -p.kind_rank,
-                -p.action.priority,
-                p.policy_index,
+                -ACTION_PRIORITY.get(action.kind, 0),
+                -action.priority,
+                owners[i],
                 submitted,
-                p.action.job_id,
+                action.job_id,
             )
 
         rated.sort(key=order)
         per_user: dict[str, int] = {}
         taken = 0
-        for p in rated:
-            user = jobs[p.action.job_id].user
+        for i in rated:
+            user = by_id[actions[i].job_id].user
             done = snapshot.user_actions_last_hour.get(user, 0) + per_user.get(user, 0)
             if done >= s.max_actions_per_user_per_hour:
-                p.suppressed = (
+                suppressed[i] = (
                     f"rate limit: {done} changes to {user}'s jobs in the last hour "
                     f"(max {s.max_actions_per_user_per_hour})"
                 )
             elif taken >= s.max_actions_per_cycle:
-                p.suppressed = f"cycle limit: {s.max_actions_per_cycle} changes this cycle"
+                suppressed[i] = f"cycle limit: {s.max_actions_per_cycle} changes this cycle"
             else:
                 per_user[user] = per_user.get(user, 0) + 1
                 taken += 1
+
+
+def _strength(action: Action) -> tuple[int, int]:
+    """How strongly an action claims its job: its kind's rank, then its own priority."""
+    return (ACTION_PRIORITY.get(action.kind, 0), action.priority)

@@ -10,7 +10,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmgpu.model import Job
+from slurmgpu.model import ClusterSnapshot, Job
 from slurmgpu.policy.base import Action, Decision, Mode, PolicySnapshot
 from slurmgpu.policy.engine import ACTION_PRIORITY, PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
@@ -332,3 +332,13 @@ def test_every_proposal_gets_exactly_one_decision(
     executed = [d for d in out if d.execute]
     assert len(executed) <= rules.max_actions_per_cycle
     assert decide(policies, snap, rules) == out
+
+
+def test_the_job_index_is_built_once_per_snapshot_and_is_not_part_of_its_value() -> None:
+    jobs = (pending_job(100), pending_job(101))
+    a = ClusterSnapshot(taken_at=T0, jobs=jobs, nodes=())
+    b = ClusterSnapshot(taken_at=T0, jobs=jobs, nodes=())
+    index = a.jobs_by_id()
+    assert dict(index) == {100: jobs[0], 101: jobs[1]}
+    assert a.jobs_by_id() is index  # shared by the engine and every actuator
+    assert a == b and hash(a) == hash(b) and "by_id" not in repr(a)
