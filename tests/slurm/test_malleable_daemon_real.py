@@ -262,7 +262,16 @@ def test_the_daemon_killed_after_each_slurm_call_of_a_resize_never_holds_or_resi
         assert_continuous(log)
         # The run signalled by the daemon that died trained on in place after its wait.
         assert [r["event"] for r in records(log) if r.get("event") == "resumed_in_place"]
-        resizes = json.loads(t.run("resizes", "--json", "--job", str(elastic)))
+
+        def closed() -> list[dict[str, Any]] | None:
+            rows: list[dict[str, Any]] = json.loads(
+                t.run("resizes", "--json", "--job", str(elastic))
+            )
+            return rows if rows and rows[0]["state"] != "released" else None
+
+        # RELEASED -> RUNNING is the daemon's next cycle after it sees the job at its new
+        # size, not the moment the job runs: wait for it (a loaded machine once lagged).
+        resizes = wait_for("the resize closed", closed, timeout_s=60)
         assert [(r["state"], r["from_gpus"], r["to_gpus"]) for r in resizes] == [
             ("running", 4, 2),
             ("aborted", 4, 2),
