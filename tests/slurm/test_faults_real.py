@@ -482,6 +482,10 @@ def test_database_disk_full_then_read_only_then_recovered(
 ) -> None:
     with running_stack(slurm_cluster, tmp_path) as t, tmpfs(tmp_path / "dbfs", "64m") as mnt:
         t.stop_daemon()
+        # Made before the store writes there: creating it once the store has filled the
+        # file system fails (ENOSPC on open, seen once under a loaded 2-core machine).
+        filler = mnt / "filler"
+        filler.touch()
         t.db = f"sqlite:///{mnt / 'state.db'}"
         t.env["SGPU_DB"] = t.db
         t.run("db", "upgrade")
@@ -492,10 +496,8 @@ def test_database_disk_full_then_read_only_then_recovered(
             t.fakeload("--util", "50", "--mem", "1GiB", "--duration", "600s"),
         )
         samples_arriving(t)
-        filler = mnt / "filler"
-        # 64 MiB: the store (4 agents' samples, WAL) must not fill it before the filler does;
-        # at 16 MiB it once had, and the filler could not even be opened.
-        with filler.open("wb") as f, contextlib.suppress(OSError):
+        # Fill what the store left (all of it, if the store got there first).
+        with filler.open("r+b") as f, contextlib.suppress(OSError):
             while True:
                 f.write(b"\0" * (1 << 16))
                 f.flush()
