@@ -33,6 +33,9 @@ class JobDiff:
     gone: list[int] = field(default_factory=list)  # finished jobs Slurm stopped listing
     vanished: list[int] = field(default_factory=list)  # active jobs missing for N cycles
     missing: dict[int, int] = field(default_factory=dict)  # job id → cycles missing so far
+    # The listing in its order, an unchanged job as the object seen before: policies
+    # that keep a verdict per job know an unchanged one by identity (one ``is``).
+    listing: list[Job] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -73,10 +76,12 @@ def diff_jobs(
     missing = dict(missing or {})
     diff = JobDiff()
     seen: set[int] = set()
+    listing = diff.listing
     for job in current:
         seen.add(job.job_id)
         prev = previous.get(job.job_id)
         if prev is None:
+            listing.append(job)
             diff.new.append(job)
             diff.transitions.append(
                 Transition(job.job_id, "submitted", None, job.state.value, job.restart_count)
@@ -84,7 +89,9 @@ def diff_jobs(
             continue
         missing.pop(job.job_id, None)
         if prev is job or prev == job:
+            listing.append(prev)
             continue
+        listing.append(job)
         diff.changed.append(job)
         t = _transition(prev, job)
         if t is not None:

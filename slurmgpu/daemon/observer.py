@@ -183,8 +183,13 @@ class Observer:
             and t.kind in {"state", "submitted"}
             and JobState(t.to_state).is_terminal
         )
+        # An unchanged job is the object of the last snapshot (equal, and known by
+        # identity to the policies that keep verdicts per job).
         snapshot = ClusterSnapshot(
-            taken_at=at, jobs=tuple(jobs), nodes=tuple(nodes), slurm_version=self._version()
+            taken_at=at,
+            jobs=tuple(diff.listing),
+            nodes=tuple(nodes),
+            slurm_version=self._version(),
         )
         self.latest = snapshot
         timings = dict(t_fetch or {})
@@ -256,6 +261,7 @@ class Observer:
             gone=[*diff.gone, *resolved],
             vanished=[jid for jid in diff.vanished if jid not in resolved],
             missing=diff.missing,
+            listing=diff.listing,
         )
 
 

@@ -108,6 +108,23 @@ def test_unchanged_jobs_write_nothing(store: JobStore) -> None:
     assert (second.new, second.changed, second.transitions) == (0, 0, 0)
 
 
+def test_an_unchanged_job_is_the_snapshots_object_of_the_last_cycle(store: JobStore) -> None:
+    """Policies that keep a verdict per job know an unchanged one by identity."""
+    obs = Observer(FakeSlurm([]), store, clock=Clock())
+    first = [gpu_job(1), gpu_job(2), gpu_job(3)]
+    snap = obs.apply(first, [], T0).snapshot
+    assert snap is not None and snap.jobs == tuple(first)
+    # The next listing is parsed anew: equal objects, one job changed, one new.
+    again = [replace(first[0]), running(first[1]), replace(first[2]), gpu_job(4)]
+    assert again[0] is not first[0] and again[0] == first[0]
+    result = obs.apply(again, [], T0 + timedelta(seconds=30))
+    snap = result.snapshot
+    assert snap is not None and (result.new, result.changed) == (1, 1)
+    assert snap.jobs == tuple(again)  # the same values, in the listing's order
+    assert snap.jobs[0] is first[0] and snap.jobs[2] is first[2]  # unchanged: kept
+    assert snap.jobs[1] is again[1] and snap.jobs[3] is again[3]  # changed, new
+
+
 @pytest.mark.parametrize(
     "error", [SlurmUnavailableError("connection refused"), SlurmParseError("bad JSON at $.jobs")]
 )
