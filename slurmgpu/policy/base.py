@@ -57,9 +57,15 @@ class JobUsage:
         return sum(1 for g in self.gpus if g.mean_util_pct is not None and g.never_busy)
 
 
-@dataclass(frozen=True, slots=True)
-class HistoryRecord:
-    """One finished job, as priors learn from it."""
+class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
+    """One finished job, as priors learn from it.
+
+    A frozen ``msgspec.Struct`` (like ``Action``): the daemon reloads its 90 days of
+    history every few minutes, and a reload compares the new records with the last
+    ones (:meth:`~slurmgpu.policy.priors.Priors.carry_over`); a Struct is built and
+    compared in C, about three times as fast as a frozen dataclass. Change one with
+    ``msgspec.structs.replace``.
+    """
 
     user: str
     name: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,7 +51,14 @@ def _from_summary(summary: Mapping[str, Any] | None) -> dict[str, float | int | 
 
 
 def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryRecord]:
-    """Return finished jobs that ended after ``since``, with their usage when known."""
+    """Return finished jobs that ended after ``since``, with their usage when known.
+
+    User, name, partition and state strings are interned: a history holds few distinct
+    ones, and the daemon reloads it every few minutes. One object per distinct string
+    keeps 200,000 records small, and the priors' grouping and their comparison with the
+    last reload (``Priors.carry_over``) then hash and compare by identity.
+    """
+    intern = sys.intern
     j, s = schema.jobs, schema.job_summaries
     stmt = (
         select(
@@ -85,11 +93,11 @@ def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryR
             usage = _from_summary(r["summary"])
             out.append(
                 HistoryRecord(
-                    user=r["user"],
-                    name=r["name"],
-                    partition=r["partition"],
+                    user=intern(r["user"]),
+                    name=intern(r["name"]),
+                    partition=intern(r["partition"]),
                     script_hash=None,
-                    state=r["state"],
+                    state=intern(r["state"]),
                     run_time=max(end - start, timedelta(0)),
                     time_limit=timedelta(seconds=r["time_limit_s"])
                     if r["time_limit_s"] is not None
