@@ -150,9 +150,12 @@ class ColocatePolicy:
         self._cached: tuple[Sequence[HistoryRecord], Priors] | None = None
 
     def priors(self, history: Sequence[HistoryRecord]) -> Priors:
-        """Return priors for ``history``, reusing them while it is the same object."""
+        """Return priors for ``history``, reusing them while it is the same object (and,
+        for a new one, the statistics of every user whose runs are the same)."""
         if self._cached is None or self._cached[0] is not history:
             priors = Priors.from_history(history, min_samples=self.settings.min_history)
+            if self._cached is not None:
+                priors.carry_over(self._cached[1])
             self._cached = (history, priors)
         return self._cached[1]
 

@@ -214,6 +214,8 @@ class MalleablePolicy:
             priors = Priors.from_history(
                 history, quantile=0.5, min_samples=self.settings.min_history, by_gpus=False
             )
+            if self._cached is not None:  # a reload: unchanged users' statistics kept
+                priors.carry_over(self._cached[1])
             self._cached = (history, priors)
         return self._cached[1]
 

@@ -48,6 +48,8 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+import msgspec
+
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.priors import LEVELS, Estimate, Priors
@@ -101,23 +103,53 @@ def _shrinks_enough(current: float, proposed: float, fraction: float) -> bool:
     return proposed < current and (current - proposed) >= fraction * current - 1e-9
 
 
-class _Derived:
-    """What one estimate implies under the settings, computed once per estimate."""
+class _Inputs(msgspec.Struct, frozen=True, gc=False):
+    """What a pending job's verdict depends on besides the priors: its request, the
+    sibling floor of its time limit and its opt-in. Untracked by the collector (a cycle
+    builds one per pending job) and compared field by field in C."""
 
-    __slots__ = ("cpus_needed", "gpus_used", "history_numbers", "memory_mib", "reason", "time_s")
+    name: str
+    partition: str
+    # the GpuRequest's fields (its dataclass __eq__ would run in Python)
+    gpus: int
+    gpus_per_node: int | None
+    gpus_per_job: int | None
+    gpus_per_task: int | None
+    gpu_type: str | None
+    shards: int
+    time_limit: timedelta | None
+    memory_mib: int | None
+    node_count: int
+    cpus: int
+    tasks: int
+    array_task_spec: str | None
+    floor_s: int | None  # a running sibling's floor, where it binds (else None)
+    opted: bool
+
+
+class _Verdict(msgspec.Struct, frozen=True, gc=False):
+    """The action (or none) given for ``inputs``; ``history_time_s`` is the time limit
+    history alone gave, below which a running sibling's floor changes nothing. ``user``:
+    whose history it came from (kept across a history reload that left it the same)."""
+
+    user: str
+    job: Job  # the object judged: the same object next cycle is the same request
+    inputs: _Inputs
+    action: Action | None
+    history_time_s: int | None
+
+
+class _Derived:
+    """What one estimate implies under the settings, computed once per estimate.
+
+    The numbers and reason text are made on first use: only estimates that lead to an
+    action need them, and the first cycle after a history reload derives one per key."""
+
+    __slots__ = ("_numbers", "cpus_needed", "est", "gpus_used", "memory_mib", "time_s")
 
     def __init__(self, est: Estimate, s: RightsizeSettings) -> None:
-        self.history_numbers: Numbers = {
-            "history_samples": est.samples,
-            "history_level": est.level,
-            "history_key": "/".join(est.key),
-            "time_quantile": est.quantile,
-            # the run time is for this many GPUs: from runs with as many, or scaled
-            "history_gpus": est.gpus,
-            "history_gpu_samples": est.gpu_samples,
-            "history_gpu_scaled": int(est.gpu_scaled),
-        }
-        self.reason = f"{est.samples} past runs ({est.level}) suggest "
+        self.est = est
+        self._numbers: Numbers | None = None
         self.time_s: int | None = None
         if s.time_limit and (s.time_from_other_jobs or est.level in _OWN_LEVELS):
             history_s = est.run_time.total_seconds() * s.time_headroom
@@ -140,6 +172,29 @@ class _Derived:
         self.gpus_used: int | None = None
         if s.gpus and est.gpus_used is not None and est.gpus_used_samples >= s.min_history:
             self.gpus_used = max(1, est.gpus_used)
+
+    @property
+    def history_numbers(self) -> Numbers:
+        """The history figures every action from this estimate records."""
+        numbers = self._numbers
+        if numbers is None:
+            est = self.est
+            numbers = self._numbers = {
+                "history_samples": est.samples,
+                "history_level": est.level,
+                "history_key": "/".join(est.key),
+                "time_quantile": est.quantile,
+                # the run time is for this many GPUs: from runs with as many, or scaled
+                "history_gpus": est.gpus,
+                "history_gpu_samples": est.gpu_samples,
+                "history_gpu_scaled": int(est.gpu_scaled),
+            }
+        return numbers
+
+    @property
+    def reason(self) -> str:
+        """The start of every reason an action from this estimate gives."""
+        return f"{self.est.samples} past runs ({self.est.level}) suggest "
 
 
 class RightsizePolicy:
@@ -172,16 +227,37 @@ class RightsizePolicy:
         # none), as long as the cached priors: most pending jobs are still pending next
         # cycle, so a key costs one look-up after its first cycle.
         self._keyed: dict[_JobKey, tuple[Estimate | None, _Derived | None]] = {}
+        # job id -> (what its verdict depends on besides the priors, that verdict), from
+        # the last cycle; as long as the cached priors and the snapshots' GRES prefix.
+        self._memo: dict[int, _Verdict] = {}
+        self._prefix = ""
         self._keep = 1.0 - s.min_change_fraction
         self._round_s = s.time_round.total_seconds()
 
     def priors(self, history: Sequence[HistoryRecord]) -> Priors:
-        """Return priors for ``history``, reusing them when it is the same object."""
-        if self._cached is None or self._cached[0] is not history:
-            self._cached = (history, self._factory(history))
-            self._derived = {}
-            self._keyed = {}
-        return self._cached[1]
+        """Return priors for ``history``, reusing them when it is the same object.
+
+        A new history object (the daemon's reload every ``history_refresh``) gets new
+        priors, which take the last ones' statistics for every user whose runs are the
+        same (:meth:`Priors.carry_over`); estimates and verdicts of those users' jobs are
+        kept too, so a reload costs only the users whose jobs ended since the last one.
+        """
+        cached = self._cached
+        if cached is None or cached[0] is not history:
+            priors = self._factory(history)
+            changed = None if cached is None else priors.carry_over(cached[1])
+            self._cached = (history, priors)
+            if changed is None:
+                self._derived, self._keyed, self._memo = {}, {}, {}
+            elif changed:
+                # Estimates are per user (Estimate.key[0]); a verdict is its job's user's.
+                self._derived = {
+                    i: d for i, d in self._derived.items() if d.est.key[0] not in changed
+                }
+                self._keyed = {k: v for k, v in self._keyed.items() if k[0] not in changed}
+                self._memo = {j: v for j, v in self._memo.items() if v.user not in changed}
+            return priors
+        return cached[1]
 
     def propose(self, snapshot: PolicySnapshot) -> list[Action]:
         """Return one ``update`` action per pending job whose requests history can shrink."""
@@ -196,40 +272,114 @@ class RightsizePolicy:
         # for the time limit (with the same headroom and rounding as history); by user,
         # then name, so a pending job's look-up builds no tuple.
         at = snapshot.at
-        sibling_s: dict[str, dict[str, float]] = {}
+        longest: dict[str, dict[str, float]] = {}
         for j in jobs:
             if j.state is JobState.RUNNING and j.start_time is not None:
                 elapsed = (at - j.start_time).total_seconds()
                 if elapsed > 0.0:
-                    names = sibling_s.get(j.user)
+                    names = longest.get(j.user)
                     if names is None:
-                        sibling_s[j.user] = {j.name: elapsed}
+                        longest[j.user] = {j.name: elapsed}
                     elif elapsed > names.get(j.name, 0.0):
                         names[j.name] = elapsed
+        headroom, round_s = s.time_headroom, self._round_s
+        # (elapsed, the time limit floor it implies), once per user and name
+        sibling_s: dict[str, dict[str, tuple[float, int]]] = {
+            user: {
+                name: (elapsed, int(_round_up(elapsed * headroom, round_s)))
+                for name, elapsed in names.items()
+            }
+            for user, names in longest.items()
+        }
         prefix = gres_prefix(snapshot.cluster.slurm_version)
+        if prefix != self._prefix:
+            self._prefix, self._memo = prefix, {}
+        opted = snapshot.opted_in
         # Pending jobs share keys (resubmissions, arrays, the same jobs next cycle): each
         # key's estimate (for the job's GPU count) and what that implies are resolved once
-        # per priors.
-        headroom, round_s = s.time_headroom, self._round_s
+        # per priors. And most pending jobs are pending, unchanged, next cycle too: a job
+        # whose verdict inputs are what they were last cycle gets last cycle's verdict (the
+        # same Action object, or none) for the price of comparing them.
+        memo: dict[int, _Verdict] = self._memo
+        seen: dict[int, _Verdict] = {}
         actions: list[Action] = []
         for job in pending:
+            sibling: float | None = None
+            floor: int | None = None
+            floors = sibling_s.get(job.user)
+            if floors is not None:
+                got = floors.get(job.name)
+                if got is not None:
+                    sibling, floor = got
+            array_id = job.array_job_id
+            is_opted = job.job_id in opted or (array_id is not None and array_id in opted)
+            last = memo.get(job.job_id)
+            # A running sibling's floor matters only where it exceeds the history's limit
+            # (it grows 30 s a cycle, and mostly stays below): compared with last cycle's
+            # verdict only where it did.
+            binding = floor
+            if floor is not None and last is not None:
+                bound = last.history_time_s
+                if bound is None or floor <= bound:
+                    binding = None
+            if (
+                last is not None
+                and last.job is job
+                and last.inputs.opted == is_opted
+                and last.inputs.floor_s == binding
+            ):
+                # The daemon's snapshot hands an unchanged job over as the same object
+                # (daemon.diff): nothing to compare but the opt-in and the floor.
+                seen[job.job_id] = last
+                if last.action is not None:
+                    actions.append(last.action)
+                continue
+            request = job.gpus
+            inputs = _Inputs(
+                job.name,
+                job.partition,
+                request.gpus,
+                request.per_node,
+                request.per_job,
+                request.per_task,
+                request.gpu_type,
+                request.shards,
+                job.time_limit,
+                job.memory_mib,
+                job.node_count,
+                job.cpus,
+                job.tasks,
+                job.array_task_spec,
+                binding,
+                is_opted,
+            )
+            if last is not None and last.inputs == inputs and last.user == job.user:
+                if last.job is not job:  # an equal job parsed anew: known by identity next
+                    last = msgspec.structs.replace(last, job=job)
+                seen[job.job_id] = last
+                if last.action is not None:
+                    actions.append(last.action)
+                continue
             job_key = (job.user, job.name, job.partition, job.gpus.gpus)
             known = keyed.get(job_key)
             if known is None:
                 known = keyed[job_key] = self._resolve(job, priors)
             est, d = known
-            if est is None or d is None:
-                continue
-            time_s = d.time_s
-            sibling: float | None = None
-            names = sibling_s.get(job.user)
-            if names is not None:
-                sibling = names.get(job.name)
-                if time_s is not None and sibling is not None:
-                    time_s = max(time_s, int(_round_up(sibling * headroom, round_s)))
-            action = self._propose_one(job, est, d, time_s, sibling, prefix, snapshot)
-            if action is not None:
-                actions.append(action)
+            action: Action | None = None
+            history_s: int | None = None
+            if est is not None and d is not None:
+                time_s = history_s = d.time_s
+                if time_s is not None and floor is not None:
+                    time_s = max(time_s, floor)
+                action = self._propose_one(job, est, d, time_s, sibling, prefix, is_opted)
+                if action is not None:
+                    actions.append(action)
+            binds = floor is not None and history_s is not None and floor > history_s
+            if inputs.floor_s != (floor if binds else None):
+                # as the next cycle will compare it: with the floor only where it binds
+                inputs = msgspec.structs.replace(inputs, floor_s=floor if binds else None)
+            seen[job.job_id] = _Verdict(job.user, job, inputs, action, history_s)
+        self._memo = seen  # jobs no longer pending drop out
         return actions
 
     def _resolve(self, job: Job, priors: Priors) -> tuple[Estimate | None, _Derived | None]:
@@ -250,7 +400,7 @@ class RightsizePolicy:
         time_s: int | None,
         sibling_s: float | None,
         prefix: str,
-        snapshot: PolicySnapshot,
+        is_opted: bool,
     ) -> Action | None:
         s = self.settings
         keep = self._keep  # a change must leave at most this share of the request
@@ -350,10 +500,7 @@ class RightsizePolicy:
             numbers["cpus_proposed"] = new_cpus
             numbers["cpu_used_max_pct"] = est.max_cpu_pct
             changes.append(f"{new_cpus} CPUs (was {job.cpus})")
-        opted = snapshot.opted_in
-        numbers["opted_in"] = int(
-            job.job_id in opted or (job.array_job_id is not None and job.array_job_id in opted)
-        )
+        numbers["opted_in"] = int(is_opted)
         return Action(
             policy=self.name,
             kind="update",

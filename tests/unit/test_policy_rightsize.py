@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,15 @@ from slurmgpu.policy.priors import Priors
 from slurmgpu.policy.rightsize import RightsizePolicy, gres_prefix
 from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.slurm.parse import parse_memory_mib, parse_time_limit
-from tests.unit.policy_builders import HOUR, MIN, pending_job, record, running_job, snapshot
+from tests.unit.policy_builders import (
+    HOUR,
+    MIN,
+    T0,
+    pending_job,
+    record,
+    running_job,
+    snapshot,
+)
 
 ONLY_TIME = RightsizeSettings(memory=False, cpus=False, gpus=False)
 
@@ -372,3 +381,168 @@ def test_a_policy_kept_across_cycles_answers_as_a_fresh_one() -> None:
         assert got == RightsizePolicy(ONLY_TIME).propose(snap)
         seen.append([a.fields.get("TimeLimit") for a in got])
     assert seen == [["01:20:00"] * 2, ["02:40:00"] * 2, ["09:10:00"] * 2, ["01:20:00"]]
+
+
+# --- verdicts kept across cycles -----------------------------------------------------
+
+_CYCLE_HISTORY = tuple(
+    [record(run_time=m * MIN, mean_cpu_pct=900.0) for m in (50, 55, 60)]
+    + [record(name="eval", run_time=3 * HOUR, gpus_requested=2, gpus_used=1)] * 3
+    + [record(user="bob", run_time=20 * MIN)] * 3
+)
+
+
+def _comparable(actions: Sequence[Action]) -> list[tuple[object, ...]]:
+    """An action but its sibling figure: a kept verdict shows the elapsed time of the
+    cycle it was made in, and the audit records an unchanged verdict once anyway."""
+    return [
+        (
+            a.job_id,
+            a.kind,
+            a.reason,
+            dict(a.fields),
+            {k: v for k, v in a.numbers.items() if k != "sibling_elapsed_s"},
+            a.slurm_id,
+            a.requires_opt_in,
+        )
+        for a in sorted(actions, key=lambda a: a.job_id)
+    ]
+
+
+_CHANGES = st.sampled_from(
+    ["limit", "memory", "cpus", "gpus", "name", "opt", "spec", "gone", "sibling", "none"]
+)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), _CHANGES, st.integers(0, 20)), max_size=40),
+    st.integers(1, 12),
+)
+@settings(max_examples=150, deadline=None)
+def test_kept_verdicts_match_a_fresh_policy_every_cycle(
+    changes: list[tuple[int, str, int]], cycles: int
+) -> None:
+    """The policy keeps last cycle's verdict for a job whose request, sibling floor and
+    opt-in did not change: whatever changes between cycles, what it proposes is what a
+    policy seeing the snapshot for the first time proposes."""
+    jobs: dict[int, Job] = {
+        100 + i: pending_job(
+            100 + i,
+            user="bob" if i == 5 else "alice",
+            name="eval" if i == 4 else "train",
+            time_limit=24 * HOUR,
+        )
+        for i in range(6)
+    }
+    jobs[103] = replace(jobs[103], array_job_id=103, array_task_spec="1-9")
+    opted: set[int] = {100}
+    sibling_started = 50 * MIN  # the running sibling of alice's "train" jobs
+    kept = RightsizePolicy()
+    per_cycle = max(1, len(changes) // cycles)
+    for cycle in range(cycles + 1):
+        at = T0 + cycle * 10 * MIN
+        todo = changes[(cycle - 1) * per_cycle : cycle * per_cycle] if cycle else []
+        for index, change, amount in todo:
+            job_id = 100 + index
+            job = jobs.get(job_id)
+            if change == "sibling":
+                sibling_started += amount * 7 * MIN
+            elif job is None:
+                jobs[job_id] = pending_job(job_id, time_limit=(amount + 1) * HOUR)
+            elif change == "limit":
+                jobs[job_id] = replace(job, time_limit=(amount + 1) * HOUR if amount else None)
+            elif change == "memory":
+                jobs[job_id] = replace(job, memory_mib=(amount + 1) * 4096)
+            elif change == "cpus":
+                jobs[job_id] = replace(job, cpus=(amount + 1) * 4)
+            elif change == "gpus":
+                per_node = 1 + amount % 8
+                jobs[job_id] = replace(job, gpus=GpuRequest(per_node, per_node=per_node))
+            elif change == "name":
+                jobs[job_id] = replace(job, name=("train", "eval", "other")[amount % 3])
+            elif change == "opt":
+                opted ^= {job_id}
+            elif change == "spec" and job.array_job_id is not None:
+                jobs[job_id] = replace(job, array_task_spec=f"{1 + amount % 9}-9")
+            elif change == "gone":
+                del jobs[job_id]
+        sibling = running_job(300, started=sibling_started + cycle * 10 * MIN, at=at)
+        snap = snapshot([*jobs.values(), sibling], at=at, history=_CYCLE_HISTORY, opted_in=opted)
+        assert snap.history is _CYCLE_HISTORY  # the same tuple: priors and verdicts kept
+        fresh = RightsizePolicy().propose(snap)
+        assert _comparable(kept.propose(snap)) == _comparable(fresh), f"cycle {cycle}"
+
+
+def test_a_kept_verdict_is_the_same_action_object() -> None:
+    """An unchanged pending job costs a comparison next cycle, not a new action."""
+    history = _CYCLE_HISTORY
+    policy = RightsizePolicy()
+    first = only(policy.propose(snapshot([pending_job(time_limit=24 * HOUR)], history=history)))
+    # next cycle: a new Job object, equal request
+    again = only(
+        policy.propose(snapshot([pending_job(time_limit=24 * HOUR)], at=T0 + MIN, history=history))
+    )
+    assert again is first
+    changed = only(
+        policy.propose(
+            snapshot([pending_job(time_limit=12 * HOUR)], at=T0 + 2 * MIN, history=history)
+        )
+    )
+    assert changed is not first and changed.numbers["time_limit_current_s"] == 12 * 3600
+
+
+_RELOADS = st.lists(
+    st.tuples(
+        st.sampled_from(["same", "reload", "add", "drop"]),
+        st.sampled_from(["alice", "bob", "carol"]),
+        st.integers(1, 30),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@given(_RELOADS)
+@settings(max_examples=100, deadline=None)
+def test_kept_verdicts_match_a_fresh_policy_across_history_reloads(
+    reloads: list[tuple[str, str, int]],
+) -> None:
+    """A new history tuple keeps the statistics and verdicts of users whose runs are the
+    same (a daemon reload): whatever each reload changes, the kept policy proposes what
+    a policy seeing the snapshot for the first time proposes."""
+    history = list(_CYCLE_HISTORY) + [record(user="carol", run_time=40 * MIN)] * 3
+    jobs = [
+        pending_job(100, time_limit=24 * HOUR),
+        pending_job(101, name="eval", time_limit=24 * HOUR),
+        pending_job(102, user="bob", time_limit=24 * HOUR),
+        pending_job(103, user="carol", time_limit=24 * HOUR, gpus_per_node=2),
+        pending_job(104, user="dave", time_limit=24 * HOUR),  # no history at all
+    ]
+    kept = RightsizePolicy()
+    current = tuple(history)
+    for cycle, (change, user, amount) in enumerate(reloads):
+        if change == "reload":  # equal records, new objects, as loaded from the store
+            current = tuple(msgspec.structs.replace(r) for r in current)
+        elif change == "add":
+            current = (*current, record(user=user, run_time=amount * 10 * MIN))
+        elif change == "drop":
+            first = next((i for i, r in enumerate(current) if r.user == user), None)
+            if first is not None:
+                current = current[:first] + current[first + 1 :]
+        snap = snapshot(jobs, at=T0 + cycle * MIN, history=current)
+        fresh = RightsizePolicy().propose(snap)
+        assert _comparable(kept.propose(snap)) == _comparable(fresh), f"cycle {cycle}"
+
+
+def test_a_reload_keeps_the_verdicts_of_users_whose_runs_are_the_same() -> None:
+    history = _CYCLE_HISTORY
+    policy = RightsizePolicy(ONLY_TIME)
+    jobs = [pending_job(100, time_limit=24 * HOUR), pending_job(101, user="bob")]
+    alice, bob = policy.propose(snapshot(jobs, history=history))
+    reloaded = (
+        *(msgspec.structs.replace(r) for r in history),
+        record(user="bob", run_time=3 * HOUR),
+    )
+    alice_again, bob_again = policy.propose(snapshot(jobs, at=T0 + MIN, history=reloaded))
+    assert alice_again is alice  # bob's new run changes nothing of alice's
+    assert bob_again is not bob and bob_again.fields["TimeLimit"] != bob.fields["TimeLimit"]
