@@ -129,11 +129,11 @@ class _Inputs(msgspec.Struct, frozen=True, gc=False):
 
 class _Verdict(msgspec.Struct, frozen=True, gc=False):
     """The action (or none) given for ``inputs``; ``history_time_s`` is the time limit
-    history alone gave, below which a running sibling's floor changes nothing. ``user``:
-    whose history it came from (kept across a history reload that left it the same)."""
+    history alone gave, below which a running sibling's floor changes nothing. ``job``:
+    the object judged (the same object next cycle is the same request; its user's
+    history gave the verdict, kept across a reload that left that history the same)."""
 
-    user: str
-    job: Job  # the object judged: the same object next cycle is the same request
+    job: Job
     inputs: _Inputs
     action: Action | None
     history_time_s: int | None
@@ -255,7 +255,7 @@ class RightsizePolicy:
                     i: d for i, d in self._derived.items() if d.est.key[0] not in changed
                 }
                 self._keyed = {k: v for k, v in self._keyed.items() if k[0] not in changed}
-                self._memo = {j: v for j, v in self._memo.items() if v.user not in changed}
+                self._memo = {j: v for j, v in self._memo.items() if v.job.user not in changed}
             return priors
         return cached[1]
 
@@ -353,7 +353,7 @@ class RightsizePolicy:
                 binding,
                 is_opted,
             )
-            if last is not None and last.inputs == inputs and last.user == job.user:
+            if last is not None and last.inputs == inputs and last.job.user == job.user:
                 if last.job is not job:  # an equal job parsed anew: known by identity next
                     last = msgspec.structs.replace(last, job=job)
                 seen[job.job_id] = last
@@ -378,7 +378,7 @@ class RightsizePolicy:
             if inputs.floor_s != (floor if binds else None):
                 # as the next cycle will compare it: with the floor only where it binds
                 inputs = msgspec.structs.replace(inputs, floor_s=floor if binds else None)
-            seen[job.job_id] = _Verdict(job.user, job, inputs, action, history_s)
+            seen[job.job_id] = _Verdict(job, inputs, action, history_s)
         self._memo = seen  # jobs no longer pending drop out
         return actions
 
