@@ -133,10 +133,18 @@ class WireError(ValueError):
     """A payload that does not match the schema, in one line."""
 
 
+_QUOTED_LONG = re.compile(r"'([^']{61,})'")
+_MAX_LINE = 400
+
+
 def _line(exc: Exception) -> str:
-    """The decoder's message on one line: it quotes field names and paths from the
-    payload, which may hold newlines or other control characters."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc))
+    """The decoder's message on one line: it quotes field names, paths and values from
+    the payload, which may hold newlines or other control characters, and may be long
+    (an enum value of 5,000 digits): a quoted value is shortened to 60 characters, so
+    the path after it (`` - at `$.gpu[3].source` ``) stays in the message."""
+    text = _QUOTED_LONG.sub(lambda m: f"'{m.group(1)[:57]}...'", str(exc))
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= _MAX_LINE else text[: _MAX_LINE - 3] + "..."
 
 
 _BATCH_DECODER = msgspec.json.Decoder(SampleBatch)

@@ -350,3 +350,15 @@ def test_malformed_http_requests_get_an_error_status_and_the_server_keeps_servin
     assert service.usage.count_samples() == before
     TALLY.refuse("HTTP request (malformed)", ValueError(f"status {status}"))
     assert _raw(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") == 200
+
+
+def test_a_huge_bad_value_is_quoted_shortened_and_the_path_kept() -> None:
+    # Found by a random draw of the damaged-payload test: an enum value of 5,000 digits
+    # made a 5,059-character error.
+    sample = {"sample_uid": "s0", "at": 1796362156.8, "gpu_index": 0, "source": "9" * 5000}
+    body = json.dumps({"node": "gpu1", "gpu": [sample], "host": [], "agent": "p", "dropped": 0})
+    with pytest.raises(WireError) as raised:
+        decode_batch(body.encode())
+    message = str(raised.value)
+    assert len(message) < 200 and "\n" not in message
+    assert "'" + "9" * 57 + "...'" in message and message.endswith("`$.gpu[0].source`")
