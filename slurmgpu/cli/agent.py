@@ -36,6 +36,7 @@ from slurmgpu.agent.sender import (
 )
 from slurmgpu.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_SPOOL_DIR, BatchSpool, SpoolError
 from slurmgpu.config import parse_duration
+from slurmgpu.telemetry.gpupower import DEFAULT_MODEL, GPU_POWER
 from slurmgpu.telemetry.gresconf import GresConfError, minors_by_index, read_gres_conf
 from slurmgpu.telemetry.probe import GpuProbe, ProbeUnavailableError
 from slurmgpu.telemetry.simgpu import SimulatedGpuProbe, default_state_dir
@@ -100,7 +101,9 @@ def _slurm_minors(gres_conf: Path, node: str, explicit: bool) -> dict[int, int] 
         raise _Fail(f"{gres_conf}: {exc}") from None
 
 
-def _open_probe(kind: str, node: str, gres_conf: Path, sim_dir: Path) -> GpuProbe:
+def _open_probe(
+    kind: str, node: str, gres_conf: Path, sim_dir: Path, sim_model: str | None = None
+) -> GpuProbe:
     if kind == "sim":
         if not gres_conf.exists():
             raise _Fail(
@@ -108,7 +111,7 @@ def _open_probe(kind: str, node: str, gres_conf: Path, sim_dir: Path) -> GpuProb
                 "(pass --gres-conf PATH)"
             )
         try:
-            probe = SimulatedGpuProbe(node, gres_conf, None, sim_dir)
+            probe = SimulatedGpuProbe(node, gres_conf, None, sim_dir, gpu_model=sim_model)
         except ProbeUnavailableError as exc:
             raise _Fail(str(exc)) from None
         if not probe.devices:
@@ -209,6 +212,14 @@ def _open_probe(kind: str, node: str, gres_conf: Path, sim_dir: Path) -> GpuProb
     metavar="SIZE",
     help="Spool size bound; the oldest batches are dropped (and counted) beyond it.",
 )
+@click.option(
+    "--sim-gpu-model",
+    "sim_model",
+    type=click.Choice(sorted(GPU_POWER)),
+    default=None,
+    help=f"Simulated probe: the GPU model whose power to simulate where gres.conf gives "
+    f"no Type= [default: {DEFAULT_MODEL}].",
+)
 @click.option("--once", is_flag=True, help="Run one cycle and exit (exit 1 if not sent).")
 @click.option(
     "--cycles", type=click.IntRange(min=1), default=None, help="Stop after this many cycles."
@@ -225,6 +236,7 @@ def agent(
     token_file: Path,
     spool_dir: Path,
     spool_max_bytes: int,
+    sim_model: str | None,
     once: bool,
     cycles: int | None,
 ) -> None:
@@ -250,6 +262,7 @@ def agent(
         node_name,
         gres_path,
         sim_dir if sim_dir is not None else default_state_dir(),
+        sim_model,
     )
     try:
         minors = _slurm_minors(gres_path, node_name, gres_conf is not None)

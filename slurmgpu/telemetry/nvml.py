@@ -70,6 +70,7 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[Any]: ...
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> Sequence[Any]: ...
@@ -232,6 +233,9 @@ class NvmlProbe:
             mem_total = _mib(mem.total) if mem is not None else None
             power_mw = self._get(n.nvmlDeviceGetPowerUsage, handle)
             power_w = power_mw / 1000.0 if power_mw is not None else None
+            # mJ since the driver was loaded; NotSupported before Volta (then None).
+            energy = self._get(n.nvmlDeviceGetTotalEnergyConsumption, handle)
+            energy_mj = int(energy) if energy is not None else None
             temp = self._get(n.nvmlDeviceGetTemperature, handle, n.NVML_TEMPERATURE_GPU)
             temperature_c = int(temp) if temp is not None else None
 
@@ -258,6 +262,7 @@ class NvmlProbe:
             power_w=power_w,
             temperature_c=temperature_c,
             processes=processes,
+            energy_mj=energy_mj,
             mig_instances=mig,
         )
 

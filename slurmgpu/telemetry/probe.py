@@ -50,7 +50,8 @@ class GpuDeviceSample:
 
     ``util_pct`` is the fraction of the last sample period in which a kernel ran (NVML's
     "GPU utilization", the duty cycle jobstats uses). ``memory_used_mib`` is device memory
-    in use, all processes together.
+    in use, all processes together. ``energy_mj`` never decreases while the driver
+    stays loaded; a smaller value than before means the driver was reloaded.
     """
 
     index: int
@@ -64,6 +65,9 @@ class GpuDeviceSample:
     power_w: float | None = None
     temperature_c: int | None = None
     processes: tuple[GpuProcessSample, ...] = ()
+    # NVML's total-energy counter (mJ since the driver was loaded, Volta and newer);
+    # None when the device has none: energy is then integrated from power_w.
+    energy_mj: int | None = None
     mig_instances: tuple[GpuMigInstanceSample, ...] = ()
     error: str | None = None
 

@@ -15,6 +15,12 @@ a real GPU would refuse the allocation, the simulation shows the overcommit), on
 entry per pid with ``sm_util_pct`` = its declared util. Probe index i is Slurm index i, and
 its minor number is the number in gres.conf's i-th ``File=`` name.
 
+Power follows the device's GPU model (gres type, else ``gpu_model``): idle draw plus a
+share of the full-load draw proportional to util (``telemetry.gpupower``, with sources).
+Each device has an NVML-like total-energy counter (mJ, never decreasing) integrating that
+power; it is kept in ``state_dir/<node>/.energy.json`` so an agent restart continues it
+(the time the agent was down counted at the last power, as a real counter keeps counting).
+
 Writers replace files atomically (temp file + rename in the same directory), so a reader
 never sees half a declaration.
 """
@@ -35,6 +41,7 @@ from pathlib import Path
 
 import psutil
 
+from slurmgpu.telemetry.gpupower import EnergyCounter, GpuPowerModel, power_model
 from slurmgpu.telemetry.gresconf import GresConfError, GresGpuDevice, read_gres_conf
 from slurmgpu.telemetry.probe import GpuDeviceSample, GpuProcessSample, ProbeUnavailableError
 
@@ -206,6 +213,7 @@ class SimulatedGpuProbe:
         *,
         stale_factor: float = 3.0,
         clock: Callable[[], float] = time.time,
+        gpu_model: str | None = None,
     ) -> None:
         if gres_conf is None and devices is None:
             raise ValueError("SimulatedGpuProbe needs a gres.conf or a device count")
@@ -228,6 +236,51 @@ class SimulatedGpuProbe:
         if not gres and devices is not None:
             gres = [GresGpuDevice(index=i, path=None, minor=i) for i in range(devices)]
         self.devices: tuple[GresGpuDevice, ...] = tuple(gres)
+        self.power_models: tuple[GpuPowerModel, ...] = tuple(
+            power_model(d.gpu_type or gpu_model) for d in self.devices
+        )
+        self._counters = self._load_counters()
+
+    # -- energy counters ---------------------------------------------------------------
+
+    def _energy_path(self) -> Path:
+        return node_dir(self.state_dir, self.node) / ".energy.json"
+
+    def _load_counters(self) -> dict[int, EnergyCounter]:
+        """The counters saved by an earlier probe of this node; fresh ones where none."""
+        saved: object = None
+        with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
+            saved = json.loads(self._energy_path().read_text(encoding="utf-8"))
+        counters: dict[int, EnergyCounter] = {}
+        for device in self.devices:
+            entry = saved.get(str(device.index)) if isinstance(saved, dict) else None
+            if isinstance(entry, dict) and all(
+                _is_number(entry.get(k)) for k in ("mj", "at", "power_w")
+            ):
+                counters[device.index] = EnergyCounter(
+                    int(entry["mj"]),
+                    last_at=float(entry["at"]),
+                    last_power_w=float(entry["power_w"]),
+                )
+            else:
+                counters[device.index] = EnergyCounter()
+        return counters
+
+    def _save_counters(self) -> None:
+        data = {
+            str(index): {"mj": c.total_mj, "at": c.last_at, "power_w": c.last_power_w}
+            for index, c in self._counters.items()
+            if c.last_at is not None
+        }
+        target = self._energy_path()
+        try:
+            _ensure_shared_dir(target.parent)
+            fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+                tmp.write(json.dumps(data, sort_keys=True))
+            os.replace(tmp_name, target)
+        except OSError as exc:  # energy continuity is best effort; sampling goes on
+            log.debug("cannot save simulated energy counters to %s: %s", target, exc)
 
     def close(self) -> None:
         """Nothing to release: the probe holds no file open between samples."""
@@ -256,15 +309,28 @@ class SimulatedGpuProbe:
         by_device: dict[int, list[LoadDeclaration]] = {}
         for declaration in self.live_declarations():
             by_device.setdefault(declaration.device, []).append(declaration)
-        return [self._device_sample(dev, by_device.get(dev.index, [])) for dev in self.devices]
+        now = self._clock()
+        samples = [
+            self._device_sample(dev, model, by_device.get(dev.index, []), now)
+            for dev, model in zip(self.devices, self.power_models, strict=True)
+        ]
+        self._save_counters()
+        return samples
 
     def _device_sample(
-        self, device: GresGpuDevice, declarations: list[LoadDeclaration]
+        self,
+        device: GresGpuDevice,
+        model: GpuPowerModel,
+        declarations: list[LoadDeclaration],
+        now: float,
     ) -> GpuDeviceSample:
         declarations.sort(key=lambda d: d.pid)
         util = min(100.0, sum(d.util_pct for d in declarations))
         ident = device.minor if device.minor is not None else device.index
-        kind = device.gpu_type or "gpu"
+        kind = device.gpu_type or model.name
+        power_w = round(model.power_w(util), 1)
+        counter = self._counters.setdefault(device.index, EnergyCounter())
+        energy_mj = counter.read(power_w, at=now)
         return GpuDeviceSample(
             index=device.index,
             uuid=f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'slurmgpu-sim:{self.node}:{ident}')}",
@@ -274,9 +340,9 @@ class SimulatedGpuProbe:
             util_pct=util,
             memory_used_mib=sum(d.memory_mib for d in declarations),
             memory_total_mib=self.memory_total_mib,
-            # Plausible, clearly synthetic readings (idle 60 W / 30 °C, 400 W / 80 °C busy).
-            power_w=round(60.0 + 3.4 * util, 1),
-            temperature_c=int(30 + util / 2),
+            power_w=power_w,
+            energy_mj=energy_mj,
+            temperature_c=int(30 + util / 2),  # plausible, clearly synthetic
             processes=tuple(
                 GpuProcessSample(pid=d.pid, used_memory_mib=d.memory_mib, sm_util_pct=d.util_pct)
                 for d in declarations

@@ -48,6 +48,7 @@ class FakeGpu:
     used_bytes: int = 0
     total_bytes: int = 80 * GIB
     power_mw: int | None = 70_000  # None: NVMLError_NotSupported
+    energy_mj: int | None = 123_456_789  # None: NotSupported (pre-Volta boards)
     temperature_c: int = 35
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     util_samples: list[tuple[int, int, int]] = field(default_factory=list)  # pid, ts_us, sm
@@ -154,6 +155,12 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu.power_mw
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        gpu = self._live(handle)
+        if gpu.energy_mj is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.energy_mj
+
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return self._live(handle).temperature_c
@@ -251,6 +258,7 @@ def test_samples_every_field_of_healthy_devices() -> None:
     assert (busy.pci_bus_id, busy.minor_number) == ("00000000:17:00.0", 1)
     assert (busy.util_pct, busy.memory_used_mib, busy.memory_total_mib) == (97.0, 30720, 81920)
     assert (busy.power_w, busy.temperature_c, busy.error) == (412.345, 71, None)
+    assert busy.energy_mj == 123_456_789
     assert [(p.pid, p.used_memory_mib, p.sm_util_pct) for p in busy.processes] == [
         (4242, 29 * 1024, 95.0)
     ]
@@ -264,6 +272,14 @@ def test_unsupported_power_reading_leaves_only_power_empty() -> None:
     busy, _ = NvmlProbe(nvml=FakeNvml(gpus)).sample()
     assert busy.power_w is None
     assert (busy.util_pct, busy.temperature_c, busy.error) == (97.0, 71, None)
+
+
+def test_a_board_without_an_energy_counter_leaves_only_energy_empty() -> None:
+    gpus = _two_gpus()
+    gpus[0].energy_mj = None  # Pascal and older: NVMLError_NotSupported
+    busy, other = NvmlProbe(nvml=FakeNvml(gpus)).sample()
+    assert busy.energy_mj is None and busy.power_w == 412.345 and busy.error is None
+    assert other.energy_mj == 123_456_789
 
 
 def test_a_lost_gpu_is_an_error_sample_and_the_others_still_report() -> None:

@@ -263,7 +263,8 @@ def test_sigterm_removes_the_declarations_and_exits_143(gres_conf: Path, state_d
         assert load.wait(timeout=DEADLINE_S) == 143
     finally:
         _stop(load)
-    assert list((state_dir / "gpu1").iterdir()) == []  # removed by the program itself
+    # removed by the program itself (the probe's energy counters stay)
+    assert [p.name for p in (state_dir / "gpu1").iterdir()] in ([], [".energy.json"])
 
 
 def test_idle_after_pattern_drops_util_to_zero_and_keeps_memory(
@@ -406,3 +407,45 @@ def test_devices_come_from_what_slurm_set(env: dict[str, str], devices: tuple[in
 def test_run_fakeload_refuses_to_run_without_devices(state_dir: Path) -> None:
     with pytest.raises(FakeloadError, match="no GPU to load"):
         run_fakeload(50, 10, "constant", 1.0, state_dir, "gpu1", 1.0, environ={})
+
+
+# -- power and the energy counter --------------------------------------------------------
+
+
+def test_power_follows_the_gpu_models_idle_and_busy_draw(
+    tmp_path: Path, state_dir: Path, sleeper: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    from slurmgpu.telemetry.gpupower import GPU_POWER
+
+    conf = tmp_path / "typed.conf"
+    conf.write_text("NodeName=gpu1 Name=gpu Type=v100 File=/dev/tty[0-1]\n")
+    proc = sleeper()
+    _declare(state_dir, proc.pid, 1, 100.0, 100)
+    idle, busy = SimulatedGpuProbe("gpu1", conf, None, state_dir).sample()
+    v100 = GPU_POWER["v100"]
+    assert (idle.power_w, busy.power_w) == (v100.idle_w, v100.busy_w)
+    assert busy.name == "Simulated v100"
+    # no gres type: the model passed in (here an H200: 81 W idle, as measured)
+    h200 = SimulatedGpuProbe("n1", None, 1, state_dir, gpu_model="h200").sample()[0]
+    assert h200.power_w == 81.0
+
+
+def test_energy_counter_integrates_power_and_survives_a_new_probe(
+    gres_conf: Path, state_dir: Path, sleeper: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    clock = [1_700_000_000.0]
+    proc = sleeper()
+    probe = SimulatedGpuProbe("gpu1", gres_conf, None, state_dir, clock=lambda: clock[0])
+    first = probe.sample()[0]
+    assert first.energy_mj == 0
+    _declare(state_dir, proc.pid, 0, 50.0, 100, updated_at=clock[0] + 10, interval_s=60)
+    clock[0] += 10  # 10 s at the idle power seen before
+    second = probe.sample()[0]
+    assert first.power_w is not None and second.power_w is not None
+    assert second.energy_mj == round(first.power_w * 10 * 1000)
+    # a new probe (agent restart) continues the counter: it never goes back
+    clock[0] += 5
+    third = SimulatedGpuProbe("gpu1", gres_conf, None, state_dir, clock=lambda: clock[0])
+    value = third.sample()[0].energy_mj
+    assert value == second.energy_mj + round(second.power_w * 5 * 1000)
+    assert sorted(p.name for p in (state_dir / "gpu1").iterdir())[0] == ".energy.json"
