@@ -62,6 +62,8 @@ class GpuSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     processes: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 0
     shared: bool = False
     source: Source = "device"
+    # The device's NVML total-energy counter, mJ since the driver was loaded (Volta+).
+    energy_mj: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
 
 
 class HostSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

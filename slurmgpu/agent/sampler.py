@@ -216,6 +216,7 @@ class NodeSampler:
             processes=row.processes,
             shared=row.shared,
             source=row.source,
+            energy_mj=device.energy_mj if ok and device is not None else None,
         )
 
     def _free_device_sample(
@@ -237,4 +238,5 @@ class NodeSampler:
             temperature_c=float(device.temperature_c) if device.temperature_c is not None else None,
             processes=0,
             source="device" if device.ok else "error",
+            energy_mj=device.energy_mj if device.ok else None,
         )

@@ -24,6 +24,7 @@ from slurmgpu.report.eff import (
     usage_from_summary,
 )
 from slurmgpu.report.eff_render import render_report
+from slurmgpu.report.energy import JobEnergy, energy_from_json, job_energy
 from slurmgpu.store import JobStore, StoreError
 from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
 
@@ -64,6 +65,16 @@ def load_usage(
     return [], [], "none"
 
 
+def load_energy(usage: UsageStore, job: Job, source: UsageSourceKind) -> JobEnergy | None:
+    """Return the job's GPU energy: from its samples, else from its end-of-job summary."""
+    if source == "samples":
+        return job_energy(job, usage.gpu_energy(job.job_id), datetime.now(UTC))
+    if source == "summary":
+        summary = usage.summary(job.job_id) or {}
+        return energy_from_json(summary.get("energy"))
+    return None
+
+
 @click.command()
 @click.argument("job_id", metavar="JOBID")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the report.")
@@ -81,10 +92,11 @@ def eff(app: AppContext, job_id: str, as_json: bool) -> None:
                 "has observed (see `sgpu jobs`)"
             )
         gpus, hosts, source = load_usage(usage, job)
+        energy = load_energy(usage, job, source)
     except (StoreError, SQLAlchemyError) as exc:
         cause = getattr(exc, "orig", None) or exc
         fail(f"cannot read the store: {str(cause).splitlines()[0]}", EXIT_STORE)
-    report = job_efficiency(job, gpus, hosts, datetime.now(UTC), source=source)
+    report = job_efficiency(job, gpus, hosts, datetime.now(UTC), source=source, energy=energy)
     job_notes = notes(report)
     if as_json:
         click.echo(json.dumps(to_json(report, job_notes), indent=2))

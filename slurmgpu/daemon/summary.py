@@ -11,10 +11,11 @@ import base64
 import gzip
 import json
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from slurmgpu.model import Job
+from slurmgpu.report.energy import energy_to_json, job_energy
 from slurmgpu.slurm.client import SlurmClient, SlurmError
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.usage import UsageStore
@@ -63,6 +64,10 @@ def build_summary(job: Job, usage: UsageStore) -> dict[str, Any]:
         "gpus_requested": job.gpus.gpus,
         "shards_requested": job.gpus.shards,
         "nodes": nodes,
+        # The GPUs' energy (report/energy.py); None when no interval was measured.
+        "energy": energy_to_json(
+            job_energy(job, usage.gpu_energy(job.job_id), job.end_time or datetime.now(UTC))
+        ),
     }
 
 

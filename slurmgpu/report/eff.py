@@ -30,6 +30,8 @@ The rules, in the order :func:`notes` applies them (then sorted alert → warn �
   ``--mem``) when smaller than the request.
 - ``time`` (warn below 10 %, else info): COMPLETED, run time > 900 s, < 60 % of the limit:
   ``--time=`` ceil(1.3 * run time) rounded up to 15 min, when shorter than the limit.
+- ``energy`` (info; warn when ≥ 50 % of ≥ 0.1 kWh went to idle GPUs): the job's GPU
+  energy and its idle share, and whether a counter measured it or power samples estimate it.
 
 Running jobs get "so far" wording and never a time note.
 """
@@ -43,6 +45,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from slurmgpu.model import Job, JobState
+from slurmgpu.report.energy import JobEnergy, energy_sentence, energy_to_json
 from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.store.usage import GpuUsage, HostUsage
 
@@ -83,6 +86,7 @@ class EffThresholds:
     shard_gpu_memory_mib: float = 10 * 1024.0
     shards_per_gpu: int = 16
     shard_headroom: float = 1.2
+    energy_idle_warn_pct: float = 50.0  # at or above: the energy note is a warning
 
 
 DEFAULT_THRESHOLDS = EffThresholds()
@@ -158,6 +162,7 @@ class JobEfficiency:
     silent_nodes: tuple[str, ...]  # nodes of the job that sent no sample at all
     has_samples: bool
     thresholds: EffThresholds = DEFAULT_THRESHOLDS
+    energy: JobEnergy | None = None  # the GPUs' energy; None when not measured
 
     @property
     def counted_gpus(self) -> tuple[GpuEfficiency, ...]:
@@ -247,6 +252,7 @@ def job_efficiency(
     *,
     thresholds: EffThresholds = DEFAULT_THRESHOLDS,
     source: UsageSourceKind | None = None,
+    energy: JobEnergy | None = None,
 ) -> JobEfficiency:
     """Return what ``job`` used of its allocation, from the store's aggregates."""
     th = thresholds
@@ -370,6 +376,7 @@ def job_efficiency(
         silent_nodes=silent,
         has_samples=bool(sampled_nodes),
         thresholds=th,
+        energy=energy,
     )
 
 
@@ -658,7 +665,22 @@ def notes(eff: JobEfficiency) -> list[Note]:
     out.extend(_cpu_notes(eff, so_far, was))
     out.extend(_memory_notes(eff, so_far))
     out.extend(_time_notes(eff))
+    out.extend(_energy_notes(eff))
     return sorted(out, key=lambda n: _SEVERITY_ORDER[n.severity])
+
+
+def _energy_notes(eff: JobEfficiency) -> list[Note]:
+    """``energy``: what the GPUs used and how much of it went to idle GPUs; a warning when
+    at least ``energy_idle_warn_pct`` of it did (and it was at least 0.1 kWh)."""
+    e = eff.energy
+    if e is None or e.energy_j <= 0:
+        return []
+    th = eff.thresholds
+    wasted = e.idle_pct >= th.energy_idle_warn_pct and e.kwh >= 0.1
+    text = energy_sentence(e, running=eff.running)
+    if wasted:
+        text += ": release GPUs you do not use (end the job when the work is done)"
+    return [Note("energy", "warn" if wasted else "info", text)]
 
 
 def _cpu_notes(eff: JobEfficiency, so_far: str, was: str) -> list[Note]:
@@ -767,9 +789,10 @@ def to_json(eff: JobEfficiency, job_notes: Sequence[Note]) -> dict[str, Any]:
     cores, cpu_pct_mean, cpu_util_pct, memory_max_mib, reported}], ``gpu`` (allocated, busy,
     util_pct, memory_max_mib, memory_use_pct), ``gpus`` [{node, index, role, status, samples,
     util_pct_mean, util_pct_max, memory_max_mib, memory_total_mib, idle_trailing_min,
-    ever_busy, shared, error_samples, counted_as_zero}], ``silent_nodes``, ``notes``
-    [{kind, severity, text, option}]. Percentages and MiB are rounded to 0.1; absent
-    figures are ``null``.
+    ever_busy, shared, error_samples, counted_as_zero}], ``silent_nodes``, ``energy``
+    (energy_j, idle_energy_j, kwh, idle_pct, method, extrapolated_j, gpus; null when not
+    measured), ``notes`` [{kind, severity, text, option}]. Percentages and MiB are rounded
+    to 0.1; absent figures are ``null``.
     """
     job = eff.job
     return {
@@ -855,6 +878,7 @@ def to_json(eff: JobEfficiency, job_notes: Sequence[Note]) -> dict[str, Any]:
             for g in eff.gpus
         ],
         "silent_nodes": list(eff.silent_nodes),
+        "energy": energy_to_json(eff.energy),
         "notes": [
             {"kind": n.kind, "severity": n.severity, "text": n.text, "option": n.option}
             for n in job_notes

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from slurmgpu.model import Job
 from slurmgpu.report.eff import EffThresholds, GpuEfficiency, JobEfficiency, Note
+from slurmgpu.report.energy import format_energy
 from slurmgpu.slurm.parse import format_time_limit
 
 BAR_WIDTH = 30
@@ -133,6 +134,12 @@ def _header(eff: JobEfficiency) -> Table:
     if eff.time_use_pct is not None:
         limit += f" ({eff.time_use_pct:.0f}% used)"
     grid.add_row("Time limit", limit)
+    if eff.energy is not None:
+        e = eff.energy
+        grid.add_row(
+            "GPU energy",
+            f"{format_energy(e.energy_j)}, {e.idle_pct:.0f}% while idle  ({e.method_text})",
+        )
     source = {
         "samples": "agent samples",
         "summary": "end-of-job summary (samples pruned)",

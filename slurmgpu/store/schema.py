@@ -236,6 +236,7 @@ samples = Table(
     Column("cpus_allocated", Integer),
     Column("rss_mib", Float),
     Column("cgroup_memory_mib", Float),
+    Column("energy_mj", BigInteger),  # the device's NVML energy counter (migration 0007)
     UniqueConstraint("sample_uid"),
     Index(None, "job_id", "kind", "at"),
     Index(None, "at"),
@@ -256,6 +257,8 @@ job_summaries = Table(
     Column("gpu_idle_pct", Float),
     Column("gpu_memory_max_mib", Float),
     Column("cpu_memory_max_mib", Float),
+    Column("energy_j", Float),  # the job's GPU energy, and the part on idle GPUs (0007)
+    Column("idle_energy_j", Float),
     # Covers the report's join (the job's summary and its figures): on a million jobs,
     # reading the wide summary rows instead took most of a report's time (migration 0006).
     Index(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SUMMARY_COLUMNS", "summary_columns"]
+__all__ = ["ENERGY_COLUMNS", "SUMMARY_COLUMNS", "energy_columns", "summary_columns"]
 
 SUMMARY_COLUMNS = (
     "gpus_reported",
@@ -22,6 +22,24 @@ SUMMARY_COLUMNS = (
     "gpu_memory_max_mib",
     "cpu_memory_max_mib",
 )
+
+
+# Kept apart from SUMMARY_COLUMNS: migration 0005 adds exactly those; these came in 0007.
+ENERGY_COLUMNS = ("energy_j", "idle_energy_j")
+
+
+def energy_columns(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the job's GPU energy and its idle part in J (None: not measured).
+
+    >>> energy_columns({"energy": {"energy_j": 3600.0, "idle_energy_j": 600.0}})
+    {'energy_j': 3600.0, 'idle_energy_j': 600.0}
+    >>> energy_columns({})
+    {'energy_j': None, 'idle_energy_j': None}
+    """
+    energy = summary.get("energy")
+    if not isinstance(energy, Mapping):
+        return dict.fromkeys(ENERGY_COLUMNS)
+    return {name: _num(energy.get(name)) for name in ENERGY_COLUMNS}
 
 
 def _num(value: Any) -> float | None:

@@ -11,17 +11,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, case, func, insert, select
+from sqlalchemy import Engine, and_, case, func, insert, literal, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
+from slurmgpu.report.report_sql import epoch_s
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
-from slurmgpu.store.summary_columns import summary_columns
+from slurmgpu.store.summary_columns import energy_columns, summary_columns
 from slurmgpu.wire import SampleBatch
 
 # A GPU counts as busy in a sample above this utilisation (NVML reports integers).
 IDLE_UTIL_PCT = 0.5
+# Two samples of one GPU further apart than this (agent down, job requeued onto the same
+# GPU) bound no energy interval: what happened between them is unknown.
+ENERGY_MAX_GAP_S = 900.0
 
 
 class StoreBusyError(StoreError):
@@ -48,6 +52,7 @@ _SAMPLE_COLUMNS = (
     "cpus_allocated",
     "rss_mib",
     "cgroup_memory_mib",
+    "energy_mj",
 )
 
 
@@ -117,6 +122,7 @@ class UsageStore:
                 None,
                 None,
                 None,
+                s.energy_mj,
             )
             for s in batch.gpu
         ]
@@ -141,6 +147,7 @@ class UsageStore:
                 h.cpus_allocated,
                 h.rss_mib,
                 h.cgroup_memory_mib,
+                None,
             )
             for h in batch.host
         )
@@ -245,6 +252,117 @@ class UsageStore:
                     )
                 )
 
+    def gpu_energy(self, job_id: int) -> list[GpuEnergy]:
+        """Return the energy each of a job's GPUs used over its samples (see
+        :meth:`gpu_energy_many`)."""
+        return self.gpu_energy_many([job_id]).get(job_id, [])
+
+    def gpu_energy_many(self, job_ids: Sequence[int]) -> dict[int, list[GpuEnergy]]:
+        """Per-GPU energy of many jobs, one windowed query per 500 jobs.
+
+        Between two consecutive samples of one job on one GPU (at most
+        ``ENERGY_MAX_GAP_S`` apart) the energy is the NVML counter's delta when both
+        samples carry the counter and it did not go back (a driver reload), else the
+        trapezoid of the two power readings. An interval whose closing sample shows the
+        GPU idle (util <= ``IDLE_UTIL_PCT``: NVML's util covers the window before the
+        reading) counts as idle energy. A shared GPU's energy is split evenly between the
+        jobs sampled on it at that instant.
+        """
+        out: dict[int, list[GpuEnergy]] = {}
+        ids = list(job_ids)
+        for i in range(0, len(ids), 500):
+            self._gpu_energy_chunk(ids[i : i + 500], out)
+        return out
+
+    def _gpu_energy_chunk(self, job_ids: list[int], out: dict[int, list[GpuEnergy]]) -> None:
+        s = schema.samples
+        peers = schema.samples.alias("peers")
+        sharing = (
+            select(func.count())
+            .where(
+                peers.c.cluster == s.c.cluster,
+                peers.c.node == s.c.node,
+                peers.c.gpu_index == s.c.gpu_index,
+                peers.c.at == s.c.at,
+                peers.c.kind == "gpu",
+                peers.c.job_id.is_not(None),
+            )
+            .scalar_subquery()
+        )
+        part = (s.c.job_id, s.c.node, s.c.gpu_index)
+        t = epoch_s(s.c.at)
+        inner = (
+            select(
+                s.c.job_id,
+                s.c.node,
+                s.c.gpu_index,
+                t.label("t"),
+                s.c.util_pct,
+                s.c.power_w,
+                s.c.energy_mj,
+                func.lag(t).over(partition_by=part, order_by=s.c.at).label("prev_t"),
+                func.lag(s.c.power_w).over(partition_by=part, order_by=s.c.at).label("prev_power"),
+                func.lag(s.c.energy_mj)
+                .over(partition_by=part, order_by=s.c.at)
+                .label("prev_energy"),
+                case((s.c.shared.is_(True), sharing), else_=literal(1)).label("sharers"),
+            )
+            .where(s.c.cluster == self.cluster, s.c.job_id.in_(job_ids), s.c.kind == "gpu")
+            .subquery()
+        )
+        q = inner.c
+        dt = q.t - q.prev_t
+        near = and_(q.prev_t.is_not(None), dt <= ENERGY_MAX_GAP_S)
+        by_counter = and_(
+            near,
+            q.energy_mj.is_not(None),
+            q.prev_energy.is_not(None),
+            q.energy_mj >= q.prev_energy,
+        )
+        by_power = and_(near, q.power_w.is_not(None), q.prev_power.is_not(None))
+        share = 1.0 / func.coalesce(func.nullif(q.sharers, 0), 1)
+        joules = case(
+            (by_counter, (q.energy_mj - q.prev_energy) / 1000.0 * share),
+            (by_power, (q.power_w + q.prev_power) / 2.0 * dt * share),
+            else_=None,
+        )
+        idle = func.coalesce(q.util_pct, 0.0) <= IDLE_UTIL_PCT
+        stmt = (
+            select(
+                q.job_id,
+                q.node,
+                q.gpu_index,
+                func.count().label("n"),
+                func.sum(joules).label("joules"),
+                func.sum(case((idle, joules), else_=None)).label("idle_joules"),
+                func.sum(case((by_counter, 1), else_=0)).label("by_counter"),
+                func.sum(case((and_(by_power, ~by_counter), 1), else_=0)).label("by_power"),
+                func.sum(case((joules.is_not(None), dt), else_=None)).label("covered_s"),
+                func.avg(q.power_w * share).label("mean_power"),
+                func.min(q.t).label("first_t"),
+                func.max(q.t).label("last_t"),
+            )
+            .group_by(q.job_id, q.node, q.gpu_index)
+            .order_by(q.job_id, q.node, q.gpu_index)
+        )
+        with self.engine.connect() as conn:
+            for r in conn.execute(stmt).mappings():
+                out.setdefault(int(r["job_id"]), []).append(
+                    GpuEnergy(
+                        node=r["node"],
+                        gpu_index=int(r["gpu_index"]),
+                        samples=int(r["n"]),
+                        energy_j=float(r["joules"] or 0.0),
+                        idle_energy_j=float(r["idle_joules"] or 0.0),
+                        counter_intervals=int(r["by_counter"] or 0),
+                        power_intervals=int(r["by_power"] or 0),
+                        covered_s=float(r["covered_s"] or 0.0),
+                        mean_power_w=_f(r["mean_power"]),
+                        first_at=_epoch(float(r["first_t"])),
+                        last_at=_epoch(float(r["last_t"])),
+                    )
+                )
+
     def host_usage(self, job_id: int) -> list[HostUsage]:
         """Return per-node CPU and memory aggregates of a job."""
         s = schema.samples
@@ -290,6 +408,7 @@ class UsageStore:
                         "created_at": at,
                         "summary": summary,
                         **summary_columns(summary),
+                        **energy_columns(summary),
                     },
                 )
         except SQLAlchemyError as exc:
@@ -332,6 +451,28 @@ class GpuUsage:
     # Most processes of the job seen on it in one sample; 0: allocated but never used.
     # None when unknown (a usage rebuilt from an end-of-job summary).
     max_processes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEnergy:
+    """What one GPU consumed while one job had it, over that job's samples of it.
+
+    ``counter_intervals`` / ``power_intervals``: sample intervals measured by NVML's
+    energy counter / estimated from two power readings; ``covered_s``: the time they
+    span (less than ``last_at - first_at`` where samples were missing).
+    """
+
+    node: str
+    gpu_index: int
+    samples: int
+    energy_j: float
+    idle_energy_j: float
+    counter_intervals: int
+    power_intervals: int
+    covered_s: float
+    mean_power_w: float | None
+    first_at: datetime
+    last_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

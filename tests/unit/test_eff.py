@@ -590,8 +590,9 @@ def test_eff_json_has_stable_keys_and_exact_figures(db: tuple[str, AppContext]) 
     data = json.loads(result.output)
     assert set(data) == {
         "version", "job", "source", "running", "elapsed_s", "time_use_pct", "cpu", "nodes",
-        "gpu", "gpus", "silent_nodes", "notes",
+        "gpu", "gpus", "silent_nodes", "energy", "notes",
     }  # fmt: skip
+    assert data["energy"] is None  # these samples carry no power: nothing to measure
     assert data["job"]["display_id"] == "120_3" and data["job"]["job_id"] == 123
     assert data["source"] == "samples"
     assert data["elapsed_s"] == 7200 and data["time_use_pct"] == 25.0

@@ -80,6 +80,7 @@ def _gpu_sample(draw: st.DrawFn, now: float, i: int) -> dict[str, Any]:
         "processes": st.integers(0, 100_000),
         "shared": st.booleans(),
         "source": st.sampled_from(["process", "device", "idle", "error"]),
+        "energy_mj": st.integers(0, 2**63 - 1),
     }
     for key, strategy in optional.items():
         if draw(st.booleans()):
@@ -164,6 +165,7 @@ _NUMERIC = {
         "power_w",
         "temperature_c",
         "processes",
+        "energy_mj",
     ],
     "host": ["at", "job_id", "cpu_pct", "cpus_allocated", "rss_mib", "cgroup_memory_mib"],
 }

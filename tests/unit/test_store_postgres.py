@@ -328,6 +328,15 @@ def test_aggregates_match_sqlite(pg_store: JobStore, sqlite_store: JobStore) -> 
             _same_gpu(a, b)
     (first,) = [g for g in pg.gpu_usage(42) if (g.node, g.gpu_index) == ("gpu2", 0)]
     assert first.samples == 15 and first.shared and first.error_samples == 2
+    # the windowed energy query (lag, epoch seconds, shared split) agrees too
+    energy_pg, energy_lite = pg.gpu_energy_many([42, 43]), lite.gpu_energy_many([42, 43])
+    assert set(energy_pg) == set(energy_lite) == {42, 43}
+    for job_id, rows in energy_pg.items():
+        for a, b in zip(rows, energy_lite[job_id], strict=True):
+            assert (a.node, a.gpu_index, a.samples) == (b.node, b.gpu_index, b.samples)
+            assert a.energy_j == pytest.approx(b.energy_j) and a.energy_j > 0
+            assert a.idle_energy_j == pytest.approx(b.idle_energy_j)
+            assert (a.power_intervals, a.covered_s) == (b.power_intervals, b.covered_s)
 
 
 def test_summaries_round_trip_json(pg_store: JobStore) -> None:
