@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
+from sqlalchemy.exc import SQLAlchemyError
+
 from slurmgpu.actuate.actuator import ActuationResult, Actuator
 from slurmgpu.actuate.malleable import MalleableActuator
 from slurmgpu.config import Settings
@@ -34,6 +37,7 @@ from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.recommend import recommendations
 from slurmgpu.policy.rightsize import RightsizePolicy
+from slurmgpu.report.energy import JobEnergy, job_energy
 from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
@@ -218,13 +222,39 @@ class PolicyCycle:
 
 
 class MailNotifier:
-    """The actuator's Notifier on top of the Mailer (email is optional and off by default)."""
+    """The actuator's Notifier on top of the Mailer (email is optional and off by default).
 
-    def __init__(self, mailer: Any) -> None:
+    ``energy_of`` (job id → its GPU energy so far) adds ``energy_kwh``,
+    ``energy_idle_pct`` and ``energy_method`` to the numbers of the email (the
+    ``_energy.txt`` partial), when the job's energy is measured.
+    """
+
+    def __init__(
+        self, mailer: Any, energy_of: Callable[[int], JobEnergy | None] | None = None
+    ) -> None:
         self.mailer = mailer
+        self.energy_of = energy_of
 
     def notify(self, action: Action, *, at: datetime) -> str:
-        return str(self.mailer.notify(action, at=at).status)
+        return str(self.mailer.notify(self._with_energy(action), at=at).status)
+
+    def _with_energy(self, action: Action) -> Action:
+        if self.energy_of is None:
+            return action
+        try:
+            energy = self.energy_of(action.job_id)
+        except (StoreError, SQLAlchemyError) as exc:  # the email goes out without it
+            log.warning("energy of job %s unknown: %s", action.job_id, exc)
+            return action
+        if energy is None or energy.energy_j <= 0:
+            return action
+        numbers = {
+            **action.numbers,
+            "energy_kwh": round(energy.kwh, 2),
+            "energy_idle_pct": round(energy.idle_pct),
+            "energy_method": energy.method_text,
+        }
+        return msgspec.structs.replace(action, numbers=numbers)
 
 
 def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) -> PolicyCycle:
@@ -244,7 +274,11 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
     if settings.notify.enabled:
         from slurmgpu.notify.mailer import Mailer
 
-        notifier = MailNotifier(Mailer(settings.notify, store.engine, cluster=store.cluster))
+        usage = UsageStore(store.engine, store.cluster)
+        notifier = MailNotifier(
+            Mailer(settings.notify, store.engine, cluster=store.cluster),
+            lambda job_id: job_energy(None, usage.gpu_energy(job_id), datetime.now(UTC)),
+        )
     audit = AuditStore(store.engine, store.cluster)
     actuator = Actuator(slurm, audit, notifier)
     actuator.recover()

@@ -68,10 +68,13 @@ REQUIRED_NUMBERS: Mapping[str, tuple[str, ...]] = {
 }
 
 #: Numbers a shipped template uses when present (any subset, including none).
+ENERGY_NUMBERS = ("energy_kwh", "energy_idle_pct", "energy_method")  # _energy.txt; the daemon
+
 OPTIONAL_NUMBERS: Mapping[str, tuple[str, ...]] = {
-    "idle_gpu_warning": (),
-    "idle_gpu_action": (),
+    "idle_gpu_warning": ENERGY_NUMBERS,
+    "idle_gpu_action": ENERGY_NUMBERS,
     "rightsize_advice": (
+        *ENERGY_NUMBERS,
         "time_limit_s",  # the job's --time, seconds
         "proposed_time_limit_s",
         "memory_mib",  # the job's --mem, MiB
@@ -79,7 +82,7 @@ OPTIONAL_NUMBERS: Mapping[str, tuple[str, ...]] = {
         "gpus",  # GPUs the job asked for
         "proposed_gpus",
     ),
-    GENERIC_TEMPLATE: (),
+    GENERIC_TEMPLATE: ENERGY_NUMBERS,
 }
 
 _ALERT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")

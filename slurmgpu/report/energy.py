@@ -74,8 +74,10 @@ def _elapsed_s(job: Job, now: datetime) -> float | None:
     return max((end - job.start_time) / timedelta(seconds=1), 0.0)
 
 
-def job_energy(job: Job, gpus: Sequence[GpuEnergy], now: datetime) -> JobEnergy | None:
+def job_energy(job: Job | None, gpus: Sequence[GpuEnergy], now: datetime) -> JobEnergy | None:
     """Return the job's GPU energy, or None when no interval of any GPU was measured.
+
+    Without ``job`` (its start and end unknown) only the sampled part is counted.
 
     >>> from datetime import UTC
     >>> t0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -90,7 +92,7 @@ def job_energy(job: Job, gpus: Sequence[GpuEnergy], now: datetime) -> JobEnergy 
     counted = [g for g in gpus if g.counter_intervals + g.power_intervals > 0]
     if not counted:
         return None
-    elapsed = _elapsed_s(job, now)
+    elapsed = _elapsed_s(job, now) if job is not None else None
     total = idle = extra = 0.0
     for g in counted:
         total += g.energy_j

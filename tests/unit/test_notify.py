@@ -45,10 +45,16 @@ IDLE_NUMBERS: dict[str, float | int | str | None] = {
     "act_after_minutes": 120,
     "action": "requeue",
 }
+ENERGY: dict[str, float | int | str | None] = {
+    "energy_kwh": 41.0,
+    "energy_idle_pct": 60,
+    "energy_method": "NVML energy counter",
+}
 DOCUMENTED_NUMBERS: dict[str, dict[str, float | int | str | None]] = {
-    "idle_gpu_warning": IDLE_NUMBERS,
-    "idle_gpu_action": {"idle_minutes": 125.0, "action": "cancel"},
+    "idle_gpu_warning": {**IDLE_NUMBERS, **ENERGY},
+    "idle_gpu_action": {"idle_minutes": 125.0, "action": "cancel", **ENERGY},
     "rightsize_advice": {
+        **ENERGY,
         "time_limit_s": 86400,
         "proposed_time_limit_s": 5400,
         "memory_mib": 262144,
@@ -56,7 +62,7 @@ DOCUMENTED_NUMBERS: dict[str, dict[str, float | int | str | None]] = {
         "gpus": 4,
         "proposed_gpus": 1,
     },
-    "generic": {},
+    "generic": dict(ENERGY),
 }
 
 

@@ -331,12 +331,12 @@ def test_aggregates_match_sqlite(pg_store: JobStore, sqlite_store: JobStore) -> 
     # the windowed energy query (lag, epoch seconds, shared split) agrees too
     energy_pg, energy_lite = pg.gpu_energy_many([42, 43]), lite.gpu_energy_many([42, 43])
     assert set(energy_pg) == set(energy_lite) == {42, 43}
-    for job_id, rows in energy_pg.items():
-        for a, b in zip(rows, energy_lite[job_id], strict=True):
-            assert (a.node, a.gpu_index, a.samples) == (b.node, b.gpu_index, b.samples)
-            assert a.energy_j == pytest.approx(b.energy_j) and a.energy_j > 0
-            assert a.idle_energy_j == pytest.approx(b.idle_energy_j)
-            assert (a.power_intervals, a.covered_s) == (b.power_intervals, b.covered_s)
+    for job_id, energies in energy_pg.items():
+        for e, f in zip(energies, energy_lite[job_id], strict=True):
+            assert (e.node, e.gpu_index, e.samples) == (f.node, f.gpu_index, f.samples)
+            assert e.energy_j == pytest.approx(f.energy_j) and e.energy_j > 0
+            assert e.idle_energy_j == pytest.approx(f.idle_energy_j)
+            assert (e.power_intervals, e.covered_s) == (f.power_intervals, f.covered_s)
 
 
 def test_summaries_round_trip_json(pg_store: JobStore) -> None:
