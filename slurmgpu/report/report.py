@@ -56,6 +56,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.report import report_rollup as rollup
+from slurmgpu.report.report_energy import EnergySection, energy_section
 from slurmgpu.report.report_jobs import (
     FLAG_COLUMNS,
     FLAGS,
@@ -249,6 +250,7 @@ class Report:
     action_series: tuple[ActionPoint, ...]
     reclaimed: tuple[Reclaim, ...]
     notes: tuple[str, ...] = field(default=())
+    energy: EnergySection | None = None  # GPU energy per group (report_energy.py)
 
 
 # -- the window's aggregates ------------------------------------------------------------
@@ -435,6 +437,7 @@ def build_report(
             conn.rollback()
         actions, action_series = _actions(conn, cluster, since, until, bucket)
         reclaimed = _reclaimed(conn, cluster, since, until, until if now is None else now)
+        energy = energy_section(conn, cluster, since, until, by)
         conn.rollback()
     if totals.jobs and totals.jobs_with_usage < totals.jobs:
         notes.append(
@@ -461,6 +464,7 @@ def build_report(
         action_series=action_series,
         reclaimed=reclaimed,
         notes=tuple(notes),
+        energy=energy,
     )
 
 

@@ -103,6 +103,32 @@ def chart_groups(report: Report, limit: int = 15) -> Markup:
     return _svg("gpu-hours-by-group", y + 6, body, f"GPU-hours by {report.by}")
 
 
+def chart_energy(report: Report, limit: int = 15) -> Markup:
+    """Horizontal bars per group: kWh while the GPUs worked and kWh while they were idle."""
+    e = report.energy
+    groups = [g for g in (e.groups if e is not None else ()) if g.figures.kwh > 0][:limit]
+    if not groups:
+        return _empty("energy-by-group", "measured GPU energy")
+    label_w, right = 150.0, 80.0
+    scale = (WIDTH - label_w - right) / max(g.figures.kwh for g in groups)
+    body = _legend(label_w, 14, [("busy", COLORS["used"]), ("idle", COLORS["idle"])])
+    y = 26.0
+    for g in groups:
+        f = g.figures
+        x = label_w
+        body.append(_text(label_w - 6, y + 13, g.name or "-", anchor="end"))
+        busy = max(f.kwh - f.idle_kwh, 0.0)
+        parts = (("busy", busy, COLORS["used"]), ("idle", f.idle_kwh, COLORS["idle"]))
+        for part, kwh, color in parts:
+            if kwh > 0:
+                w = kwh * scale
+                body.append(_rect(x, y, w, BAR_H, color, f"{g.name}: {kwh:,.2f} kWh {part}"))
+                x += w
+        body.append(_text(x + 4, y + 13, f"{f.kwh:,.1f} kWh"))
+        y += BAR_H + 6
+    return _svg("energy-by-group", y + 6, body, f"GPU energy by {report.by}")
+
+
 @dataclass(frozen=True, slots=True)
 class _Axis:
     left: float
@@ -266,6 +292,7 @@ def _environment() -> Environment:
     env.filters["duration"] = duration_text
     env.filters["hours"] = lambda v: "-" if v is None else f"{v:,.1f}"
     env.filters["pct"] = lambda v: "-" if v is None else f"{v:.0f}%"
+    env.filters["kwh"] = lambda v: "-" if v is None else f"{v:,.2f}"
     env.globals["wait_label"] = wait_bin_label
     return env
 
@@ -281,5 +308,6 @@ def render_html(report: Report) -> str:
             "series": chart_series(report),
             "histogram": chart_histogram(report),
             "actions": chart_actions(report),
+            "energy": chart_energy(report),
         },
     )

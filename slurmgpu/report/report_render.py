@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmgpu.report.report import FLAGS, Figures, JobRow, Report
+from slurmgpu.report.report_energy import EnergyFigures, EnergySection
 
 JSON_VERSION = 1
 HIST_BAR_WIDTH = 30
@@ -112,7 +113,29 @@ def to_json(report: Report) -> dict[str, Any]:
         "actions": [asdict(a) for a in report.actions],
         "actions_over_time": [{**asdict(p), "start": _iso(p.start)} for p in report.action_series],
         "reclaimed": [asdict(r) for r in report.reclaimed],
+        "energy": _energy_json(report.energy),
         "notes": list(report.notes),
+    }
+
+
+def _energy_figures_json(f: EnergyFigures) -> dict[str, Any]:
+    return {
+        "jobs": f.jobs,
+        "jobs_measured": f.jobs_measured,
+        "kwh": round(f.kwh, 4),
+        "idle_kwh": round(f.idle_kwh, 4),
+        "idle_pct": None if f.idle_pct is None else round(f.idle_pct, 1),
+        "kwh_per_job": None if f.kwh_per_job is None else round(f.kwh_per_job, 4),
+    }
+
+
+def _energy_json(energy: EnergySection | None) -> dict[str, Any] | None:
+    """GPU energy: totals and one entry per group (most kWh first); null when not computed."""
+    if energy is None:
+        return None
+    return {
+        "totals": _energy_figures_json(energy.totals),
+        "groups": [{"name": g.name, **_energy_figures_json(g.figures)} for g in energy.groups],
     }
 
 
@@ -129,10 +152,13 @@ CSV_FIELDS = (
     *(f"flag_{f.replace('-', '_')}" for f in FLAGS),
     "wait_mean_s",
     "wait_max_s",
+    "jobs_with_energy",
+    "energy_kwh",
+    "idle_energy_kwh",
 )
 
 
-def _csv_row(name: str, f: Figures) -> list[Any]:
+def _csv_row(name: str, f: Figures, e: EnergyFigures | None = None) -> list[Any]:
     def num(x: float | None) -> str:
         return "" if x is None else f"{x:.4f}"
 
@@ -149,6 +175,9 @@ def _csv_row(name: str, f: Figures) -> list[Any]:
         *(f.flags[flag] for flag in FLAGS),
         num(f.wait_mean_s),
         num(f.wait_max_s),
+        "" if e is None else e.jobs_measured,
+        "" if e is None or not e.jobs_measured else num(e.kwh),
+        "" if e is None or not e.jobs_measured else num(e.idle_kwh),
     ]
 
 
@@ -157,9 +186,11 @@ def to_csv(report: Report) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_FIELDS)
+    energy = report.energy.by_name() if report.energy is not None else {}
     for g in report.groups:
-        w.writerow(_csv_row(g.name, g.figures))
-    w.writerow(_csv_row("TOTAL", report.totals))
+        w.writerow(_csv_row(g.name, g.figures, energy.get(g.name)))
+    total = report.energy.totals if report.energy is not None else None
+    w.writerow(_csv_row("TOTAL", report.totals, total))
     return buf.getvalue()
 
 
@@ -209,6 +240,37 @@ def _groups(report: Report) -> Table:
             f"{f.jobs_flagged:,}",
             duration_text(f.wait_mean_s),
         )
+    return table
+
+
+def _kwh(value: float) -> str:
+    return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+
+
+def _energy(report: Report) -> Table | None:
+    """GPU energy by group (those with most kWh first), with the total."""
+    e = report.energy
+    if e is None or not e.totals.jobs_measured:
+        return None
+    shown = [g for g in e.groups if g.figures.jobs_measured][:TABLE_GROUPS]
+    table = Table(title=f"GPU energy by {report.by}", title_justify="left")
+    for name in ("", "jobs measured", "kWh", "idle kWh", "idle", "kWh/job"):
+        table.add_column(name or report.by, justify="left" if not name else "right")
+
+    def row(name: str, f: EnergyFigures, style: str = "") -> None:
+        table.add_row(
+            name,
+            f"{f.jobs_measured:,} of {f.jobs:,}",
+            _kwh(f.kwh),
+            _kwh(f.idle_kwh),
+            _pct(f.idle_pct),
+            "-" if f.kwh_per_job is None else _kwh(f.kwh_per_job),
+            style=style,
+        )
+
+    for g in shown:
+        row(g.name or "-", g.figures)
+    row("total", e.totals, "bold")
     return table
 
 
@@ -297,6 +359,9 @@ def render_table(report: Report) -> RenderableType:
     """Every section as rich tables, in the order an admin reads them."""
     parts: list[RenderableType] = [Text(header_text(report), style="bold"), _summary(report)]
     parts.append(_groups(report))
+    energy = _energy(report)
+    if energy is not None:
+        parts.append(energy)
     wasters = _jobs_table("Top wasters (unused GPU-hours) and their worst jobs", (), report.by)
     for w in report.wasters:
         label = f"{w.group.name or '-'} ({_h(w.group.figures.gpu_hours_unused)} h)"
