@@ -6,8 +6,9 @@ Two kinds of figures:
   outcome, Slurm call errors by kind, samples ingested and requests rejected;
 - read when scraped: GPUs by partition from the daemon's latest snapshot and the agents'
   recent samples; decisions by policy, mode and outcome, and transactions by kind and
-  state, with one GROUP BY each from the store (a scrape every 15-60 s costs three small
-  queries, nothing per job).
+  state, with one GROUP BY each from the store; each GPU's power and NVML energy
+  counter from its samples of the last 2 minutes (a scrape every 15-60 s costs four
+  small queries, nothing per job).
 
 A registry per daemon (not the process-global one), so tests can run several.
 """
@@ -85,6 +86,7 @@ class _StoreCollector(Collector):
         yield from self._gpus()
         try:
             yield from self._store_counts()
+            yield from self._power()
         except SQLAlchemyError as exc:  # a scrape must never take the daemon down
             log.warning("metrics: cannot read the store: %s", str(exc).splitlines()[0])
             up = GaugeMetricFamily("sgpu_store_up", "1 when the last scrape could read the store.")
@@ -152,6 +154,41 @@ class _StoreCollector(Collector):
                 used.add_metric([part], n_used)
                 idle.add_metric([part], max(n_alloc - n_used, 0))
         yield from (total, alloc, used, idle)
+
+    def _power(self) -> Iterable[Metric]:
+        """Per GPU: mean power and the newest energy counter in the last 2 minutes."""
+        s = schema.samples
+        power = GaugeMetricFamily(
+            "sgpu_gpu_power_watts",
+            "Mean board power of a GPU over its agent samples of the last 2 minutes.",
+            labels=["node", "gpu"],
+        )
+        energy = CounterMetricFamily(
+            "sgpu_gpu_energy_joules",
+            "A GPU's NVML total-energy counter (since the driver was loaded; Volta and "
+            "newer), newest value of the last 2 minutes; rate() is its power.",
+            labels=["node", "gpu"],
+        )
+        stmt = (
+            select(s.c.node, s.c.gpu_index, func.avg(s.c.power_w), func.max(s.c.energy_mj))
+            .where(
+                s.c.cluster == self.cluster,
+                s.c.at >= self.clock() - USED_WINDOW,
+                s.c.kind == "gpu",
+                s.c.gpu_index.is_not(None),
+            )
+            .group_by(s.c.node, s.c.gpu_index)
+            .order_by(s.c.node, s.c.gpu_index)
+        )
+        with self.engine.connect() as conn:
+            for node, index, watts, mj in conn.execute(stmt):
+                labels = [str(node), str(index)]
+                if watts is not None:
+                    power.add_metric(labels, float(watts))
+                if mj is not None:
+                    energy.add_metric(labels, int(mj) / 1000.0)
+        yield power
+        yield energy
 
     def _store_counts(self) -> Iterable[Metric]:
         a, t = schema.actions, schema.transactions

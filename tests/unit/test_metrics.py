@@ -264,3 +264,25 @@ def test_error_kinds_follow_the_observers_wording() -> None:
     assert error_kind("slurm output not understood: bad JSON") == "parse"
     assert error_kind("slurm error: squeue exited 1") == "slurm"
     assert error_kind("database is locked") == "store"
+
+
+def test_scrape_shows_each_gpus_power_and_energy_counter(d: Daemon) -> None:
+    d.loop.run_once()
+    now = time.time()
+    samples = [
+        GpuSampleIn(
+            sample_uid=f"p{i}", at=now - 30 + 10 * i, gpu_index=0, job_id=42, util_pct=90.0,
+            power_w=power, energy_mj=5_000_000 + 4_000_000 * i, processes=1,
+        )
+        for i, power in enumerate((380.0, 400.0, 420.0))
+    ]  # fmt: skip
+    # a board without a counter (pre-Volta): power only
+    samples.append(
+        GpuSampleIn(sample_uid="q", at=now, gpu_index=1, job_id=42, util_pct=0.0, power_w=30.0)
+    )
+    assert _post(d, "gpu1", samples) == 200
+    m = _scrape(d)
+    assert m[("sgpu_gpu_power_watts", (("gpu", "0"), ("node", "gpu1")))] == pytest.approx(400.0)
+    assert m[("sgpu_gpu_power_watts", (("gpu", "1"), ("node", "gpu1")))] == pytest.approx(30.0)
+    assert m[("sgpu_gpu_energy_joules_total", (("gpu", "0"), ("node", "gpu1")))] == 13_000.0
+    assert ("sgpu_gpu_energy_joules_total", (("gpu", "1"), ("node", "gpu1"))) not in m
