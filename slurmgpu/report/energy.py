@@ -2,8 +2,9 @@
 
 Pure functions. The store measures each GPU between the job's first and last sample of
 it; the job ran a little longer (up to one agent interval before its first sample and
-after its last), so :func:`job_energy` adds that head and tail at the GPU's mean power,
-at most two typical sample intervals, and says how much it added (``extrapolated_j``).
+after its last), so :func:`job_energy` adds that head and tail (at most two typical
+sample intervals together) at the power of the first and the last sample, and says how
+much it added (``extrapolated_j``).
 
 ``method`` says how the measured part was obtained: ``counter`` (NVML's total-energy
 counter, Volta and newer: a measurement), ``power`` (trapezoid of power samples: an
@@ -102,7 +103,11 @@ def job_energy(job: Job | None, gpus: Sequence[GpuEnergy], now: datetime) -> Job
             continue
         typical = span / (g.samples - 1)
         missing = min(max(elapsed - span, 0.0), 2.0 * typical)
-        add = g.mean_power_w * missing
+        # Half before the first sample at its power, half after the last at its power
+        # (the head and the tail are what the agent's interval hides at either end).
+        head = g.first_power_w if g.first_power_w is not None else g.mean_power_w
+        tail = g.last_power_w if g.last_power_w is not None else g.mean_power_w
+        add = (head + tail) / 2.0 * missing
         extra += add
         if g.energy_j > 0:
             idle += add * g.idle_energy_j / g.energy_j

@@ -305,6 +305,12 @@ class UsageStore:
                 func.lag(s.c.energy_mj)
                 .over(partition_by=part, order_by=s.c.at)
                 .label("prev_energy"),
+                func.first_value(s.c.power_w)
+                .over(partition_by=part, order_by=s.c.at)
+                .label("first_power"),
+                func.first_value(s.c.power_w)
+                .over(partition_by=part, order_by=s.c.at.desc())
+                .label("last_power"),
                 case((s.c.shared.is_(True), sharing), else_=literal(1)).label("sharers"),
             )
             .where(s.c.cluster == self.cluster, s.c.job_id.in_(job_ids), s.c.kind == "gpu")
@@ -339,6 +345,8 @@ class UsageStore:
                 func.sum(case((and_(by_power, ~by_counter), 1), else_=0)).label("by_power"),
                 func.sum(case((joules.is_not(None), dt), else_=None)).label("covered_s"),
                 func.avg(q.power_w * share).label("mean_power"),
+                func.max(q.first_power * share).label("first_power"),
+                func.max(q.last_power * share).label("last_power"),
                 func.min(q.t).label("first_t"),
                 func.max(q.t).label("last_t"),
             )
@@ -358,6 +366,8 @@ class UsageStore:
                         power_intervals=int(r["by_power"] or 0),
                         covered_s=float(r["covered_s"] or 0.0),
                         mean_power_w=_f(r["mean_power"]),
+                        first_power_w=_f(r["first_power"]),
+                        last_power_w=_f(r["last_power"]),
                         first_at=_epoch(float(r["first_t"])),
                         last_at=_epoch(float(r["last_t"])),
                     )
@@ -473,6 +483,10 @@ class GpuEnergy:
     mean_power_w: float | None
     first_at: datetime
     last_at: datetime
+    # The power of the first and the last sample (the job's start and end are nearest to
+    # them); None when those samples carry no power.
+    first_power_w: float | None = None
+    last_power_w: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,3 +171,20 @@ def test_summary_and_eff_carry_the_energy(tmp_path: Path, monkeypatch: pytest.Mo
     assert data["energy"]["idle_pct"] == pytest.approx(100 * 29_000 / 174_000, abs=0.1)
     text = CliRunner().invoke(eff_command, ["14"], obj=app).output
     assert "GPU energy" in text and "NVML energy counter" in text
+
+
+def test_the_head_and_tail_take_the_power_of_the_nearest_sample(usage: UsageStore) -> None:
+    powers = [80.0] + [400.0] * 5 + [80.0]  # idle at both ends, like a job's start and end
+    utils = [0.0] + [90.0] * 5 + [0.0]
+    usage.ingest(SampleBatch(node="n1", gpu=_samples(15, 0, powers, utils, counter=True)))
+    job = replace(
+        make_job(job_id=15),
+        start_time=T0 - timedelta(seconds=5),
+        end_time=T0 + timedelta(seconds=65),
+    )
+    (g,) = usage.gpu_energy(15)
+    assert (g.first_power_w, g.last_power_w) == (80.0, 80.0)
+    energy = job_energy(job, [g], T0)
+    assert energy is not None
+    assert energy.extrapolated_j == pytest.approx(80 * 10)  # not the 331 W mean
+    assert energy.energy_j == pytest.approx((80 + 5 * 400) * STEP_S + 800)
