@@ -22,8 +22,9 @@ Figures per model (``GPU_POWER``):
 
 ``EnergyCounter`` is what NVML's ``nvmlDeviceGetTotalEnergyConsumption`` gives on Volta
 and newer: mJ since the driver was loaded, never decreasing. The simulated counter
-integrates the modelled power between readings (the power of a reading held until the
-next: a load declaration changes the power at the reading that sees it).
+integrates the modelled power between readings: the interval up to a reading counts at
+that reading's power, as NVML's utilisation describes the window before the reading (so
+an interval's energy and its busy/idle state agree).
 """
 
 from __future__ import annotations
@@ -92,9 +93,9 @@ class EnergyCounter:
 
     >>> c = EnergyCounter(start_mj=1000)
     >>> c.read(100.0, at=10.0), c.read(200.0, at=12.0), c.read(50.0, at=13.0)
-    (1000, 201000, 401000)
+    (1000, 401000, 451000)
     >>> c.read(50.0, at=12.5)  # a clock step backwards adds nothing
-    401000
+    451000
     """
 
     def __init__(
@@ -105,10 +106,10 @@ class EnergyCounter:
         self.last_power_w = last_power_w
 
     def read(self, power_w: float, *, at: float) -> int:
-        """Advance to ``at`` with the previous power held since the previous reading,
-        remember ``power_w`` for the next, and return the counter in mJ."""
-        if self.last_at is not None and self.last_power_w is not None and at > self.last_at:
-            self.total_mj += round(self.last_power_w * (at - self.last_at) * 1000.0)
+        """Advance to ``at``, the time since the previous reading at ``power_w``, and
+        return the counter in mJ."""
+        if self.last_at is not None and at > self.last_at:
+            self.total_mj += round(power_w * (at - self.last_at) * 1000.0)
         if self.last_at is None or at >= self.last_at:
             self.last_at = at
         self.last_power_w = power_w

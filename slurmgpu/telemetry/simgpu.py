@@ -19,7 +19,8 @@ Power follows the device's GPU model (gres type, else ``gpu_model``): idle draw 
 share of the full-load draw proportional to util (``telemetry.gpupower``, with sources).
 Each device has an NVML-like total-energy counter (mJ, never decreasing) integrating that
 power; it is kept in ``state_dir/<node>/.energy.json`` so an agent restart continues it
-(the time the agent was down counted at the last power, as a real counter keeps counting).
+(the time the agent was down counted at the first new reading's power, as a real
+counter keeps counting).
 
 Writers replace files atomically (temp file + rename in the same directory), so a reader
 never sees half a declaration.

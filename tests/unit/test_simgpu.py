@@ -439,13 +439,15 @@ def test_energy_counter_integrates_power_and_survives_a_new_probe(
     first = probe.sample()[0]
     assert first.energy_mj == 0
     _declare(state_dir, proc.pid, 0, 50.0, 100, updated_at=clock[0] + 10, interval_s=60)
-    clock[0] += 10  # 10 s at the idle power seen before
+    clock[0] += 10  # 10 s at the power of the reading that ends them (50 % busy)
     second = probe.sample()[0]
     assert first.power_w is not None and second.power_w is not None
-    assert second.energy_mj == round(first.power_w * 10 * 1000)
+    assert second.power_w > first.power_w
+    assert second.energy_mj == round(second.power_w * 10 * 1000)
     # a new probe (agent restart) continues the counter: it never goes back
     clock[0] += 5
     third = SimulatedGpuProbe("gpu1", gres_conf, None, state_dir, clock=lambda: clock[0])
-    value = third.sample()[0].energy_mj
-    assert value == second.energy_mj + round(second.power_w * 5 * 1000)
+    reading = third.sample()[0]
+    assert reading.power_w == second.power_w  # the declaration is still live
+    assert reading.energy_mj == second.energy_mj + round(second.power_w * 5 * 1000)
     assert sorted(p.name for p in (state_dir / "gpu1").iterdir())[0] == ".energy.json"
