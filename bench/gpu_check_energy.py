@@ -1,0 +1,202 @@
+"""Check a real GPU's NVML energy counter against its integrated power, idle and under load.
+
+Needs only ``nvidia-ml-py`` (``import pynvml``) and the standard library; torch with CUDA
+is optional (the load phase)::
+
+    python bench/gpu_check_energy.py [--gpu 0] [--idle 5] [--load 10] [--step 0.1]
+
+Phases: ``idle`` (nothing started), then ``load`` (a child process runs bf16 matrix
+products on the GPU when torch with CUDA imports; skipped otherwise). In each phase the
+script reads ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the driver was loaded,
+Volta and newer) and ``nvmlDeviceGetPowerUsage`` (mW) every ``--step`` s and prints, per
+phase: the counter's delta (J), the trapezoid integral of the power readings at
+``--step`` and at the coarser intervals an agent uses (1 s, 5 s, 10 s: what
+slurmgpu's fallback would integrate on a board without a counter), the differences in %,
+how often the counter's value changed (its update period), and whether it ever went
+back. The figures are what slurmgpu's per-job energy relies on (report/energy.py):
+"counter" is a measurement, "power" an estimate.
+
+One JSON document on stdout. Exit codes: 0 the counter works, never decreased, and
+agrees with the fine power integral within ``--tolerance`` % (default 5) while idle;
+1 the counter is missing, went back, or disagrees while idle; 2 NVML cannot start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+LOAD = """
+import sys, time, torch
+x = torch.randn(8192, 8192, device="cuda:%d", dtype=torch.bfloat16)
+print("ready", flush=True)
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    y = x @ x
+    torch.cuda.synchronize()
+"""
+
+COARSE_S = (1.0, 5.0, 10.0)
+
+
+def _start_load(gpu: int, seconds: float) -> tuple[subprocess.Popen[str] | None, str]:
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch is not installed: no load phase"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOAD % gpu, str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until CUDA is initialised, or the child failed
+    if line.strip() != "ready":
+        proc.kill()
+        _, err = proc.communicate()
+        return None, f"load did not start: {err.strip()[-300:]}"
+    return proc, ""
+
+
+def _trapezoid(points: list[tuple[float, float]]) -> float:
+    return sum((p0 + p1) / 2 * (t1 - t0) for (t0, p0), (t1, p1) in itertools.pairwise(points))
+
+
+def _every(points: list[tuple[float, float]], step_s: float) -> list[tuple[float, float]]:
+    """The readings an agent sampling every ``step_s`` would have seen (plus the last)."""
+    if not points:
+        return []
+    out = [points[0]]
+    for t, p in points[1:]:
+        if t - out[-1][0] >= step_s - 1e-6:
+            out.append((t, p))
+    if out[-1] != points[-1]:
+        out.append(points[-1])
+    return out
+
+
+def _pct(a: float, b: float) -> float | None:
+    return None if b == 0 else round(100.0 * (a / b - 1.0), 2)
+
+
+def measure(nvml: Any, handle: Any, seconds: float, step_s: float) -> dict[str, Any]:
+    """Read counter and power every ``step_s`` for ``seconds``; return the comparison."""
+    power: list[tuple[float, float]] = []
+    energy: list[tuple[float, int]] = []
+    read_s: list[float] = []
+    end = time.monotonic() + seconds
+    while True:
+        t0 = time.monotonic()
+        mj = int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+        mw = int(nvml.nvmlDeviceGetPowerUsage(handle))
+        t1 = time.monotonic()
+        read_s.append(t1 - t0)
+        now = (t0 + t1) / 2
+        energy.append((now, mj))
+        power.append((now, mw / 1000.0))
+        if now >= end:
+            break
+        time.sleep(max(0.0, step_s - (time.monotonic() - t0)))
+    counter_j = (energy[-1][1] - energy[0][1]) / 1000.0
+    window = power[-1][0] - power[0][0]
+    changes = [t for (_, prev), (t, v) in itertools.pairwise(energy) if v != prev]
+    fine = _trapezoid(power)
+    out: dict[str, Any] = {
+        "seconds": round(window, 3),
+        "readings": len(power),
+        "counter_j": round(counter_j, 1),
+        "counter_mean_power_w": round(counter_j / window, 1) if window > 0 else None,
+        "power_integral_j": round(fine, 1),
+        "power_integral_vs_counter_pct": _pct(fine, counter_j),
+        "power_w": {
+            "min": min(p for _, p in power),
+            "median": statistics.median(p for _, p in power),
+            "max": max(p for _, p in power),
+        },
+        "counter_went_back": any(v < prev for (_, prev), (_, v) in itertools.pairwise(energy)),
+        "counter_update_period_s": (
+            round(statistics.median(b - a for a, b in itertools.pairwise(changes)), 4)
+            if len(changes) > 2
+            else None
+        ),
+        "read_ms_median": round(1000 * statistics.median(read_s), 3),
+        "coarse": {},
+    }
+    for step in COARSE_S:
+        if step * 2 <= window:
+            coarse = _trapezoid(_every(power, step))
+            out["coarse"][f"{step:g}s"] = {
+                "integral_j": round(coarse, 1),
+                "vs_counter_pct": _pct(coarse, counter_j),
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--gpu", type=int, default=0, help="NVML device index")
+    parser.add_argument("--idle", type=float, default=5.0, help="idle phase, seconds")
+    parser.add_argument("--load", type=float, default=10.0, help="load phase, seconds (0: none)")
+    parser.add_argument("--step", type=float, default=0.1, help="reading interval, seconds")
+    parser.add_argument("--tolerance", type=float, default=5.0, help="idle agreement, %%")
+    args = parser.parse_args(argv)
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
+        print(json.dumps({"problems": [f"NVML cannot start: {exc}"]}))
+        return 2
+    problems: list[str] = []
+    result: dict[str, Any] = {"problems": problems}
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(args.gpu)
+        name = pynvml.nvmlDeviceGetName(handle)
+        result["device"] = {
+            "index": args.gpu,
+            "name": name.decode() if isinstance(name, bytes) else name,
+            "driver": str(pynvml.nvmlSystemGetDriverVersion()),
+            "power_limit_w": pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0,
+        }
+        try:
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except pynvml.NVMLError as exc:
+            problems.append(f"no total-energy counter on this board ({exc}): pre-Volta?")
+            print(json.dumps(result, indent=2))
+            return 1
+        phases: dict[str, Any] = {"idle": measure(pynvml, handle, args.idle, args.step)}
+        if args.load > 0:
+            load, why = _start_load(args.gpu, args.load + 30.0)
+            if load is None:
+                phases["load"] = {"skipped": why}
+            else:
+                try:
+                    time.sleep(1.0)  # past the ramp-up: clocks and power settle
+                    phases["load"] = measure(pynvml, handle, args.load, args.step)
+                finally:
+                    load.kill()
+                    load.wait()
+        result["phases"] = phases
+    finally:
+        pynvml.nvmlShutdown()
+
+    for phase, figures in result["phases"].items():
+        if figures.get("counter_went_back"):
+            problems.append(f"{phase}: the counter decreased")
+    idle = result["phases"]["idle"]
+    diff = idle["power_integral_vs_counter_pct"]
+    if diff is None or abs(diff) > args.tolerance:
+        problems.append(f"idle: power integral differs from the counter by {diff} %")
+    print(json.dumps(result, indent=2))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
