@@ -76,6 +76,9 @@ class HostSampleIn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     cpus_allocated: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
     rss_mib: Amount | None = None
     cgroup_memory_mib: Amount | None = None
+    # Percent of one process's time the job's processes waited for block I/O (None: the
+    # kernel's delay accounting is off).
+    iowait_pct: Amount | None = None
 
 
 class SampleBatch(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -173,6 +173,7 @@ class NodeSampler:
                 cgroup_memory_mib=(
                     float(usage.cgroup_memory_mib) if usage.cgroup_memory_mib is not None else None
                 ),
+                iowait_pct=usage.iowait_pct,
             )
             for usage in self.host.sample(host_pids, cpus)
         ]

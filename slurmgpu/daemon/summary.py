@@ -35,6 +35,7 @@ def build_summary(job: Job, usage: UsageStore) -> dict[str, Any]:
             "cpu_pct_mean": h.mean_cpu_pct,
             "cpu_efficiency_pct": h.cpu_efficiency_pct,
             "memory_max_mib": h.max_memory_mib,
+            "iowait_pct_mean": h.mean_iowait_pct,
         }
     for g in usage.gpu_usage(job.job_id):
         nodes.setdefault(g.node, {}).setdefault("gpus", {})[str(g.gpu_index)] = {

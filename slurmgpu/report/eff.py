@@ -22,6 +22,10 @@ The rules, in the order :func:`notes` applies them (then sorted alert → warn �
 - ``no-process`` (warn): a GPU with no process of the job, when no note above named it.
 - ``shard`` (warn): one whole GPU, busy, mean util < 15 %, GPU memory < 10 GiB, memory total
   known: ``--gres=shard:N``, N = ceil(16 * 1.2 * peak memory / GPU memory), when N < 16.
+- ``input-bound`` (warn): overall util < 25 %, some GPU busy, no GPU note above, and the
+  CPUs ≥ 80 % busy or the processes waiting on block I/O ≥ 30 % of the time (kernel
+  delay accounting): the GPUs are starved of data; advice on loader workers, cores,
+  node-local copies of the data. Replaces ``gpu-util``.
 - ``gpu-util``: overall util ≤ 15 % warn, < 25 % info, when no GPU note above fired.
 - ``cpu`` (warn): CPU util < 65 % with ≥ 4 cores on a node; ``-c K`` with
   K = ceil(1.2 * busy cores of the busiest node / tasks per node) when K is smaller.
@@ -87,6 +91,8 @@ class EffThresholds:
     shards_per_gpu: int = 16
     shard_headroom: float = 1.2
     energy_idle_warn_pct: float = 50.0  # at or above: the energy note is a warning
+    input_cpu_busy_pct: float = 80.0  # GPUs under-used while the cores are this busy
+    input_iowait_pct: float = 30.0  # ... or while the processes wait this much on I/O
 
 
 DEFAULT_THRESHOLDS = EffThresholds()
@@ -103,6 +109,7 @@ class NodeEfficiency:
     cpu_util_pct: float | None  # of the allocated cores
     max_memory_mib: float | None
     reported: bool  # any sample (host or GPU) from this node
+    mean_iowait_pct: float | None = None  # block I/O wait, 100 = one process; None: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +292,7 @@ def job_efficiency(
                 cpu_util_pct=mean / cores if mean is not None and cores else None,
                 max_memory_mib=h.max_memory_mib if h else None,
                 reported=name in sampled_nodes,
+                mean_iowait_pct=h.mean_iowait_pct if h else None,
             )
         )
     cpu_nodes = [n for n in nodes if n.mean_cpu_pct is not None and n.cores]
@@ -405,6 +413,7 @@ def usage_from_summary(
                     max_cpu_pct=None,
                     cpus_allocated=_int(host.get("cpus")),
                     max_memory_mib=_num(host.get("memory_max_mib")),
+                    mean_iowait_pct=_num(host.get("iowait_pct_mean")),
                 )
             )
         gpu_entries = entry.get("gpus")
@@ -650,7 +659,10 @@ def notes(eff: JobEfficiency) -> list[Note]:
 
     if not gpu_note and primary == "gpu" and eff.gpu_util_pct is not None:
         u = eff.gpu_util_pct
-        if u <= th.gpu_util_red_pct or u < th.gpu_util_warn_pct:
+        bound = _input_bound(eff, u, so_far, was) if u < th.gpu_util_warn_pct else None
+        if bound is not None:
+            out.append(bound)
+        elif u <= th.gpu_util_red_pct or u < th.gpu_util_warn_pct:
             severity: Severity = "warn" if u <= th.gpu_util_red_pct else "info"
             out.append(
                 Note(
@@ -667,6 +679,48 @@ def notes(eff: JobEfficiency) -> list[Note]:
     out.extend(_time_notes(eff))
     out.extend(_energy_notes(eff))
     return sorted(out, key=lambda n: _SEVERITY_ORDER[n.severity])
+
+
+def iowait_pct(eff: JobEfficiency) -> float | None:
+    """The highest mean I/O wait of the job's nodes; None when no node's kernel counts it."""
+    known = [n.mean_iowait_pct for n in eff.nodes if n.mean_iowait_pct is not None]
+    return max(known) if known else None
+
+
+def _input_bound(eff: JobEfficiency, util: float, so_far: str, was: str) -> Note | None:
+    """``input-bound``: GPUs that work, but little, while the CPUs are saturated or the
+    processes wait on storage: the GPUs are starved of data (not idle, not mis-sized)."""
+    th = eff.thresholds
+    if eff.gpus_busy == 0:
+        return None
+    cpu, io = eff.cpu_util_pct, iowait_pct(eff)
+    cpu_bound = cpu is not None and cpu >= th.input_cpu_busy_pct
+    io_bound = io is not None and io >= th.input_iowait_pct
+    if not (cpu_bound or io_bound):
+        return None
+    why, advice = [], []
+    if cpu_bound:
+        were = "have been" if eff.running else "were"
+        why.append(f"its {eff.cores} CPU cores {were} {_pct(cpu or 0.0)} busy")
+        advice.append(
+            "give data loading more cores and workers (more -c, DataLoader num_workers "
+            "= cores - 1, pin_memory=True), or move decoding and augmentation to the GPU"
+        )
+    if io_bound:
+        were = "have been" if eff.running else "were"
+        why.append(f"its processes {were} waiting on storage {_pct(io or 0.0)} of the time")
+        advice.append(
+            "copy the data set to node-local disk at the start of the job ($TMPDIR), read "
+            "fewer, larger files, and overlap reading with compute (more loader workers)"
+        )
+    return Note(
+        "input-bound",
+        "warn",
+        f"input-bound: GPU utilisation {was} {_pct(util)}{so_far} while "
+        + " and ".join(why)
+        + ": the GPUs wait for data; "
+        + "; ".join(advice),
+    )
 
 
 def _energy_notes(eff: JobEfficiency) -> list[Note]:
@@ -777,6 +831,30 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+_DIAGNOSIS = (
+    ("idle", frozenset({"idle-gpu", "no-gpu-use", "no-process"})),
+    ("input-bound", frozenset({"input-bound"})),
+    ("low-util", frozenset({"gpu-util", "gpus", "shard"})),
+)
+
+
+def gpu_diagnosis(job_notes: Sequence[Note]) -> str | None:
+    """One word for the GPUs from the notes: ``idle`` (held, not working), ``input-bound``
+    (working, starved of data), ``low-util`` (working little, or more GPUs than used),
+    ``ok``; None when the job is too short or not started to judge.
+
+    >>> gpu_diagnosis([Note("input-bound", "warn", "...")]), gpu_diagnosis([])
+    ('input-bound', 'ok')
+    """
+    kinds = {n.kind for n in job_notes}
+    if kinds & {"short-run", "not-started"}:
+        return None
+    for word, wanted in _DIAGNOSIS:
+        if kinds & wanted:
+            return word
+    return "ok"
+
+
 def to_json(eff: JobEfficiency, job_notes: Sequence[Note]) -> dict[str, Any]:
     """Return the report as JSON-ready data; keys are stable (``version`` 1).
 
@@ -786,13 +864,14 @@ def to_json(eff: JobEfficiency, job_notes: Sequence[Note]) -> dict[str, Any]:
     start_time, end_time, time_limit_s), ``source`` (samples | summary | none), ``running``,
     ``elapsed_s``, ``time_use_pct``, ``cpu`` (util_pct, cores, memory_max_mib,
     memory_node_max_mib, memory_requested_mib, memory_use_pct), ``nodes`` [{node, samples,
-    cores, cpu_pct_mean, cpu_util_pct, memory_max_mib, reported}], ``gpu`` (allocated, busy,
-    util_pct, memory_max_mib, memory_use_pct), ``gpus`` [{node, index, role, status, samples,
-    util_pct_mean, util_pct_max, memory_max_mib, memory_total_mib, idle_trailing_min,
-    ever_busy, shared, error_samples, counted_as_zero}], ``silent_nodes``, ``energy``
-    (energy_j, idle_energy_j, kwh, idle_pct, method, extrapolated_j, gpus; null when not
-    measured), ``notes`` [{kind, severity, text, option}]. Percentages and MiB are rounded
-    to 0.1; absent figures are ``null``.
+    cores, cpu_pct_mean, cpu_util_pct, memory_max_mib, reported, iowait_pct_mean}], ``gpu``
+    (allocated, busy, util_pct, memory_max_mib, memory_use_pct, diagnosis), ``gpus``
+    [{node, index, role, status, samples, util_pct_mean, util_pct_max, memory_max_mib,
+    memory_total_mib, idle_trailing_min, ever_busy, shared, error_samples,
+    counted_as_zero}], ``silent_nodes``, ``energy`` (energy_j, idle_energy_j, kwh,
+    idle_pct, method, extrapolated_j, gpus; null when not measured), ``notes`` [{kind,
+    severity, text, option}]. Percentages and MiB are rounded to 0.1; absent figures are
+    ``null``.
     """
     job = eff.job
     return {
@@ -846,6 +925,7 @@ def to_json(eff: JobEfficiency, job_notes: Sequence[Note]) -> dict[str, Any]:
                 "cpu_util_pct": _r(n.cpu_util_pct),
                 "memory_max_mib": _r(n.max_memory_mib),
                 "reported": n.reported,
+                "iowait_pct_mean": _r(n.mean_iowait_pct),
             }
             for n in eff.nodes
         ],
@@ -855,6 +935,7 @@ def to_json(eff: JobEfficiency, job_notes: Sequence[Note]) -> dict[str, Any]:
             "util_pct": _r(eff.gpu_util_pct),
             "memory_max_mib": _r(eff.gpu_memory_max_mib),
             "memory_use_pct": _r(eff.gpu_memory_use_pct),
+            "diagnosis": gpu_diagnosis(job_notes),
         },
         "gpus": [
             {

@@ -237,6 +237,7 @@ samples = Table(
     Column("rss_mib", Float),
     Column("cgroup_memory_mib", Float),
     Column("energy_mj", BigInteger),  # the device's NVML energy counter (migration 0007)
+    Column("iowait_pct", Float),  # host: the job's processes' block I/O wait (0007)
     UniqueConstraint("sample_uid"),
     Index(None, "job_id", "kind", "at"),
     Index(None, "at"),

@@ -53,6 +53,7 @@ _SAMPLE_COLUMNS = (
     "rss_mib",
     "cgroup_memory_mib",
     "energy_mj",
+    "iowait_pct",
 )
 
 
@@ -123,6 +124,7 @@ class UsageStore:
                 None,
                 None,
                 s.energy_mj,
+                None,
             )
             for s in batch.gpu
         ]
@@ -148,6 +150,7 @@ class UsageStore:
                 h.rss_mib,
                 h.cgroup_memory_mib,
                 None,
+                h.iowait_pct,
             )
             for h in batch.host
         )
@@ -385,6 +388,7 @@ class UsageStore:
                 func.max(s.c.cpu_pct).label("max_cpu"),
                 func.max(s.c.cpus_allocated).label("cpus"),
                 func.max(mem).label("max_mem"),
+                func.avg(s.c.iowait_pct).label("mean_iowait"),
             )
             .where(and_(s.c.cluster == self.cluster, s.c.job_id == job_id, s.c.kind == "host"))
             .group_by(s.c.node)
@@ -399,6 +403,7 @@ class UsageStore:
                     max_cpu_pct=_f(r["max_cpu"]),
                     cpus_allocated=int(r["cpus"]) if r["cpus"] is not None else None,
                     max_memory_mib=_f(r["max_mem"]),
+                    mean_iowait_pct=_f(r["mean_iowait"]),
                 )
                 for r in conn.execute(stmt).mappings()
             ]
@@ -499,6 +504,9 @@ class HostUsage:
     max_cpu_pct: float | None
     cpus_allocated: int | None
     max_memory_mib: float | None
+    # Mean share of time the job's processes waited for block I/O (100 = one process
+    # always); None when the node's kernel does not count it.
+    mean_iowait_pct: float | None = None
 
     @property
     def cpu_efficiency_pct(self) -> float | None:

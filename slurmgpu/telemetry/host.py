@@ -8,6 +8,12 @@ for the first time has no baseline yet and contributes no CPU; a job none of who
 has a baseline reports ``cpu_pct=None``. Processes are keyed by (pid, start time), so a
 recycled pid does not inherit another process's CPU time.
 
+I/O wait is measured the same way from each process's ``delayacct_blkio_ticks`` (psutil's
+``cpu_times().iowait``: time blocked waiting for block I/O), in percent of one process's
+wall time (100 = one process always waiting). The kernel counts it only with delay
+accounting on (``kernel.task_delayacct = 1``, or ``delayacct`` on the kernel command
+line); otherwise it is 0 for everyone, so the sampler reports None (unknown) instead.
+
 Memory: the sum of the processes' RSS and shared resident pages (psutil ``memory_info()``,
 the same numbers as ``/proc/PID/statm``), and, when the job's cgroup directory exists, the
 cgroup's own charge (``memory.current`` on cgroup v2, ``memory.usage_in_bytes`` on v1),
@@ -47,16 +53,26 @@ class JobHostUsage:
     cgroup_memory_mib: int | None = None
     cgroup_path: str | None = None
     pids: tuple[int, ...] = field(default=(), repr=False)
+    iowait_pct: float | None = None  # None: delay accounting off, or no baseline yet
 
 
 @dataclass
 class _JobTotals:
     pids: list[int] = field(default_factory=list)
     cpu_pct: float = 0.0
+    iowait_pct: float = 0.0
     measured: bool = False
     rss_bytes: int = 0
     shared_bytes: int = 0
     cgroup: SlurmCgroup | None = None
+
+
+def delay_accounting_on(proc_root: Path = Path("/proc")) -> bool:
+    """True when the kernel counts per-task block I/O delays (``kernel.task_delayacct``)."""
+    try:
+        return (proc_root / "sys/kernel/task_delayacct").read_text().strip() == "1"
+    except OSError:
+        return False
 
 
 def read_cgroup_memory_bytes(cgroup: SlurmCgroup, cgroup_root: Path) -> int | None:
@@ -86,12 +102,15 @@ class HostUsageSampler:
         proc_root: Path = Path("/proc"),
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         clock: Callable[[], float] = time.monotonic,
+        iowait: bool | None = None,
     ) -> None:
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root
         self._clock = clock
-        # (pid, create_time) → (cumulative CPU seconds, clock reading)
-        self._cpu_seen: dict[tuple[int, float], tuple[float, float]] = {}
+        # None: ask the kernel once per sample whether it counts I/O delays.
+        self._iowait = iowait
+        # (pid, create_time) → (cumulative CPU seconds, clock reading, I/O wait seconds)
+        self._cpu_seen: dict[tuple[int, float], tuple[float, float, float]] = {}
 
     def sample(
         self,
@@ -103,7 +122,8 @@ class HostUsageSampler:
         Processes that vanish or turn unreadable while being read are skipped.
         """
         totals: dict[int, _JobTotals] = {}
-        seen_now: dict[tuple[int, float], tuple[float, float]] = {}
+        seen_now: dict[tuple[int, float], tuple[float, float, float]] = {}
+        iowait_known = self._iowait if self._iowait is not None else delay_accounting_on()
         for pid, job_id in pid_to_job.items():
             if job_id is None:
                 continue
@@ -119,8 +139,9 @@ class HostUsageSampler:
                 continue
             now = self._clock()
             cpu_s = float(times.user + times.system)
+            io_s = float(getattr(times, "iowait", 0.0))
             key = (pid, created)
-            seen_now[key] = (cpu_s, now)
+            seen_now[key] = (cpu_s, now, io_s)
             job = totals.setdefault(job_id, _JobTotals())
             job.pids.append(pid)
             job.rss_bytes += int(memory.rss)
@@ -128,16 +149,19 @@ class HostUsageSampler:
             previous = self._cpu_seen.get(key)
             if previous is not None and now > previous[1]:
                 job.cpu_pct += max(0.0, cpu_s - previous[0]) / (now - previous[1]) * 100.0
+                job.iowait_pct += max(0.0, io_s - previous[2]) / (now - previous[1]) * 100.0
                 job.measured = True
             if job.cgroup is None:
                 job.cgroup = cgroup_of_pid(pid, self.proc_root)
         self._cpu_seen = seen_now  # forget processes that are gone
         return [
-            self._usage(job_id, job, (allocated_cpus or {}).get(job_id))
+            self._usage(job_id, job, (allocated_cpus or {}).get(job_id), iowait_known)
             for job_id, job in sorted(totals.items())
         ]
 
-    def _usage(self, job_id: int, job: _JobTotals, cpus: int | None) -> JobHostUsage:
+    def _usage(
+        self, job_id: int, job: _JobTotals, cpus: int | None, iowait_known: bool
+    ) -> JobHostUsage:
         cpu_pct = job.cpu_pct if job.measured else None
         efficiency = cpu_pct / cpus if cpu_pct is not None and cpus else None
         cgroup_bytes = None
@@ -156,4 +180,5 @@ class HostUsageSampler:
             cgroup_memory_mib=cgroup_bytes // _MIB if cgroup_bytes is not None else None,
             cgroup_path=cgroup_path,
             pids=tuple(sorted(job.pids)),
+            iowait_pct=job.iowait_pct if job.measured and iowait_known else None,
         )

@@ -306,7 +306,8 @@ def test_a_shard_job_or_a_job_with_much_gpu_memory_is_not_offered_shards() -> No
         big, [gpu(0, 8.0, memory_mib=30_000.0)], [host("gpu1", 95.0, 1)], ended(big)
     )
     assert "shard" not in kinds(notes(report))
-    assert one(notes(report), "gpu-util").severity == "warn"
+    # 8 % GPU with its one core 95 % busy: starved of data, not a GPU to share
+    assert one(notes(report), "input-bound").severity == "warn"
 
 
 # -- time, memory, CPU --------------------------------------------------------------------
@@ -610,6 +611,7 @@ def test_eff_json_has_stable_keys_and_exact_figures(db: tuple[str, AppContext]) 
         "util_pct": 40.0,
         "memory_max_mib": 30000.0,
         "memory_use_pct": 36.8,
+        "diagnosis": "low-util",  # one of its two GPUs never used: the --gpus=1 note
     }
     assert [(g["index"], g["status"], g["counted_as_zero"]) for g in data["gpus"]] == [
         (0, "ok", False),
@@ -693,6 +695,7 @@ def test_json_of_a_pending_job_has_every_key_with_nulls() -> None:
         "util_pct": None,
         "memory_max_mib": None,
         "memory_use_pct": None,
+        "diagnosis": None,
     }
     assert data["notes"] == [
         {

@@ -140,3 +140,28 @@ def test_missing_cgroup_directory_leaves_cgroup_memory_unknown(
     sampler = HostUsageSampler(proc_root=proc_root, cgroup_root=tmp_path / "nothing")
     (row,) = sampler.sample({proc.pid: 33})
     assert (row.cgroup_memory_mib, row.cgroup_path) == (None, None)
+
+
+def test_io_wait_is_reported_only_when_the_kernel_counts_it(
+    spawn: Callable[[str], subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    from slurmgpu.telemetry.host import delay_accounting_on
+
+    sysctl = tmp_path / "sys" / "kernel" / "task_delayacct"
+    assert delay_accounting_on(tmp_path) is False  # no such file: off
+    sysctl.parent.mkdir(parents=True)
+    sysctl.write_text("1\n")
+    assert delay_accounting_on(tmp_path) is True
+    sysctl.write_text("0\n")
+    assert delay_accounting_on(tmp_path) is False
+
+    proc = spawn(IDLE)
+    rows = {}
+    for counted in (False, True):
+        sampler = HostUsageSampler(iowait=counted)
+        sampler.sample({proc.pid: 5}, {5: 1})  # the baseline
+        time.sleep(0.05)
+        rows[counted] = _row(sampler.sample({proc.pid: 5}, {5: 1}), 5)
+    off, on = rows[False], rows[True]
+    assert off is not None and off.cpu_pct is not None and off.iowait_pct is None  # unknown
+    assert on is not None and on.iowait_pct is not None and on.iowait_pct >= 0.0

@@ -1,4 +1,5 @@
-"""energy: the GPUs' NVML energy counter in samples, a job's GPU energy in job_summaries
+"""energy: the GPUs' NVML energy counter and the jobs' I/O wait in samples, a job's GPU
+energy in job_summaries
 
 Revision ID: 0007
 Revises: 0006
@@ -20,6 +21,7 @@ depends_on = None
 
 _COLUMNS = (
     ("samples", "energy_mj", sa.BigInteger()),
+    ("samples", "iowait_pct", sa.Float()),
     ("job_summaries", "energy_j", sa.Float()),
     ("job_summaries", "idle_energy_j", sa.Float()),
 )
