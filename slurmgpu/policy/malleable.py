@@ -113,15 +113,38 @@ class _Running:
         return r
 
 
+def _gpu_type(text: str | None) -> str:
+    return (text or "").lower()
+
+
 class _Free:
-    """Free GPUs per node, with set-asides; ``total`` kept as it changes."""
+    """Free GPUs per node, with set-asides; ``total`` kept as it changes.
+
+    A job that asked for a GPU type (``--gres=gpu:a100:2``) only fits on nodes of that
+    type: Slurm would hold it pending on any other, so planning it there would shrink
+    donors for nothing and grow it into GPUs it cannot get (the type is kept in every
+    update, see ``actuate.resize``). Untyped jobs fit anywhere.
+    """
 
     def __init__(self, nodes: Iterable[Node]) -> None:
         self.per_node: dict[str, int] = {}
+        self.types: dict[str, str] = {}
         for n in nodes:
             if n.available and n.gpus > 0:
                 self.per_node[n.name] = max(0, n.gpus - n.gpus_used)
+                self.types[n.name] = _gpu_type(n.gpu_type)
         self.total = sum(self.per_node.values())
+
+    def usable(self, job: Job, node: str) -> bool:
+        """True when ``job`` may run on ``node`` (its GPU type, if it asked for one)."""
+        wanted = _gpu_type(job.gpus.gpu_type)
+        return not wanted or self.types.get(node, "") == wanted
+
+    def total_for(self, job: Job) -> int:
+        """Free GPUs ``job`` could use: all of them, or those of its GPU type."""
+        if not job.gpus.gpu_type:
+            return self.total
+        return sum(f for n, f in self.per_node.items() if self.usable(job, n))
 
     def add(self, node: str, count: int) -> None:
         self.per_node[node] = self.per_node.get(node, 0) + count
@@ -129,7 +152,7 @@ class _Free:
 
     def fits(self, job: Job, extra: dict[str, int] | None = None) -> bool:
         extra = extra or {}
-        if not job.gpus.per_node:
+        if not job.gpus.per_node and not job.gpus.gpu_type:
             return self.total + sum(extra.values()) >= job.gpus.gpus
         return self._plan(job, extra) is not None
 
@@ -144,6 +167,11 @@ class _Free:
     def _plan(self, job: Job, extra: dict[str, int]) -> dict[str, int] | None:
         req = job.gpus
         per_node = self.per_node
+        if req.gpu_type:  # only the nodes of its type count
+            per_node = {n: f for n, f in per_node.items() if self.usable(job, n)}
+            extra = {n: c for n, c in extra.items() if self.usable(job, n)}
+            if sum(per_node.values()) + sum(extra.values()) < req.gpus:
+                return None
         if req.per_node:
             nodes = max(1, job.node_count)
             if self.total + sum(extra.values()) < req.per_node * nodes:
@@ -168,7 +196,7 @@ class _Free:
             if got > 0:
                 plan[node] = got
                 need -= got
-        return plan
+        return plan if need <= 0 else None
 
 
 def _wants_gpus(job: Job) -> int:
@@ -326,8 +354,9 @@ class MalleablePolicy:
         return _Running(job, spec, gpus, curve, rem, single, busy)
 
     def _wait_s(self, job: Job, free: _Free, ends: list[float], freed_by: list[int]) -> float:
-        """When enough running GPUs will have freed up for ``job`` (whole-cluster count)."""
-        short = _wants_gpus(job) - free.total
+        """When enough running GPUs will have freed up for ``job`` (whole-cluster count;
+        free GPUs only of its type when it asked for one)."""
+        short = _wants_gpus(job) - free.total_for(job)
         if short <= 0:
             return 0.0
         i = bisect.bisect_left(freed_by, short)
@@ -551,15 +580,20 @@ class MalleablePolicy:
         if most <= 0:
             return 0
         req = job.gpus
+        if req.gpu_type and not any(free.usable(job, a.node) for a in c.job.gpu_allocations):
+            return 0  # its GPUs are of another type than the waiting job asked for
         if req.per_node:
             # Per-node requests need the GPUs on one node: give what that node lacks.
             best = 0
             for a in c.job.gpu_allocations:
+                if not free.usable(job, a.node):
+                    continue
                 lack = req.per_node - free.per_node.get(a.node, 0) - extra.get(a.node, 0)
                 if 0 < lack <= min(most, len(a.gpu_indices)):
                     best = lack if best == 0 else min(best, lack)
             return best
-        short = _wants_gpus(job) - free.total - sum(extra.values())
+        given = sum(n for node, n in extra.items() if free.usable(job, node))
+        short = _wants_gpus(job) - free.total_for(job) - given
         return max(0, min(most, short))
 
     @staticmethod
@@ -657,11 +691,16 @@ class MalleablePolicy:
     ) -> tuple[int, float] | None:
         s = self.settings
         top = min(c.spec.max_gpus, c.gpus + pool, math.floor(c.gpus * s.max_growth + _TINY))
+        if c.job.gpus.gpu_type:  # it grows only into free GPUs of the type it asked for
+            top = min(top, c.gpus + free.total_for(c.job))
         if c.single_node:
             # It restarts on one node: its own GPUs there plus that node's free ones, or
-            # any node's free GPUs.
+            # any node's free GPUs (of its type).
             own = {a.node: len(a.gpu_indices) for a in c.job.gpu_allocations}
-            room = max((f + own.get(n, 0) for n, f in free.per_node.items()), default=0)
+            room = max(
+                (f + own.get(n, 0) for n, f in free.per_node.items() if free.usable(c.job, n)),
+                default=0,
+            )
             top = min(top, room)
         if top <= c.gpus:
             return None

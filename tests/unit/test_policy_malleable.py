@@ -444,3 +444,50 @@ def test_time_limits_stay_when_scaling_is_off() -> None:
     off = MalleablePolicy(MalleableSettings(scale_time_limit=False))
     (a,) = off.propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}))
     assert "TimeLimit" not in a.fields
+
+
+# -- GPU types: a job is planned only onto the type it asked for ---------------------------
+
+
+def typed(job: Job, gpu_type: str | None) -> Job:
+    return replace(job, gpus=replace(job.gpus, gpu_type=gpu_type))
+
+
+def hetero_snap(jobs: list[Job], malleable: Mapping[int, tuple[int, int]]) -> PolicySnapshot:
+    """gpu1: 4 A100, gpu2: 4 V100 (as sinfo's gres gpu:a100:4 / gpu:v100:4 give them)."""
+    running = used_by(j for j in jobs if j.gpu_allocations)
+    cluster_nodes = (
+        Node("gpu1", "mixed", gpus=4, gpu_type="a100", gpus_used=running.get("gpu1", 0)),
+        Node("gpu2", "mixed", gpus=4, gpu_type="v100", gpus_used=running.get("gpu2", 0)),
+    )
+    return PolicySnapshot(
+        at=T0,
+        cluster=ClusterSnapshot(T0, tuple(jobs), cluster_nodes),
+        malleable={j: MalleableSpec(j, lo, hi) for j, (lo, hi) in malleable.items()},
+        throughput={1: {4: 100.0, 8: 199.0}},
+    )
+
+
+def test_a_typed_job_is_not_grown_into_free_gpus_of_another_type() -> None:
+    job = running_job(1, gpus=four("gpu1"), started=2 * HOUR)  # all 4 A100 of gpu1
+    job = replace(job, gpus=GpuRequest(gpus=4, per_job=4))  # --gpus=4: may span nodes
+    untyped = MalleablePolicy().propose(hetero_snap([job], {1: (1, 8)}))
+    assert sizes(untyped) == {1: (4, 8)}  # any GPU will do: it grows into the V100s
+    a100 = MalleablePolicy().propose(hetero_snap([typed(job, "a100")], {1: (1, 8)}))
+    assert a100 == []  # the free GPUs are V100s; it asked for A100s
+
+
+def test_a_typed_waiting_job_gets_gpus_of_its_type_not_the_free_ones_of_another() -> None:
+    donor = running_job(1, gpus=four("gpu1"), started=HOUR)  # the 4 A100
+    waiting = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=2,
+                          time_limit=timedelta(hours=1))  # fmt: skip
+
+    def snap_of(w: Job) -> PolicySnapshot:
+        return replace(hetero_snap([donor, w], {1: (2, 4)}), throughput={1: POOR})
+
+    # Untyped, it fits the free V100s: nobody is shrunk for it.
+    assert MalleablePolicy().propose(snap_of(waiting)) == []
+    # Asking for A100s, only the donor's A100s can free up: the donor shrinks 4 -> 2.
+    actions = MalleablePolicy().propose(snap_of(typed(waiting, "A100")))
+    assert sizes(actions) == {1: (4, 2)}
+    assert actions[0].numbers["for_job"] == 3
