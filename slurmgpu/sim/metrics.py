@@ -13,6 +13,12 @@
   is its util times its run time alone, however it ran, so sharing raises it only by
   finishing the same work sooner (a shorter makespan).
 - Restarts: requeues (resizes and preemptions); timeouts: runs killed at their limit.
+- Energy (kWh): the cluster's GPUs over the makespan under the simulated probe's linear
+  power model (``telemetry.gpupower``; the simulated GPUs are V100-32GB-like, as in
+  Pollux's testbed): every GPU draws its idle power the whole makespan, plus
+  (busy - idle) power times the used (util-weighted) GPU-time. Idle GPUs count: a
+  policy set that finishes sooner also spends less on idle hardware. kWh per job: that
+  over the trace's jobs.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ from dataclasses import asdict, dataclass
 
 from slurmgpu.model import JobState
 from slurmgpu.sim.run import SimRun
+from slurmgpu.telemetry.gpupower import GPU_POWER, GpuPowerModel
 
-__all__ = ["RunSummary", "percentile", "summarise"]
+__all__ = ["SIM_GPU_POWER", "RunSummary", "percentile", "summarise"]
+
+SIM_GPU_POWER: GpuPowerModel = GPU_POWER["v100"]  # sim/run.py's DEVICE_MEMORY_MIB: V100-32GB
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -59,6 +68,8 @@ class RunSummary:
     actions: int
     failed_actions: int
     sim_seconds: float = 0.0
+    energy_kwh: float = math.nan
+    kwh_per_job: float = math.nan
 
     def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -82,6 +93,8 @@ def summarise(run: SimRun, sim_seconds: float = 0.0) -> RunSummary:
     last = max((j.end_s for j in jobs), default=0.0)
     makespan = max(0.0, last - first)
     capacity = run.shape.gpus * makespan
+    power = SIM_GPU_POWER
+    energy_j = power.idle_w * capacity + (power.busy_w - power.idle_w) * used_s
     return RunSummary(
         policy_set=run.policy_set,
         jobs=len(jobs),
@@ -102,4 +115,6 @@ def summarise(run: SimRun, sim_seconds: float = 0.0) -> RunSummary:
         actions=run.executed,
         failed_actions=run.failed,
         sim_seconds=sim_seconds,
+        energy_kwh=energy_j / 3.6e6,
+        kwh_per_job=energy_j / 3.6e6 / len(jobs) if jobs else math.nan,
     )

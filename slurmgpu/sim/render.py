@@ -33,6 +33,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("restarts", "restarts", "int"),
     ("timeouts", "timeouts", "int"),
     ("actions", "actions", "int"),
+    ("energy_kwh", "kWh", "num"),
+    ("kwh_per_job", "kWh/job", "num"),
 )
 
 
