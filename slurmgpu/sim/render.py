@@ -34,7 +34,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("timeouts", "timeouts", "int"),
     ("actions", "actions", "int"),
     ("energy_kwh", "kWh", "num"),
-    ("kwh_per_job", "kWh/job", "num"),
+    ("kwh_per_job", "kWh/job", "num2"),
 )
 
 
@@ -66,6 +66,8 @@ def _fmt(value: float | int | str, kind: str) -> str:
         return f"{float(value):.1f} %"
     if kind == "num":
         return f"{float(value):,.1f}"
+    if kind == "num2":
+        return f"{float(value):,.2f}"
     return f"{int(value):,}"
 
 
