@@ -17,8 +17,10 @@ Figures per model (``GPU_POWER``):
   rounded: T4 keeps its well-known ~10 W.
 - ``busy_w``: the draw under a dense training load. The H200 drew 500-650 W under a bf16
   matrix-product load at 100 % NVML utilisation (gpu-facts.md), about 0.82 of TDP; the
-  others use the same 0.82 x TDP. NVML's "utilisation" is a duty cycle, not a power
-  share, so this is a model, not a measurement of those boards.
+  others use the same 0.82 x TDP. A larger bf16 product (8192x8192) drew 692 W on the
+  same board (bench/gpu_check_energy.py): a pure dense kernel reaches TDP, a training job
+  with its data loading and communication sits between. NVML's "utilisation" is a duty
+  cycle, not a power share, so this is a model, not a measurement of those boards.
 
 ``EnergyCounter`` is what NVML's ``nvmlDeviceGetTotalEnergyConsumption`` gives on Volta
 and newer: mJ since the driver was loaded, never decreasing. The simulated counter
