@@ -311,8 +311,10 @@ class UsageStore:
                 func.first_value(s.c.power_w)
                 .over(partition_by=part, order_by=s.c.at)
                 .label("first_power"),
-                func.first_value(s.c.power_w)
-                .over(partition_by=part, order_by=s.c.at.desc())
+                # The whole partition as the frame: the same sort as the other windows
+                # (a descending first_value would sort every row a second time).
+                func.last_value(s.c.power_w)
+                .over(partition_by=part, order_by=s.c.at, rows=(None, None))
                 .label("last_power"),
                 case((s.c.shared.is_(True), sharing), else_=literal(1)).label("sharers"),
             )
