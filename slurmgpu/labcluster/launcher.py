@@ -13,6 +13,12 @@ shards. Everything lives under one root directory::
 
 ``down()`` signals only the pids recorded in ``root/run``, after checking that each one is
 still a daemon of this cluster, so other clusters on the host are left alone.
+
+With ``slurm_root=`` (a chroot made by ``scripts/slurm_chroot.sh``, e.g. Debian trixie's
+Slurm 24.11 or sid's 26.05) the daemons and commands are that chroot's
+(:mod:`slurmgpu.labcluster.chroot`): ``root`` is bind-mounted into it at the same path,
+``root/sbin`` links to its binaries, and ``root/bin`` holds wrappers of its client
+commands (:attr:`LabCluster.bin_dir`, for ``CliSlurmClient(bin_dir=...)``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurmgpu.labcluster.chroot import ChrootError, SlurmChroot
 from slurmgpu.labcluster.render import (
     ClusterConfig,
     RenderError,
@@ -269,8 +276,10 @@ class LabCluster:
         ctld_port: int = 6817,
         slurmd_port_base: int = 17001,
         templates: Path | None = None,
+        slurm_root: Path | str | None = None,
     ) -> None:
         self.root = Path(root).absolute()
+        self.chroot = SlurmChroot(slurm_root) if slurm_root else None
         self.nodes = nodes
         self.ctld_port = ctld_port
         self.slurmd_port_base = slurmd_port_base
@@ -294,12 +303,14 @@ class LabCluster:
             ctld_port=int(meta.get("ctld_port", 6817)),
             slurmd_port_base=int(meta.get("slurmd_port_base", 17001)),
             templates=templates,
+            slurm_root=meta.get("slurm_root") or None,
         )
 
     def __repr__(self) -> str:
         return (
             f"LabCluster(root={str(self.root)!r}, nodes={self.nodes}, "
-            f"ctld_port={self.ctld_port}, slurmd_port_base={self.slurmd_port_base})"
+            f"ctld_port={self.ctld_port}, slurmd_port_base={self.slurmd_port_base}"
+            + (f", slurm_root={str(self.chroot.path)!r})" if self.chroot else ")")
         )
 
     # ------------------------------------------------------------------ paths & names
@@ -319,6 +330,15 @@ class LabCluster:
     @property
     def run_dir(self) -> Path:
         return self.root / "run"
+
+    @property
+    def bin_dir(self) -> Path | None:
+        """Wrappers of the chroot's client commands (None: the host's, from PATH)."""
+        return self.root / "bin" if self.chroot else None
+
+    def command(self, name: str) -> str:
+        """The path (or PATH name) of Slurm client command ``name`` for this cluster."""
+        return str(self.bin_dir / name) if self.bin_dir else name
 
     @property
     def log_dir(self) -> Path:
@@ -434,7 +454,7 @@ class LabCluster:
 
     def _run(self, *argv: str, timeout: float = _CMD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            list(argv),
+            [self.command(argv[0]), *argv[1:]],
             env={**os.environ, **self.env()},
             capture_output=True,
             text=True,
@@ -503,15 +523,27 @@ class LabCluster:
         for node in self.node_names:
             (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
         for daemon in DAEMONS:
-            real = find_daemon(daemon)
+            real: Path | None
+            if self.chroot is not None:  # a path inside the chroot, where the link is read
+                found = self.chroot.daemon(daemon)
+                real = Path(found) if found else None
+            else:
+                real = find_daemon(daemon)
             if real is None:
-                raise LabClusterError(f"cannot find the {daemon} binary (/usr/sbin/{daemon}-wlm)")
+                where = f" in {self.chroot.path}" if self.chroot else ""
+                raise LabClusterError(
+                    f"cannot find the {daemon} binary (/usr/sbin/{daemon}-wlm){where}"
+                )
             link = self.sbin_dir / daemon
             if link.is_symlink() and Path(os.readlink(link)) == real:
                 continue
             link.unlink(missing_ok=True)
             link.symlink_to(real)  # argv[0] must be "slurmctld"/"slurmd", not "*-wlm"
-        version = detect_slurm_version(self.sbin_dir / "slurmctld")
+        if self.chroot is not None:
+            self.chroot.write_wrappers(self.root / "bin")
+            version = self.chroot.version()
+        else:
+            version = detect_slurm_version(self.sbin_dir / "slurmctld")
         try:
             write(self._config(version), self.etc_dir, find_templates(self.templates))
         except RenderError as exc:
@@ -522,6 +554,8 @@ class LabCluster:
             "slurmd_port_base": self.slurmd_port_base,
             "slurm_conf": str(self.conf_path),
             "slurm_version": ".".join(map(str, version)) if version else None,
+            "slurm_root": str(self.chroot.path) if self.chroot else None,
+            "bin_dir": str(self.bin_dir) if self.bin_dir else None,
         }
         (self.run_dir / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -537,21 +571,28 @@ class LabCluster:
                 "running -- pick other ports (ctld_port / slurmd_port_base, --port)"
             )
 
+    def _in_root(self, argv: list[str]) -> list[str]:
+        return self.chroot.argv(*argv) if self.chroot is not None else argv
+
     def _ctld_argv(self) -> list[str]:
         # -D foreground, -i ignore unreadable state; never -c: keep jobs across restarts
-        return [str(self.sbin_dir / "slurmctld"), "-D", "-i", "-f", str(self.conf_path)]
+        return self._in_root(
+            [str(self.sbin_dir / "slurmctld"), "-D", "-i", "-f", str(self.conf_path)]
+        )
 
     def _slurmd_argv(self, node: str) -> list[str]:
-        return [
-            str(self.sbin_dir / "slurmd"),
-            "-D",
-            "-f",
-            str(self.conf_path),
-            "-N",
-            node,
-            "-d",
-            str(self.sbin_dir / "slurmstepd"),
-        ]
+        return self._in_root(
+            [
+                str(self.sbin_dir / "slurmd"),
+                "-D",
+                "-f",
+                str(self.conf_path),
+                "-N",
+                node,
+                "-d",
+                str(self.sbin_dir / "slurmstepd"),
+            ]
+        )
 
     def up(self, timeout_s: float = 30.0, progress: Callable[[str], None] | None = None) -> float:
         """Start the cluster (installing Slurm/munge if needed); returns seconds from launching
@@ -568,9 +609,19 @@ class LabCluster:
             say("stopping the remains of an earlier start")
             self._signal_and_wait(self.daemon_names, timeout_s=10.0)
 
-        say("checking Slurm and munge packages")
-        ensure_packages()
-        ensure_munge()
+        if self.chroot is not None:
+            say(f"mounting the Slurm chroot {self.chroot.path}")
+            try:
+                self.chroot.mount_base()
+                self.root.mkdir(parents=True, exist_ok=True)
+                self.chroot.bind(self.root)
+                self.chroot.ensure_munge()
+            except ChrootError as exc:
+                raise LabClusterError(str(exc)) from exc
+        else:
+            say("checking Slurm and munge packages")
+            ensure_packages()
+            ensure_munge()
         self._check_ports(self.daemon_names)
         say(f"rendering config into {self.etc_dir}")
         self._prepare()
@@ -663,6 +714,8 @@ class LabCluster:
         # slurmd first, so slurmctld does not log every node as lost
         self._signal_and_wait([n for n in self.daemon_names if n != "slurmctld"], 10.0)
         self._signal_and_wait(["slurmctld"], 10.0)
+        if self.chroot is not None and not any(self._alive().values()):
+            self.chroot.unbind(self.root)
 
     def status(self) -> dict[str, Any]:
         """Which daemons are alive (with pids) and, if slurmctld answers, each node's state."""
