@@ -35,6 +35,7 @@ CLIENT_COMMANDS = (
     "srun",
 )
 _TIMEOUT_S = 30.0
+_CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class ChrootError(RuntimeError):
@@ -209,15 +210,29 @@ class SlurmChroot:
     def write_wrappers(self, bin_dir: Path) -> Path:
         """One executable per Slurm client command in ``bin_dir`` that runs the chroot's
         command (environment kept, so ``SLURM_CONF`` works) in the caller's directory
-        when that exists inside, else in ``/``. For ``CliSlurmClient(bin_dir=...)``."""
+        when that exists inside, else in ``/``. For ``CliSlurmClient(bin_dir=...)``.
+
+        The command is named by its path inside the chroot, and ``PATH`` is the chroot's
+        own: ``bin_dir`` may be visible inside (the lab root is bind-mounted), and jobs
+        inherit the submitter's ``PATH``, where the host's directories mean nothing."""
         bin_dir.mkdir(parents=True, exist_ok=True)
         for cmd in CLIENT_COMMANDS:
+            inner = next(
+                (
+                    f"{d}/{cmd}"
+                    for d in ("/usr/bin", "/usr/sbin")
+                    if self.inside(f"{d}/{cmd}").exists()
+                ),
+                None,
+            )
+            if inner is None:
+                continue
             script = (
                 "#!/bin/sh\n"
                 f"# {cmd} from the Slurm chroot {self.path} (written by slurmgpu.labcluster)\n"
-                f"exec chroot {shlex.quote(str(self.path))} "
+                f"PATH={_CHROOT_PATH} exec chroot {shlex.quote(str(self.path))} "
                 '/bin/sh -c \'cd "$0" 2>/dev/null || cd /; exec "$@"\' '
-                f'"$PWD" {cmd} "$@"\n'
+                f'"$PWD" {inner} "$@"\n'
             )
             path = bin_dir / cmd
             path.write_text(script)

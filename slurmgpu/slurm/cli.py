@@ -76,8 +76,11 @@ _ALREADY_DONE_RE: Final = re.compile(r"already completing or completed", re.IGNO
 # What sacct prints (stderr, exit 1) under AccountingStorageType=accounting_storage/none.
 _ACCOUNTING_DISABLED_RE: Final = re.compile(r"accounting storage is disabled", re.IGNORECASE)
 _DATA_PARSER_RE: Final = re.compile(r"v\d+\.\d+\.\d+")
-# What 24.11/26.05 squeue/sinfo/scontrol print (exit 1) for a --json=vX they lack.
-_NO_PLUGIN_RE: Final = re.compile(r"unable to find plugin: data_parser/\S+")
+# What 24.11/26.05 squeue/sinfo/scontrol print (exit 1) for a --json=vX they lack;
+# 22.05's take no argument at all.
+_NO_PLUGIN_RE: Final = re.compile(
+    r"unable to find plugin: data_parser/\S+|'--json' doesn't allow an argument"
+)
 # Job ids per sacct call: keeps the argument list and each answer small.
 SACCT_CHUNK: Final = 200
 

@@ -743,7 +743,9 @@ def _allocation(node: str, detail: str) -> tuple[NodeGpuAllocation | None, tuple
             gpu_idx.extend(it.indices)
         elif it.name == "shard":
             seen = True
-            shard_idx.extend(it.indices)
+            # 22.05: "shard:2(IDX:3)"; 24.11+: "shard:2(0/4,0/4,2/4,0/4)", the shards
+            # taken on each GPU: the GPUs with some are the job's
+            shard_idx.extend(it.indices or (i for i, (n, _) in enumerate(it.shares) if n))
             shards += it.count
     if not seen:
         return None, skipped
@@ -919,7 +921,8 @@ def decode_squeue(
     in place to hold this listing.
     """
     what = "squeue --json"
-    doc, raw_doc, data = _decode_lenient(_SQUEUE_DECODER, _RAW_SQUEUE_DECODER, data, what)
+    decoded = _decode_lenient(_SQUEUE_DECODER, _RAW_SQUEUE_DECODER, data, what)
+    doc, raw_doc, data = decoded
     skipped = _Skipped()
     if doc is None:
         assert raw_doc is not None
@@ -1149,7 +1152,8 @@ def decode_sinfo(data: bytes | str) -> list[Node]:
     ``"sinfo"`` shape of 23.11+ sinfo. Errors as for :func:`decode_squeue`.
     """
     what = "sinfo --json"
-    doc, raw_doc, data = _decode_lenient(_SINFO_DECODER, _RAW_SINFO_DECODER, data, what)
+    decoded = _decode_lenient(_SINFO_DECODER, _RAW_SINFO_DECODER, data, what)
+    doc, raw_doc, data = decoded
     skipped = _Skipped()
     node_records: list[NodeRecord] | None
     sinfo_records: list[SinfoRecord] | None

@@ -323,7 +323,8 @@ def decode_sacct(data: bytes | str) -> tuple[list[Job], str]:
     "nothing found", which gives ``[]``).
     """
     what = "sacct --json"
-    doc, raw_doc, data = _decode_lenient(_SACCT_DECODER, _RAW_SACCT_DECODER, data, what)
+    decoded = _decode_lenient(_SACCT_DECODER, _RAW_SACCT_DECODER, data, what)
+    doc, raw_doc, data = decoded
     skipped = _Skipped()
     records: list[SacctJobRecord] | None
     if doc is None:
