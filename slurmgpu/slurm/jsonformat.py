@@ -510,21 +510,49 @@ def _decode(decoder: msgspec.json.Decoder[_T], data: bytes | str, what: str) -> 
         raise SlurmParseError(f"{what}: not valid JSON: {exc}") from None
 
 
-# A \uD800-\uDFFF escape that is not half of a surrogate pair (not valid JSON text for
-# msgspec); the lookbehind leaves an escaped backslash ("\\uD800", literal text) alone.
-_LONE_SURROGATE: Final = re.compile(
-    rb"(?<!\\)\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    rb"|(?<![\\]u[dD][89abAB][0-9a-fA-F]{2})(?<!\\)\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-)
+# JSON escapes, to find \uD800-\uDFFF escapes that are not half of a surrogate pair
+# (msgspec refuses them; Python's json writes them for lone surrogates); an escaped
+# backslash is its own escape, so "\\\\uD800" (literal text) is left alone.
+_ESCAPE: Final = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+# Control bytes JSON forbids raw (tab, newline and return may be whitespace: kept).
+_RAW_CONTROL: Final = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _lone_surrogates_replaced(raw: bytes) -> bytes:
+    spans: list[tuple[int, int]] = []
+    high: tuple[int, int] | None = None  # the last high surrogate escape, if unpaired yet
+    for m in _ESCAPE.finditer(raw):
+        code = int(m.group(1), 16) if m.group(1) else -1
+        if high is not None:
+            if 0xDC00 <= code <= 0xDFFF and m.start() == high[1]:
+                high = None  # a pair: fine
+                continue
+            spans.append(high)
+            high = None
+        if 0xD800 <= code <= 0xDBFF:
+            high = (m.start(), m.end())
+        elif 0xDC00 <= code <= 0xDFFF:
+            spans.append((m.start(), m.end()))
+    if high is not None:
+        spans.append(high)
+    if not spans:
+        return raw
+    out = bytearray()
+    last = 0
+    for a, b in spans:
+        out += raw[last:a] + b"\\ufffd"
+        last = b
+    return bytes(out + raw[last:])
 
 
 def _repaired(data: bytes | str) -> bytes | None:
-    """The document with invalid UTF-8 and lone surrogate escapes replaced by U+FFFD,
-    or None when there was nothing to repair."""
+    """The document with invalid UTF-8, lone surrogate escapes and raw control bytes
+    made valid (U+FFFD; control bytes escaped), or None when there was nothing to do."""
     raw = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data)
     fixed = raw.decode("utf-8", "replace").encode("utf-8")
     if b"\\u" in fixed:
-        fixed = _LONE_SURROGATE.sub(rb"\\ufffd", fixed)
+        fixed = _lone_surrogates_replaced(fixed)
+    fixed = _RAW_CONTROL.sub(lambda m: b"\\u%04x" % m.group(0)[0], fixed)
     return fixed if fixed != raw else None
 
 
@@ -545,19 +573,32 @@ def _decode_lenient(
         with _gc_paused():
             return decoder.decode(data), None, data
     except msgspec.ValidationError:
-        pass
+        pass  # a record of the wrong shape, or bytes msgspec had not reached yet
     except msgspec.DecodeError:
-        fixed = _repaired(data)
-        if fixed is None:
-            return _decode(decoder, data, what), None, data  # raises the clear error
-        log.warning("%s: invalid UTF-8 in the output, decoded with replacement", what)
-        data = fixed
+        data = _repair_or_raise(decoder, data, what)
         try:
             with _gc_paused():
                 return decoder.decode(data), None, data
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass
+    try:
+        with _gc_paused():
+            return None, raw_decoder.decode(data), data
+    except msgspec.DecodeError:
+        data = _repair_or_raise(raw_decoder, data, what)
     return None, _decode(raw_decoder, data, what), data
+
+
+def _repair_or_raise(decoder: msgspec.json.Decoder[_T], data: bytes | str, what: str) -> bytes:
+    """``data`` with bad UTF-8 replaced (counted, one warning), or the clear parse error
+    when that is not what is wrong with it."""
+    fixed = _repaired(data)
+    if fixed is None:
+        _decode(decoder, data, what)  # raises "not valid JSON: ..."
+        raise SlurmParseError(f"{what}: not valid JSON")  # (it decoded after all)
+    decode_stats.values_unparsed(what.split(maxsplit=1)[0], 1)
+    log.warning("%s: invalid UTF-8 in the output, decoded with replacement", what)
+    return fixed
 
 
 _UNAVAILABLE_RE: Final = re.compile(
