@@ -5,7 +5,7 @@
 #
 #   ./scripts/slurm_chroot.sh build SUITE     # make (or reuse) the chroot; prints its root
 #   ./scripts/slurm_chroot.sh mount SUITE     # proc, sys, dev, dev/pts and its own /run
-#   ./scripts/slurm_chroot.sh umount SUITE
+#   ./scripts/slurm_chroot.sh umount SUITE    # stops the chroot's munged, then unmounts
 #   ./scripts/slurm_chroot.sh version SUITE   # the Slurm version installed there
 #   ./scripts/slurm_chroot.sh path SUITE      # the chroot's directory
 #
@@ -20,7 +20,7 @@
 # files never meet the host's.
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" >&2; exit 2; }
+usage() { sed -n '2,14p' "$0" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 cmd=$1 suite=$2
 case $suite in trixie|sid|forky|bookworm-backports|trixie-backports) ;; *)
@@ -37,7 +37,11 @@ do_mount() {
   mountpoint -q "$R/run"     || mount -t tmpfs -o mode=755 tmpfs "$R/run"
 }
 do_umount() {
-  local m
+  local m pid
+  if [ -s "$R/run/munge/munged.pid" ]; then  # the lab's munged (started by the launcher)
+    pid=$(cat "$R/run/munge/munged.pid")
+    if [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$R" ]; then kill "$pid" || true; sleep 0.5; fi
+  fi
   for m in run dev/pts dev sys proc; do
     if mountpoint -q "$R/$m"; then umount "$R/$m" || umount -l "$R/$m"; fi
   done

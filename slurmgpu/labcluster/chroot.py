@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -135,6 +136,43 @@ class SlurmChroot:
             )
         with contextlib.suppress(OSError):
             target.rmdir()  # the empty mount point (never anything under it)
+
+    def kill_leftovers(self, lab_root: Path) -> list[int]:
+        """SIGKILL the processes in this chroot left by the lab at ``lab_root`` and all
+        under them; returns their pids. slurmstepd is told by ``SLURM_CONF`` under
+        ``lab_root`` in its environment or a file under ``lab_root`` open (its log):
+        it may overwrite its environment with its process title."""
+        parents: dict[int, int] = {}
+        roots: set[int] = set()
+        mine = str(lab_root.absolute()) + "/"
+        seen_via_mount = str(self.inside(lab_root.absolute())) + "/"
+        marker = f"SLURM_CONF={mine}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+                if os.readlink(entry / "root") != str(self.path):
+                    continue
+                env = (entry / "environ").read_bytes().split(b"\0")
+                if any(e.startswith(marker) for e in env) or any(
+                    os.readlink(fd).startswith((mine, seen_via_mount))
+                    for fd in (entry / "fd").iterdir()
+                    if fd.is_symlink()
+                ):
+                    roots.add(pid)
+        doomed = set(roots)
+        grew = True
+        while grew:
+            more = {p for p, pp in parents.items() if pp in doomed and p not in doomed}
+            doomed |= more
+            grew = bool(more)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return sorted(doomed)
 
     # ------------------------------------------------------------------ munge, version
 

@@ -715,6 +715,9 @@ class LabCluster:
         self._signal_and_wait([n for n in self.daemon_names if n != "slurmctld"], 10.0)
         self._signal_and_wait(["slurmctld"], 10.0)
         if self.chroot is not None and not any(self._alive().values()):
+            # jobs' slurmstepd (and their jobs) outlive slurmd; in a chroot they would
+            # also hold the bind mount: end the ones of this lab (SLURM_CONF is ours)
+            self.chroot.kill_leftovers(self.root)
             self.chroot.unbind(self.root)
 
     def status(self) -> dict[str, Any]:
