@@ -70,6 +70,7 @@ build)
     echo "deb $MIRROR $suite main" > "$R/etc/apt/sources.list.d/backports.list"
   fi
   printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
+  [ -s "$R/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' > "$R/etc/hosts"
   do_mount
   trap do_umount EXIT
   pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)

@@ -85,6 +85,8 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
         ctld_port=SESSION_CTLD_PORT,
         slurmd_port_base=SESSION_SLURMD_PORT_BASE,
         slurm_root=slurm_root,
+        # SGPU_TEST_SLURM_ACCOUNTING=1: slurmdbd + MariaDB from the chroot too
+        accounting=bool(slurm_root and os.environ.get("SGPU_TEST_SLURM_ACCOUNTING")),
     )
     saved = os.environ.get("SLURM_CONF")
     saved_path = os.environ.get("PATH", "")

@@ -110,8 +110,13 @@ class SlurmChroot:
             raise ChrootError(f"mount {' '.join(args)} {target}: {proc.stderr.strip()}")
 
     def mount_base(self) -> None:
-        """proc, sys, dev, dev/pts and a tmpfs /run inside the chroot (idempotent)."""
+        """proc, sys, dev, dev/pts and a tmpfs /run inside the chroot (idempotent);
+        an ``/etc/hosts`` naming localhost if the chroot has none (debootstrap makes
+        none, and slurmctld could not resolve ``AccountingStorageHost=localhost``)."""
         self.check()
+        hosts = self.inside("/etc/hosts")
+        if not hosts.exists():
+            hosts.write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
         self._mount(self.inside("/proc"), "-t", "proc", "proc")
         self._mount(self.inside("/sys"), "-t", "sysfs", "sys")
         self._mount(self.inside("/dev"), "--bind", "/dev")

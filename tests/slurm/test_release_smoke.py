@@ -15,8 +15,11 @@ Each test drives real daemons through slurmgpu's own Slurm client:
 - malleable resize (signal, ack, requeue-hold, update, release) by the daemon's own
   MalleableActuator (tests/slurm/resize_driver.py) with a job named in invalid UTF-8
   present all along: the listing is still read and the resize completes (issue 22);
-- accounting path: ``sacct`` through ``finished_jobs`` (no slurmdbd in the lab: Slurm
-  says accounting is disabled, which must read as "nothing known", not as an error).
+- accounting path: ``sacct`` through ``finished_jobs``: with slurmdbd + MariaDB
+  (``SGPU_TEST_SLURM_ACCOUNTING=1``, chroot labs) a completed and a failed job with their
+  exit codes, GPUs and shards, also through a data_parser the release lacks (sacct exits
+  0 with nothing); without (the host's lab) Slurm says accounting is disabled, which must
+  read as "nothing known", not as an error.
 """
 
 from __future__ import annotations
@@ -223,18 +226,32 @@ def test_malleable_resize_completes_beside_an_invalid_utf8_job_name(
 
 
 def test_accounting_path(slurm: CliSlurmClient) -> None:
-    job_id = _sbatch(slurm, "--gres=gpu:1", "--wrap", "true")
-    wait_for("the job over", lambda: (j := _job(slurm, job_id)) and j.state.is_terminal)
+    ok = _sbatch(slurm, "--gres=gpu:1", "--wrap", "true")
+    failed = _sbatch(slurm, "--gres=shard:2", "--wrap", "exit 3")
+    for job_id in (ok, failed):
+        wait_for("the job over", lambda j=job_id: (x := _job(slurm, j)) and x.state.is_terminal)
     proc = subprocess.run(
-        ["sacct", "--json", "-X", "-j", str(job_id)],
+        ["sacct", "--json", "-X", "-j", str(ok)],
         capture_output=True,
         text=True,
         timeout=20,
         check=False,
     )
-    finished = slurm.finished_jobs([job_id])
     if "accounting storage is disabled" in proc.stderr.lower():
-        assert finished == []  # the lab has no slurmdbd: nothing known, not an error
-    else:
-        assert [j.job_id for j in finished] == [job_id]
-        assert finished[0].state is JobState.COMPLETED and finished[0].gpus.gpus == 1
+        # a lab without slurmdbd (the host's 22.05): nothing known, not an error
+        assert slurm.finished_jobs([ok, failed]) == []
+        return
+    # slurmdbd + MariaDB (chroot labs): what accounting knows, through the default
+    # data_parser and through one this release lacks (sacct then exits 0 and prints
+    # nothing: the client must fall back, not read "no jobs")
+    for parser in (None, "v0.0.39"):
+        client = CliSlurmClient(timeout_s=20, data_parser=parser)
+        done = wait_for(
+            "accounting to know both jobs",
+            lambda c=client: len(got := c.finished_jobs([ok, failed])) == 2 and got,
+        )
+        by_id = {j.job_id: j for j in done}
+        assert (by_id[ok].state, by_id[ok].exit_code) == (JobState.COMPLETED, 0)
+        assert (by_id[failed].state, by_id[failed].exit_code) == (JobState.FAILED, 3)
+        assert (by_id[ok].gpus.gpus, by_id[failed].gpus.shards) == (1, 2)
+        assert client.data_parser is None
