@@ -12,6 +12,9 @@ waits until it runs, and writes to ``tests/golden/slurm-MAJOR.MINOR/``:
   ``sinfo --json --Node`` with the default data_parser and with every other version this
   Slurm has (``--json=vX``; 22.05 has one and takes no argument);
 - ``mixed_scontrol_nodes.json``: ``scontrol show nodes --json``;
+- ``mixed_sacct[.vX].json`` (chroot labs, which run slurmdbd + MariaDB): ``sacct --json
+  -X`` after two short jobs ended (``ok``: 1 GPU, exit 0; ``fails``: 2 shards, exit 3)
+  beside the running plan;
 - ``mixed_expected.json``: the plan (per node and per job), what the captures must parse to.
 
 Run as root. Nothing is written by hand; run it again to refresh a release's files.
@@ -65,7 +68,16 @@ def expected() -> dict[str, object]:
         }
         if not held:
             nodes[node][f"{kind}s_used"] += int(count)
-    return {"nodes": nodes, "jobs": jobs, "bad_name": BAD_NAME.decode("latin-1")}
+    finished = {
+        "ok": {"gpus": 1, "shards": 0, "state": "COMPLETED", "exit_code": 0},
+        "fails": {"gpus": 0, "shards": 2, "state": "FAILED", "exit_code": 3},
+    }
+    return {
+        "nodes": nodes,
+        "jobs": jobs,
+        "finished": finished,
+        "bad_name": BAD_NAME.decode("latin-1"),
+    }
 
 
 def main() -> int:
@@ -84,7 +96,11 @@ def main() -> int:
         slurm_root = built.stdout.strip().splitlines()[-1]
     root = Path(tempfile.mkdtemp(prefix="sgpu-golden-", dir="/tmp"))
     lab = LabCluster(
-        root, ctld_port=args.port, slurmd_port_base=args.port + 1, slurm_root=slurm_root
+        root,
+        ctld_port=args.port,
+        slurmd_port_base=args.port + 1,
+        slurm_root=slurm_root,
+        accounting=slurm_root is not None,
     )
     lab.up(timeout_s=60)
     env = {**os.environ, **lab.env()}
@@ -97,6 +113,15 @@ def main() -> int:
         return proc.stdout
 
     try:
+        if lab.accounting:  # two short jobs first, for sacct
+            run("sbatch", "-o", "/dev/null", "-J", "ok", "--gres=gpu:1", "-w", "gpu4",
+                "--wrap", "true")  # fmt: skip
+            run("sbatch", "-o", "/dev/null", "-J", "fails", "--gres=shard:2", "-w", "gpu3",
+                "--wrap", "exit 3")  # fmt: skip
+            for _ in range(300):
+                if not run("squeue", "-h", "-o", "%i").split():
+                    break
+                time.sleep(0.2)
         for name, node, gres, held in PLAN:
             job_name = BAD_NAME if name == "badname" else name.encode()
             run("sbatch", "-o", "/dev/null", "-J", job_name, f"--gres={gres}", "-w", node,
@@ -122,6 +147,18 @@ def main() -> int:
             for what, argv in (("squeue", ["squeue", flag]), ("sinfo", ["sinfo", flag, "--Node"])):
                 path = folder / f"mixed_{what}{suffix}.json"
                 path.write_bytes(run(*argv))
+                written.append(path.name)
+        if lab.accounting:
+            for suffix, flag in [("", "--json"), *((f".{p}", f"--json={p}") for p in parsers)]:
+                if suffix == f".{default}":
+                    continue
+                for _ in range(100):  # slurmdbd learns of the plan's jobs a moment later
+                    out = run("sacct", flag, "-X", "--allusers")
+                    if out.count(b'"job_id"') >= len(PLAN) + 2:
+                        break
+                    time.sleep(0.2)
+                path = folder / f"mixed_sacct{suffix}.json"
+                path.write_bytes(out)
                 written.append(path.name)
         nodes = run("scontrol", "show", "nodes", "--json", check=False)  # 23.02+
         if nodes.strip():

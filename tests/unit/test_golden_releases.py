@@ -25,6 +25,7 @@ from slurmgpu.slurm.jsonformat import (
     decode_sinfo,
     decode_squeue,
 )
+from slurmgpu.slurm.sacct import decode_sacct
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RELEASES = sorted(p.parent for p in GOLDEN.glob("slurm-*/mixed_expected.json"))
@@ -129,3 +130,35 @@ def test_a_version_newer_than_known_is_decoded_warned_once_and_counted(
     assert len(first) == len(second) == 7
     assert caplog.text.count("data_parser v0.0.77 is not one slurmgpu was tested with") == 1
     assert decode_stats.snapshot().data_parsers["v0.0.77"] is False
+
+
+SACCT = sorted(GOLDEN.glob("slurm-*/mixed_sacct*.json"))
+
+
+@pytest.mark.parametrize("path", SACCT, ids=_id)
+def test_accounting_parses_to_the_plan(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """sacct of real slurmdbd + MariaDB (24.11, 26.05 chroot labs), every data_parser."""
+    plan = _expected(path)
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.slurm"):
+        jobs, release = decode_sacct(path.read_bytes())
+    assert release.startswith(path.parent.name.removeprefix("slurm-"))
+    assert "did not parse" not in caplog.text and "skipped" not in caplog.text
+    by_name = {j.name: j for j in jobs}
+    for name, want in plan["finished"].items():
+        job = by_name[name]
+        assert job.state is JobState(want["state"]), name
+        assert job.exit_code == want["exit_code"], name
+        assert (job.gpus.gpus, job.gpus.shards) == (want["gpus"], want["shards"]), name
+    # MariaDB stored the invalid UTF-8 name as "bad??name" (its own replacement)
+    (odd,) = [n for n in by_name if n.startswith("bad") and n.endswith("name")]
+    assert odd == "bad??name"
+    for name, want in plan["jobs"].items():  # the running plan, as accounting sees it
+        if want["state"] != "RUNNING":
+            continue  # a held job: accounting may not list it yet
+        job = by_name[odd if name == "badname" else name]
+        assert job.state is JobState.RUNNING, name
+        assert (job.gpus.gpus, job.gpus.shards) == (want["gpus"], want["shards"]), name
+
+
+def test_accounting_captures_exist_where_the_lab_had_slurmdbd() -> None:
+    assert sorted({p.parent.name for p in SACCT}) == ["slurm-24.11", "slurm-26.05"]
