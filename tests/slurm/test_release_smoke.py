@@ -228,8 +228,12 @@ def test_malleable_resize_completes_beside_an_invalid_utf8_job_name(
 def test_accounting_path(slurm: CliSlurmClient) -> None:
     ok = _sbatch(slurm, "--gres=gpu:1", "--wrap", "true")
     failed = _sbatch(slurm, "--gres=shard:2", "--wrap", "exit 3")
-    for job_id in (ok, failed):
-        wait_for("the job over", lambda j=job_id: (x := _job(slurm, j)) and x.state.is_terminal)
+
+    def over(job_id: int) -> bool:
+        job = _job(slurm, job_id)
+        return job is not None and job.state.is_terminal
+
+    wait_for("both jobs over", lambda: over(ok) and over(failed))
     proc = subprocess.run(
         ["sacct", "--json", "-X", "-j", str(ok)],
         capture_output=True,
@@ -246,10 +250,12 @@ def test_accounting_path(slurm: CliSlurmClient) -> None:
     # nothing: the client must fall back, not read "no jobs")
     for parser in (None, "v0.0.39"):
         client = CliSlurmClient(timeout_s=20, data_parser=parser)
-        done = wait_for(
-            "accounting to know both jobs",
-            lambda c=client: len(got := c.finished_jobs([ok, failed])) == 2 and got,
-        )
+
+        def known(c: CliSlurmClient = client) -> list[Job] | None:
+            got = c.finished_jobs([ok, failed])
+            return got if len(got) == 2 else None
+
+        done = wait_for("accounting to know both jobs", known)
         by_id = {j.job_id: j for j in done}
         assert (by_id[ok].state, by_id[ok].exit_code) == (JobState.COMPLETED, 0)
         assert (by_id[failed].state, by_id[failed].exit_code) == (JobState.FAILED, 3)
