@@ -264,3 +264,37 @@ def test_error_kinds_follow_the_observers_wording() -> None:
     assert error_kind("slurm output not understood: bad JSON") == "parse"
     assert error_kind("slurm error: squeue exited 1") == "slurm"
     assert error_kind("database is locked") == "store"
+
+
+def test_what_the_slurm_decoders_left_out_is_in_metrics(tmp_path: Path) -> None:
+    """A skipped squeue record, an unparsed GRES detail and the data_parser versions seen
+    (issue 18/22) are exported, counted for the process."""
+    import json as _json
+
+    from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
+
+    golden = Path(__file__).resolve().parents[1] / "golden" / "slurm-26.05"
+    metrics = DaemonMetrics(open_store(f"sqlite:///{tmp_path / 'm.db'}").engine, "lab")
+
+    def values() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = metrics.exposition().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name.startswith("sgpu_slurm_")
+        }
+
+    before = values()
+    doc = _json.loads((golden / "mixed_squeue.json").read_bytes().decode("utf-8", "replace"))
+    doc["jobs"][0]["job_id"] = "not a number"
+    decode_squeue(_json.dumps(doc))
+    nodes = _json.loads((golden / "mixed_sinfo.json").read_text())
+    nodes["sinfo"][0]["gres"]["used"] = "gpu:2(IDX:0-1),shard:5(?/4,-/4,2/4,3/4)"
+    decode_sinfo(_json.dumps(nodes))
+    after = values()
+    skipped = ("sgpu_slurm_records_skipped_total", (("listing", "squeue"),))
+    unparsed = ("sgpu_slurm_values_unparsed_total", (("listing", "sinfo"),))
+    assert after[skipped] == before.get(skipped, 0) + 1
+    assert after[unparsed] == before.get(unparsed, 0) + 1
+    assert after[("sgpu_slurm_data_parser", (("known", "1"), ("version", "v0.0.45")))] == 1
