@@ -58,7 +58,12 @@ build)
   command -v debootstrap >/dev/null 2>&1 || {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; }
   if [ -d "$R" ]; then           # a build cut off half-way: start again
-    do_umount; rm -rf --one-file-system "$R"
+    do_umount
+    if awk -v r="$R/" 'index($2, r) == 1 {found=1} END {exit !found}' /proc/mounts; then
+      # e.g. a crashed lab's bind mount: rm would reach through it into the host
+      echo "slurm_chroot: $R still has mounts under it; unmount them first" >&2; exit 1
+    fi
+    rm -rf --one-file-system "$R"
   fi
   base=$suite; case $suite in *-backports) base=${suite%-backports} ;; esac
   t0=$(date +%s)
