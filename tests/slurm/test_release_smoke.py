@@ -47,18 +47,24 @@ ROOT = Path(__file__).resolve().parents[2]
 BAD_NAME = os.fsdecode(b"bad\xff\xfename")  # raw bytes in argv; any user can do this
 
 
+def _drain(client: CliSlurmClient) -> None:
+    subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
+    wait_for(
+        "the cluster to drain",
+        lambda: not [j for j in client.jobs() if not j.state.is_terminal],
+        timeout_s=60,
+    )
+
+
 @pytest.fixture
 def slurm(slurm_cluster: LabCluster) -> Iterator[CliSlurmClient]:
+    """The client, on an empty cluster (per-node counts are asserted exactly)."""
     client = CliSlurmClient(timeout_s=20)  # PATH has the chroot's wrappers first, if any
+    _drain(client)
     try:
         yield client
     finally:
-        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
-        wait_for(
-            "the cluster to drain",
-            lambda: not [j for j in client.jobs() if not j.state.is_terminal],
-            timeout_s=60,
-        )
+        _drain(client)
 
 
 def _job(slurm: CliSlurmClient, job_id: int) -> Job | None:
