@@ -21,8 +21,18 @@ command -v lua5.4 >/dev/null 2>&1 || need_apt+=(lua5.4)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
 PY=""
+# Debian 13's python3 imports venv without python3-venv, and only `-m venv` then fails
+# (ensurepip is not available): so a candidate must really make a venv with pip.
+venv_works() {
+  local t ok=1
+  t=$(mktemp -d)
+  "$1" -m venv "$t/v" >/dev/null 2>&1 && [ -x "$t/v/bin/pip" ] && ok=0
+  rm -rf "$t"
+  return $ok
+}
 for cand in python3.13 python3.12 python3.11 python3; do
-  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null &&
+     { [ -x .venv/bin/python ] || venv_works "$cand"; }; then
     PY=$(command -v "$cand"); break
   fi
 done

@@ -14,3 +14,19 @@ echo "== mypy"; .venv/bin/mypy
 # SGPU_HYPOTHESIS_PROFILE=dev draws new ones.
 export SGPU_HYPOTHESIS_PROFILE="${SGPU_HYPOTHESIS_PROFILE:-ci}"
 echo "== pytest"; .venv/bin/pytest -q -n "${SGPU_TEST_WORKERS:-2}" "$@"
+
+# Slurm releases users run today (issue 18): the release smoke set again on Debian
+# trixie's 24.11 and sid's 26.05, each run by its own daemons (slurmdbd + MariaDB too)
+# from a debootstrap chroot
+# cached under /srv (scripts/slurm_chroot.sh: built once, about 1 min each; reused after).
+# SGPU_SKIP_RELEASES=1 skips this part.
+if [ -z "${SGPU_SKIP_RELEASES:-}" ]; then
+  for suite in trixie sid; do
+    echo "== release smoke set: Debian $suite"
+    root=$(./scripts/slurm_chroot.sh build "$suite")
+    release=$(./scripts/slurm_chroot.sh version "$suite" | cut -d. -f1,2)
+    SGPU_TEST_SLURM_ROOT="$root" SGPU_TEST_SLURM_RELEASE="$release" SGPU_TEST_SLURM_ACCOUNTING=1 \
+      .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py
+    ./scripts/slurm_chroot.sh umount "$suite"
+  done
+fi

@@ -71,20 +71,35 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
     """
     if os.geteuid() != 0:
         _skip("the lab Slurm cluster needs root (it starts slurmd and may apt-get install)")
+    # SGPU_TEST_SLURM_ROOT: a chroot with another Slurm release (scripts/slurm_chroot.sh);
+    # its client wrappers go first on PATH, so `sbatch` and CliSlurmClient() use them.
+    slurm_root = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
     try:
-        ensure_packages()
+        if slurm_root is None:
+            ensure_packages()
     except LabClusterError as exc:
         _skip(f"Slurm packages are missing and cannot be installed: {exc}")
     root = Path(tempfile.mkdtemp(prefix="sgpu-lab-", dir="/tmp"))
-    lab = LabCluster(root, ctld_port=SESSION_CTLD_PORT, slurmd_port_base=SESSION_SLURMD_PORT_BASE)
+    lab = LabCluster(
+        root,
+        ctld_port=SESSION_CTLD_PORT,
+        slurmd_port_base=SESSION_SLURMD_PORT_BASE,
+        slurm_root=slurm_root,
+        # SGPU_TEST_SLURM_ACCOUNTING=1: slurmdbd + MariaDB from the chroot too
+        accounting=bool(slurm_root and os.environ.get("SGPU_TEST_SLURM_ACCOUNTING")),
+    )
     saved = os.environ.get("SLURM_CONF")
+    saved_path = os.environ.get("PATH", "")
     try:
         elapsed = lab.up(timeout_s=30.0)
         print(f"\nslurm_cluster: 4 nodes idle after {elapsed:.1f} s under {root}", file=sys.stderr)
         os.environ.update(lab.env())
+        if lab.bin_dir is not None:
+            os.environ["PATH"] = f"{lab.bin_dir}:{saved_path}"
         yield lab
     finally:
         lab.down(cancel_jobs=True)
+        os.environ["PATH"] = saved_path
         if saved is None:
             os.environ.pop("SLURM_CONF", None)
         else:

@@ -30,7 +30,10 @@ _root_option = click.option(
 
 
 def _export_lines(lab: LabCluster) -> list[str]:
-    return [f"export {k}={shlex.quote(v)}" for k, v in sorted(lab.env().items())]
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(lab.env().items())]
+    if lab.bin_dir is not None:  # the chroot's client commands come first on PATH
+        lines.append(f'export PATH={shlex.quote(str(lab.bin_dir))}:"$PATH"')
+    return lines
 
 
 @click.group("cluster")
@@ -58,10 +61,37 @@ def cluster() -> None:
     show_default=True,
     help="Seconds to wait for all nodes to become idle.",
 )
-def up(root: Path, nodes: int, port: int, slurmd_port_base: int, timeout: float) -> None:
+@click.option(
+    "--slurm-root",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Run the Slurm of this chroot (scripts/slurm_chroot.sh build trixie|sid) "
+    "instead of the host's.",
+)
+@click.option(
+    "--accounting",
+    is_flag=True,
+    help="With --slurm-root: also slurmdbd + MariaDB from the chroot (sacct works).",
+)
+def up(
+    root: Path,
+    nodes: int,
+    port: int,
+    slurmd_port_base: int,
+    timeout: float,
+    slurm_root: Path | None,
+    accounting: bool,
+) -> None:
     """Install Slurm/munge if needed, start the cluster, wait until every node is idle."""
     try:
-        lab = LabCluster(root, nodes=nodes, ctld_port=port, slurmd_port_base=slurmd_port_base)
+        lab = LabCluster(
+            root,
+            nodes=nodes,
+            ctld_port=port,
+            slurmd_port_base=slurmd_port_base,
+            slurm_root=slurm_root,
+            accounting=accounting,
+        )
         elapsed = lab.up(timeout_s=timeout, progress=click.echo)
     except LabClusterError as exc:
         raise click.ClickException(_one_line(exc, root)) from exc

@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.daemon.observer import CycleResult
 from slurmgpu.model import ClusterSnapshot
+from slurmgpu.slurm import decode_stats
 from slurmgpu.store import schema
 from slurmgpu.store.usage import IDLE_UTIL_PCT
 
@@ -84,6 +85,7 @@ class _StoreCollector(Collector):
                 value=rejected,
             )
         yield from self._gpus()
+        yield from _slurm_decode_metrics()
         try:
             yield from self._store_counts()
             yield from self._power()
@@ -217,6 +219,36 @@ class _StoreCollector(Collector):
                 txs.add_metric([kind, state], int(n))
         yield actions
         yield txs
+
+
+def _slurm_decode_metrics() -> Iterator[Metric]:
+    """What the Slurm decoders left out, and the data_parser versions seen (this process)."""
+    stats = decode_stats.snapshot()
+    skipped = CounterMetricFamily(
+        "sgpu_slurm_records_skipped",
+        "Slurm records (jobs, nodes) left out of a listing: bad bytes, shape or value.",
+        labels=["listing"],
+    )
+    unparsed = CounterMetricFamily(
+        "sgpu_slurm_values_unparsed",
+        "Values in Slurm's output that did not parse (GRES details, states...); "
+        "the rest of the record was used.",
+        labels=["listing"],
+    )
+    for listing in ("squeue", "sinfo", "sacct"):
+        skipped.add_metric([listing], stats.records_skipped.get(listing, 0))
+        unparsed.add_metric([listing], stats.values_unparsed.get(listing, 0))
+    parsers = GaugeMetricFamily(
+        "sgpu_slurm_data_parser",
+        "data_parser versions seen in Slurm's JSON; known=0 for one slurmgpu was not "
+        "tested with (decoded where it could be).",
+        labels=["version", "known"],
+    )
+    for version, known in sorted(stats.data_parsers.items()):
+        parsers.add_metric([version, "1" if known else "0"], 1)
+    yield skipped
+    yield unparsed
+    yield parsers
 
 
 class DaemonMetrics:

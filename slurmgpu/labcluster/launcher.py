@@ -13,6 +13,12 @@ shards. Everything lives under one root directory::
 
 ``down()`` signals only the pids recorded in ``root/run``, after checking that each one is
 still a daemon of this cluster, so other clusters on the host are left alone.
+
+With ``slurm_root=`` (a chroot made by ``scripts/slurm_chroot.sh``, e.g. Debian trixie's
+Slurm 24.11 or sid's 26.05) the daemons and commands are that chroot's
+(:mod:`slurmgpu.labcluster.chroot`): ``root`` is bind-mounted into it at the same path,
+``root/sbin`` links to its binaries, and ``root/bin`` holds wrappers of its client
+commands (:attr:`LabCluster.bin_dir`, for ``CliSlurmClient(bin_dir=...)``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurmgpu.labcluster.chroot import ChrootError, SlurmChroot
 from slurmgpu.labcluster.render import (
     ClusterConfig,
     RenderError,
@@ -269,8 +276,14 @@ class LabCluster:
         ctld_port: int = 6817,
         slurmd_port_base: int = 17001,
         templates: Path | None = None,
+        slurm_root: Path | str | None = None,
+        accounting: bool = False,
     ) -> None:
         self.root = Path(root).absolute()
+        self.chroot = SlurmChroot(slurm_root) if slurm_root else None
+        if accounting and self.chroot is None:
+            raise LabClusterError("accounting (slurmdbd + MariaDB) needs a Slurm chroot")
+        self.accounting = accounting
         self.nodes = nodes
         self.ctld_port = ctld_port
         self.slurmd_port_base = slurmd_port_base
@@ -294,12 +307,15 @@ class LabCluster:
             ctld_port=int(meta.get("ctld_port", 6817)),
             slurmd_port_base=int(meta.get("slurmd_port_base", 17001)),
             templates=templates,
+            slurm_root=meta.get("slurm_root") or None,
+            accounting=bool(meta.get("accounting")),
         )
 
     def __repr__(self) -> str:
         return (
             f"LabCluster(root={str(self.root)!r}, nodes={self.nodes}, "
-            f"ctld_port={self.ctld_port}, slurmd_port_base={self.slurmd_port_base})"
+            f"ctld_port={self.ctld_port}, slurmd_port_base={self.slurmd_port_base}"
+            + (f", slurm_root={str(self.chroot.path)!r})" if self.chroot else ")")
         )
 
     # ------------------------------------------------------------------ paths & names
@@ -321,6 +337,15 @@ class LabCluster:
         return self.root / "run"
 
     @property
+    def bin_dir(self) -> Path | None:
+        """Wrappers of the chroot's client commands (None: the host's, from PATH)."""
+        return self.root / "bin" if self.chroot else None
+
+    def command(self, name: str) -> str:
+        """The path (or PATH name) of Slurm client command ``name`` for this cluster."""
+        return str(self.bin_dir / name) if self.bin_dir else name
+
+    @property
     def log_dir(self) -> Path:
         return self.root / "log"
 
@@ -336,8 +361,10 @@ class LabCluster:
 
     @property
     def daemon_names(self) -> list[str]:
-        """``slurmctld`` and ``slurmd-gpuN``: the keys of pid files and of ``status()``."""
-        return ["slurmctld", *(f"slurmd-{n}" for n in self.node_names)]
+        """``slurmctld`` and ``slurmd-gpuN`` (after ``mariadb`` and ``slurmdbd`` with
+        accounting): the keys of pid files and of ``status()``."""
+        dbd = ["mariadb", "slurmdbd"] if self.accounting else []
+        return [*dbd, "slurmctld", *(f"slurmd-{n}" for n in self.node_names)]
 
     def env(self) -> dict[str, str]:
         """Environment that points Slurm's client commands at this cluster."""
@@ -350,6 +377,7 @@ class LabCluster:
             ctld_port=self.ctld_port,
             slurmd_port_base=self.slurmd_port_base,
             slurm_version=version,
+            accounting=self.accounting,
         )
 
     def _pid_file(self, name: str) -> Path:
@@ -434,7 +462,7 @@ class LabCluster:
 
     def _run(self, *argv: str, timeout: float = _CMD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            list(argv),
+            [self.command(argv[0]), *argv[1:]],
             env={**os.environ, **self.env()},
             capture_output=True,
             text=True,
@@ -503,15 +531,29 @@ class LabCluster:
         for node in self.node_names:
             (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
         for daemon in DAEMONS:
-            real = find_daemon(daemon)
+            real: Path | None
+            if self.chroot is not None:  # a path inside the chroot, where the link is read
+                found = self.chroot.daemon(daemon)
+                real = Path(found) if found else None
+            else:
+                real = find_daemon(daemon)
             if real is None:
-                raise LabClusterError(f"cannot find the {daemon} binary (/usr/sbin/{daemon}-wlm)")
+                where = f" in {self.chroot.path}" if self.chroot else ""
+                raise LabClusterError(
+                    f"cannot find the {daemon} binary (/usr/sbin/{daemon}-wlm){where}"
+                )
             link = self.sbin_dir / daemon
             if link.is_symlink() and Path(os.readlink(link)) == real:
                 continue
             link.unlink(missing_ok=True)
             link.symlink_to(real)  # argv[0] must be "slurmctld"/"slurmd", not "*-wlm"
-        version = detect_slurm_version(self.sbin_dir / "slurmctld")
+        if self.chroot is not None:
+            self.chroot.write_wrappers(self.root / "bin")
+            version = self.chroot.version()
+            if self.accounting:
+                self._prepare_accounting()
+        else:
+            version = detect_slurm_version(self.sbin_dir / "slurmctld")
         try:
             write(self._config(version), self.etc_dir, find_templates(self.templates))
         except RenderError as exc:
@@ -522,11 +564,88 @@ class LabCluster:
             "slurmd_port_base": self.slurmd_port_base,
             "slurm_conf": str(self.conf_path),
             "slurm_version": ".".join(map(str, version)) if version else None,
+            "slurm_root": str(self.chroot.path) if self.chroot else None,
+            "bin_dir": str(self.bin_dir) if self.bin_dir else None,
+            "accounting": self.accounting,
         }
         (self.run_dir / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
 
+    def _prepare_accounting(self) -> None:
+        """Links to the chroot's mariadbd and slurmdbd; a MariaDB data directory."""
+        assert self.chroot is not None
+        for name in ("mariadbd", "slurmdbd"):
+            real = f"/usr/sbin/{name}"
+            if not self.chroot.inside(real).exists():
+                raise LabClusterError(f"no {real} in {self.chroot.path} (slurmdbd, mariadb-server)")
+            link = self.sbin_dir / name
+            link.unlink(missing_ok=True)
+            link.symlink_to(real)
+        datadir = self.root / "mysql"
+        if not (datadir / "mysql").is_dir():
+            proc = self.chroot.run(
+                "mariadb-install-db",
+                f"--datadir={datadir}",
+                "--user=root",
+                "--skip-test-db",
+                "--auth-root-authentication-method=normal",
+                "--force",  # a debootstrap chroot may not resolve its host name
+                timeout=120,
+            )
+            if proc.returncode != 0:
+                raise LabClusterError(
+                    f"mariadb-install-db failed: {_tail(proc.stdout + proc.stderr, 8)}"
+                )
+
+    def _start_accounting(self, deadline: float) -> None:
+        """MariaDB (no grant tables: a throw-away lab database on 127.0.0.1), then
+        slurmdbd, each waited for on its port. slurmdbd's first start on a fresh
+        database may die (seen with MariaDB 11.8): it is started once more."""
+        config = self._config(None)
+        self._spawn(
+            "mariadb",
+            self._in_root(
+                [
+                    str(self.sbin_dir / "mariadbd"),
+                    "--no-defaults",
+                    f"--datadir={self.root / 'mysql'}",
+                    "--user=root",
+                    "--skip-grant-tables",
+                    "--bind-address=127.0.0.1",
+                    f"--port={config.storage_port}",
+                    f"--socket={self.run_dir / 'mariadb.sock'}",
+                    f"--pid-file={self.run_dir / 'mariadbd.pid'}",
+                    f"--log-error={self.log_dir / 'mariadb.log'}",
+                ]
+            ),
+        )
+        self._wait_port("mariadb", config.storage_port, deadline)
+        dbd = self._in_root([str(self.sbin_dir / "slurmdbd"), "-D"])
+        for attempt in (1, 2):
+            self._spawn("slurmdbd", dbd)
+            try:
+                self._wait_port("slurmdbd", config.dbd_port, deadline)
+                return
+            except LabClusterError:
+                if attempt == 2 or self._alive_pid("slurmdbd") is not None:
+                    raise
+                time.sleep(1.0)
+
+    def _wait_port(self, name: str, port: int, deadline: float) -> None:
+        while True:
+            self._check_daemons([name])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            if time.monotonic() > deadline:
+                raise LabClusterError(f"{name} not listening on {port}\n{self._log_tail(name)}")
+            time.sleep(_POLL_S)
+
     def _check_ports(self, names: Iterable[str]) -> None:
         ports = {"slurmctld": self.ctld_port}
+        if self.accounting:
+            config = self._config(None)
+            ports.update({"slurmdbd": config.dbd_port, "mariadb": config.storage_port})
         ports.update(
             {f"slurmd-{n}": self.slurmd_port_base + i for i, n in enumerate(self.node_names)}
         )
@@ -537,21 +656,28 @@ class LabCluster:
                 "running -- pick other ports (ctld_port / slurmd_port_base, --port)"
             )
 
+    def _in_root(self, argv: list[str]) -> list[str]:
+        return self.chroot.argv(*argv) if self.chroot is not None else argv
+
     def _ctld_argv(self) -> list[str]:
         # -D foreground, -i ignore unreadable state; never -c: keep jobs across restarts
-        return [str(self.sbin_dir / "slurmctld"), "-D", "-i", "-f", str(self.conf_path)]
+        return self._in_root(
+            [str(self.sbin_dir / "slurmctld"), "-D", "-i", "-f", str(self.conf_path)]
+        )
 
     def _slurmd_argv(self, node: str) -> list[str]:
-        return [
-            str(self.sbin_dir / "slurmd"),
-            "-D",
-            "-f",
-            str(self.conf_path),
-            "-N",
-            node,
-            "-d",
-            str(self.sbin_dir / "slurmstepd"),
-        ]
+        return self._in_root(
+            [
+                str(self.sbin_dir / "slurmd"),
+                "-D",
+                "-f",
+                str(self.conf_path),
+                "-N",
+                node,
+                "-d",
+                str(self.sbin_dir / "slurmstepd"),
+            ]
+        )
 
     def up(self, timeout_s: float = 30.0, progress: Callable[[str], None] | None = None) -> float:
         """Start the cluster (installing Slurm/munge if needed); returns seconds from launching
@@ -568,9 +694,19 @@ class LabCluster:
             say("stopping the remains of an earlier start")
             self._signal_and_wait(self.daemon_names, timeout_s=10.0)
 
-        say("checking Slurm and munge packages")
-        ensure_packages()
-        ensure_munge()
+        if self.chroot is not None:
+            say(f"mounting the Slurm chroot {self.chroot.path}")
+            try:
+                self.chroot.mount_base()
+                self.root.mkdir(parents=True, exist_ok=True)
+                self.chroot.bind(self.root)
+                self.chroot.ensure_munge()
+            except ChrootError as exc:
+                raise LabClusterError(str(exc)) from exc
+        else:
+            say("checking Slurm and munge packages")
+            ensure_packages()
+            ensure_munge()
         self._check_ports(self.daemon_names)
         say(f"rendering config into {self.etc_dir}")
         self._prepare()
@@ -578,6 +714,12 @@ class LabCluster:
         say(f"starting slurmctld (port {self.ctld_port}) and {self.nodes} slurmd")
         t0 = time.monotonic()
         deadline = t0 + timeout_s
+        if self.accounting:
+            try:
+                self._start_accounting(deadline)
+            except LabClusterError:
+                self._signal_and_wait(["slurmdbd", "mariadb"], timeout_s=10.0)
+                raise
         self._spawn("slurmctld", self._ctld_argv())
         for node in self.node_names:
             self._spawn(f"slurmd-{node}", self._slurmd_argv(node))
@@ -663,6 +805,14 @@ class LabCluster:
         # slurmd first, so slurmctld does not log every node as lost
         self._signal_and_wait([n for n in self.daemon_names if n != "slurmctld"], 10.0)
         self._signal_and_wait(["slurmctld"], 10.0)
+        if self.accounting:
+            self._signal_and_wait(["slurmdbd"], 10.0)
+            self._signal_and_wait(["mariadb"], 20.0)
+        if self.chroot is not None and not any(self._alive().values()):
+            # jobs' slurmstepd (and their jobs) outlive slurmd; in a chroot they would
+            # also hold the bind mount: end the ones of this lab (SLURM_CONF is ours)
+            self.chroot.kill_leftovers(self.root)
+            self.chroot.unbind(self.root)
 
     def status(self) -> dict[str, Any]:
         """Which daemons are alive (with pids) and, if slurmctld answers, each node's state."""

@@ -112,6 +112,8 @@ class ClusterConfig:
     storage_host: str = "mariadb"
     storage_user: str = "slurm"
     storage_pass: str = "slurm"  # noqa: S105 - a throwaway lab database, documented as such
+    dbd_port: int = 6819
+    storage_port: int = 3306
     slurm_version: tuple[int, int] | None = None
     # the daemon's JSON export; job_submit.lua reads the .tsv next to it
     recommendations_json: str = DEFAULT_RECOMMENDATIONS
@@ -132,8 +134,6 @@ class ClusterConfig:
                 f"slurmctld port {self.ctld_port} collides with the slurmd ports "
                 f"{self.slurmd_port_base}-{self.slurmd_port_base + self.nodes - 1}"
             )
-        if self.accounting and self.mode != "docker":
-            raise RenderError("accounting (slurmdbd + MariaDB) is only rendered for --mode docker")
 
     @classmethod
     def native(
@@ -145,8 +145,11 @@ class ClusterConfig:
         slurmd_port_base: int = 17001,
         slurm_user: str = "root",
         slurm_version: tuple[int, int] | None = None,
+        accounting: bool = False,
     ) -> ClusterConfig:
-        """All daemons on 127.0.0.1 of this host, state under ``root``."""
+        """All daemons on 127.0.0.1 of this host, state under ``root``. With
+        ``accounting``, slurmdbd listens on the port after the last slurmd's and MariaDB
+        on the one after that (a chroot lab starts both)."""
         root = Path(root).absolute()
         return cls(
             mode="native",
@@ -163,6 +166,11 @@ class ClusterConfig:
             slurm_user=slurm_user,
             slurm_version=slurm_version,
             recommendations_json=str(root / "etc" / "slurmgpu" / "recommendations.json"),
+            accounting=accounting,
+            dbd_host="localhost",
+            storage_host="127.0.0.1",
+            dbd_port=slurmd_port_base + nodes,
+            storage_port=slurmd_port_base + nodes + 1,
         )
 
     @classmethod
@@ -216,7 +224,9 @@ class ClusterConfig:
             [
                 "AccountingStorageType=accounting_storage/slurmdbd",
                 f"AccountingStorageHost={self.dbd_host}",
-                "AccountingStoragePort=6819",
+                f"AccountingStoragePort={self.dbd_port}",
+                # per-job GPUs and shards in sacct (26.05 refuses this without slurmdbd)
+                *(["AccountingStorageTRES=gres/gpu,gres/shard"] if self.mode == "native" else []),
             ]
         )
 
@@ -246,6 +256,8 @@ class ClusterConfig:
             "STORAGE_HOST": self.storage_host,
             "STORAGE_USER": self.storage_user,
             "STORAGE_PASS": self.storage_pass,
+            "DBD_PORT": str(self.dbd_port),
+            "STORAGE_PORT": str(self.storage_port),
         }
 
 

@@ -11,6 +11,13 @@ answering, command missing) or :class:`SlurmCommandError` (Slurm refused; the me
 the first line of stderr).
 
 ``SLURM_CONF`` is read from the environment at each call unless ``slurm_conf`` is given.
+
+A listing command that exits 0 but prints no document is never an empty cluster: Slurm
+does that for ``sacct --json=vX`` when it lacks data_parser ``vX``, and squeue/sinfo
+exit 1 with ``unable to find plugin: data_parser/vX`` on stderr (seen on 24.11 and
+26.05). With ``data_parser=`` set, the client then falls back
+to Slurm's default (plain ``--json``) with one warning; without it, or if the default
+prints nothing too, the call raises :class:`SlurmParseError` with one line saying so.
 """
 
 from __future__ import annotations
@@ -68,6 +75,12 @@ _VERSION_RE: Final = re.compile(r"(\d+\.\d+\.\d+[\w.\-]*)")
 _ALREADY_DONE_RE: Final = re.compile(r"already completing or completed", re.IGNORECASE)
 # What sacct prints (stderr, exit 1) under AccountingStorageType=accounting_storage/none.
 _ACCOUNTING_DISABLED_RE: Final = re.compile(r"accounting storage is disabled", re.IGNORECASE)
+_DATA_PARSER_RE: Final = re.compile(r"v\d+\.\d+\.\d+")
+# What 24.11/26.05 squeue/sinfo/scontrol print (exit 1) for a --json=vX they lack;
+# 22.05's take no argument at all.
+_NO_PLUGIN_RE: Final = re.compile(
+    r"unable to find plugin: data_parser/\S+|'--json' doesn't allow an argument"
+)
 # Job ids per sacct call: keeps the argument list and each answer small.
 SACCT_CHUNK: Final = 200
 
@@ -108,6 +121,8 @@ class CliSlurmClient:
         bin_dir: directory holding the Slurm commands; default: ``PATH``.
         all_states: add ``--states=all`` to squeue so jobs that finished within
             ``MinJobAge`` are listed too.
+        data_parser: ask for this data_parser version (``"v0.0.42"``: ``--json=v0.0.42``)
+            instead of Slurm's default; dropped (one warning) if this Slurm lacks it.
     """
 
     def __init__(
@@ -117,9 +132,13 @@ class CliSlurmClient:
         slurm_conf: str | None = None,
         bin_dir: str | None = None,
         all_states: bool = True,
+        data_parser: str | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
+        if data_parser is not None and not _DATA_PARSER_RE.fullmatch(data_parser):
+            raise ValueError(f"data_parser must look like 'v0.0.42', not {data_parser!r}")
+        self.data_parser = data_parser
         self.timeout_s = timeout_s
         self.slurm_conf = slurm_conf
         self.bin_dir = bin_dir
@@ -214,9 +233,45 @@ class CliSlurmClient:
             return SlurmUnavailableError(msg)
         return SlurmCommandError(msg, returncode=proc.returncode)
 
+    def _json_flag(self) -> str:
+        return f"--json={self.data_parser}" if self.data_parser else "--json"
+
+    def _json_run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
+        """Run a ``--json`` command (``--json`` in ``argv`` stands for :meth:`_json_flag`).
+
+        Exit 0 with nothing on stdout is Slurm lacking the data_parser asked for: drop
+        back to its default once (and remember), else raise one clear line.
+        """
+        asked = self._json_flag()
+        args = [asked if a == "--json" else a for a in argv]
+        proc = self._run(args, check=False, big_output=True)
+        if proc.stdout.strip():
+            return proc
+        err = proc.stderr.decode("utf-8", "replace") if proc.stderr else ""
+        lacks_plugin = _NO_PLUGIN_RE.search(err)
+        if proc.returncode != 0 and not lacks_plugin:
+            return proc  # an ordinary failure: the caller says why
+        why = _first_line(lacks_plugin.group(0) if lacks_plugin else "", proc.stderr)
+        if self.data_parser is not None:
+            log.warning(
+                "%s %s printed nothing (exit %d%s): this Slurm lacks data_parser %s; "
+                "using its default (--json) from now on",
+                argv[0],
+                asked,
+                proc.returncode,
+                f": {why}" if why else "",
+                self.data_parser,
+            )
+            self.data_parser = None
+            return self._json_run(argv)
+        raise SlurmParseError(
+            f"{argv[0]} {asked} exited 0 but printed no JSON document"
+            f"{f' ({why})' if why else ''}; not reading that as an empty listing"
+        )
+
     def _listing(self, argv: Sequence[str]) -> bytes:
         """Run a ``--json`` listing; a failing exit with JSON errors is decoded by the caller."""
-        proc = self._run(argv, check=False, big_output=True)
+        proc = self._json_run(argv)
         if proc.returncode == 0:
             return proc.stdout
         out = proc.stdout.lstrip()
@@ -262,7 +317,7 @@ class CliSlurmClient:
         for i in range(0, len(ids), SACCT_CHUNK):
             chunk = ids[i : i + SACCT_CHUNK]
             argv = ["sacct", "--json", "--allusers", "-X", "-j", ",".join(map(str, chunk))]
-            proc = self._run(argv, check=False, big_output=True)
+            proc = self._json_run(argv)
             if proc.returncode != 0:
                 err = proc.stderr.decode("utf-8", "replace") if proc.stderr else ""
                 if _ACCOUNTING_DISABLED_RE.search(err):

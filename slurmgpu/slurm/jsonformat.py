@@ -1,4 +1,4 @@
-"""Decode ``squeue --json`` / ``sinfo --json`` (Slurm 22.05 … 24.11) into model objects.
+"""Decode ``squeue --json`` / ``sinfo --json`` (Slurm 22.05 … 26.05) into model objects.
 
 Pure functions, no subprocess: :func:`decode_squeue` and :func:`decode_sinfo` (re-exported
 by ``slurmgpu.slurm.cli``) are what the CLI backend, the daemon's replay, the tests and
@@ -18,6 +18,22 @@ Versions covered (Slurm's ``data_parser`` plugin, named in ``meta``):
   ``job_resources.nodes`` an object (not read here). From 23.11 ``sinfo --json`` prints
   ``"sinfo"`` records (one per node and partition with ``--Node``) instead of ``"nodes"``;
   both shapes are read, and ``scontrol show nodes --json`` (``"nodes"``) works too.
+* ``v0.0.43`` … ``v0.0.45`` (25.05 … 26.05; 26.05 prints v0.0.42 … v0.0.45, default
+  v0.0.45): no field slurmgpu reads changed shape (SchedMD's OpenAPI release notes for
+  25.05, 25.11 and 26.05: enums written inline instead of as named schemas, new fields
+  such as ``segment_size``, ``step_id``, ``submit_line``, ``memory_update_delay``; node
+  ``tres_weighted`` removed; node states ``BLOCKED``, ``POWER_DOWN_ASAP``,
+  ``POWER_DOWN_FORCE`` added, read as flags). What changed is in the values: 26.05
+  prints a node's shard usage on a GPU held by a whole-GPU job as ``-/4``
+  (``shard:6(-/4,-/4,2/4,4/4)``), read by :func:`slurmgpu.slurm.parse.parse_gres`.
+
+Decoding is per record: the document is first decoded in one pass (fast); if that
+fails on a record's shape or bytes, it is decoded again with each job/node record on its
+own, and a bad record is skipped with a counted warning
+(:mod:`slurmgpu.slurm.decode_stats`, ``/metrics``) while the rest of the listing is
+used. Invalid UTF-8 in a string (a job name any user can set) is decoded with U+FFFD in
+its place, as are lone UTF-16 surrogate escapes. A data_parser version outside
+:data:`KNOWN_DATA_PARSERS` is decoded where it can be, with one warning per process.
 
 Only the fields slurmgpu uses are declared in the ``msgspec`` schemas, so unknown fields
 are skipped without building Python objects; unions (``int | Num | None``,
@@ -42,7 +58,8 @@ Normalisation choices (see also :class:`slurmgpu.model.Job`):
   ``gres_detail`` entry (Slurm prints one per node, in node order).
 * A value that does not parse inside an otherwise well-formed document (a GRES string of
   a future Slurm) is logged and left empty rather than failing the whole listing; a wrong
-  *shape* (types, missing ``jobs``) raises :class:`SlurmParseError`.
+  *shape* of the document (not JSON, no ``jobs``) raises :class:`SlurmParseError`; a
+  wrong shape of one record skips that record.
 """
 
 from __future__ import annotations
@@ -60,12 +77,13 @@ from typing import Final, TypeVar
 import msgspec
 
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
+from slurmgpu.slurm import decode_stats
 from slurmgpu.slurm.client import SlurmCommandError, SlurmParseError, SlurmUnavailableError
 from slurmgpu.slurm.parse import (
     GresItem,
     SlurmValueError,
     expand_hostlist,
-    parse_gres,
+    parse_gres_lenient,
     parse_job_state,
     parse_tres,
 )
@@ -86,7 +104,16 @@ __all__ = [
 
 log = logging.getLogger("slurmgpu.slurm")
 
-KNOWN_DATA_PARSERS: Final = ("v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42")
+KNOWN_DATA_PARSERS: Final = (
+    "v0.0.38",
+    "v0.0.39",
+    "v0.0.40",
+    "v0.0.41",
+    "v0.0.42",
+    "v0.0.43",
+    "v0.0.44",
+    "v0.0.45",
+)
 
 # --------------------------------------------------------------------------- schemas
 
@@ -199,6 +226,14 @@ class SqueueDocument(msgspec.Struct, gc=False):
     jobs: list[JobRecord] | None = None
 
 
+class _RawSqueueDocument(msgspec.Struct, gc=False):
+    """The fallback shape: each job record kept as raw JSON, decoded on its own."""
+
+    meta: Meta | None = None
+    errors: list[ErrorItem | str] | None = None
+    jobs: list[msgspec.Raw] | None = None
+
+
 class NodeRecord(msgspec.Struct, gc=False):
     """One node of 22.05 ``sinfo --json`` / ``scontrol show nodes --json`` / slurmrestd."""
 
@@ -269,8 +304,20 @@ class SinfoDocument(msgspec.Struct, gc=False):
     sinfo: list[SinfoRecord] | None = None
 
 
+class _RawSinfoDocument(msgspec.Struct, gc=False):
+    meta: Meta | None = None
+    errors: list[ErrorItem | str] | None = None
+    nodes: list[msgspec.Raw] | None = None
+    sinfo: list[msgspec.Raw] | None = None
+
+
 _SQUEUE_DECODER: Final = msgspec.json.Decoder(SqueueDocument)
 _SINFO_DECODER: Final = msgspec.json.Decoder(SinfoDocument)
+_RAW_SQUEUE_DECODER: Final = msgspec.json.Decoder(_RawSqueueDocument)
+_RAW_SINFO_DECODER: Final = msgspec.json.Decoder(_RawSinfoDocument)
+_JOB_DECODER: Final = msgspec.json.Decoder(JobRecord)
+_NODE_DECODER: Final = msgspec.json.Decoder(NodeRecord)
+_SINFO_RECORD_DECODER: Final = msgspec.json.Decoder(SinfoRecord)
 
 # --------------------------------------------------------------------------- helpers
 
@@ -329,7 +376,42 @@ class _Problems:
 
     def log(self, what: str) -> None:
         if self.count:
+            decode_stats.values_unparsed(what.split(maxsplit=1)[0], self.count)
             log.warning("%s: %d value(s) did not parse; first: %s", what, self.count, self.first)
+
+
+class _Skipped:
+    """Records of one listing left out (bad bytes, shape or value); logged once."""
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = ""
+
+    def add(self, where: str, why: object) -> None:
+        self.count += 1
+        if not self.first:
+            text = " ".join(str(why).split())
+            self.first = f"{where}: {text[:200]}"
+
+    def add_shape(self, where: str, exc: Exception, hint: str) -> None:
+        """A record msgspec refused: its path is made whole (``$.jobs[3].job_id``)."""
+        text = str(exc)
+        if "at `$" in text:
+            self.add(f"unexpected shape{hint}", text.replace("at `$", f"at `{where}"))
+        else:
+            self.add(f"{where}{hint}", text)
+
+    def log(self, what: str) -> None:
+        if self.count:
+            decode_stats.records_skipped(what.split(maxsplit=1)[0], self.count)
+            log.warning(
+                "%s: %d record(s) skipped, the rest of the listing used; first: %s",
+                what,
+                self.count,
+                self.first,
+            )
 
 
 _PLUGIN_RE: Final = re.compile(rb'"(?:data_parser|type)"\s*:\s*"[^"]*?(v0\.0\.\d+)"')
@@ -368,6 +450,23 @@ def _version_hint(data: bytes | str) -> str:
     return ""
 
 
+def _meta_version(meta: Meta | None) -> str | None:
+    if meta is None or meta.plugin is None:
+        return None
+    for text in (meta.plugin.data_parser, meta.plugin.type):
+        m = re.search(r"v0\.0\.\d+", text or "")
+        if m:
+            return m.group(0)
+    return None
+
+
+def _note_version(meta: Meta | None, what: str) -> None:
+    """Count the data_parser version of a decoded document (one warning if unknown)."""
+    version = _meta_version(meta)
+    if version:
+        decode_stats.note_data_parser(version, version in KNOWN_DATA_PARSERS, what)
+
+
 def _release(meta: Meta | None) -> str:
     if meta is None:
         return ""
@@ -384,6 +483,7 @@ def _release(meta: Meta | None) -> str:
 
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @contextmanager
@@ -408,6 +508,97 @@ def _decode(decoder: msgspec.json.Decoder[_T], data: bytes | str, what: str) -> 
         raise SlurmParseError(f"{what}: unexpected shape{hint}: {exc}") from None
     except msgspec.DecodeError as exc:
         raise SlurmParseError(f"{what}: not valid JSON: {exc}") from None
+
+
+# JSON escapes, to find \uD800-\uDFFF escapes that are not half of a surrogate pair
+# (msgspec refuses them; Python's json writes them for lone surrogates); an escaped
+# backslash is its own escape, so "\\\\uD800" (literal text) is left alone.
+_ESCAPE: Final = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+# Control bytes JSON forbids raw (tab, newline and return may be whitespace: kept).
+_RAW_CONTROL: Final = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _lone_surrogates_replaced(raw: bytes) -> bytes:
+    spans: list[tuple[int, int]] = []
+    high: tuple[int, int] | None = None  # the last high surrogate escape, if unpaired yet
+    for m in _ESCAPE.finditer(raw):
+        code = int(m.group(1), 16) if m.group(1) else -1
+        if high is not None:
+            if 0xDC00 <= code <= 0xDFFF and m.start() == high[1]:
+                high = None  # a pair: fine
+                continue
+            spans.append(high)
+            high = None
+        if 0xD800 <= code <= 0xDBFF:
+            high = (m.start(), m.end())
+        elif 0xDC00 <= code <= 0xDFFF:
+            spans.append((m.start(), m.end()))
+    if high is not None:
+        spans.append(high)
+    if not spans:
+        return raw
+    out = bytearray()
+    last = 0
+    for a, b in spans:
+        out += raw[last:a] + b"\\ufffd"
+        last = b
+    return bytes(out + raw[last:])
+
+
+def _repaired(data: bytes | str) -> bytes | None:
+    """The document with invalid UTF-8, lone surrogate escapes and raw control bytes
+    made valid (U+FFFD; control bytes escaped), or None when there was nothing to do."""
+    raw = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data)
+    fixed = raw.decode("utf-8", "replace").encode("utf-8")
+    if b"\\u" in fixed:
+        fixed = _lone_surrogates_replaced(fixed)
+    fixed = _RAW_CONTROL.sub(lambda m: b"\\u%04x" % m.group(0)[0], fixed)
+    return fixed if fixed != raw else None
+
+
+def _decode_lenient(
+    decoder: msgspec.json.Decoder[_T],
+    raw_decoder: msgspec.json.Decoder[_R],
+    data: bytes | str,
+    what: str,
+) -> tuple[_T | None, _R | None, bytes | str]:
+    """The document decoded in one pass, else with its records kept raw.
+
+    Returns ``(document, None, data)`` when the typed decode works (after repairing bad
+    UTF-8 if needed), else ``(None, raw document, data)`` for per-record decoding. Raises
+    :class:`SlurmParseError` when the text is not JSON at all or its top level has the
+    wrong shape.
+    """
+    try:
+        with _gc_paused():
+            return decoder.decode(data), None, data
+    except msgspec.ValidationError:
+        pass  # a record of the wrong shape, or bytes msgspec had not reached yet
+    except msgspec.DecodeError:
+        data = _repair_or_raise(decoder, data, what)
+        try:
+            with _gc_paused():
+                return decoder.decode(data), None, data
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+    try:
+        with _gc_paused():
+            return None, raw_decoder.decode(data), data
+    except msgspec.DecodeError:
+        data = _repair_or_raise(raw_decoder, data, what)
+    return None, _decode(raw_decoder, data, what), data
+
+
+def _repair_or_raise(decoder: msgspec.json.Decoder[_T], data: bytes | str, what: str) -> bytes:
+    """``data`` with bad UTF-8 replaced (counted, one warning), or the clear parse error
+    when that is not what is wrong with it."""
+    fixed = _repaired(data)
+    if fixed is None:
+        _decode(decoder, data, what)  # raises "not valid JSON: ..."
+        raise SlurmParseError(f"{what}: not valid JSON")  # (it decoded after all)
+    decode_stats.values_unparsed(what.split(maxsplit=1)[0], 1)
+    log.warning("%s: invalid UTF-8 in the output, decoded with replacement", what)
+    return fixed
 
 
 _UNAVAILABLE_RE: Final = re.compile(
@@ -496,13 +687,14 @@ def _job_state(raw: str | list[str] | None, problems: _Problems) -> tuple[JobSta
 
 
 def _gres_items(text: str | None, where: str, problems: _Problems) -> tuple[GresItem, ...]:
+    """The GRES items of ``text``; a bad item or detail is counted and left out, the
+    others kept (a node's GPUs still count when its shard detail is a new spelling)."""
     if not text:
         return ()
-    try:
-        return parse_gres(text)
-    except SlurmValueError as exc:
-        problems.add(where, exc)
-        return ()
+    items, skipped = parse_gres_lenient(text)
+    for why in skipped:
+        problems.add(where, ValueError(why))
+    return items
 
 
 def _count(items: tuple[GresItem, ...], name: str) -> tuple[int | None, str | None]:
@@ -579,8 +771,9 @@ def _gpu_request_from_options(
 
 
 @lru_cache(maxsize=16384)
-def _allocation(node: str, detail: str) -> NodeGpuAllocation | None:
-    items = parse_gres(detail)  # errors handled by the caller
+def _allocation(node: str, detail: str) -> tuple[NodeGpuAllocation | None, tuple[str, ...]]:
+    """A node's allocation from one ``gres_detail`` entry, and what did not parse."""
+    items, skipped = parse_gres_lenient(detail)
     gpu_idx: list[int] = []
     shard_idx: list[int] = []
     shards = 0
@@ -591,13 +784,16 @@ def _allocation(node: str, detail: str) -> NodeGpuAllocation | None:
             gpu_idx.extend(it.indices)
         elif it.name == "shard":
             seen = True
-            shard_idx.extend(it.indices)
+            # 22.05: "shard:2(IDX:3)"; 24.11+: "shard:2(0/4,0/4,2/4,0/4)", the shards
+            # taken on each GPU: the GPUs with some are the job's
+            shard_idx.extend(it.indices or (i for i, (n, _) in enumerate(it.shares) if n))
             shards += it.count
     if not seen:
-        return None
-    return NodeGpuAllocation(
+        return None, skipped
+    alloc = NodeGpuAllocation(
         node=node, gpu_indices=tuple(gpu_idx), shard_indices=tuple(shard_idx), shards=shards
     )
+    return alloc, skipped
 
 
 def job_from_record(r: JobRecord, problems: _Problems | None = None) -> Job:
@@ -622,11 +818,9 @@ def job_from_record(r: JobRecord, problems: _Problems | None = None) -> Job:
     allocations: list[NodeGpuAllocation] = []
     if r.gres_detail and hosts:
         for host, detail in zip(hosts, r.gres_detail, strict=False):
-            try:
-                a = _allocation(host, detail)
-            except SlurmValueError as exc:
-                problems.add(f"job {job_id} gres_detail", exc)
-                continue
+            a, skipped = _allocation(host, detail)
+            for why in skipped:
+                problems.add(f"job {job_id} gres_detail", ValueError(why))
             if a is not None:
                 allocations.append(a)
 
@@ -767,36 +961,56 @@ def decode_squeue(
     C-level field comparison, much cheaper than building the Job again. It is updated
     in place to hold this listing.
     """
-    doc = _decode(_SQUEUE_DECODER, data, "squeue --json")
-    if doc.errors and not doc.jobs:
-        raise _errors_to_exception(doc.errors, "squeue")
-    if doc.jobs is None:
-        raise SlurmParseError("squeue --json: no 'jobs' list in the output")
+    what = "squeue --json"
+    decoded = _decode_lenient(_SQUEUE_DECODER, _RAW_SQUEUE_DECODER, data, what)
+    doc, raw_doc, data = decoded
+    skipped = _Skipped()
+    if doc is None:
+        assert raw_doc is not None
+        meta, errors = raw_doc.meta, raw_doc.errors
+        records: list[JobRecord] | None = None
+        if raw_doc.jobs is not None:
+            records = []
+            for i, raw in enumerate(raw_doc.jobs):
+                try:
+                    records.append(_JOB_DECODER.decode(raw))
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    skipped.add_shape(f"$.jobs[{i}]", exc, _version_hint(data))
+    else:
+        meta, errors, records = doc.meta, doc.errors, doc.jobs
+    _note_version(meta, what)
+    if errors and not records and not skipped.count:
+        raise _errors_to_exception(errors, "squeue")
+    if records is None:
+        raise SlurmParseError(f"{what}: no 'jobs' list in the output{_version_hint(data)}")
     problems = _Problems()
     jobs: list[Job] = []
     append = jobs.append
     fresh: dict[int, tuple[JobRecord, Job]] | None = {} if memo is not None else None
     with _gc_paused():
-        for r in doc.jobs:
+        for i, r in enumerate(records):
             if type(r.job_id) is not int and _num(r.job_id) is None:
-                i = len(jobs)
-                raise SlurmParseError(
-                    f"squeue --json: unexpected shape{_version_hint(data)}: "
-                    f"no job id number - at `$.jobs[{i}].job_id`"
-                )
-            if memo is None or fresh is None:
-                append(job_from_record(r, problems))
+                skipped.add(f"$.jobs[{i}].job_id{_version_hint(data)}", "no job id number")
                 continue
-            key = r.job_id if type(r.job_id) is int else _num(r.job_id)
-            seen = memo.get(key)  # type: ignore[arg-type]
-            job = seen[1] if seen is not None and seen[0] == r else job_from_record(r, problems)
+            try:
+                if memo is None or fresh is None:
+                    append(job_from_record(r, problems))
+                    continue
+                key = r.job_id if type(r.job_id) is int else _num(r.job_id)
+                seen = memo.get(key)  # type: ignore[arg-type]
+                fresh_job = seen is None or seen[0] != r
+                job = job_from_record(r, problems) if fresh_job else seen[1]  # type: ignore[index]
+            except (SlurmParseError, ValueError, TypeError, ArithmeticError) as exc:
+                skipped.add(f"job {_num(r.job_id)}", exc)
+                continue
             fresh[job.job_id] = (r, job)
             append(job)
-    problems.log("squeue --json")
+    problems.log(what)
+    skipped.log(what)
     if memo is not None and fresh is not None:
         memo.clear()
         memo.update(fresh)
-    return jobs, _release(doc.meta)
+    return jobs, _release(meta)
 
 
 def data_parser_version(data: bytes | str) -> str:
@@ -978,17 +1192,55 @@ def decode_sinfo(data: bytes | str) -> list[Node]:
     Reads both the ``"nodes"`` shape (22.05 sinfo, scontrol, slurmrestd) and the
     ``"sinfo"`` shape of 23.11+ sinfo. Errors as for :func:`decode_squeue`.
     """
-    doc = _decode(_SINFO_DECODER, data, "sinfo --json")
-    if doc.errors and not doc.nodes and not doc.sinfo:
-        raise _errors_to_exception(doc.errors, "sinfo")
-    problems = _Problems()
-    if doc.nodes is not None:
-        with _gc_paused():
-            nodes = [node_from_record(r, problems) for r in doc.nodes]
-    elif doc.sinfo is not None:
-        with _gc_paused():
-            nodes = _nodes_from_sinfo_records(doc.sinfo, problems)
+    what = "sinfo --json"
+    decoded = _decode_lenient(_SINFO_DECODER, _RAW_SINFO_DECODER, data, what)
+    doc, raw_doc, data = decoded
+    skipped = _Skipped()
+    node_records: list[NodeRecord] | None
+    sinfo_records: list[SinfoRecord] | None
+    if doc is None:
+        assert raw_doc is not None
+        meta, errors = raw_doc.meta, raw_doc.errors
+        node_records = _records(raw_doc.nodes, _NODE_DECODER, "$.nodes", skipped, data)
+        sinfo_records = _records(raw_doc.sinfo, _SINFO_RECORD_DECODER, "$.sinfo", skipped, data)
     else:
-        raise SlurmParseError("sinfo --json: neither a 'nodes' nor a 'sinfo' list in the output")
-    problems.log("sinfo --json")
+        meta, errors = doc.meta, doc.errors
+        node_records, sinfo_records = doc.nodes, doc.sinfo
+    _note_version(meta, what)
+    if errors and not node_records and not sinfo_records and not skipped.count:
+        raise _errors_to_exception(errors, "sinfo")
+    problems = _Problems()
+    if node_records is not None:
+        nodes: list[Node] = []
+        with _gc_paused():
+            for r in node_records:
+                try:
+                    nodes.append(node_from_record(r, problems))
+                except (SlurmParseError, ValueError, TypeError, ArithmeticError) as exc:
+                    skipped.add(f"node {r.name!r}", exc)
+    elif sinfo_records is not None:
+        with _gc_paused():
+            nodes = _nodes_from_sinfo_records(sinfo_records, problems)
+    else:
+        raise SlurmParseError(f"{what}: neither a 'nodes' nor a 'sinfo' list in the output")
+    problems.log(what)
+    skipped.log(what)
     return nodes
+
+
+def _records(
+    raws: list[msgspec.Raw] | None,
+    decoder: msgspec.json.Decoder[_T],
+    where: str,
+    skipped: _Skipped,
+    data: bytes | str,
+) -> list[_T] | None:
+    if raws is None:
+        return None
+    out: list[_T] = []
+    for i, raw in enumerate(raws):
+        try:
+            out.append(decoder.decode(raw))
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            skipped.add_shape(f"{where}[{i}]", exc, _version_hint(data))
+    return out

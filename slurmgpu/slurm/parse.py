@@ -14,8 +14,12 @@ GRES strings come in many spellings depending on the field and the Slurm release
     gpu:4(S:0-1)                node ``gres`` with socket affinity
     shard:(null):1(IDX:3)       22.05 node gres_used, untyped shard
     shard:0(0/4,0/4,0/4,0/4)    24.x node gres_used: shards used/total per GPU
+    shard:6(-/4,-/4,2/4,4/4)    26.05 node gres_used: "-" where a whole-GPU job holds
+                                that GPU (24.11 prints 0/4 there)
 
-:func:`parse_gres` reads all of them into :class:`GresItem` tuples.
+:func:`parse_gres` reads all of them into :class:`GresItem` tuples;
+:func:`parse_gres_lenient` reads what it can of a string with a bad part (a spelling of a
+future Slurm) and says what it left out, so one odd detail never loses a node's usage.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "format_time_limit",
     "gres_count",
     "parse_gres",
+    "parse_gres_lenient",
     "parse_index_list",
     "parse_job_state",
     "parse_memory_mib",
@@ -460,14 +465,15 @@ class GresItem:
     """One GRES entry: ``name`` (``gpu``, ``shard``…), optional ``type``, ``count``.
 
     ``indices`` are the device indices from ``(IDX:…)``; ``shares`` the per-device
-    ``used/total`` pairs Slurm 24.x prints for shards (``shard:1(0/4,1/4)``).
+    ``used/total`` pairs Slurm 24.x+ prints for shards (``shard:1(0/4,1/4)``); ``used``
+    is ``None`` for 26.05's ``-/4`` (that GPU is held whole, none of its shards usable).
     """
 
     name: str
     type: str | None = None
     count: int = 0
     indices: tuple[int, ...] = ()
-    shares: tuple[tuple[int, int], ...] = ()
+    shares: tuple[tuple[int | None, int], ...] = ()
 
 
 _INDEX_ITEM = re.compile(r"(\d{1,12})(?:-(\d{1,12}))?")
@@ -495,11 +501,13 @@ def parse_index_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-_SHARE_RE = re.compile(r"(\d{1,12})/(\d{1,12})")
+_SHARE_RE = re.compile(r"(\d{1,12}|-)/(\d{1,12})")
 _NULL_TYPES = frozenset({"(null)", "null", ""})
 
 
-def _parse_gres_item(item: str, whole: str) -> GresItem:
+def _parse_gres_item(item: str, whole: str, skipped: list[str] | None = None) -> GresItem:
+    """One GRES item; a bad detail piece raises, or with ``skipped`` is noted there and
+    left out (name, type, count and the other pieces kept)."""
     # 22.05 prints an untyped GRES in gres_used as "shard:(null):1(IDX:3)".
     item = item.replace(":(null)", ":")
     body = item
@@ -507,9 +515,12 @@ def _parse_gres_item(item: str, whole: str) -> GresItem:
     paren = item.find("(")
     if paren >= 0:
         if not item.endswith(")"):
-            raise GresStringError(f"invalid GRES {_show(whole)}: unclosed '(' in {_show(item)}")
+            if skipped is None:
+                raise GresStringError(f"invalid GRES {_show(whole)}: unclosed '(' in {_show(item)}")
+            skipped.append(f"unclosed '(' in {_show(item)}")
+        else:
+            detail = item[paren + 1 : -1]
         body = item[:paren]
-        detail = item[paren + 1 : -1]
     # "name=count" spellings (gres/gpu=2, gres/gpu:a100=2)
     count_text: str | None = None
     if "=" in body:
@@ -537,21 +548,26 @@ def _parse_gres_item(item: str, whole: str) -> GresItem:
             raise GresStringError(f"invalid GRES {_show(whole)}: bad type in {_show(item)}")
     count = _parse_count(count_text, whole, GresStringError) if count_text is not None else 1
     indices: tuple[int, ...] = ()
-    shares: tuple[tuple[int, int], ...] = ()
+    shares: tuple[tuple[int | None, int], ...] = ()
     if detail:
         for piece in _split_detail(detail):
+            problem = ""
             if piece.startswith("IDX:"):
                 try:
                     indices = parse_index_list(piece[4:])
                 except IndexListError as exc:
-                    raise GresStringError(f"invalid GRES {_show(whole)}: {exc}") from None
+                    problem = str(exc)
             elif piece.startswith("S:"):
                 continue  # socket affinity of a node's GRES: not needed here
             elif _SHARE_RE.fullmatch(piece):
                 used, total = piece.split("/")
-                shares += ((int(used), int(total)),)
+                shares += ((None if used == "-" else int(used), int(total)),)
             else:
-                raise GresStringError(f"invalid GRES {_show(whole)}: bad detail {_show(piece)}")
+                problem = f"bad detail {_show(piece)}"
+            if problem:
+                if skipped is None:
+                    raise GresStringError(f"invalid GRES {_show(whole)}: {problem}")
+                skipped.append(f"{problem} in {_show(item)}")
     return GresItem(name=name, type=gtype, count=count, indices=indices, shares=shares)
 
 
@@ -594,6 +610,47 @@ def parse_gres(text: str | None) -> tuple[GresItem, ...]:
     if not text or text in ("N/A", "(null)"):
         return ()
     return _parse_gres_cached(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_gres_lenient_cached(text: str) -> tuple[tuple[GresItem, ...], tuple[str, ...]]:
+    try:
+        pieces = _split_top_level(text, ",")
+    except SlurmValueError:
+        # Unbalanced brackets: split at the commas that are not inside "(...)" as far
+        # as they close, so the well-formed items before and after still count.
+        pieces = re.findall(r"[^,(]+(?:\([^)]*\)?)?", text)
+    items: list[GresItem] = []
+    skipped: list[str] = []
+    for piece in pieces:
+        raw = piece.strip()
+        if not raw:
+            continue
+        try:
+            items.append(_parse_gres_item(raw, text, skipped))
+        except SlurmValueError as exc:
+            skipped.append(_oneline(exc))
+    return tuple(items), tuple(skipped)
+
+
+def parse_gres_lenient(text: str | None) -> tuple[tuple[GresItem, ...], tuple[str, ...]]:
+    """Like :func:`parse_gres`, but a bad item or detail piece is left out, not fatal.
+
+    Returns the items that parsed (an item whose detail had a bad piece keeps its name,
+    type, count and other pieces) and one message per thing left out (empty when the
+    whole string parsed). Strict callers use :func:`parse_gres`.
+    """
+    if text is None:
+        return (), ()
+    if not isinstance(text, str):
+        return (), (f"invalid GRES {_show(text)}: not a string",)
+    text = text.strip()
+    if not text or text in ("N/A", "(null)"):
+        return (), ()
+    try:
+        return _parse_gres_cached(text), ()
+    except SlurmValueError:
+        return _parse_gres_lenient_cached(text)
 
 
 def gres_count(items: Iterable[GresItem], name: str) -> tuple[int, str | None]:

@@ -56,15 +56,18 @@ from slurmgpu.slurm.jsonformat import (
     IntLike,
     Meta,
     Num,
-    _decode,
+    _decode_lenient,
     _errors_to_exception,
     _gc_paused,
     _job_state,
     _minutes,
+    _note_version,
     _num,
     _pos,
     _Problems,
+    _records,
     _release,
+    _Skipped,
     _sniff_version,
     _str,
     _time,
@@ -154,7 +157,15 @@ class SacctDocument(msgspec.Struct, gc=False):
     jobs: list[SacctJobRecord] | None = None
 
 
+class _RawSacctDocument(msgspec.Struct, gc=False):
+    meta: Meta | None = None
+    errors: list[ErrorItem | str] | None = None
+    jobs: list[msgspec.Raw] | None = None
+
+
 _SACCT_DECODER: Final = msgspec.json.Decoder(SacctDocument)
+_RAW_SACCT_DECODER: Final = msgspec.json.Decoder(_RawSacctDocument)
+_SACCT_RECORD_DECODER: Final = msgspec.json.Decoder(SacctJobRecord)
 
 # --------------------------------------------------------------------------- helpers
 
@@ -311,24 +322,33 @@ def decode_sacct(data: bytes | str) -> tuple[list[Job], str]:
     :class:`SlurmCommandError` when Slurm answered only with ``errors`` (other than
     "nothing found", which gives ``[]``).
     """
-    doc: SacctDocument = _decode(_SACCT_DECODER, data, "sacct --json")
-    if doc.errors and not doc.jobs:
-        if _nothing_found(doc.errors):
-            return [], _release(doc.meta)
-        raise _errors_to_exception(doc.errors, "sacct")
-    if doc.jobs is None:
-        raise SlurmParseError(f"sacct --json: no 'jobs' list in the output{_version_hint(data)}")
+    what = "sacct --json"
+    decoded = _decode_lenient(_SACCT_DECODER, _RAW_SACCT_DECODER, data, what)
+    doc, raw_doc, data = decoded
+    skipped = _Skipped()
+    records: list[SacctJobRecord] | None
+    if doc is None:
+        assert raw_doc is not None
+        meta, errors = raw_doc.meta, raw_doc.errors
+        records = _records(raw_doc.jobs, _SACCT_RECORD_DECODER, "$.jobs", skipped, data)
+    else:
+        meta, errors, records = doc.meta, doc.errors, doc.jobs
+    _note_version(meta, what)
+    if errors and not records and not skipped.count:
+        if _nothing_found(errors):
+            return [], _release(meta)
+        raise _errors_to_exception(errors, "sacct")
+    if records is None:
+        raise SlurmParseError(f"{what}: no 'jobs' list in the output{_version_hint(data)}")
     buggy_v38 = (_sniff_version(data) or "v0.0.38") == "v0.0.38"
     newest: dict[int, tuple[int, int, SacctJobRecord]] = {}
     seen: dict[int, int] = {}
     with _gc_paused():
-        for i, r in enumerate(doc.jobs):
+        for i, r in enumerate(records):
             job_id = _num(r.job_id)
             if job_id is None:
-                raise SlurmParseError(
-                    f"sacct --json: unexpected shape{_version_hint(data)}: "
-                    f"no job id number - at `$.jobs[{i}].job_id`"
-                )
+                skipped.add(f"$.jobs[{i}].job_id{_version_hint(data)}", "no job id number")
+                continue
             seen[job_id] = seen.get(job_id, 0) + 1
             submitted = _num(r.time.submission) if r.time is not None else None
             key = (submitted or 0, i)
@@ -337,9 +357,16 @@ def decode_sacct(data: bytes | str) -> tuple[list[Job], str]:
                 newest[job_id] = (key[0], key[1], r)
         problems = _Problems()
         ordered = sorted(newest.items(), key=lambda item: item[1][1])
-        jobs = [
-            job_from_sacct_record(r, problems, buggy_v38=buggy_v38, restarts=seen[job_id] - 1)
-            for job_id, (_, _, r) in ordered
-        ]
-    problems.log("sacct --json")
-    return jobs, _release(doc.meta)
+        jobs: list[Job] = []
+        for job_id, (_, _, r) in ordered:
+            try:
+                jobs.append(
+                    job_from_sacct_record(
+                        r, problems, buggy_v38=buggy_v38, restarts=seen[job_id] - 1
+                    )
+                )
+            except (SlurmParseError, ValueError, TypeError, ArithmeticError) as exc:
+                skipped.add(f"job {job_id}", exc)
+    problems.log(what)
+    skipped.log(what)
+    return jobs, _release(meta)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -172,9 +171,18 @@ def test_docker_accounting_points_slurmctld_at_slurmdbd_and_renders_its_conf() -
     assert option(files["slurmdbd.conf"], "StorageHost") == "mariadb"
 
 
-def test_accounting_is_refused_in_native_mode(tmp_path: Path) -> None:
-    with pytest.raises(RenderError, match="docker"):
-        dataclasses.replace(ClusterConfig.native(tmp_path), accounting=True)
+def test_native_accounting_uses_the_ports_after_the_nodes(tmp_path: Path) -> None:
+    """A chroot lab's slurmdbd and MariaDB (LabCluster(accounting=True)) on their own ports."""
+    config = ClusterConfig.native(
+        tmp_path, ctld_port=16850, slurmd_port_base=16851, accounting=True
+    )
+    files = render(config)
+    assert "AccountingStoragePort=16855" in files["slurm.conf"]
+    assert "AccountingStorageTRES=gres/gpu,gres/shard" in files["slurm.conf"]
+    assert (
+        "DbdPort=16855" in files["slurmdbd.conf"] and "StoragePort=16856" in files["slurmdbd.conf"]
+    )
+    assert "DbdHost=localhost" in files["slurmdbd.conf"]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ is checked against what was set up.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +27,7 @@ from slurmgpu.daemon.metrics import DaemonMetrics, error_kind
 from slurmgpu.daemon.observer import Observer
 from slurmgpu.model import Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.slurm.client import SlurmParseError, SlurmUnavailableError
+from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import GpuSampleIn, SampleBatch, encode, hmac_header, node_token
@@ -286,3 +288,31 @@ def test_scrape_shows_each_gpus_power_and_energy_counter(d: Daemon) -> None:
     assert m[("sgpu_gpu_power_watts", (("gpu", "1"), ("node", "gpu1")))] == pytest.approx(30.0)
     assert m[("sgpu_gpu_energy_joules_total", (("gpu", "0"), ("node", "gpu1")))] == 13_000.0
     assert ("sgpu_gpu_energy_joules_total", (("gpu", "1"), ("node", "gpu1"))) not in m
+def test_what_the_slurm_decoders_left_out_is_in_metrics(tmp_path: Path) -> None:
+    """A skipped squeue record, an unparsed GRES detail and the data_parser versions seen
+    (issue 18/22) are exported, counted for the process."""
+    golden = Path(__file__).resolve().parents[1] / "golden" / "slurm-26.05"
+    metrics = DaemonMetrics(open_store(f"sqlite:///{tmp_path / 'm.db'}").engine, "lab")
+
+    def values() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = metrics.exposition().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name.startswith("sgpu_slurm_")
+        }
+
+    before = values()
+    doc = json.loads((golden / "mixed_squeue.json").read_bytes().decode("utf-8", "replace"))
+    doc["jobs"][0]["job_id"] = "not a number"
+    decode_squeue(json.dumps(doc))
+    nodes = json.loads((golden / "mixed_sinfo.json").read_text())
+    nodes["sinfo"][0]["gres"]["used"] = "gpu:2(IDX:0-1),shard:5(?/4,-/4,2/4,3/4)"
+    decode_sinfo(json.dumps(nodes))
+    after = values()
+    skipped = ("sgpu_slurm_records_skipped_total", (("listing", "squeue"),))
+    unparsed = ("sgpu_slurm_values_unparsed_total", (("listing", "sinfo"),))
+    assert after[skipped] == before.get(skipped, 0) + 1
+    assert after[unparsed] == before.get(unparsed, 0) + 1
+    assert after[("sgpu_slurm_data_parser", (("known", "1"), ("version", "v0.0.45")))] == 1

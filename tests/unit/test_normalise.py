@@ -450,17 +450,34 @@ def test_truncated_json() -> None:
 
 
 @pytest.mark.parametrize(
+    ("mutate", "path", "lost"),
+    [
+        (lambda d: d["jobs"][3].update(job_id="four"), "$.jobs[3]", 4),
+        (lambda d: d["jobs"][0].update(gres_detail="gpu:2(IDX:0-1)"), "$.jobs[0]", 1),
+        (lambda d: d["jobs"][2].update(time_limit="60"), "$.jobs[2]", 3),
+        (lambda d: d["jobs"][1].pop("job_id"), "$.jobs[1]", 2),
+    ],
+)
+def test_record_of_wrong_shape_is_skipped_rest_kept(
+    mutate: Any, path: str, lost: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One job record of a wrong shape costs that job, never the listing (issue 22)."""
+    doc = _doc()
+    mutate(doc)
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.slurm"):
+        jobs = _by_id(decode_squeue(json.dumps(doc).encode())[0])
+    assert lost not in jobs and len(jobs) == 9
+    assert "1 record(s) skipped" in caplog.text and path in caplog.text
+
+
+@pytest.mark.parametrize(
     ("mutate", "path"),
     [
-        (lambda d: d["jobs"][3].update(job_id="four"), "$.jobs[3].job_id"),
-        (lambda d: d["jobs"][0].update(gres_detail="gpu:2(IDX:0-1)"), "$.jobs[0].gres_detail"),
-        (lambda d: d["jobs"][2].update(time_limit="60"), "$.jobs[2].time_limit"),
-        (lambda d: d["jobs"][1].pop("job_id"), "$.jobs[1]"),
         (lambda d: d.update(jobs={"1": {}}), "$.jobs"),
         (lambda d: d.update(meta=[]), "$.meta"),
     ],
 )
-def test_wrong_shapes(mutate: Any, path: str) -> None:
+def test_wrong_document_shapes(mutate: Any, path: str) -> None:
     doc = _doc()
     mutate(doc)
     with pytest.raises(SlurmParseError) as info:
@@ -486,12 +503,16 @@ def test_unknown_plugin_version_with_compatible_shape_is_read() -> None:
     assert data_parser_version(json.dumps(doc)) == "v0.0.99"
 
 
-def test_unknown_plugin_version_with_other_shape_is_named() -> None:
+def test_unknown_plugin_version_with_other_shape_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     doc = _doc()
     doc["meta"]["plugin"] = {"data_parser": "data_parser/v0.0.99"}
     doc["jobs"][0]["job_id"] = {"id": 1}
-    with pytest.raises(SlurmParseError, match=r"v0\.0\.99.*\$\.jobs\[0\]\.job_id"):
-        decode_squeue(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.slurm"):
+        jobs, _ = decode_squeue(json.dumps(doc))
+    assert len(jobs) == 9
+    assert "$.jobs[0].job_id (data_parser v0.0.99 is newer" in caplog.text
 
 
 def test_empty_listing() -> None:
@@ -529,7 +550,9 @@ def test_bad_values_are_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> No
     doc["jobs"][1]["job_state"] = "RUNNING_IN_THE_FUTURE"
     with caplog.at_level(logging.WARNING, logger="slurmgpu.slurm"):
         jobs = _by_id(decode_squeue(json.dumps(doc))[0])
-    assert jobs[1].gpu_allocations == () and jobs[1].gpus.gpus == 2
+    # the bad IDX detail is left out; the node and the job's GPU request are kept
+    assert [a.gpu_indices for a in jobs[1].gpu_allocations] == [()]
+    assert jobs[1].gpus.gpus == 2
     assert jobs[2].state is JobState.UNKNOWN
     assert "2 value(s) did not parse" in caplog.text
 

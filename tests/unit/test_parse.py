@@ -25,6 +25,7 @@ from slurmgpu.slurm.parse import (
     format_time_limit,
     gres_count,
     parse_gres,
+    parse_gres_lenient,
     parse_index_list,
     parse_job_state,
     parse_memory_mib,
@@ -384,3 +385,36 @@ def test_garbage_parses_or_raises_ours(parser: object, text: str) -> None:
     except SlurmValueError as exc:
         assert isinstance(exc, ValueError)
         assert "\n" not in str(exc)
+
+
+# --------------------------------------------------------------------------- 26.05 and lenient
+
+
+def test_26_05_dash_share_is_a_gpu_held_whole() -> None:
+    (gpu, shard) = parse_gres("gpu:2(IDX:0-1),shard:6(-/4,-/4,2/4,4/4)")
+    assert (gpu.count, gpu.indices) == (2, (0, 1))
+    assert shard.count == 6
+    assert shard.shares == ((None, 4), (None, 4), (2, 4), (4, 4))
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus", "idx", "shards", "left_out"),
+    [
+        ("gpu:4(IDX:0-3),shard:2(?/4,2/4)", 4, (0, 1, 2, 3), 2, 1),  # a new spelling
+        ("gpu:2(IDX:0-1,7x),shard:1(1/4)", 2, (), 1, 1),  # bad index list
+        ("gpu:2(IDX:0-1),sh@rd:1(1/4)", 2, (0, 1), 0, 1),  # bad item
+        ("gpu:2(IDX:0-1),shard:1(1/4", 2, (0, 1), 1, 1),  # unclosed detail
+        ("gpu:2(IDX:0-1),shard:5(-/4,-/4,2/4,3/4)", 2, (0, 1), 5, 0),
+    ],
+)
+def test_lenient_gres_keeps_what_parses(
+    text: str, gpus: int, idx: tuple[int, ...], shards: int, left_out: int
+) -> None:
+    items, skipped = parse_gres_lenient(text)
+    by_name = {i.name: i for i in items}
+    assert by_name["gpu"].count == gpus and by_name["gpu"].indices == idx
+    assert (by_name["shard"].count if "shard" in by_name else 0) == shards
+    assert len(skipped) == left_out
+    if left_out:
+        with pytest.raises(SlurmValueError):
+            parse_gres(text)  # the strict parser still refuses it

@@ -152,6 +152,10 @@ def test_slurm_errors(errors: list[Any], exc: type[Exception]) -> None:
     assert str(info.value).startswith("sacct: ")
 
 
+def _num(v: Any) -> int:
+    return int(v["number"]) if isinstance(v, dict) else int(v)
+
+
 def _doc(folder: Path = G2205) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((folder / "sacct.json").read_text())
     return data
@@ -172,19 +176,34 @@ def test_truncated_json_is_a_clear_parse_error() -> None:
         (G2205, lambda d: d["jobs"][0]["state"].update(current=3), "$.jobs[0].state.current"),
         (G2205, lambda d: d["jobs"][2].update(tres={"allocated": "cpu=1"}), "$.jobs[2].tres"),
         (G2205, lambda d: d["jobs"][1].pop("job_id"), "$.jobs[1]"),
-        (G2205, lambda d: d.update(jobs={"1": {}}), "$.jobs"),
         (G2411, lambda d: d["jobs"][0]["time"].update(limit=[10]), "$.jobs[0].time.limit"),
         (G2411, lambda d: d["jobs"][4].update(job_id={"id": 5}), "$.jobs[4].job_id"),
     ],
 )
-def test_wrong_shapes_name_the_path(folder: Path, mutate: Any, path: str) -> None:
+def test_record_of_wrong_shape_is_skipped_and_named(
+    folder: Path, mutate: Any, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One bad record costs that job only; the warning names its path (issue 22)."""
+    bad = int(path.split("[")[1].split("]")[0])
+    orig = _doc(folder)
+    others = {_num(r["job_id"]) for k, r in enumerate(orig["jobs"]) if k != bad}
     doc = _doc(folder)
     mutate(doc)
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.slurm"):
+        jobs = decode_sacct(json.dumps(doc).encode())[0]
+    assert {j.job_id for j in jobs} >= others
+    assert "1 record(s) skipped" in caplog.text
+    assert path in caplog.text
+    assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 1
+
+
+def test_wrong_document_shape_is_a_parse_error() -> None:
+    doc = _doc()
+    doc["jobs"] = {"1": {}}
     with pytest.raises(SlurmParseError) as info:
         decode_sacct(json.dumps(doc).encode())
     message = str(info.value)
-    assert message.startswith("sacct --json: unexpected shape")
-    assert path in message
+    assert message.startswith("sacct --json: unexpected shape") and "$.jobs" in message
     assert "\n" not in message
 
 
@@ -264,8 +283,8 @@ def test_slurmdbd_down_is_unavailable(tmp_path: Path) -> None:
 
 
 def test_garbage_from_sacct_is_a_parse_error(tmp_path: Path) -> None:
-    client = _fake_sacct(tmp_path, 'echo \'{"jobs": [{"job_id": "x"}]}\'')
-    with pytest.raises(SlurmParseError, match=r"\$\.jobs\[0\]\.job_id"):
+    client = _fake_sacct(tmp_path, "echo '{\"jobs\": 3}'")
+    with pytest.raises(SlurmParseError, match=r"\$\.jobs"):
         client.finished_jobs([1])
 
 
