@@ -18,6 +18,8 @@ from slurmgpu.cli.context import AppContext
 
 
 def _setup_logging(verbose: int, quiet: bool) -> None:
+    from slurmgpu.plaintext import install_log_filter
+
     level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
     logging.basicConfig(
         level=level,
@@ -25,6 +27,7 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
         datefmt="%Y-%m-%dT%H:%M:%S",
         stream=sys.stderr,
     )
+    install_log_filter()  # job names in log lines: control characters escaped
 
 
 # Command name -> "module:attribute". Imported when that command runs (or for --help), so

@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from slurmgpu.plaintext import csv_cell, plain
 from slurmgpu.report.report import FLAGS, Figures, JobRow, Report
 
 JSON_VERSION = 1
@@ -158,7 +159,7 @@ def to_csv(report: Report) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_FIELDS)
     for g in report.groups:
-        w.writerow(_csv_row(g.name, g.figures))
+        w.writerow(_csv_row(csv_cell(g.name), g.figures))
     w.writerow(_csv_row("TOTAL", report.totals))
     return buf.getvalue()
 
@@ -199,7 +200,7 @@ def _groups(report: Report) -> Table:
     for g in shown:
         f = g.figures
         table.add_row(
-            g.name or "-",
+            plain(g.name or "-"),
             f"{f.jobs:,}",
             _h(f.gpu_hours_allocated),
             _h(f.gpu_hours_used),
@@ -222,11 +223,11 @@ def _jobs_table(title: str, jobs: tuple[JobRow, ...], group: str | None = None) 
 
 
 def _add_job(table: Table, j: JobRow, group: str | None = None) -> None:
-    cells: list[RenderableType] = [] if group is None else [group]
+    cells: list[RenderableType] = [] if group is None else [plain(group)]
     cells += [
         str(j.job_id),
-        j.user,
-        j.partition,
+        plain(j.user),
+        plain(j.partition),
         f"{j.gpus:g}",
         duration_text(j.elapsed_s),
         _h(j.gpu_hours_allocated),
