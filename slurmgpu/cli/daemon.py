@@ -109,6 +109,14 @@ def _run(
     summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
     policies = None if no_policies else build_policy_cycle(settings, store, slurm)
     metrics = DaemonMetrics(store.engine, store.cluster, snapshot=lambda: observer.latest)
+    if policies is not None:
+        errors = policies.errors
+        metrics.watch(
+            "sgpu_policy_errors",
+            "Exceptions a policy raised (on one job, or for a whole cycle), by policy.",
+            lambda: dict(errors),
+            label="policy",
+        )
 
     def on_cycle(result: CycleResult) -> None:
         if result.snapshot is None:

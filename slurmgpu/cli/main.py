@@ -65,6 +65,19 @@ class _LazyGroup(click.Group):
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            # A database that breaks mid-command (a corrupt page, a table another program
+            # dropped) is one line and exit 4, like one that cannot be opened.
+            if type(exc).__module__.startswith("sqlalchemy"):
+                from slurmgpu.cli.context import EXIT_STORE, fail
+
+                orig = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+                fail(f"database error: {orig[0] if orig else type(exc).__name__}", EXIT_STORE)
+            raise
+
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="sgpu", message="%(prog)s %(version)s")

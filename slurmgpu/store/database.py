@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -118,12 +119,73 @@ def head_revision() -> str | None:
     return script.get_current_head()
 
 
+_REVISION_LINE = re.compile(r"""^revision\s*(?::\s*str\s*)?=\s*["']([^"']+)["']""", re.MULTILINE)
+
+
+def known_revisions() -> frozenset[str]:
+    """Every schema revision this version of slurmgpu has a migration for.
+
+    Read from the migration files' ``revision = "..."`` lines, not through Alembic, so a
+    read-only command checks the schema without paying Alembic's import."""
+    found: set[str] = set()
+    for script in (MIGRATIONS / "versions").glob("*.py"):
+        found.update(_REVISION_LINE.findall(script.read_text(encoding="utf-8")))
+    return frozenset(found)
+
+
+def stored_revision(engine: Engine) -> str | None:
+    """Return the schema revision stored in the database (None: no slurmgpu schema)."""
+    try:
+        with engine.connect() as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return None
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except SQLAlchemyError as exc:
+        raise StoreError(f"cannot read database {engine.url!r}: {_reason(exc)}") from None
+
+
+def _where(engine: Engine) -> str:
+    return str(_sqlite_path(str(engine.url)) or engine.url.render_as_string(hide_password=True))
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise StoreError (one line) unless the database holds a schema this sgpu can read.
+
+    A corrupt file, another program's database (no slurmgpu revision) and a database a
+    newer slurmgpu has migrated (a revision this one does not know) each get their own
+    line, instead of a traceback from the first query.
+    """
+    where = _where(engine)
+    try:
+        revision = stored_revision(engine)
+    except StoreError as exc:
+        raise StoreError(
+            f"database {where} cannot be read (corrupt, or not a database): "
+            f"{str(exc).rsplit(': ', 1)[-1]}"
+        ) from None
+    if revision is None:
+        raise StoreError(
+            f"database {where} is not a slurmgpu database (no schema revision): check --db "
+            "or daemon.database, or start the daemon once to create it"
+        )
+    known = known_revisions()
+    if revision not in known:
+        raise StoreError(
+            f"database {where} has schema revision {revision!r}, which this slurmgpu does not "
+            f"know (newest known: {max(known, default='none')}): a newer slurmgpu wrote it; "
+            "upgrade sgpu"
+        )
+
+
 def upgrade(engine: Engine) -> None:
     """Migrate the database to the newest schema (no-op when already there)."""
     from alembic import command
 
-    if current_revision(engine) == head_revision():
+    current = current_revision(engine)
+    if current == head_revision():
         return
+    if current is not None and current not in known_revisions():
+        check_schema(engine)  # raises: a newer slurmgpu's schema is never "upgraded" back
     try:
         command.upgrade(alembic_config(engine), "head")
     except SQLAlchemyError as exc:
