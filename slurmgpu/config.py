@@ -566,8 +566,9 @@ def _parse_notify(doc: dict[str, Any], text: str, path: Path | None) -> NotifySe
     try:
         return NotifySettings.from_mapping(raw)
     except NotifyConfigError as exc:
-        key = exc.key.split(".")[-1]
-        table = "notify" + ("." + ".".join(exc.key.split(".")[:-1]) if "." in exc.key else "")
+        dotted = exc.key or ""
+        key = dotted.split(".")[-1]
+        table = "notify" + ("." + ".".join(dotted.split(".")[:-1]) if "." in dotted else "")
         raise ConfigError(
             exc.reason if hasattr(exc, "reason") else str(exc),
             path=path,
