@@ -68,8 +68,13 @@ def create_store_engine(url: str, *, create: bool = True) -> Engine:
                 _prepare_sqlite_file(path)
             except OSError as exc:
                 raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
-        elif not path.exists():
-            raise StoreError(f"database {path} does not exist (start the daemon first)")
+        else:
+            try:
+                exists = path.exists()
+            except OSError as exc:  # e.g. a user's sgpu and root's database directory
+                raise StoreError(f"cannot open database {path}: {exc.strerror}") from None
+            if not exists:
+                raise StoreError(f"database {path} does not exist (start the daemon first)")
     try:
         engine = create_engine(u)
     except Exception as exc:  # missing driver, bad options
