@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 if TYPE_CHECKING:
@@ -91,6 +93,32 @@ def create_store_engine(url: str, *, create: bool = True) -> Engine:
             cur.close()
 
     return engine
+
+
+@contextmanager
+def durable_begin(engine: Engine) -> Iterator[Connection]:
+    """A write transaction whose commit survives power loss, not only a process crash.
+
+    SQLite connections run with ``synchronous=NORMAL`` (WAL): a commit is safe from a
+    crash of the process but may be lost with the last moments before a power cut. A
+    resize journal row must not be: the row says a job was requeued held, and without it
+    a restarted daemon would not know to release the job. Such writes take
+    ``synchronous=FULL`` (the WAL is synced at each commit) for their transaction only,
+    so frequent writes (samples, cycles) keep NORMAL's speed. Other databases: a plain
+    transaction (PostgreSQL commits durably by default).
+    """
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            conn.exec_driver_sql("PRAGMA synchronous=FULL")
+            conn.commit()
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA synchronous=NORMAL")
+                conn.commit()
 
 
 def alembic_config(engine: Engine) -> Config:
