@@ -15,11 +15,13 @@ from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDir
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
+from slurmgpu.daemon.munge_watch import MungeWatch
 from slurmgpu.daemon.observer import CycleResult, Observer
+from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.store import JobStore
-from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
 log = logging.getLogger("slurmgpu.daemon")
@@ -106,9 +108,29 @@ def _run(
         observer = Observer(slurm, store, vanish_after_cycles=settings.daemon.vanish_after_cycles)
     except Exception as exc:  # the store could not be read back
         fail(f"cannot load state from {settings.daemon.database}: {exc}", EXIT_STORE)
+    # Samples are kept only for jobs that ran on the posting node, on that node's GPUs.
+    usage.placement = SnapshotPlacement(lambda: observer.latest, store.engine, store.cluster)
     summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
     policies = None if no_policies else build_policy_cycle(settings, store, slurm)
     metrics = DaemonMetrics(store.engine, store.cluster, snapshot=lambda: observer.latest)
+    metrics.watch(
+        "sgpu_samples_refused",
+        "Agent samples left out: job not on the posting node, unknown job, no such GPU.",
+        lambda: dict(usage.refused),
+        label="reason",
+    )
+    metrics.watch(
+        "sgpu_samples_skewed",
+        f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (stored), by node.",
+        lambda: dict(usage.skewed),
+        label="node",
+    )
+    metrics.watch(
+        "sgpu_agent_spool_dropped_samples",
+        "Samples an agent's spool dropped so far (as the agent last reported), by node.",
+        lambda: dict(usage.spool_dropped),
+        label="node",
+    )
     if policies is not None:
         errors = policies.errors
         metrics.watch(
@@ -148,6 +170,7 @@ def _run(
         )
         return
     server = None
+    munge: MungeWatch | None = None
     if settings.daemon.api and not no_api:
         try:
             host, port = parse_listen(listen or settings.daemon.listen)
@@ -164,6 +187,22 @@ def _run(
             node_addresses=directory.addresses,
             admin_uids=frozenset(settings.daemon.admin_uids),
         )
+        # Re-checked every poll interval: a munged that dies or comes back is said once.
+        munge = MungeWatch(
+            up=auth.allow_munge,
+            on_change=lambda up: setattr(auth, "allow_munge", up),
+            interval_s=poll.total_seconds(),
+        )
+        watched = munge
+        metrics.watch(
+            "sgpu_munge_up",
+            "1 while the local munged answers (agents' MUNGE credentials can be checked).",
+            lambda: 1.0 if watched.up else 0.0,
+            kind="gauge",
+        )
+        if not auth.allow_munge:
+            log.warning("MUNGE is not available at start: agents need node tokens until it is")
+        munge.start()
         service = IngestService(usage, auth, directory, metrics=metrics.exposition)
         metrics.watch_ingest(lambda: (service.accepted, service.rejected))
         try:
@@ -190,6 +229,8 @@ def _run(
         loop.run(max_cycles=cycles)
     finally:
         keeper.stop()
+        if munge is not None:
+            munge.stop()
         if server is not None:
             server.stop()
     if lease.lost:

@@ -6,10 +6,15 @@ loops over samples.
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, and_, case, func, insert, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -18,7 +23,9 @@ from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
 from slurmgpu.store.summary_columns import summary_columns
-from slurmgpu.wire import SampleBatch
+from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
+
+log = logging.getLogger("slurmgpu.store")
 
 # A GPU counts as busy in a sample above this utilisation (NVML reports integers).
 IDLE_UTIL_PCT = 0.5
@@ -26,6 +33,39 @@ IDLE_UTIL_PCT = 0.5
 
 class StoreBusyError(StoreError):
     """The database is locked or unreachable right now; the caller may retry."""
+
+
+class Placement(Protocol):
+    """Where jobs ran and how many GPUs nodes have (daemon.placement.SnapshotPlacement)."""
+
+    def job_nodes(self, job_id: int) -> frozenset[str] | None: ...
+
+    def node_gpus(self, node: str) -> int | None: ...
+
+
+# A sample more than this far from the daemon's clock comes from a node whose clock is
+# off: it is stored (its job and GPU are right), counted and reported, never dropped.
+SKEW_LIMIT_S = 300.0
+_UID_PREFIX_CHARS = 40
+
+
+def node_scoped_uid(node: str, uid: str) -> str:
+    """Return the stored idempotency key of ``uid`` sent by ``node``: unique per node.
+
+    Agents make ids that start with their node's name (``gpu1:run:seq:gpu:job``), kept
+    as they are; any other id is namespaced by the node (hashed to stay within 128
+    characters), so one node can never take the id of another node's sample and have
+    that sample dropped as a duplicate.
+
+    >>> node_scoped_uid("gpu1", "gpu1:r:7:0:42")
+    'gpu1:r:7:0:42'
+    >>> node_scoped_uid("gpu2", "gpu1:r:7:0:42")[:5]
+    'gpu2:'
+    """
+    if uid.startswith(node + ":"):
+        return uid
+    digest = hashlib.sha256(f"{node}\0{uid}".encode()).hexdigest()
+    return f"{node[:_UID_PREFIX_CHARS]}:{digest}"
 
 
 _SAMPLE_COLUMNS = (
@@ -82,23 +122,144 @@ def _total_changes(conn: Any) -> int:
 class UsageStore:
     """Writes agents' samples and answers per-job usage questions."""
 
-    def __init__(self, engine: Engine, cluster: str = "") -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        cluster: str = "",
+        *,
+        placement: Placement | None = None,
+        clock: Any = time.time,
+    ) -> None:
         self.engine = engine
         self.cluster = cluster
+        # Set by the daemon: samples are then checked against where jobs ran.
+        self.placement = placement
+        self.clock = clock
+        # Samples left out, by reason ("job not on node", "unknown job", "no such GPU");
+        # samples from a node whose clock is off by more than SKEW_LIMIT_S, by node.
+        self.refused: Counter[str] = Counter()
+        self.skewed: Counter[str] = Counter()
+        self.spool_dropped: Counter[str] = Counter()
+        self._told: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def _tell_once(self, node: str, what: str, message: str, *args: object) -> None:
+        key = (node, what)
+        with self._lock:
+            first = key not in self._told
+            self._told.add(key)
+        log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+
+    def _checked(self, batch: SampleBatch) -> tuple[list[GpuSampleIn], list[HostSampleIn]]:
+        """The batch's samples whose job ran on the node and whose GPU is the node's."""
+        placement, node = self.placement, batch.node
+        gpu, host = list(batch.gpu), list(batch.host)
+        if placement is None:
+            return gpu, host
+        verdict: dict[int, str] = {}
+        for job_id in {s.job_id for s in gpu if s.job_id is not None} | {
+            h.job_id for h in host if h.job_id is not None
+        }:
+            nodes = placement.job_nodes(job_id)
+            if nodes is None:
+                verdict[job_id] = "unknown job"
+            elif node not in nodes:
+                verdict[job_id] = "job not on node"
+        gpus = placement.node_gpus(node)
+        refused: Counter[str] = Counter()
+
+        def why(job_id: int | None, gpu_index: int | None) -> str:
+            if gpu_index is not None and gpus is not None and not 0 <= gpu_index < gpus:
+                return "no such GPU"
+            return verdict.get(job_id, "") if job_id is not None else ""
+
+        kept_gpu = []
+        for s in gpu:
+            reason = why(s.job_id, s.gpu_index)
+            if reason:
+                refused[reason] += 1
+            else:
+                kept_gpu.append(s)
+        kept_host = []
+        for h in host:
+            reason = why(h.job_id, None)
+            if reason:
+                refused[reason] += 1
+            else:
+                kept_host.append(h)
+        if refused:
+            with self._lock:
+                self.refused.update(refused)
+            for reason, n in refused.items():
+                self._tell_once(
+                    node,
+                    reason,
+                    "node %s: %d sample(s) refused: %s (jobs %s)",
+                    node,
+                    n,
+                    reason,
+                    sorted(j for j, r in verdict.items() if r == reason)[:5] or "-",
+                )
+        return kept_gpu, kept_host
+
+    def _note_spool(self, batch: SampleBatch) -> None:
+        """Warn when a node's spool dropped more samples since it last said (cumulative)."""
+        if not batch.dropped:
+            return
+        with self._lock:
+            before = self.spool_dropped.get(batch.node, 0)
+            self.spool_dropped[batch.node] = max(before, int(batch.dropped))
+        if batch.dropped > before:
+            log.warning(
+                "node %s: its agent has dropped %d sample(s) so far (%+d): offline too long "
+                "or its spool is full",
+                batch.node,
+                batch.dropped,
+                batch.dropped - before,
+            )
+
+    def _count_skew(self, batch: SampleBatch) -> None:
+        now = float(self.clock())
+        times = [s.at for s in batch.gpu] + [h.at for h in batch.host]
+        off = [t - now for t in times if abs(t - now) > SKEW_LIMIT_S]
+        self._note_spool(batch)
+        if not off:
+            return
+        with self._lock:
+            self.skewed[batch.node] += len(off)
+        worst = max(off, key=abs)
+        # Samples arrive late legitimately (a spool emptied after an outage): only a
+        # sample from the future says the node's clock is wrong.
+        if worst > 0:
+            self._tell_once(
+                batch.node,
+                "skew",
+                "node %s: %d sample(s) stamped up to %+.0fs from the daemon's clock "
+                "(stored; check the node's NTP)",
+                batch.node,
+                len(off),
+                worst,
+            )
 
     def ingest(self, batch: SampleBatch) -> tuple[int, int]:
         """Store a batch in one transaction; return (accepted, duplicates ignored).
 
         Rows go straight to the driver's ``executemany`` as tuples: at 20,000+ samples a
         second the per-row parameter processing of a Core insert is the bottleneck.
-        The ON CONFLICT clause makes a resent sample a no-op (idempotent ingest).
+        The ON CONFLICT clause makes a resent sample a no-op (idempotent ingest); ids are
+        unique per node (:func:`node_scoped_uid`). With a ``placement``, samples whose job
+        did not run on the node or whose GPU the node lacks are left out and counted
+        (``refused``); samples stamped far from the daemon's clock are stored and counted
+        (``skewed``).
         """
         sqlite = self.engine.dialect.name == "sqlite"
         at = _sqlite_time if sqlite else _epoch
         c, node = self.cluster, batch.node
+        self._count_skew(batch)
+        gpu_samples, host_samples = self._checked(batch)
         rows: list[tuple[Any, ...]] = [
             (
-                s.sample_uid,
+                node_scoped_uid(node, s.sample_uid),
                 c,
                 node,
                 "gpu",
@@ -118,11 +279,11 @@ class UsageStore:
                 None,
                 None,
             )
-            for s in batch.gpu
+            for s in gpu_samples
         ]
         rows.extend(
             (
-                h.sample_uid,
+                node_scoped_uid(node, h.sample_uid),
                 c,
                 node,
                 "host",
@@ -142,7 +303,7 @@ class UsageStore:
                 h.rss_mib,
                 h.cgroup_memory_mib,
             )
-            for h in batch.host
+            for h in host_samples
         )
         if not rows:
             return 0, 0
