@@ -15,6 +15,8 @@ Example (every key is optional; these are the defaults)::
     lease_ttl = "60s"          # single writer: another daemon takes over this long after
                                # the last heartbeat (docs/reliability.md)
     admin_uids = [0]           # may see every user's jobs in GET /v1/jobs
+    sample_retention = "6h"    # raw samples older than this are rolled up per hour, deleted
+    rollup_retention = "90d"   # hourly rollups older than this are deleted
 
     [slurm]
     backend = "auto"           # auto | cli | pyslurm
@@ -166,6 +168,9 @@ class DaemonSettings:
     admin_comment: bool = False
     lease_ttl: timedelta = timedelta(seconds=60)
     admin_uids: tuple[int, ...] = (0,)
+    # Sized for a 1,000-GPU site to stay under 2 GB (docs/configuration.md#retention).
+    sample_retention: timedelta = timedelta(hours=6)
+    rollup_retention: timedelta = timedelta(days=90)
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,6 +445,13 @@ def _parse_document(doc: dict[str, Any], text: str, path: Path | None) -> Settin
         admin_comment=d.boolean("admin_comment", False),
         lease_ttl=d.duration("lease_ttl", timedelta(seconds=60), minimum=timedelta(seconds=1)),
         admin_uids=_uids(d, "admin_uids", (0,)),
+        # At least an hour: the idle-GPU and rightsizing policies read the last hour raw.
+        sample_retention=d.duration(
+            "sample_retention", timedelta(hours=6), minimum=timedelta(hours=1)
+        ),
+        rollup_retention=d.duration(
+            "rollup_retention", timedelta(days=90), minimum=timedelta(days=1)
+        ),
     )
     d.finish()
     s = _Reader(doc, text, path, "slurm")

@@ -21,6 +21,7 @@ from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.store import JobStore
+from slurmgpu.store.retention import Retention
 from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
@@ -113,6 +114,17 @@ def _run(
     summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
     policies = None if no_policies else build_policy_cycle(settings, store, slurm)
     metrics = DaemonMetrics(store.engine, store.cluster, snapshot=lambda: observer.latest)
+    retention = Retention(
+        store.engine,
+        store.cluster,
+        sample_retention=settings.daemon.sample_retention,
+        rollup_retention=settings.daemon.rollup_retention,
+    )
+    metrics.watch(
+        "sgpu_samples_pruned",
+        "Raw samples deleted by the retention (rolled up per job and hour first).",
+        lambda: float(retention.deleted_total),
+    )
     metrics.watch(
         "sgpu_samples_refused",
         "Agent samples left out: job not on the posting node, unknown job, no such GPU.",
@@ -150,6 +162,8 @@ def _run(
         # No lease (lapsed while the database refused writes, or taken over): no action.
         if policies is not None and lease.valid():
             policies.run(result.snapshot, result.at)
+        if lease.valid():
+            retention.maybe_run(result.at)
 
     loop = DaemonLoop(
         observer,

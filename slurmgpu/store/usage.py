@@ -355,18 +355,19 @@ class UsageStore:
     def _gpu_usage_chunk(
         self, job_ids: list[int], since: datetime | None, out: dict[int, list[GpuUsage]]
     ) -> None:
-        s = schema.samples
+        s, h = schema.samples, schema.sample_hours
         busy = case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), else_=None)
         cond = [s.c.cluster == self.cluster, s.c.job_id.in_(job_ids), s.c.kind == "gpu"]
         if since is not None:
             cond.append(s.c.at >= since)
-        stmt = (
+        raw = (
             select(
                 s.c.job_id,
                 s.c.node,
                 s.c.gpu_index,
                 func.count().label("n"),
-                func.avg(s.c.util_pct).label("mean_util"),
+                func.count(s.c.util_pct).label("util_n"),
+                func.sum(s.c.util_pct).label("util_sum"),
                 func.max(s.c.util_pct).label("max_util"),
                 func.max(s.c.memory_used_mib).label("max_mem"),
                 func.max(s.c.memory_total_mib).label("mem_total"),
@@ -379,62 +380,118 @@ class UsageStore:
             )
             .where(and_(*cond))
             .group_by(s.c.job_id, s.c.node, s.c.gpu_index)
-            .order_by(s.c.job_id, s.c.node, s.c.gpu_index)
         )
+        # Hours whose raw samples the retention rolled up (store/retention.py).
+        hcond = [h.c.cluster == self.cluster, h.c.job_id.in_(job_ids), h.c.kind == "gpu"]
+        if since is not None:
+            hcond.append(h.c.last_at >= since)
+        rolled = (
+            select(
+                h.c.job_id,
+                h.c.node,
+                h.c.gpu_index,
+                func.sum(h.c.samples).label("n"),
+                func.sum(h.c.util_n).label("util_n"),
+                func.sum(h.c.util_sum).label("util_sum"),
+                func.max(h.c.util_max).label("max_util"),
+                func.max(h.c.memory_max_mib).label("max_mem"),
+                func.max(h.c.memory_total_mib).label("mem_total"),
+                func.min(h.c.first_at).label("first_at"),
+                func.max(h.c.last_at).label("last_at"),
+                func.max(h.c.last_busy_at).label("last_busy_at"),
+                func.max(case((h.c.shared.is_(True), 1), else_=0)).label("shared"),
+                func.sum(h.c.errors).label("errors"),
+                func.max(h.c.processes_max).label("max_processes"),
+            )
+            .where(and_(*hcond))
+            .group_by(h.c.job_id, h.c.node, h.c.gpu_index)
+        )
+        merged: dict[tuple[int, str, int], dict[str, Any]] = {}
         with self.engine.connect() as conn:
-            for r in conn.execute(stmt).mappings():
-                first, last = as_utc(r["first_at"]), as_utc(r["last_at"])
-                # as_utc(None) is the epoch: keep "never busy" as None, not 1970.
-                last_busy = None if r["last_busy_at"] is None else as_utc(r["last_busy_at"])
-                idle_since = first if last_busy is None else last_busy
-                out.setdefault(int(r["job_id"]), []).append(
-                    GpuUsage(
-                        node=r["node"],
-                        gpu_index=int(r["gpu_index"]),
-                        samples=int(r["n"]),
-                        mean_util_pct=_f(r["mean_util"]),
-                        max_util_pct=_f(r["max_util"]),
-                        max_memory_mib=_f(r["max_mem"]),
-                        memory_total_mib=_f(r["mem_total"]),
-                        first_at=first,
-                        last_at=last,
-                        trailing_idle=max(last - idle_since, timedelta(0)),
-                        never_busy=last_busy is None,
-                        shared=bool(r["shared"]),
-                        error_samples=int(r["errors"] or 0),
-                        max_processes=int(r["max_processes"] or 0),
-                    )
+            for stmt in (rolled, raw):
+                for r in conn.execute(stmt).mappings():
+                    key = (int(r["job_id"]), str(r["node"]), int(r["gpu_index"]))
+                    row = dict(r)
+                    for col in ("first_at", "last_at", "last_busy_at"):
+                        row[col] = None if row[col] is None else as_utc(row[col])
+                    merged[key] = _merge(merged[key], row) if key in merged else row
+        for key in sorted(merged):
+            g = merged[key]
+            first, last = g["first_at"], g["last_at"]
+            last_busy = g["last_busy_at"]
+            idle_since = first if last_busy is None else last_busy
+            util_n = int(g["util_n"] or 0)
+            out.setdefault(key[0], []).append(
+                GpuUsage(
+                    node=key[1],
+                    gpu_index=key[2],
+                    samples=int(g["n"]),
+                    mean_util_pct=float(g["util_sum"]) / util_n if util_n else None,
+                    max_util_pct=_f(g["max_util"]),
+                    max_memory_mib=_f(g["max_mem"]),
+                    memory_total_mib=_f(g["mem_total"]),
+                    first_at=first,
+                    last_at=last,
+                    trailing_idle=max(last - idle_since, timedelta(0)),
+                    never_busy=last_busy is None,
+                    shared=bool(g["shared"]),
+                    error_samples=int(g["errors"] or 0),
+                    max_processes=int(g["max_processes"] or 0),
                 )
+            )
 
     def host_usage(self, job_id: int) -> list[HostUsage]:
-        """Return per-node CPU and memory aggregates of a job."""
-        s = schema.samples
+        """Return per-node CPU and memory aggregates of a job (raw and rolled-up hours)."""
+        s, h = schema.samples, schema.sample_hours
         mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
-        stmt = (
+        raw = (
             select(
                 s.c.node,
                 func.count().label("n"),
-                func.avg(s.c.cpu_pct).label("mean_cpu"),
+                func.count(s.c.cpu_pct).label("cpu_n"),
+                func.sum(s.c.cpu_pct).label("cpu_sum"),
                 func.max(s.c.cpu_pct).label("max_cpu"),
                 func.max(s.c.cpus_allocated).label("cpus"),
                 func.max(mem).label("max_mem"),
             )
             .where(and_(s.c.cluster == self.cluster, s.c.job_id == job_id, s.c.kind == "host"))
             .group_by(s.c.node)
-            .order_by(s.c.node)
         )
+        rolled = (
+            select(
+                h.c.node,
+                func.sum(h.c.samples).label("n"),
+                func.sum(h.c.cpu_n).label("cpu_n"),
+                func.sum(h.c.cpu_sum).label("cpu_sum"),
+                func.max(h.c.cpu_max).label("max_cpu"),
+                func.max(h.c.cpus_max).label("cpus"),
+                func.max(h.c.host_memory_max_mib).label("max_mem"),
+            )
+            .where(and_(h.c.cluster == self.cluster, h.c.job_id == job_id, h.c.kind == "host"))
+            .group_by(h.c.node)
+        )
+        merged: dict[str, dict[str, Any]] = {}
         with self.engine.connect() as conn:
-            return [
+            for stmt in (rolled, raw):
+                for r in conn.execute(stmt).mappings():
+                    row = dict(r)
+                    node = str(row["node"])
+                    merged[node] = _merge(merged[node], row) if node in merged else row
+        out = []
+        for node in sorted(merged):
+            u = merged[node]
+            cpu_n = int(u["cpu_n"] or 0)
+            out.append(
                 HostUsage(
-                    node=r["node"],
-                    samples=int(r["n"]),
-                    mean_cpu_pct=_f(r["mean_cpu"]),
-                    max_cpu_pct=_f(r["max_cpu"]),
-                    cpus_allocated=int(r["cpus"]) if r["cpus"] is not None else None,
-                    max_memory_mib=_f(r["max_mem"]),
+                    node=node,
+                    samples=int(u["n"]),
+                    mean_cpu_pct=float(u["cpu_sum"]) / cpu_n if cpu_n else None,
+                    max_cpu_pct=_f(u["max_cpu"]),
+                    cpus_allocated=int(u["cpus"]) if u["cpus"] is not None else None,
+                    max_memory_mib=_f(u["max_mem"]),
                 )
-                for r in conn.execute(stmt).mappings()
-            ]
+            )
+        return out
 
     def count_samples(self) -> int:
         with self.engine.connect() as conn:
@@ -467,6 +524,28 @@ class UsageStore:
         with self.engine.connect() as conn:
             value = conn.execute(stmt).scalar()
         return dict(value) if value is not None else None
+
+
+_SUMMED = frozenset({"n", "util_n", "util_sum", "errors", "cpu_n", "cpu_sum"})
+_FIRST = frozenset({"first_at"})
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Combine two aggregate rows of one GPU or node: counts and sums add, others max."""
+    out = dict(a)
+    for key, value in b.items():
+        mine = out.get(key)
+        if value is None or key in {"job_id", "node", "gpu_index"}:
+            continue
+        if mine is None:
+            out[key] = value
+        elif key in _SUMMED:
+            out[key] = mine + value
+        elif key in _FIRST:
+            out[key] = min(mine, value)
+        else:
+            out[key] = max(mine, value)
+    return out
 
 
 def _f(value: Any) -> float | None:
