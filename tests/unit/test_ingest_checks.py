@@ -154,3 +154,20 @@ def test_munge_going_and_coming_back_is_said_once_each_and_reaches_the_api(
     assert seen == [False, True] and watch.changes == 2
     assert "MUNGE is not available" in caplog.text and "MUNGE is available again" in caplog.text
     assert len(caplog.records) == 2
+
+
+def test_the_counts_reach_metrics(tmp_path: Path) -> None:
+    from slurmgpu.daemon.metrics import DaemonMetrics
+
+    w = World(tmp_path)
+    w.observe([_job(5, "gpu1")])
+    w.gpu("gpu2", "gpu2:r:1:0:5", 5)
+    w.gpu("gpu1", "gpu1:r:2:0:5", 5, at=NOW + 900)
+    metrics = DaemonMetrics(w.store.engine)
+    metrics.watch("sgpu_samples_refused", "h", lambda: dict(w.usage.refused), label="reason")
+    metrics.watch("sgpu_samples_skewed", "h", lambda: dict(w.usage.skewed), label="node")
+    metrics.watch("sgpu_munge_up", "h", lambda: 0.0, kind="gauge")
+    text = metrics.exposition().decode()
+    assert 'sgpu_samples_refused_total{reason="job not on node"} 1.0' in text
+    assert 'sgpu_samples_skewed_total{node="gpu1"} 1.0' in text
+    assert "sgpu_munge_up 0.0" in text
