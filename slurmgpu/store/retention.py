@@ -77,14 +77,20 @@ def roll_up_and_prune(
     busy = case((s.c.util_pct > _IDLE_UTIL_PCT, s.c.at), else_=None)
     host_mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
     rolled = deleted = 0
+    done_to: datetime | None = None
     try:
-        with engine.connect() as conn:
-            oldest = conn.execute(
-                select(func.min(s.c.at)).where(s.c.cluster == cluster, s.c.at < cutoff)
-            ).scalar()
-        start = _floor_hour(schema.as_utc(oldest)) if oldest is not None else cutoff
-        while start < cutoff:
-            end = min(start + _BATCH, cutoff)
+        while True:
+            # The next hour that has samples (hours with none are skipped, not visited).
+            with engine.connect() as conn:
+                oldest = conn.execute(
+                    select(func.min(s.c.at)).where(s.c.cluster == cluster, s.c.at < cutoff)
+                ).scalar()
+            if oldest is None:
+                break
+            start = _floor_hour(schema.as_utc(oldest))
+            if done_to is not None and start < done_to:
+                break  # a sample the window did not catch: never loop on it
+            end = done_to = min(start + _BATCH, cutoff)
             window = and_(s.c.cluster == cluster, s.c.at >= start, s.c.at < end)
             rollup = (
                 select(
@@ -128,7 +134,6 @@ def roll_up_and_prune(
                 ).scalar()
                 rolled += int(n or 0)
                 deleted += int(conn.execute(delete(s).where(window)).rowcount or 0)
-            start = end
         with engine.begin() as conn:
             gone = conn.execute(
                 delete(h).where(h.c.cluster == cluster, h.c.hour < now - rollup_retention)
