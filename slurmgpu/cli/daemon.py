@@ -158,7 +158,10 @@ def _run(
         ended = set(result.ended)
         for job in result.snapshot.jobs:
             if job.job_id in ended:
-                summarizer.job_ended(job, result.at)
+                try:
+                    summarizer.job_ended(job, result.at)
+                except Exception:  # one job's summary must not cost the others theirs
+                    log.exception("summary of job %d failed; other jobs go on", job.job_id)
         # No lease (lapsed while the database refused writes, or taken over): no action.
         if policies is not None and lease.valid():
             policies.run(result.snapshot, result.at)

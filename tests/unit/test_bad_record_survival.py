@@ -224,3 +224,39 @@ def test_the_daemon_does_not_downgrade_a_newer_schema(tmp_path: Path) -> None:
     out = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", "daemon", "--once"])
     assert out.exit_code == 4, out.output
     assert "a newer slurmgpu wrote it" in out.output
+
+
+# -- the observe loop itself -------------------------------------------------------------
+
+
+class _Glitchy(FakeSlurm):
+    """Raises an unforeseen error (a bug on a record) on the first listing only."""
+
+    def __init__(self) -> None:
+        super().__init__(_jobs(2))
+        self.listings = 0
+
+    def jobs(self) -> list[Job]:
+        self.listings += 1
+        if self.listings == 1:
+            raise TypeError("unexpected None in a job record")
+        return super().jobs()
+
+
+def test_a_cycle_that_raises_costs_that_cycle_not_the_daemon(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from slurmgpu.daemon.loop import DaemonLoop
+    from slurmgpu.daemon.observer import Observer
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    loop = DaemonLoop(
+        Observer(_Glitchy(), store),
+        interval=timedelta(milliseconds=1),
+        max_backoff=timedelta(milliseconds=2),
+    )
+    with caplog.at_level(logging.ERROR, logger="slurmgpu.daemon"):
+        loop.run(max_cycles=3)
+    assert loop.cycles == 3 and loop.crashes == 1
+    assert "cycle failed unexpectedly" in caplog.text
+    assert store.count_jobs() == 2  # the later cycles stored the listing
