@@ -15,6 +15,8 @@ Example (every key is optional; these are the defaults)::
     lease_ttl = "60s"          # single writer: another daemon takes over this long after
                                # the last heartbeat (docs/reliability.md)
     admin_uids = [0]           # may see every user's jobs in GET /v1/jobs
+    sample_retention = "6h"    # raw samples older than this are rolled up per hour, deleted
+    rollup_retention = "90d"   # hourly rollups older than this are deleted
 
     [slurm]
     backend = "auto"           # auto | cli | pyslurm
@@ -51,6 +53,15 @@ DEFAULT_CONFIG_PATH = Path("/etc/slurmgpu/config.toml")
 MODES = ("observe", "advise", "enforce")
 BACKENDS = ("auto", "cli", "pyslurm")
 
+# The longest duration and the largest integer any setting accepts: beyond them a value is
+# a typo, and date arithmetic on it would overflow (``history_days = 1000000`` once
+# passed ``sgpu policy check`` and then killed the daemon with an OverflowError).
+MAX_DURATION = timedelta(days=3650)
+MAX_INTEGER = 2**31 - 1
+MAX_HISTORY_DAYS = 3650
+# A file with more bad keys than this is reported up to here (each on its own line).
+_MAX_REPORTED = 50
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -58,16 +69,35 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 60480
 class ConfigError(Exception):
     """A configuration problem, phrased as one line a user can act on."""
 
-    def __init__(self, message: str, *, path: Path | None = None, line: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | None = None,
+        line: int | None = None,
+        table: str | None = None,
+        key: str | None = None,
+    ) -> None:
         if len(message) > 300:  # a pasted megabyte must still give one readable line
             message = message[:297] + "..."
         self.path = path
         self.line = line
         self.reason = message
+        # Where the bad key is (``table`` dotted, e.g. "policy.idle_gpu"), when one key is
+        # to blame: parse_settings then drops it and reads on, to report every bad key.
+        self.table = table
+        if key is not None or not hasattr(self, "key"):  # a subclass may have set its own
+            self.key = key
+        self.others: tuple[ConfigError, ...] = ()
         where = ""
         if path is not None:
             where = f" in {path}" + (f", line {line}" if line else "")
         super().__init__(f"config error{where}: {message}")
+
+    def __str__(self) -> str:
+        """One line per bad key: this one first, then the others found in the same file."""
+        first = super().__str__()
+        return "\n".join([first, *(ConfigError.__str__(o) for o in self.others)])
 
 
 def parse_duration(text: str | int | float) -> timedelta:
@@ -138,6 +168,9 @@ class DaemonSettings:
     admin_comment: bool = False
     lease_ttl: timedelta = timedelta(seconds=60)
     admin_uids: tuple[int, ...] = (0,)
+    # Sized for a 1,000-GPU site to stay under 2 GB (docs/configuration.md#retention).
+    sample_retention: timedelta = timedelta(hours=6)
+    rollup_retention: timedelta = timedelta(days=90)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,16 +300,25 @@ class TableReader:
             raise self.fail(key, f"must be true or false, not {value!r}")
         return value
 
-    def integer(self, key: str, default: int, *, minimum: int = 0) -> int:
+    def integer(
+        self, key: str, default: int, *, minimum: int = 0, maximum: int = MAX_INTEGER
+    ) -> int:
         if key not in self.raw:
             return default
         value = self.raw.pop(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise self.fail(key, f"must be an integer >= {minimum}, not {value!r}")
+        if value > maximum:
+            raise self.fail(key, f"must be at most {maximum}, not {value!r}")
         return value
 
     def duration(
-        self, key: str, default: timedelta, *, minimum: timedelta | None = None
+        self,
+        key: str,
+        default: timedelta,
+        *,
+        minimum: timedelta | None = None,
+        maximum: timedelta = MAX_DURATION,
     ) -> timedelta:
         if key not in self.raw:
             return default
@@ -289,6 +331,8 @@ class TableReader:
             ) from None
         if minimum is not None and d < minimum:
             raise self.fail(key, f"must be at least {minimum.total_seconds():g}s")
+        if d > maximum:
+            raise self.fail(key, f"must be at most {maximum.days}d, not {value!r}")
         return d
 
     def finish(self) -> None:
@@ -314,6 +358,8 @@ class _Reader(TableReader):
             f"{self.table}.{key} {message}",
             path=self.path,
             line=_key_line(self.text, self.table, key),
+            table=self.table,
+            key=key,
         )
 
     def string(self, key: str, default: str, *, choices: tuple[str, ...] | None = None) -> str:
@@ -328,7 +374,11 @@ class _Reader(TableReader):
 
 
 def parse_settings(text: str, path: Path | None = None) -> Settings:
-    """Return validated Settings from TOML text, or raise ConfigError naming line and key."""
+    """Return validated Settings from TOML text, or raise ConfigError naming line and key.
+
+    Every bad key is reported, one line each (``str()`` of the error): a key found bad
+    is dropped and the file read again, until it reads or a problem names no key.
+    """
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -336,12 +386,49 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
         raise ConfigError(
             f"not valid TOML: {exc}", path=path, line=int(m.group(1)) if m else None
         ) from None
+    found: list[ConfigError] = []
+    while True:
+        try:
+            settings = _parse_document(doc, text, path)
+        except ConfigError as exc:
+            if any(str(exc) == str(seen) for seen in found):
+                break  # dropping the key did not help (a rule between keys): said once
+            found.append(exc)
+            if len(found) >= _MAX_REPORTED or not _drop_key(doc, exc.table, exc.key):
+                break
+            continue
+        if not found:
+            return settings
+        break
+    first = found[0]
+    first.others = tuple(found[1:])
+    raise first
+
+
+def _drop_key(doc: dict[str, Any], table: str | None, key: str | None) -> bool:
+    """Remove ``table.key`` from the parsed document; False if it is not there."""
+    if table is None or not key:
+        return False
+    node: Any = doc
+    for part in table.split(".") if table else []:
+        if not isinstance(node, dict) or not isinstance(node.get(part), dict):
+            return False
+        node = node[part]
+    if key not in node:
+        return False
+    del node[key]
+    return True
+
+
+def _parse_document(doc: dict[str, Any], text: str, path: Path | None) -> Settings:
     unknown = sorted(set(doc) - {"daemon", "slurm", "policy", "agent", "notify", "report"})
     if unknown:
         raise ConfigError(
             f"[{unknown[0]}] is not a known section",
             path=path,
             line=_key_line(text, unknown[0], ""),
+            table="",
+            key=unknown[0],
         )
     d = _Reader(doc, text, path, "daemon")
     daemon = DaemonSettings(
@@ -358,6 +445,13 @@ def parse_settings(text: str, path: Path | None = None) -> Settings:
         admin_comment=d.boolean("admin_comment", False),
         lease_ttl=d.duration("lease_ttl", timedelta(seconds=60), minimum=timedelta(seconds=1)),
         admin_uids=_uids(d, "admin_uids", (0,)),
+        # At least an hour: the idle-GPU and rightsizing policies read the last hour raw.
+        sample_retention=d.duration(
+            "sample_retention", timedelta(hours=6), minimum=timedelta(hours=1)
+        ),
+        rollup_retention=d.duration(
+            "rollup_retention", timedelta(days=90), minimum=timedelta(days=1)
+        ),
     )
     d.finish()
     s = _Reader(doc, text, path, "slurm")
@@ -414,7 +508,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
     for name in ("rightsize", "idle_gpu", "colocate", "malleable"):
         tables[name].setdefault("mode", mode)
     reader = _Reader({"policy": top}, text, path, "policy")
-    history_days = reader.integer("history_days", 90, minimum=1)
+    history_days = reader.integer("history_days", 90, minimum=1, maximum=MAX_HISTORY_DAYS)
     history_refresh = reader.duration(
         "history_refresh", timedelta(minutes=10), minimum=timedelta(seconds=1)
     )
@@ -434,7 +528,13 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
             recommendations_file=recommendations,
         )
     except PolicyConfigError as exc:
-        raise ConfigError(str(exc), path=path, line=_key_line(text, exc.where, exc.key)) from None
+        raise ConfigError(
+            str(exc),
+            path=path,
+            line=_key_line(text, exc.where, exc.key),
+            table=exc.where,
+            key=exc.key,
+        ) from None
 
 
 def _parse_resize(raw: dict[str, Any], text: str, path: Path | None) -> ResizeSettings:
@@ -478,12 +578,15 @@ def _parse_notify(doc: dict[str, Any], text: str, path: Path | None) -> NotifySe
     try:
         return NotifySettings.from_mapping(raw)
     except NotifyConfigError as exc:
-        key = exc.key.split(".")[-1]
-        table = "notify" + ("." + ".".join(exc.key.split(".")[:-1]) if "." in exc.key else "")
+        dotted = exc.key or ""
+        key = dotted.split(".")[-1]
+        table = "notify" + ("." + ".".join(dotted.split(".")[:-1]) if "." in dotted else "")
         raise ConfigError(
             exc.reason if hasattr(exc, "reason") else str(exc),
             path=path,
             line=_key_line(text, table, key),
+            table=table,
+            key=key,
         ) from None
 
 

@@ -154,7 +154,12 @@ class Actuator:
             return []
         results = []
         for decision, action_id in zip(decisions, ids, strict=True):
-            results.append(self._one(decision, action_id, at))
+            try:
+                results.append(self._one(decision, action_id, at))
+            except Exception as exc:  # one job's trouble must not cost the others theirs
+                a = decision.action
+                log.exception("%s %s job %d raised; other jobs go on", a.policy, a.kind, a.job_id)
+                results.append(ActuationResult(decision, action_id, "failed", str(exc)[:200]))
         return results
 
     def _one(self, decision: Decision, action_id: int, at: datetime) -> ActuationResult:

@@ -18,6 +18,12 @@ and the ways back, each leaving the job running or about to run, never held:
   released at its old size → RELEASED with ``rolled_back`` → ROLLED_BACK once it runs.
 - Any state after the requeue: the job is released whatever else fails.
 
+**A user's own hold.** Slurm (22.05) shows the requeue's hold as ``JobHeldUser`` too,
+and a ``scontrol hold`` the user adds while the job is held by the resize (between the
+requeue and the release, a few seconds) leaves nothing to tell the two apart: that
+hold is lifted with ours (docs/reliability.md). A hold seen after the release is never
+ours, so it is left alone and the transaction closes as ENDED.
+
 **Idempotent steps.** Each step first looks at what Slurm shows (state, restart count,
 reason) and only then acts, so repeating a step a crashed daemon already took does
 nothing twice: a job whose restart count grew was requeued already; the update sets an
@@ -90,7 +96,8 @@ RELEASED = "released"
 RUNNING = "running"  # RUNNING-AT-NEW-SIZE: done
 ABORTED = "aborted"  # never requeued; the job kept running at its old size
 ROLLED_BACK = "rolled_back"  # requeued, update refused, running again at its old size
-ENDED = "ended"  # the job ended (or vanished) after the requeue
+ENDED = "ended"  # the job ended (or vanished) after the requeue, or was held again
+# after our release by its user or an admin (a hold slurmgpu never lifts)
 OPEN = (PLANNED, SIGNALED, CHECKPOINTED, HELD, UPDATED, RELEASED)
 CLOSED = (RUNNING, ABORTED, ROLLED_BACK, ENDED)
 HELD_REASONS = ("job_requeued_in_held_state", "JobHeldAdmin", "JobHeldUser")
@@ -495,14 +502,16 @@ class ResizeExecutor:
     def _released(
         self, row: TransactionRow, job: Job | None, at: datetime
     ) -> TransactionRow | None:
-        ref = row.payload["ref"]
         if job is None or job.state.is_terminal:
             return self._close(row, ENDED, at, "the job ended after its requeue")
         if _held(job):
-            # Held again after our release: only ours can be (a crash between the
-            # release and this row); never leave it held.
-            self._release_quietly(ref)
-            return None
+            # Held again after our release: not by us (this row is written only after
+            # the release succeeded, so a crash in between leaves the row UPDATED and
+            # the release is retried there). The job's user or an admin held it: their
+            # hold is theirs to lift, and the resize is over.
+            return self._close(
+                row, ENDED, at, "held again after the release (by its user or an admin); left held"
+            )
         if job.state is not JobState.RUNNING or "COMPLETING" in job.state_flags:
             return None
         rolled_back = bool(row.payload.get("rolled_back"))

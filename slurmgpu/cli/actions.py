@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slurmgpu.cli.context import AppContext, pass_app
+from slurmgpu.plaintext import plain
 from slurmgpu.store.audit import AuditRecord, AuditStore
 
 _OUTCOME_STYLE = {"done": "green", "notified": "cyan", "failed": "red", "skipped": "dim"}
@@ -74,12 +75,12 @@ def actions(
         table.add_row(
             r.at.strftime("%m-%d %H:%M:%S"),
             str(r.job_id or "-"),
-            r.user,
-            r.policy,
-            _what(r),
-            r.mode,
-            f"[{_OUTCOME_STYLE.get(r.outcome, 'white')}]{r.outcome}[/]",
-            why,
+            plain(r.user),
+            plain(r.policy),
+            plain(_what(r)),
+            plain(r.mode),
+            plain(r.outcome, style=_OUTCOME_STYLE.get(r.outcome, "white")),
+            plain(why),
         )
     console = Console()
     if not console.is_terminal:

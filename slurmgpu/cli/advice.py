@@ -10,6 +10,7 @@ from rich.table import Table
 
 from slurmgpu.cli.actions import record_json
 from slurmgpu.cli.context import AppContext, pass_app
+from slurmgpu.plaintext import plain
 from slurmgpu.store.audit import AuditRecord, AuditStore
 
 
@@ -50,7 +51,14 @@ def advice(app: AppContext, job_id: int | None, user: str | None, as_json: bool)
             f"{r.numbers.get('history_samples', '?')} runs ({r.numbers.get('history_level', '?')})"
         )
         outcome = r.outcome + (f" [{r.suppressed}]" if r.suppressed else "")
-        table.add_row(str(r.job_id), r.user, suggested, basis, r.mode, outcome)
+        table.add_row(
+            str(r.job_id),
+            plain(r.user),
+            plain(suggested),
+            plain(basis),
+            plain(r.mode),
+            plain(outcome),
+        )
     console = Console()
     if not console.is_terminal:
         console = Console(width=max(console.width, 160))

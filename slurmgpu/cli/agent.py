@@ -36,6 +36,7 @@ from slurmgpu.agent.sender import (
 )
 from slurmgpu.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_SPOOL_DIR, BatchSpool, SpoolError
 from slurmgpu.config import parse_duration
+from slurmgpu.plaintext import install_log_filter
 from slurmgpu.telemetry.gpupower import DEFAULT_MODEL, GPU_POWER
 from slurmgpu.telemetry.gresconf import GresConfError, minors_by_index, read_gres_conf
 from slurmgpu.telemetry.probe import GpuProbe, ProbeUnavailableError
@@ -339,6 +340,7 @@ def _standalone() -> None:
         datefmt="%Y-%m-%dT%H:%M:%S",
         stream=sys.stderr,
     )
+    install_log_filter()
     agent(prog_name="sgpu agent")
 
 

@@ -15,11 +15,14 @@ from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDir
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
+from slurmgpu.daemon.munge_watch import MungeWatch
 from slurmgpu.daemon.observer import CycleResult, Observer
+from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.store import JobStore
-from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.retention import Retention
+from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
 log = logging.getLogger("slurmgpu.daemon")
@@ -106,9 +109,48 @@ def _run(
         observer = Observer(slurm, store, vanish_after_cycles=settings.daemon.vanish_after_cycles)
     except Exception as exc:  # the store could not be read back
         fail(f"cannot load state from {settings.daemon.database}: {exc}", EXIT_STORE)
+    # Samples are kept only for jobs that ran on the posting node, on that node's GPUs.
+    usage.placement = SnapshotPlacement(lambda: observer.latest, store.engine, store.cluster)
     summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
     policies = None if no_policies else build_policy_cycle(settings, store, slurm)
     metrics = DaemonMetrics(store.engine, store.cluster, snapshot=lambda: observer.latest)
+    retention = Retention(
+        store.engine,
+        store.cluster,
+        sample_retention=settings.daemon.sample_retention,
+        rollup_retention=settings.daemon.rollup_retention,
+    )
+    metrics.watch(
+        "sgpu_samples_pruned",
+        "Raw samples deleted by the retention (rolled up per job and hour first).",
+        lambda: float(retention.deleted_total),
+    )
+    metrics.watch(
+        "sgpu_samples_refused",
+        "Agent samples left out: job not on the posting node, unknown job, no such GPU.",
+        lambda: dict(usage.refused),
+        label="reason",
+    )
+    metrics.watch(
+        "sgpu_samples_skewed",
+        f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (stored), by node.",
+        lambda: dict(usage.skewed),
+        label="node",
+    )
+    metrics.watch(
+        "sgpu_agent_spool_dropped_samples",
+        "Samples an agent's spool dropped so far (as the agent last reported), by node.",
+        lambda: dict(usage.spool_dropped),
+        label="node",
+    )
+    if policies is not None:
+        errors = policies.errors
+        metrics.watch(
+            "sgpu_policy_errors",
+            "Exceptions a policy raised (on one job, or for a whole cycle), by policy.",
+            lambda: dict(errors),
+            label="policy",
+        )
 
     def on_cycle(result: CycleResult) -> None:
         if result.snapshot is None:
@@ -116,10 +158,15 @@ def _run(
         ended = set(result.ended)
         for job in result.snapshot.jobs:
             if job.job_id in ended:
-                summarizer.job_ended(job, result.at)
+                try:
+                    summarizer.job_ended(job, result.at)
+                except Exception:  # one job's summary must not cost the others theirs
+                    log.exception("summary of job %d failed; other jobs go on", job.job_id)
         # No lease (lapsed while the database refused writes, or taken over): no action.
         if policies is not None and lease.valid():
             policies.run(result.snapshot, result.at)
+        if lease.valid():
+            retention.maybe_run(result.at)
 
     loop = DaemonLoop(
         observer,
@@ -140,6 +187,7 @@ def _run(
         )
         return
     server = None
+    munge: MungeWatch | None = None
     if settings.daemon.api and not no_api:
         try:
             host, port = parse_listen(listen or settings.daemon.listen)
@@ -156,6 +204,22 @@ def _run(
             node_addresses=directory.addresses,
             admin_uids=frozenset(settings.daemon.admin_uids),
         )
+        # Re-checked every poll interval: a munged that dies or comes back is said once.
+        munge = MungeWatch(
+            up=auth.allow_munge,
+            on_change=lambda up: setattr(auth, "allow_munge", up),
+            interval_s=poll.total_seconds(),
+        )
+        watched = munge
+        metrics.watch(
+            "sgpu_munge_up",
+            "1 while the local munged answers (agents' MUNGE credentials can be checked).",
+            lambda: 1.0 if watched.up else 0.0,
+            kind="gauge",
+        )
+        if not auth.allow_munge:
+            log.warning("MUNGE is not available at start: agents need node tokens until it is")
+        munge.start()
         service = IngestService(usage, auth, directory, metrics=metrics.exposition)
         metrics.watch_ingest(lambda: (service.accepted, service.rejected))
         try:
@@ -182,6 +246,8 @@ def _run(
         loop.run(max_cycles=cycles)
     finally:
         keeper.stop()
+        if munge is not None:
+            munge.stop()
         if server is not None:
             server.stop()
     if lease.lost:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from slurmgpu.cli.context import AppContext, pass_app
 from slurmgpu.model import Job
+from slurmgpu.plaintext import plain
 from slurmgpu.report.eff import elapsed_of
 from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.store import StoredJob
@@ -134,13 +135,14 @@ def jobs(
         state = job.state.value + (
             "+" + ",".join(sorted(job.state_flags)) if job.state_flags else ""
         )
+        # Every cell is plain text: a name like "[/bold]" is shown, never parsed as markup.
         table.add_row(
-            job.display_id,
-            job.name,
-            job.user,
-            f"[{_STATE_STYLE.get(job.state.value, 'white')}]{state}[/]",
-            gpu_request_text(job),
-            placement_text(job),
+            plain(job.display_id),
+            plain(job.name),
+            plain(job.user),
+            plain(state, style=_STATE_STYLE.get(job.state.value, "white")),
+            plain(gpu_request_text(job)),
+            plain(placement_text(job)),
             format_time_limit(el) if el is not None else "-",
             format_time_limit(job.time_limit),
             str(job.restart_count),

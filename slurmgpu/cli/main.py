@@ -18,6 +18,8 @@ from slurmgpu.cli.context import AppContext
 
 
 def _setup_logging(verbose: int, quiet: bool) -> None:
+    from slurmgpu.plaintext import install_log_filter
+
     level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
     logging.basicConfig(
         level=level,
@@ -25,6 +27,7 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
         datefmt="%Y-%m-%dT%H:%M:%S",
         stream=sys.stderr,
     )
+    install_log_filter()  # job names in log lines: control characters escaped
 
 
 # Command name -> "module:attribute". Imported when that command runs (or for --help), so
@@ -61,6 +64,19 @@ class _LazyGroup(click.Group):
             command = getattr(importlib.import_module(module), attribute)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            # A database that breaks mid-command (a corrupt page, a table another program
+            # dropped) is one line and exit 4, like one that cannot be opened.
+            if type(exc).__module__.startswith("sqlalchemy"):
+                from slurmgpu.cli.context import EXIT_STORE, fail
+
+                orig = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+                fail(f"database error: {orig[0] if orig else type(exc).__name__}", EXIT_STORE)
+            raise
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,6 +11,7 @@ from rich.table import Table
 from slurmgpu.actuate.pool import KIND as POOL_KIND
 from slurmgpu.actuate.resize import KIND, durations
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
+from slurmgpu.plaintext import plain
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.transactions import TransactionRow, TransactionStore
 
@@ -70,10 +71,10 @@ def resizes(app: AppContext, job_id: int | None, limit: int, as_json: bool) -> N
             str(r.id),
             r.created_at.strftime("%m-%d %H:%M:%S"),
             str(r.job_id),
-            _sizes(r),
-            f"[{_STATE_STYLE.get(r.state, 'white')}]{r.state}[/]",
+            plain(_sizes(r)),
+            plain(r.state, style=_STATE_STYLE.get(r.state, "white")),
             *(f"{phases[p]:.1f}" if p in phases else "-" for p in _PHASES),
-            r.error or "",
+            plain(r.error or ""),
         )
     console = Console()
     if not console.is_terminal:

@@ -180,9 +180,12 @@ def malleable_request(values: dict[str, str], pool: bool, args: list[str]) -> Ma
 
 def malleable_args(req: MalleableRequest, args: list[str]) -> list[str]:
     """sbatch arguments for a malleable job or pool: token, --requeue, --signal, exec wrap."""
-    from slurmgpu.elastic.spec import format_token
+    from slurmgpu.elastic.spec import format_options, format_token
 
     out = add_comment_token(args, format_token(req.lo, req.hi, pool=req.pool))
+    # The options ride in the comment too: the daemon reads them there for every user.
+    for token in format_options(req.signal, req.grace_s, req.elastic_dir):
+        out = add_comment_token(out, token)
     head: list[str] = []
     if "--no-requeue" not in out:
         head.append("--requeue")

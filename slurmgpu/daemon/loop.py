@@ -60,6 +60,7 @@ class DaemonLoop:
         self.stop_event = threading.Event()
         self.failures = 0
         self.cycles = 0
+        self.crashes = 0  # cycles that raised (a bug, logged with its traceback)
         self._last_error: str | None = None
 
     def install_signal_handlers(self) -> None:
@@ -116,7 +117,16 @@ class DaemonLoop:
 
     def run(self, *, max_cycles: int | None = None) -> None:
         while not self.stop_event.is_set():
-            self.run_once()
+            counted = self.cycles
+            try:
+                self.run_once()
+            except Exception:
+                # A bug met by one record must cost a cycle, not the daemon: the next
+                # cycle starts from Slurm's listing again, after the usual back-off.
+                self.cycles = counted + 1
+                self.failures += 1
+                self.crashes += 1
+                log.exception("cycle failed unexpectedly; the next one runs as usual")
             if max_cycles is not None and self.cycles >= max_cycles:
                 break
             delay = next_delay(self.interval, self.failures, self.max_backoff)

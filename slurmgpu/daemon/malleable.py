@@ -1,9 +1,12 @@
 """What the daemon knows of malleable jobs: their specs, and the throughput they report.
 
 A job is malleable when its comment carries ``sgpu:malleable=MIN:MAX`` (or
-``sgpu:pool=MIN:MAX`` for an array pool); ``sgpu submit`` also recorded its checkpoint
-signal, grace and state directory in ``submissions``, which fill in the spec (defaults
-otherwise: USR2, 120 s, ``<work dir>/.sgpu-elastic``). Specs are cached per job id: a
+``sgpu:pool=MIN:MAX`` for an array pool). Its checkpoint signal, grace and state
+directory come from the comment's ``sgpu:ckpt=`` and ``sgpu:edir=`` tokens, which
+``sgpu submit`` writes for every user (validated: elastic.spec.parse_options); then from
+the ``submissions`` row ``sgpu submit`` wrote when it could reach the store (root's
+database: older jobs, root's jobs); defaults otherwise: USR2, 120 s,
+``<work dir>/.sgpu-elastic``. Specs are cached per job id: a
 job's spec does not change, so each malleable job costs one query in its life.
 """
 
@@ -16,7 +19,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.actuate.resize import state_dir_of
-from slurmgpu.elastic.spec import parse_token, read_progress
+from slurmgpu.elastic.spec import parse_options, parse_token, read_progress
 from slurmgpu.model import ClusterSnapshot, Job, MalleableSpec
 from slurmgpu.store import JobStore
 from slurmgpu.store.database import StoreError
@@ -36,14 +39,20 @@ def spec_from(job: Job, submission: dict[str, Any] | None) -> MalleableSpec | No
     sub = submission or {}
     hints = sub.get("hints") or {}
     grace = sub.get("checkpoint_grace_s")
+    given = parse_options(job.comment)
+    for problem in given.problems:
+        log.warning("job %d: comment token %s; using the default instead", job.job_id, problem)
+    recorded_dir = str(hints.get("elastic_dir") or "") if isinstance(hints, dict) else ""
     return MalleableSpec(
         job_id=key,
         min_gpus=lo,
         max_gpus=hi,
-        checkpoint_signal=str(sub.get("checkpoint_signal") or "USR2"),
-        checkpoint_grace=timedelta(seconds=grace if isinstance(grace, int) and grace > 0 else 120),
+        checkpoint_signal=given.signal or str(sub.get("checkpoint_signal") or "USR2"),
+        checkpoint_grace=timedelta(
+            seconds=given.grace_s or (grace if isinstance(grace, int) and grace > 0 else 120)
+        ),
         pool=pool,
-        state_dir=str(hints.get("elastic_dir") or "") if isinstance(hints, dict) else "",
+        state_dir=given.state_dir or recorded_dir,
     )
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -54,6 +55,32 @@ def error_kind(error: str) -> str:
     return "store"
 
 
+@dataclass(frozen=True, slots=True)
+class _Watched:
+    """A figure another part of the daemon keeps, read at scrape time."""
+
+    name: str
+    help: str
+    kind: str  # "counter" | "gauge"
+    label: str  # "" for a single value
+    read: Callable[[], Mapping[str, float] | float]
+
+    def metric(self) -> Metric:
+        value = self.read()
+        labels = [self.label] if self.label else []
+        family: CounterMetricFamily | GaugeMetricFamily = (
+            CounterMetricFamily(self.name, self.help, labels=labels)
+            if self.kind == "counter"
+            else GaugeMetricFamily(self.name, self.help, labels=labels)
+        )
+        if isinstance(value, Mapping):
+            for key, v in sorted(value.items()):
+                family.add_metric([key], v)
+        else:
+            family.add_metric([], value)
+        return family
+
+
 class _StoreCollector(Collector):
     """Figures read at scrape time from the snapshot and the store."""
 
@@ -70,8 +97,11 @@ class _StoreCollector(Collector):
         self.snapshot = snapshot
         self.clock = clock
         self.ingest_counts = ingest_counts
+        self.watched: list[_Watched] = []
 
     def collect(self) -> Iterator[Metric]:
+        for w in self.watched:
+            yield w.metric()
         if self.ingest_counts is not None:
             accepted, rejected = self.ingest_counts()
             yield CounterMetricFamily(
@@ -297,6 +327,18 @@ class DaemonMetrics:
     def watch_ingest(self, counts: Callable[[], tuple[int, int]]) -> None:
         """Export (accepted samples, rejected requests) of the API as counters."""
         self._collector.ingest_counts = counts
+
+    def watch(
+        self,
+        name: str,
+        help_text: str,
+        read: Callable[[], Mapping[str, float] | float],
+        *,
+        kind: str = "counter",
+        label: str = "",
+    ) -> None:
+        """Export a figure kept elsewhere (policy errors, MUNGE up, skewed samples...)."""
+        self._collector.watched.append(_Watched(name, help_text, kind, label, read))
 
     def cycle_done(self, result: CycleResult) -> None:
         """Count one observe cycle (called by the loop after every cycle)."""

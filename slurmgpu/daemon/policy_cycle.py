@@ -8,6 +8,7 @@ reads the database or the clock is here.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -101,6 +102,10 @@ class PolicyCycle:
     # (job, policy) → the last decision recorded, so an unchanged verdict is not written
     # to the audit every 30 s (the first cycle after a restart records it once more).
     _last: dict[tuple[int, str], tuple[object, ...]] = field(default_factory=dict)
+    # Exceptions a policy (per job, or as a whole) or the cycle raised, by policy name
+    # ("cycle" for the rest); exported as sgpu_policy_errors_total.
+    errors: Counter[str] = field(default_factory=Counter)
+    _failing: set[tuple[str, int | None, str]] = field(default_factory=set)
 
     def history(self, at: datetime) -> tuple[HistoryRecord, ...]:
         """Finished jobs for the priors, reloaded every ``history_refresh``.
@@ -110,13 +115,11 @@ class PolicyCycle:
         """
         if self._history_at is None or at - self._history_at >= self.history_refresh:
             try:
-                self._history = tuple(
-                    load_history(
-                        self.usage.engine,
-                        self.usage.cluster,
-                        at - timedelta(days=self.history_days),
-                    )
-                )
+                try:
+                    since = at - timedelta(days=self.history_days)
+                except OverflowError:  # config refuses this; a caller may not have
+                    since = datetime.min.replace(tzinfo=at.tzinfo)
+                self._history = tuple(load_history(self.usage.engine, self.usage.cluster, since))
                 self._history_at = at
                 self._export()
             except StoreError as exc:
@@ -184,7 +187,39 @@ class PolicyCycle:
         return self.malleable is not None and self.malleable.busy()
 
     def run(self, cluster: ClusterSnapshot, at: datetime) -> list[ActuationResult]:
-        """Decide and act for one observed snapshot; never raises for store trouble."""
+        """Decide and act for one observed snapshot; never raises.
+
+        An exception from one policy on one job leaves that job out (PolicyEngine); any
+        other is logged with its traceback and counted, and the next cycle runs as usual.
+        """
+        try:
+            return self._run(cluster, at)
+        except Exception:
+            self.errors["cycle"] += 1
+            log.exception("policy cycle failed; the next cycle runs as usual")
+            return []
+
+    def _report_failures(self) -> None:
+        now: set[tuple[str, int | None, str]] = set()
+        for f in self.engine.failures:
+            self.errors[f.policy] += 1
+            key = (f.policy, f.job_id, f.error)
+            now.add(key)
+            # Once while it lasts: the same job fails the same way every 30 s.
+            level = logging.DEBUG if key in self._failing else logging.ERROR
+            if f.job_id is None:
+                log.log(level, "policy %s raised and was skipped this cycle: %s", f.policy, f.error)
+            else:
+                log.log(
+                    level,
+                    "policy %s raised on job %d, which it skips this cycle: %s",
+                    f.policy,
+                    f.job_id,
+                    f.error,
+                )
+        self._failing = now
+
+    def _run(self, cluster: ClusterSnapshot, at: datetime) -> list[ActuationResult]:
         # Decisions a stopped daemon left pending are judged before anything is decided:
         # a change confirmed in Slurm then counts for the cooldown.
         self.actuator.settle_interrupted(cluster.jobs)
@@ -196,6 +231,7 @@ class PolicyCycle:
             log.warning("policies skipped this cycle: %s", exc)
             return []
         decisions = self.engine.decide(snap)
+        self._report_failures()
         fresh = [d for d in decisions if self._changed(d)]
         if not fresh:
             return []

@@ -3,7 +3,11 @@
 A malleable job says so in its Slurm comment, where squeue shows it to the daemon and
 job_submit.lua can read it: ``sgpu:malleable=MIN:MAX`` (GPUs) or ``sgpu:pool=MIN:MAX``
 (an array pool: tasks running at once). ``sgpu submit --malleable`` writes the token and
-records the rest of the spec (signal, grace, state directory) in the store.
+the rest of the spec beside it, ``sgpu:ckpt=SIGNAL:GRACE_S`` and ``sgpu:edir=PATH``
+(percent-encoded): the comment is what the daemon reads for every user's job, while the
+store's ``submissions`` table (also written) is root's alone, so a job a user submitted
+would otherwise resize with the default signal and grace. The daemon validates both
+tokens (:func:`parse_options`) and ignores, with a warning, any it cannot trust.
 
 The job's runtime (:mod:`slurmgpu.elastic.runtime`) keeps its files in
 ``<state dir>/<job id>/``; the state dir must be on a filesystem the head node sees (the
@@ -26,10 +30,12 @@ import json
 import math
 import os
 import re
+import signal
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 __all__ = [
     "ACK_FILE",
@@ -38,9 +44,12 @@ __all__ = [
     "MAX_FILE_BYTES",
     "POOL_TOKEN",
     "Ack",
+    "CommentOptions",
     "Progress",
+    "format_options",
     "format_token",
     "job_dir",
+    "parse_options",
     "parse_range",
     "parse_token",
     "read_ack",
@@ -70,6 +79,72 @@ def parse_range(text: str) -> tuple[int, int]:
 
 def format_token(lo: int, hi: int, *, pool: bool = False) -> str:
     return f"{POOL_TOKEN if pool else MALLEABLE_TOKEN}={lo}:{hi}"
+
+
+OPTIONS_TOKEN = "sgpu:ckpt"  # noqa: S105 - a comment tag, not a secret
+DIR_TOKEN = "sgpu:edir"  # noqa: S105
+MAX_GRACE_S = 65535  # what sbatch --signal accepts
+MAX_DIR_CHARS = 1024
+# Signals a checkpoint request may use: any catchable one (never KILL or STOP).
+CHECKPOINT_SIGNALS = frozenset(
+    s.name.removeprefix("SIG") for s in signal.Signals if s.name.startswith("SIG")
+) - {"KILL", "STOP"}
+_OPTIONS_RE = re.compile(r"^sgpu:ckpt=([A-Z0-9+]{1,12}):(\d{1,6})$")
+
+
+@dataclass(frozen=True, slots=True)
+class CommentOptions:
+    """Checkpoint signal, grace and state directory from a comment (None: not given).
+
+    ``problems`` names each token that was present but not trusted (one line each)."""
+
+    signal: str | None = None
+    grace_s: int | None = None
+    state_dir: str | None = None
+    problems: tuple[str, ...] = ()
+
+
+def format_options(signal_name: str, grace_s: int, state_dir: str) -> list[str]:
+    """The comment tokens carrying a malleable job's checkpoint options."""
+    return [
+        f"{OPTIONS_TOKEN}={signal_name}:{grace_s}",
+        f"{DIR_TOKEN}={quote(state_dir, safe='/._-~+@')}",
+    ]
+
+
+def parse_options(comment: str) -> CommentOptions:
+    """Validated checkpoint options from a job comment (the user's own text: trust nothing).
+
+    The signal must be a catchable signal's name, the grace 1 to 65535 s, the state dir
+    an absolute, normalised path of at most 1024 characters without control characters.
+    """
+    sig: str | None = None
+    grace: int | None = None
+    state_dir: str | None = None
+    problems: list[str] = []
+    for word in comment.replace(",", " ").replace(";", " ").split():
+        if word.startswith(OPTIONS_TOKEN + "=") and sig is None:
+            m = _OPTIONS_RE.match(word)
+            if m and m.group(1) in CHECKPOINT_SIGNALS and 1 <= int(m.group(2)) <= MAX_GRACE_S:
+                sig, grace = m.group(1), int(m.group(2))
+            else:
+                problems.append(f"{word[:60]!r} is not sgpu:ckpt=SIGNAL:SECONDS")
+        elif word.startswith(DIR_TOKEN + "=") and state_dir is None:
+            try:
+                path = unquote(word.removeprefix(DIR_TOKEN + "="), errors="strict")
+            except UnicodeDecodeError:
+                path = ""
+            ok = (
+                0 < len(path) <= MAX_DIR_CHARS
+                and os.path.isabs(path)
+                and os.path.normpath(path) == path
+                and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in path)
+            )
+            if ok:
+                state_dir = path
+            else:
+                problems.append(f"{word[:60]!r} is not an absolute, normalised directory")
+    return CommentOptions(sig, grace, state_dir, tuple(problems))
 
 
 def parse_token(comment: str) -> tuple[int, int, bool] | None:

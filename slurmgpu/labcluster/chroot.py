@@ -88,7 +88,7 @@ class SlurmChroot:
     def argv(self, *command: str) -> list[str]:
         return ["chroot", str(self.path), *command]
 
-    def run(self, *command: str, timeout: float = _TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    def run_in(self, *command: str, timeout: float = _TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             self.argv(*command), capture_output=True, text=True, timeout=timeout, check=False
         )
@@ -183,7 +183,7 @@ class SlurmChroot:
 
     def _munge_works(self) -> bool:
         try:
-            cred = self.run("munge", "-n")
+            cred = self.run_in("munge", "-n")
             if cred.returncode != 0:
                 return False
             check = subprocess.run(
@@ -237,7 +237,7 @@ class SlurmChroot:
     def version(self) -> tuple[int, int] | None:
         """``(major, minor)`` of the chroot's Slurm, from dpkg (no slurm.conf needed)."""
         try:
-            proc = self.run("dpkg-query", "-W", "-f", "${Version}", "slurmctld")
+            proc = self.run_in("dpkg-query", "-W", "-f", "${Version}", "slurmctld")
         except (OSError, subprocess.TimeoutExpired):
             return None
         parts = proc.stdout.strip().split(".")

@@ -582,7 +582,7 @@ class LabCluster:
             link.symlink_to(real)
         datadir = self.root / "mysql"
         if not (datadir / "mysql").is_dir():
-            proc = self.chroot.run(
+            proc = self.chroot.run_in(
                 "mariadb-install-db",
                 f"--datadir={datadir}",
                 "--user=root",

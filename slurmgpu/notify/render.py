@@ -46,6 +46,7 @@ from typing import Any
 
 import jinja2
 
+from slurmgpu.plaintext import template_finalize
 from slurmgpu.policy.base import Action
 
 GENERIC_TEMPLATE = "generic"
@@ -246,6 +247,9 @@ class AlertTemplates:
             loader=jinja2.ChoiceLoader(loaders),
             undefined=jinja2.StrictUndefined,
             autoescape=False,  # noqa: S701
+            # Job names are the user's: a newline must not forge a header, an escape
+            # sequence must not reach a mail reader's terminal.
+            finalize=template_finalize,
             trim_blocks=True,
             lstrip_blocks=True,
             keep_trailing_newline=True,

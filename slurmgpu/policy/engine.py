@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 
 from slurmgpu.model import Job
 from slurmgpu.policy.base import Action, Decision, Mode, Policy, PolicySnapshot
+from slurmgpu.policy.isolate import PolicyFailure, propose_isolated
 from slurmgpu.policy.settings import EngineSettings
 
 __all__ = ["ACTION_PRIORITY", "CHANGE_KINDS", "PolicyEngine"]
@@ -79,6 +80,8 @@ class PolicyEngine:
     ) -> None:
         self.policies = tuple(policies)
         self.settings = settings or EngineSettings()
+        # What the last decide() left out because a policy raised (the daemon logs them).
+        self.failures: list[PolicyFailure] = []
 
     def decide(self, snapshot: PolicySnapshot) -> list[Decision]:
         """Return one decision per proposed action, in a deterministic order."""
@@ -88,11 +91,12 @@ class PolicyEngine:
         actions: list[Action] = []
         modes: list[Mode] = []
         owners: list[int] = []  # the proposing policy's index
+        self.failures = []
         for index, (policy, given) in enumerate(self.policies):
             mode = Mode(given)  # once per policy, not per action
-            made = policy.propose(snapshot)
-            if not isinstance(made, list):
-                made = list(made)  # a policy may yield its actions
+            # A policy that raises loses the jobs it raised on (or its turn), not the cycle.
+            made, failed = propose_isolated(policy, snapshot)
+            self.failures.extend(failed)
             actions.extend(made)
             modes.extend([mode] * len(made))
             owners.extend([index] * len(made))

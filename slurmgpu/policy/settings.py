@@ -34,6 +34,7 @@ Durations are strings such as ``"30s"``, ``"5m"``, ``"1h30m"`` or a number of se
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -110,6 +111,8 @@ class _Table(TableReader):
         value = self.raw.pop(key)
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise self.fail(key, f"must be a number, not {value!r}")
+        if not math.isfinite(value):
+            raise self.fail(key, f"must be a finite number, not {value!r}")
         low_ok = value > minimum if above_minimum else value >= minimum
         if not low_ok or (maximum is not None and value > maximum):
             low = f"> {minimum:g}" if above_minimum else f">= {minimum:g}"

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmgpu.model import Job
+from slurmgpu.plaintext import plain, shown
 from slurmgpu.report.eff import EffThresholds, GpuEfficiency, JobEfficiency, Note
 from slurmgpu.report.energy import format_energy
 from slurmgpu.slurm.parse import format_time_limit
@@ -99,15 +100,16 @@ def _header(eff: JobEfficiency) -> Table:
     ident = job.display_id
     if ident != str(job.job_id):
         ident += f" (job id {job.job_id})"
-    grid.add_row("Job", f"{ident}  {job.name}")
+    # Name, account, partition and node names come from Slurm users: shown, never parsed.
+    grid.add_row("Job", plain(f"{ident}  {job.name}"))
     account = f" / {job.account}" if job.account else ""
     partition = f"  partition {job.partition}" if job.partition else ""
-    grid.add_row("User", f"{job.user}{account}{partition}")
+    grid.add_row("User", plain(f"{job.user}{account}{partition}"))
     state = job.state.value + (" (figures so far)" if eff.running else "")
     grid.add_row("State", state)
     names = ", ".join(n.node for n in eff.nodes) or "-"
     count = job.node_count or len(eff.nodes)
-    grid.add_row("Nodes", f"{count}: {names}" if count else "-")
+    grid.add_row("Nodes", plain(f"{count}: {names}" if count else "-"))
     grid.add_row("Cores", str(job.cpus) if job.cpus else "-")
     grid.add_row(
         "Memory", _gib(job.memory_mib) if job.memory_mib is not None else "not reported by Slurm"
@@ -118,7 +120,7 @@ def _header(eff: JobEfficiency) -> Table:
         if job.allocated_shards:
             gpus += f" + {job.allocated_shards} shard(s)"
         gpus += f": {placement_text(job)}"
-    grid.add_row("GPUs", gpus)
+    grid.add_row("GPUs", plain(gpus))
     if eff.elapsed is None:
         grid.add_row("Run time", "not started")
     else:
@@ -197,7 +199,7 @@ def _node_table(eff: JobEfficiency) -> Table:
         if n.cpu_util_pct is not None:
             util.stylize(cpu_util_style(n.cpu_util_pct, th))
         table.add_row(
-            n.node,
+            plain(n.node),
             str(n.cores) if n.cores else "-",
             util,
             "-" if n.mean_cpu_pct is None else f"{n.mean_cpu_pct / 100:.1f}",
@@ -226,7 +228,7 @@ def _gpu_row(g: GpuEfficiency, th: EffThresholds) -> list[RenderableType]:
     if g.error_samples:
         flags.append(f"{g.error_samples} error sample(s)")
     return [
-        g.label,
+        plain(g.label),
         Text(status, style=_STATUS_STYLE[g.status]),
         util,
         _pct(g.max_util_pct),
@@ -257,7 +259,7 @@ def _notes(job_notes: Sequence[Note]) -> list[RenderableType]:
     grid.add_column()
     for n in job_notes:
         mark, style = _SEVERITY_MARK[n.severity]
-        grid.add_row(Text(f"  {mark}", style=style), Text(n.text))
+        grid.add_row(Text(f"  {mark}", style=style), Text(shown(n.text)))
     out.append(grid)
     return out
 

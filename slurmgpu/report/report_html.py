@@ -15,6 +15,7 @@ from datetime import datetime
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
 
+from slurmgpu.plaintext import shown, template_finalize
 from slurmgpu.report.report import Report
 from slurmgpu.report.report_render import duration_text, header_text, wait_bin_label
 
@@ -44,14 +45,14 @@ def _num(x: float) -> str:
 def _text(x: float, y: float, s: str, *, anchor: str = "start", size: int = 11) -> str:
     return (
         f'<text x="{_num(x)}" y="{_num(y)}" font-size="{size}" '
-        f'text-anchor="{anchor}">{escape(s)}</text>'
+        f'text-anchor="{anchor}">{escape(shown(s))}</text>'
     )
 
 
 def _rect(x: float, y: float, w: float, h: float, color: str, title: str) -> str:
     return (
         f'<rect class="mark" x="{_num(x)}" y="{_num(y)}" width="{_num(max(w, 0.0))}" '
-        f'height="{_num(max(h, 0.0))}" fill="{color}"><title>{escape(title)}</title></rect>'
+        f'height="{_num(max(h, 0.0))}" fill="{color}"><title>{escape(shown(title))}</title></rect>'
     )
 
 
@@ -288,6 +289,7 @@ def _environment() -> Environment:
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=template_finalize,  # user, account, partition names: controls escaped
     )
     env.filters["duration"] = duration_text
     env.filters["hours"] = lambda v: "-" if v is None else f"{v:,.1f}"

@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from slurmgpu.plaintext import csv_cell, plain
 from slurmgpu.report.report import FLAGS, Figures, JobRow, Report
 from slurmgpu.report.report_energy import EnergyFigures, EnergySection
 
@@ -188,7 +189,7 @@ def to_csv(report: Report) -> str:
     w.writerow(CSV_FIELDS)
     energy = report.energy.by_name() if report.energy is not None else {}
     for g in report.groups:
-        w.writerow(_csv_row(g.name, g.figures, energy.get(g.name)))
+        w.writerow(_csv_row(csv_cell(g.name), g.figures, energy.get(g.name)))
     total = report.energy.totals if report.energy is not None else None
     w.writerow(_csv_row("TOTAL", report.totals, total))
     return buf.getvalue()
@@ -230,7 +231,7 @@ def _groups(report: Report) -> Table:
     for g in shown:
         f = g.figures
         table.add_row(
-            g.name or "-",
+            plain(g.name or "-"),
             f"{f.jobs:,}",
             _h(f.gpu_hours_allocated),
             _h(f.gpu_hours_used),
@@ -284,11 +285,11 @@ def _jobs_table(title: str, jobs: tuple[JobRow, ...], group: str | None = None) 
 
 
 def _add_job(table: Table, j: JobRow, group: str | None = None) -> None:
-    cells: list[RenderableType] = [] if group is None else [group]
+    cells: list[RenderableType] = [] if group is None else [plain(group)]
     cells += [
         str(j.job_id),
-        j.user,
-        j.partition,
+        plain(j.user),
+        plain(j.partition),
         f"{j.gpus:g}",
         duration_text(j.elapsed_s),
         _h(j.gpu_hours_allocated),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurmgpu.store.database import StoreError, create_store_engine, upgrade
+from slurmgpu.store.database import StoreError, check_schema, create_store_engine, upgrade
 from slurmgpu.store.jobstore import JobStore, StoredJob
 
 __all__ = ["JobStore", "StoreError", "StoredJob", "create_store_engine", "open_store", "upgrade"]
@@ -13,4 +13,6 @@ def open_store(url: str, cluster: str = "", *, migrate: bool = True) -> JobStore
     engine = create_store_engine(url, create=migrate)
     if migrate:
         upgrade(engine)
+    else:
+        check_schema(engine)
     return JobStore(engine, cluster)

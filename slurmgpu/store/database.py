@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 if TYPE_CHECKING:
@@ -67,8 +70,13 @@ def create_store_engine(url: str, *, create: bool = True) -> Engine:
                 _prepare_sqlite_file(path)
             except OSError as exc:
                 raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
-        elif not path.exists():
-            raise StoreError(f"database {path} does not exist (start the daemon first)")
+        else:
+            try:
+                exists = path.exists()
+            except OSError as exc:  # e.g. a user's sgpu and root's database directory
+                raise StoreError(f"cannot open database {path}: {exc.strerror}") from None
+            if not exists:
+                raise StoreError(f"database {path} does not exist (start the daemon first)")
     try:
         engine = create_engine(u)
     except Exception as exc:  # missing driver, bad options
@@ -85,6 +93,32 @@ def create_store_engine(url: str, *, create: bool = True) -> Engine:
             cur.close()
 
     return engine
+
+
+@contextmanager
+def durable_begin(engine: Engine) -> Iterator[Connection]:
+    """A write transaction whose commit survives power loss, not only a process crash.
+
+    SQLite connections run with ``synchronous=NORMAL`` (WAL): a commit is safe from a
+    crash of the process but may be lost with the last moments before a power cut. A
+    resize journal row must not be: the row says a job was requeued held, and without it
+    a restarted daemon would not know to release the job. Such writes take
+    ``synchronous=FULL`` (the WAL is synced at each commit) for their transaction only,
+    so frequent writes (samples, cycles) keep NORMAL's speed. Other databases: a plain
+    transaction (PostgreSQL commits durably by default).
+    """
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            conn.exec_driver_sql("PRAGMA synchronous=FULL")
+            conn.commit()
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA synchronous=NORMAL")
+                conn.commit()
 
 
 def alembic_config(engine: Engine) -> Config:
@@ -118,12 +152,73 @@ def head_revision() -> str | None:
     return script.get_current_head()
 
 
+_REVISION_LINE = re.compile(r"""^revision\s*(?::\s*str\s*)?=\s*["']([^"']+)["']""", re.MULTILINE)
+
+
+def known_revisions() -> frozenset[str]:
+    """Every schema revision this version of slurmgpu has a migration for.
+
+    Read from the migration files' ``revision = "..."`` lines, not through Alembic, so a
+    read-only command checks the schema without paying Alembic's import."""
+    found: set[str] = set()
+    for script in (MIGRATIONS / "versions").glob("*.py"):
+        found.update(_REVISION_LINE.findall(script.read_text(encoding="utf-8")))
+    return frozenset(found)
+
+
+def stored_revision(engine: Engine) -> str | None:
+    """Return the schema revision stored in the database (None: no slurmgpu schema)."""
+    try:
+        with engine.connect() as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return None
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except SQLAlchemyError as exc:
+        raise StoreError(f"cannot read database {engine.url!r}: {_reason(exc)}") from None
+
+
+def _where(engine: Engine) -> str:
+    return str(_sqlite_path(str(engine.url)) or engine.url.render_as_string(hide_password=True))
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise StoreError (one line) unless the database holds a schema this sgpu can read.
+
+    A corrupt file, another program's database (no slurmgpu revision) and a database a
+    newer slurmgpu has migrated (a revision this one does not know) each get their own
+    line, instead of a traceback from the first query.
+    """
+    where = _where(engine)
+    try:
+        revision = stored_revision(engine)
+    except StoreError as exc:
+        raise StoreError(
+            f"database {where} cannot be read (corrupt, or not a database): "
+            f"{str(exc).rsplit(': ', 1)[-1]}"
+        ) from None
+    if revision is None:
+        raise StoreError(
+            f"database {where} is not a slurmgpu database (no schema revision): check --db "
+            "or daemon.database, or create it with `sgpu db upgrade` (the daemon does so at start)"
+        )
+    known = known_revisions()
+    if revision not in known:
+        raise StoreError(
+            f"database {where} has schema revision {revision!r}, which this slurmgpu does not "
+            f"know (newest known: {max(known, default='none')}): a newer slurmgpu wrote it; "
+            "upgrade sgpu"
+        )
+
+
 def upgrade(engine: Engine) -> None:
     """Migrate the database to the newest schema (no-op when already there)."""
     from alembic import command
 
-    if current_revision(engine) == head_revision():
+    current = current_revision(engine)
+    if current == head_revision():
         return
+    if current is not None and current not in known_revisions():
+        check_schema(engine)  # raises: a newer slurmgpu's schema is never "upgraded" back
     try:
         command.upgrade(alembic_config(engine), "head")
     except SQLAlchemyError as exc:

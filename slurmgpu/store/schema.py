@@ -7,6 +7,7 @@ Tables:
 - ``nodes``, ``gpus``: the inventory as Slurm and the agents report it.
 - ``submissions``: what ``sgpu submit`` recorded (argv, uid, later the malleable spec).
 - ``samples``: raw per-job GPU and host usage from node agents (idempotent by sample_uid).
+- ``sample_hours``: samples older than the retention, rolled up per job, node, GPU and hour.
 - ``job_summaries``: the per-job usage summary written when a job ends (kept for ever).
 - ``actions``: the audit of every policy decision, taken or suppressed.
 - ``transactions``: persisted multi-step actions (resize, requeue, co-locate).
@@ -241,6 +242,41 @@ samples = Table(
     UniqueConstraint("sample_uid"),
     Index(None, "job_id", "kind", "at"),
     Index(None, "at"),
+)
+
+# Raw samples older than the retention (daemon.sample_retention), rolled up per job,
+# node, GPU (-1: the host) and UTC hour before they are deleted (store/retention.py).
+# Several rows may share a key (samples that arrived after their hour was rolled up):
+# readers add them up, every figure being a count, a sum or a max.
+sample_hours = Table(
+    "sample_hours",
+    metadata,
+    Column("id", BIG_ID, primary_key=True, autoincrement=True),
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("job_id", BigInteger, nullable=False),
+    Column("node", String(128), nullable=False),
+    Column("kind", String(4), nullable=False),  # gpu | host
+    Column("gpu_index", Integer, nullable=False),  # -1 for host rows
+    Column("hour", TS, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("util_n", Integer, nullable=False, default=0),
+    Column("util_sum", Float),
+    Column("util_max", Float),
+    Column("memory_max_mib", Float),
+    Column("memory_total_mib", Float),
+    Column("first_at", TS),
+    Column("last_at", TS),
+    Column("last_busy_at", TS),
+    Column("shared", Boolean),
+    Column("errors", Integer, nullable=False, default=0),
+    Column("processes_max", Integer),
+    Column("cpu_n", Integer, nullable=False, default=0),
+    Column("cpu_sum", Float),
+    Column("cpu_max", Float),
+    Column("cpus_max", Integer),
+    Column("host_memory_max_mib", Float),
+    Index(None, "cluster", "job_id"),
+    Index(None, "hour"),
 )
 
 job_summaries = Table(

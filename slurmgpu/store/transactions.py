@@ -17,7 +17,7 @@ from sqlalchemy import Engine, and_, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.store import schema
-from slurmgpu.store.database import StoreError
+from slurmgpu.store.database import StoreError, durable_begin
 
 __all__ = ["TransactionRow", "TransactionStore"]
 
@@ -72,7 +72,7 @@ class TransactionStore:
         """Insert a transaction unless ``job_id`` already has one in ``open_states``."""
         t = schema.transactions
         try:
-            with self.engine.begin() as conn:
+            with durable_begin(self.engine) as conn:
                 busy = conn.execute(
                     select(t.c.id).where(
                         and_(
@@ -125,7 +125,7 @@ class TransactionStore:
             "error": error,
         }
         try:
-            with self.engine.begin() as conn:
+            with durable_begin(self.engine) as conn:
                 done = conn.execute(
                     update(t).where(and_(t.c.id == row.id, t.c.state == row.state)).values(**values)
                 )
@@ -151,7 +151,7 @@ class TransactionStore:
         t = schema.transactions
         merged = {**row.payload, **payload}
         try:
-            with self.engine.begin() as conn:
+            with durable_begin(self.engine) as conn:
                 conn.execute(
                     update(t)
                     .where(and_(t.c.id == row.id, t.c.state == row.state))

@@ -6,10 +6,15 @@ loops over samples.
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, and_, case, func, insert, literal, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -19,7 +24,9 @@ from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
 from slurmgpu.store.summary_columns import energy_columns, summary_columns
-from slurmgpu.wire import SampleBatch
+from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
+
+log = logging.getLogger("slurmgpu.store")
 
 # A GPU counts as busy in a sample above this utilisation (NVML reports integers).
 IDLE_UTIL_PCT = 0.5
@@ -30,6 +37,39 @@ ENERGY_MAX_GAP_S = 900.0
 
 class StoreBusyError(StoreError):
     """The database is locked or unreachable right now; the caller may retry."""
+
+
+class Placement(Protocol):
+    """Where jobs ran and how many GPUs nodes have (daemon.placement.SnapshotPlacement)."""
+
+    def job_nodes(self, job_id: int) -> frozenset[str] | None: ...
+
+    def node_gpus(self, node: str) -> int | None: ...
+
+
+# A sample more than this far from the daemon's clock comes from a node whose clock is
+# off: it is stored (its job and GPU are right), counted and reported, never dropped.
+SKEW_LIMIT_S = 300.0
+_UID_PREFIX_CHARS = 40
+
+
+def node_scoped_uid(node: str, uid: str) -> str:
+    """Return the stored idempotency key of ``uid`` sent by ``node``: unique per node.
+
+    Agents make ids that start with their node's name (``gpu1:run:seq:gpu:job``), kept
+    as they are; any other id is namespaced by the node (hashed to stay within 128
+    characters), so one node can never take the id of another node's sample and have
+    that sample dropped as a duplicate.
+
+    >>> node_scoped_uid("gpu1", "gpu1:r:7:0:42")
+    'gpu1:r:7:0:42'
+    >>> node_scoped_uid("gpu2", "gpu1:r:7:0:42")[:5]
+    'gpu2:'
+    """
+    if uid.startswith(node + ":"):
+        return uid
+    digest = hashlib.sha256(f"{node}\0{uid}".encode()).hexdigest()
+    return f"{node[:_UID_PREFIX_CHARS]}:{digest}"
 
 
 _SAMPLE_COLUMNS = (
@@ -88,23 +128,144 @@ def _total_changes(conn: Any) -> int:
 class UsageStore:
     """Writes agents' samples and answers per-job usage questions."""
 
-    def __init__(self, engine: Engine, cluster: str = "") -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        cluster: str = "",
+        *,
+        placement: Placement | None = None,
+        clock: Any = time.time,
+    ) -> None:
         self.engine = engine
         self.cluster = cluster
+        # Set by the daemon: samples are then checked against where jobs ran.
+        self.placement = placement
+        self.clock = clock
+        # Samples left out, by reason ("job not on node", "unknown job", "no such GPU");
+        # samples from a node whose clock is off by more than SKEW_LIMIT_S, by node.
+        self.refused: Counter[str] = Counter()
+        self.skewed: Counter[str] = Counter()
+        self.spool_dropped: Counter[str] = Counter()
+        self._told: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def _tell_once(self, node: str, what: str, message: str, *args: object) -> None:
+        key = (node, what)
+        with self._lock:
+            first = key not in self._told
+            self._told.add(key)
+        log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+
+    def _checked(self, batch: SampleBatch) -> tuple[list[GpuSampleIn], list[HostSampleIn]]:
+        """The batch's samples whose job ran on the node and whose GPU is the node's."""
+        placement, node = self.placement, batch.node
+        gpu, host = list(batch.gpu), list(batch.host)
+        if placement is None:
+            return gpu, host
+        verdict: dict[int, str] = {}
+        for job_id in {s.job_id for s in gpu if s.job_id is not None} | {
+            h.job_id for h in host if h.job_id is not None
+        }:
+            nodes = placement.job_nodes(job_id)
+            if nodes is None:
+                verdict[job_id] = "unknown job"
+            elif node not in nodes:
+                verdict[job_id] = "job not on node"
+        gpus = placement.node_gpus(node)
+        refused: Counter[str] = Counter()
+
+        def why(job_id: int | None, gpu_index: int | None) -> str:
+            if gpu_index is not None and gpus is not None and not 0 <= gpu_index < gpus:
+                return "no such GPU"
+            return verdict.get(job_id, "") if job_id is not None else ""
+
+        kept_gpu = []
+        for s in gpu:
+            reason = why(s.job_id, s.gpu_index)
+            if reason:
+                refused[reason] += 1
+            else:
+                kept_gpu.append(s)
+        kept_host = []
+        for h in host:
+            reason = why(h.job_id, None)
+            if reason:
+                refused[reason] += 1
+            else:
+                kept_host.append(h)
+        if refused:
+            with self._lock:
+                self.refused.update(refused)
+            for reason, n in refused.items():
+                self._tell_once(
+                    node,
+                    reason,
+                    "node %s: %d sample(s) refused: %s (jobs %s)",
+                    node,
+                    n,
+                    reason,
+                    sorted(j for j, r in verdict.items() if r == reason)[:5] or "-",
+                )
+        return kept_gpu, kept_host
+
+    def _note_spool(self, batch: SampleBatch) -> None:
+        """Warn when a node's spool dropped more samples since it last said (cumulative)."""
+        if not batch.dropped:
+            return
+        with self._lock:
+            before = self.spool_dropped.get(batch.node, 0)
+            self.spool_dropped[batch.node] = max(before, int(batch.dropped))
+        if batch.dropped > before:
+            log.warning(
+                "node %s: its agent has dropped %d sample(s) so far (%+d): offline too long "
+                "or its spool is full",
+                batch.node,
+                batch.dropped,
+                batch.dropped - before,
+            )
+
+    def _count_skew(self, batch: SampleBatch) -> None:
+        now = float(self.clock())
+        times = [s.at for s in batch.gpu] + [h.at for h in batch.host]
+        off = [t - now for t in times if abs(t - now) > SKEW_LIMIT_S]
+        self._note_spool(batch)
+        if not off:
+            return
+        with self._lock:
+            self.skewed[batch.node] += len(off)
+        worst = max(off, key=abs)
+        # Samples arrive late legitimately (a spool emptied after an outage): only a
+        # sample from the future says the node's clock is wrong.
+        if worst > 0:
+            self._tell_once(
+                batch.node,
+                "skew",
+                "node %s: %d sample(s) stamped up to %+.0fs from the daemon's clock "
+                "(stored; check the node's NTP)",
+                batch.node,
+                len(off),
+                worst,
+            )
 
     def ingest(self, batch: SampleBatch) -> tuple[int, int]:
         """Store a batch in one transaction; return (accepted, duplicates ignored).
 
         Rows go straight to the driver's ``executemany`` as tuples: at 20,000+ samples a
         second the per-row parameter processing of a Core insert is the bottleneck.
-        The ON CONFLICT clause makes a resent sample a no-op (idempotent ingest).
+        The ON CONFLICT clause makes a resent sample a no-op (idempotent ingest); ids are
+        unique per node (:func:`node_scoped_uid`). With a ``placement``, samples whose job
+        did not run on the node or whose GPU the node lacks are left out and counted
+        (``refused``); samples stamped far from the daemon's clock are stored and counted
+        (``skewed``).
         """
         sqlite = self.engine.dialect.name == "sqlite"
         at = _sqlite_time if sqlite else _epoch
         c, node = self.cluster, batch.node
+        self._count_skew(batch)
+        gpu_samples, host_samples = self._checked(batch)
         rows: list[tuple[Any, ...]] = [
             (
-                s.sample_uid,
+                node_scoped_uid(node, s.sample_uid),
                 c,
                 node,
                 "gpu",
@@ -126,11 +287,11 @@ class UsageStore:
                 s.energy_mj,
                 None,
             )
-            for s in batch.gpu
+            for s in gpu_samples
         ]
         rows.extend(
             (
-                h.sample_uid,
+                node_scoped_uid(node, h.sample_uid),
                 c,
                 node,
                 "host",
@@ -152,7 +313,7 @@ class UsageStore:
                 None,
                 h.iowait_pct,
             )
-            for h in batch.host
+            for h in host_samples
         )
         if not rows:
             return 0, 0
@@ -204,18 +365,19 @@ class UsageStore:
     def _gpu_usage_chunk(
         self, job_ids: list[int], since: datetime | None, out: dict[int, list[GpuUsage]]
     ) -> None:
-        s = schema.samples
+        s, h = schema.samples, schema.sample_hours
         busy = case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), else_=None)
         cond = [s.c.cluster == self.cluster, s.c.job_id.in_(job_ids), s.c.kind == "gpu"]
         if since is not None:
             cond.append(s.c.at >= since)
-        stmt = (
+        raw = (
             select(
                 s.c.job_id,
                 s.c.node,
                 s.c.gpu_index,
                 func.count().label("n"),
-                func.avg(s.c.util_pct).label("mean_util"),
+                func.count(s.c.util_pct).label("util_n"),
+                func.sum(s.c.util_pct).label("util_sum"),
                 func.max(s.c.util_pct).label("max_util"),
                 func.max(s.c.memory_used_mib).label("max_mem"),
                 func.max(s.c.memory_total_mib).label("mem_total"),
@@ -228,32 +390,65 @@ class UsageStore:
             )
             .where(and_(*cond))
             .group_by(s.c.job_id, s.c.node, s.c.gpu_index)
-            .order_by(s.c.job_id, s.c.node, s.c.gpu_index)
         )
+        # Hours whose raw samples the retention rolled up (store/retention.py).
+        hcond = [h.c.cluster == self.cluster, h.c.job_id.in_(job_ids), h.c.kind == "gpu"]
+        if since is not None:
+            hcond.append(h.c.last_at >= since)
+        rolled = (
+            select(
+                h.c.job_id,
+                h.c.node,
+                h.c.gpu_index,
+                func.sum(h.c.samples).label("n"),
+                func.sum(h.c.util_n).label("util_n"),
+                func.sum(h.c.util_sum).label("util_sum"),
+                func.max(h.c.util_max).label("max_util"),
+                func.max(h.c.memory_max_mib).label("max_mem"),
+                func.max(h.c.memory_total_mib).label("mem_total"),
+                func.min(h.c.first_at).label("first_at"),
+                func.max(h.c.last_at).label("last_at"),
+                func.max(h.c.last_busy_at).label("last_busy_at"),
+                func.max(case((h.c.shared.is_(True), 1), else_=0)).label("shared"),
+                func.sum(h.c.errors).label("errors"),
+                func.max(h.c.processes_max).label("max_processes"),
+            )
+            .where(and_(*hcond))
+            .group_by(h.c.job_id, h.c.node, h.c.gpu_index)
+        )
+        merged: dict[tuple[int, str, int], dict[str, Any]] = {}
         with self.engine.connect() as conn:
-            for r in conn.execute(stmt).mappings():
-                first, last = as_utc(r["first_at"]), as_utc(r["last_at"])
-                # as_utc(None) is the epoch: keep "never busy" as None, not 1970.
-                last_busy = None if r["last_busy_at"] is None else as_utc(r["last_busy_at"])
-                idle_since = first if last_busy is None else last_busy
-                out.setdefault(int(r["job_id"]), []).append(
-                    GpuUsage(
-                        node=r["node"],
-                        gpu_index=int(r["gpu_index"]),
-                        samples=int(r["n"]),
-                        mean_util_pct=_f(r["mean_util"]),
-                        max_util_pct=_f(r["max_util"]),
-                        max_memory_mib=_f(r["max_mem"]),
-                        memory_total_mib=_f(r["mem_total"]),
-                        first_at=first,
-                        last_at=last,
-                        trailing_idle=max(last - idle_since, timedelta(0)),
-                        never_busy=last_busy is None,
-                        shared=bool(r["shared"]),
-                        error_samples=int(r["errors"] or 0),
-                        max_processes=int(r["max_processes"] or 0),
-                    )
+            for stmt in (rolled, raw):
+                for r in conn.execute(stmt).mappings():
+                    key = (int(r["job_id"]), str(r["node"]), int(r["gpu_index"]))
+                    row = dict(r)
+                    for col in ("first_at", "last_at", "last_busy_at"):
+                        row[col] = None if row[col] is None else as_utc(row[col])
+                    merged[key] = _merge(merged[key], row) if key in merged else row
+        for key in sorted(merged):
+            g = merged[key]
+            first, last = g["first_at"], g["last_at"]
+            last_busy = g["last_busy_at"]
+            idle_since = first if last_busy is None else last_busy
+            util_n = int(g["util_n"] or 0)
+            out.setdefault(key[0], []).append(
+                GpuUsage(
+                    node=key[1],
+                    gpu_index=key[2],
+                    samples=int(g["n"]),
+                    mean_util_pct=float(g["util_sum"]) / util_n if util_n else None,
+                    max_util_pct=_f(g["max_util"]),
+                    max_memory_mib=_f(g["max_mem"]),
+                    memory_total_mib=_f(g["mem_total"]),
+                    first_at=first,
+                    last_at=last,
+                    trailing_idle=max(last - idle_since, timedelta(0)),
+                    never_busy=last_busy is None,
+                    shared=bool(g["shared"]),
+                    error_samples=int(g["errors"] or 0),
+                    max_processes=int(g["max_processes"] or 0),
                 )
+            )
 
     def gpu_energy(self, job_id: int) -> list[GpuEnergy]:
         """Return the energy each of a job's GPUs used over its samples (see
@@ -379,14 +574,15 @@ class UsageStore:
                 )
 
     def host_usage(self, job_id: int) -> list[HostUsage]:
-        """Return per-node CPU and memory aggregates of a job."""
-        s = schema.samples
+        """Return per-node CPU and memory aggregates of a job (raw and rolled-up hours)."""
+        s, h = schema.samples, schema.sample_hours
         mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
-        stmt = (
+        raw = (
             select(
                 s.c.node,
                 func.count().label("n"),
-                func.avg(s.c.cpu_pct).label("mean_cpu"),
+                func.count(s.c.cpu_pct).label("cpu_n"),
+                func.sum(s.c.cpu_pct).label("cpu_sum"),
                 func.max(s.c.cpu_pct).label("max_cpu"),
                 func.max(s.c.cpus_allocated).label("cpus"),
                 func.max(mem).label("max_mem"),
@@ -394,21 +590,43 @@ class UsageStore:
             )
             .where(and_(s.c.cluster == self.cluster, s.c.job_id == job_id, s.c.kind == "host"))
             .group_by(s.c.node)
-            .order_by(s.c.node)
         )
+        rolled = (
+            select(
+                h.c.node,
+                func.sum(h.c.samples).label("n"),
+                func.sum(h.c.cpu_n).label("cpu_n"),
+                func.sum(h.c.cpu_sum).label("cpu_sum"),
+                func.max(h.c.cpu_max).label("max_cpu"),
+                func.max(h.c.cpus_max).label("cpus"),
+                func.max(h.c.host_memory_max_mib).label("max_mem"),
+            )
+            .where(and_(h.c.cluster == self.cluster, h.c.job_id == job_id, h.c.kind == "host"))
+            .group_by(h.c.node)
+        )
+        merged: dict[str, dict[str, Any]] = {}
         with self.engine.connect() as conn:
-            return [
+            for stmt in (rolled, raw):
+                for r in conn.execute(stmt).mappings():
+                    row = dict(r)
+                    node = str(row["node"])
+                    merged[node] = _merge(merged[node], row) if node in merged else row
+        out = []
+        for node in sorted(merged):
+            u = merged[node]
+            cpu_n = int(u["cpu_n"] or 0)
+            out.append(
                 HostUsage(
-                    node=r["node"],
-                    samples=int(r["n"]),
-                    mean_cpu_pct=_f(r["mean_cpu"]),
-                    max_cpu_pct=_f(r["max_cpu"]),
-                    cpus_allocated=int(r["cpus"]) if r["cpus"] is not None else None,
-                    max_memory_mib=_f(r["max_mem"]),
-                    mean_iowait_pct=_f(r["mean_iowait"]),
+                    node=node,
+                    samples=int(u["n"]),
+                    mean_cpu_pct=float(u["cpu_sum"]) / cpu_n if cpu_n else None,
+                    max_cpu_pct=_f(u["max_cpu"]),
+                    cpus_allocated=int(u["cpus"]) if u["cpus"] is not None else None,
+                    max_memory_mib=_f(u["max_mem"]),
+                    mean_iowait_pct=_f(u.get("mean_iowait")),
                 )
-                for r in conn.execute(stmt).mappings()
-            ]
+            )
+        return out
 
     def count_samples(self) -> int:
         with self.engine.connect() as conn:
@@ -442,6 +660,28 @@ class UsageStore:
         with self.engine.connect() as conn:
             value = conn.execute(stmt).scalar()
         return dict(value) if value is not None else None
+
+
+_SUMMED = frozenset({"n", "util_n", "util_sum", "errors", "cpu_n", "cpu_sum"})
+_FIRST = frozenset({"first_at"})
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Combine two aggregate rows of one GPU or node: counts and sums add, others max."""
+    out = dict(a)
+    for key, value in b.items():
+        mine = out.get(key)
+        if value is None or key in {"job_id", "node", "gpu_index"}:
+            continue
+        if mine is None:
+            out[key] = value
+        elif key in _SUMMED:
+            out[key] = mine + value
+        elif key in _FIRST:
+            out[key] = min(mine, value)
+        else:
+            out[key] = max(mine, value)
+    return out
 
 
 def _f(value: Any) -> float | None:

@@ -52,8 +52,14 @@ class Tally:
     def refuse(self, target: str, exc: BaseException) -> None:
         message = str(exc)
         assert message.strip(), f"{target}: {type(exc).__name__} without a message"
-        assert "\n" not in message, f"{target}: multi-line error: {message!r}"
-        assert len(message) <= 600, f"{target}: error of {len(message)} chars"
+        # A config file with several bad keys gets one line per key (ConfigError.others).
+        lines = message.split("\n")
+        assert len(lines) == 1 + len(getattr(exc, "others", ())), (
+            f"{target}: multi-line error: {message!r}"
+        )
+        for line in lines:
+            assert line.strip() and len(line) <= 600, f"{target}: error line {line[:80]!r}"
+        assert len(set(lines)) == len(lines), f"{target}: a line repeated: {message!r}"
         self.refused[target] += 1
 
     def accept(self, target: str) -> None:

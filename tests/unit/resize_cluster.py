@@ -21,6 +21,7 @@ from slurmgpu.slurm.parse import parse_time_limit
 from tests.fakes import FakeSlurm
 
 HELD = "job_requeued_in_held_state"
+USER_HELD = "JobHeldUser"  # what `scontrol hold` by the job's user leaves
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
 
@@ -150,7 +151,7 @@ class ResizeSlurm(FakeSlurm):
 
     def release(self, job_id: str | int) -> None:
         job = self._ref(job_id)
-        if job.reason != HELD:
+        if job.reason not in (HELD, USER_HELD):  # release lifts any hold, as scontrol does
             raise SlurmCommandError("Job is not held")
         self.put(replace(job, reason=""))
         self._done("release", job_id)

@@ -40,7 +40,8 @@ def test_malleable_adds_the_token_requeue_signal_and_keeps_the_script_args(
         )
     )
     assert out[:2] == ["--requeue", "--signal=B:USR2@90"]
-    assert "--comment=sgpu:malleable=2:4" in out
+    comment = next(a for a in out if a.startswith("--comment="))
+    assert comment.split("=", 1)[1].split()[:2] == ["sgpu:malleable=2:4", "sgpu:ckpt=USR2:90"]
     assert out[-3:] == [str(script), "--malleable", "x"]  # the script's own arguments
 
 
@@ -58,7 +59,8 @@ def test_pool_needs_an_array_and_defaults_to_its_task_count() -> None:
     values, rest = take_values(("--array=0-7%2", "--wrap=true"), MALLEABLE_OPTIONS)
     req = malleable_request(values, True, list(rest))
     assert (req.lo, req.hi, req.pool) == (1, 8, True)
-    assert "--comment=sgpu:pool=1:8" in malleable_args(req, list(rest))
+    comment = next(a for a in malleable_args(req, list(rest)) if a.startswith("--comment="))
+    assert comment.startswith("--comment=sgpu:pool=1:8 sgpu:ckpt=USR2:120 sgpu:edir=/")
     with pytest.raises(ValueError, match="--pool needs --array"):
         malleable_request({}, True, ["--wrap=true"])
     assert array_task_count("1,3,5-7") == 5

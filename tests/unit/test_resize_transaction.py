@@ -5,11 +5,13 @@ held one): the happy path, every way back, and a daemon killed after each Slurm 
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 from slurmgpu.actuate.resize import (
     ABORTED,
@@ -31,7 +33,7 @@ from slurmgpu.policy.base import resize_action
 from slurmgpu.slurm.client import SlurmUnavailableError
 from slurmgpu.store import open_store
 from slurmgpu.store.transactions import TransactionRow, TransactionStore
-from tests.unit.resize_cluster import HELD, T0, Killed, ResizeSlurm, gpu_job
+from tests.unit.resize_cluster import HELD, T0, USER_HELD, Killed, ResizeSlurm, gpu_job
 
 JOB = 42
 
@@ -293,3 +295,43 @@ def test_a_refused_time_limit_does_not_cost_the_resize(tmp_path: Path) -> None:
     w.cycle(2)
     w.slurm.schedule(w.now)
     assert w.cycle().payload["running_gpus"] == 2
+
+
+def test_a_hold_the_user_sets_after_the_release_is_left_alone(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.start()
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    w.cycle()
+    assert w.cycle(2).state == RELEASED
+    # The user holds their pending job (scontrol hold) before it starts.
+    w.slurm.put(replace(w.slurm.job(JOB), reason=USER_HELD))
+    row = w.cycle()
+    assert row.state in CLOSED and "left held" in (row.error or "")
+    assert w.slurm.job(JOB).reason == USER_HELD
+    assert w.calls().count("release") == 1  # ours, before the user's hold; never theirs
+    w.cycle()
+    assert w.slurm.job(JOB).reason == USER_HELD
+
+
+def test_journal_writes_commit_with_synchronous_full(tmp_path: Path) -> None:
+    """A power cut must not lose the row saying a job is requeued held (SQLite: the WAL
+    is synced at each journal commit); other writes keep synchronous=NORMAL."""
+    w = World(tmp_path)
+    seen: list[str] = []
+
+    @event.listens_for(w.store.engine, "connect")
+    def _trace(dbapi_conn: sqlite3.Connection, _record: object) -> None:
+        dbapi_conn.set_trace_callback(seen.append)
+
+    w.store.engine.dispose()  # new connections, traced
+    w.start()
+    writes = [i for i, s in enumerate(seen) if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
+    assert writes, seen
+    for i in writes:
+        pragmas = [s for s in seen[:i] if "synchronous" in s.lower()]
+        assert pragmas and pragmas[-1].replace(" ", "").lower() == "pragmasynchronous=full", seen
+    assert seen[-1].replace(" ", "").lower() == "pragmasynchronous=normal"
+    with w.store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL again

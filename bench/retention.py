@@ -1,0 +1,126 @@
+"""Measure what a sample and an hourly rollup cost on disk, and what the retention keeps.
+
+Fills a SQLite store (WAL, the daemon's pragmas) with one simulated hour of a
+``--gpus``-GPU site sampled every ``--interval`` seconds (agent-style ids, 8 GPUs and one
+host sample per job per node per interval), checkpoints it and measures the file: bytes
+per raw sample. Then rolls that hour up (store/retention.py), vacuums, and measures bytes
+per ``sample_hours`` row. From both, in the same run, the footprint of a 1,000-GPU site
+sampled every 10 s: without retention (the baseline: per day and after 30 days) and with
+the defaults (12 h raw + 180 days of hourly rollups).
+
+Target (issue 22): the defaults keep a 1,000-GPU site under 2 GB.
+Run: ``.venv/bin/python bench/retention.py [--gpus 128] [--interval 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from slurmgpu.store import open_store
+from slurmgpu.store.retention import (
+    DEFAULT_ROLLUP_RETENTION,
+    DEFAULT_SAMPLE_RETENTION,
+    roll_up_and_prune,
+)
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
+
+GPUS_PER_NODE = 8
+
+
+def _size(path: Path) -> int:
+    """Bytes in use: pages not on the free list (what a VACUUM would leave)."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+        free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        conn.close()
+    return (pages - free) * size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpus", type=int, default=128)
+    ap.add_argument("--interval", type=float, default=10.0)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="sgpu-retention-"))
+    db = tmp / "s.db"
+    store = open_store(f"sqlite:///{db}")
+    empty = _size(db)
+    usage = UsageStore(store.engine)
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    steps = int(3600 / args.interval)
+    nodes = max(args.gpus // GPUS_PER_NODE, 1)
+    samples = 0
+    t0 = time.perf_counter()
+    for n in range(nodes):
+        node = f"gpu{n:04d}"
+        gpu, host = [], []
+        for step in range(steps):
+            at = (start + timedelta(seconds=step * args.interval)).timestamp()
+            for g in range(GPUS_PER_NODE):
+                job = 100_000 + n * 4 + g // 2
+                gpu.append(
+                    GpuSampleIn(
+                        sample_uid=f"{node}:67a1b2c3d4e5f6a7:{step}:{g}:{job}", at=at,
+                        gpu_index=g, job_id=job, util_pct=float((step * 7 + g) % 100),
+                        memory_used_mib=30_000.0, memory_total_mib=81_559.0, power_w=300.0,
+                        temperature_c=60.0, processes=1, shared=False, source="process",
+                    )
+                )  # fmt: skip
+            for j in range(4):
+                job = 100_000 + n * 4 + j
+                host.append(
+                    HostSampleIn(
+                        sample_uid=f"{node}:67a1b2c3d4e5f6a7:{step}:h:{job}", at=at,
+                        job_id=job, cpu_pct=350.0, cpus_allocated=16, rss_mib=20_000.0,
+                        cgroup_memory_mib=24_000.0,
+                    )
+                )  # fmt: skip
+        usage.ingest(SampleBatch(node=node, gpu=gpu, host=host))
+        samples += len(gpu) + len(host)
+    fill_s = time.perf_counter() - t0
+    raw = _size(db) - empty
+    t0 = time.perf_counter()
+    result = roll_up_and_prune(store.engine, "", now=start + timedelta(days=1))
+    prune_s = time.perf_counter() - t0
+    rolled = _size(db) - empty
+    with sqlite3.connect(db) as conn:
+        rows = int(conn.execute("SELECT count(*) FROM sample_hours").fetchone()[0])
+    per_sample = raw / samples
+    per_row = max(rolled, 0) / max(rows, 1)
+    print(f"store: {samples:,} samples of {args.gpus} GPUs x 1 h in {fill_s:.1f} s")
+    print(f"raw samples:   {raw:,} bytes = {per_sample:.0f} bytes/sample")
+    print(
+        f"rollups:       {rows:,} rows (one per job, node, GPU or host, hour), "
+        f"{rolled:,} bytes = {per_row:.0f} bytes/row; prune {prune_s:.2f} s, "
+        f"{result.deleted:,} samples deleted"
+    )
+    # A 1,000-GPU site, 10 s: per GPU 360 samples/h, plus one host sample per job per node
+    # (4 jobs on 8 GPUs here: 0.5 per GPU).
+    site_gpus, interval = 1000, 10.0
+    per_hour = site_gpus * (3600 / interval) * (1 + 4 / GPUS_PER_NODE)
+    raw_day = per_hour * 24 * per_sample
+    rows_day = site_gpus * 24 * (1 + 4 / GPUS_PER_NODE)
+    keep_raw = per_hour * DEFAULT_SAMPLE_RETENTION.total_seconds() / 3600 * per_sample
+    keep_rollups = rows_day * DEFAULT_ROLLUP_RETENTION.days * per_row
+    print(f"1,000 GPUs every 10 s, baseline (no retention): {raw_day / 1e9:.2f} GB/day, "
+          f"{30 * raw_day / 1e9:.1f} GB after 30 days")  # fmt: skip
+    print(
+        f"with the defaults ({DEFAULT_SAMPLE_RETENTION} raw, {DEFAULT_ROLLUP_RETENTION.days} d "
+        f"rollups): {keep_raw / 1e9:.2f} GB raw + {keep_rollups / 1e9:.2f} GB rollups = "
+        f"{(keep_raw + keep_rollups) / 1e9:.2f} GB (target < 2 GB: "
+        f"{'met' if keep_raw + keep_rollups < 2e9 else 'MISSED'})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Retention: raw samples rolled up per job, node, GPU and hour, then deleted.
+
+A sample row costs about 278 bytes with its indexes; at 1,000 GPUs sampled every 10 s
+that is 8.64 million rows and 2.4 GB a day, so the samples table must not keep
+everything. :func:`roll_up_and_prune` moves every sample of a job older than the cutoff
+into ``sample_hours`` (one row per job, node, GPU and UTC hour: counts, sums and maxima,
+so the usage readers in :mod:`slurmgpu.store.usage` add them to what is still raw and
+get the same means and peaks) and deletes the raw rows, an hour at a time so no single
+transaction grows large. Samples of no job (an unallocated GPU) have nothing to roll up
+into and are only deleted. Rollups older than their own retention are deleted too.
+
+Sizing (docs/configuration.md#retention, bench/retention.py): the defaults, 6 h of raw
+samples and 90 days of hourly rollups, keep a 1,000-GPU site under 2 GB (1.5 GB).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, case, delete, func, insert, literal, select
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.sql.elements import ColumnElement
+
+from slurmgpu.store import schema
+from slurmgpu.store.database import StoreError
+
+__all__ = [
+    "DEFAULT_ROLLUP_RETENTION",
+    "DEFAULT_SAMPLE_RETENTION",
+    "PruneResult",
+    "Retention",
+    "roll_up_and_prune",
+]
+
+log = logging.getLogger("slurmgpu.store")
+
+DEFAULT_SAMPLE_RETENTION = timedelta(hours=6)
+DEFAULT_ROLLUP_RETENTION = timedelta(days=90)
+_BATCH = timedelta(hours=1)  # one transaction per hour of samples
+_IDLE_UTIL_PCT = 0.5  # as store.usage.IDLE_UTIL_PCT (a GPU above it is busy)
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    rolled_up: int  # raw samples that went into rollups
+    deleted: int  # raw samples deleted (rolled up or of no job)
+    rollups_deleted: int
+
+
+def _floor_hour(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _hour_of(engine: Engine) -> ColumnElement[Any]:
+    s = schema.samples
+    if engine.dialect.name == "sqlite":
+        # SQLite stores "YYYY-MM-DD HH:MM:SS.ffffff" (schema.UtcDateTime): cut at the hour.
+        return func.substr(s.c.at, 1, 13).concat(literal(":00:00.000000"))
+    return func.date_trunc("hour", s.c.at)
+
+
+def roll_up_and_prune(
+    engine: Engine,
+    cluster: str,
+    *,
+    now: datetime,
+    sample_retention: timedelta = DEFAULT_SAMPLE_RETENTION,
+    rollup_retention: timedelta = DEFAULT_ROLLUP_RETENTION,
+) -> PruneResult:
+    """Roll up and delete samples older than ``now - sample_retention`` (a whole hour)."""
+    s, h = schema.samples, schema.sample_hours
+    cutoff = _floor_hour(now - sample_retention)
+    hour = _hour_of(engine)
+    busy = case((s.c.util_pct > _IDLE_UTIL_PCT, s.c.at), else_=None)
+    host_mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
+    rolled = deleted = 0
+    done_to: datetime | None = None
+    try:
+        while True:
+            # The next hour that has samples (hours with none are skipped, not visited).
+            with engine.connect() as conn:
+                oldest = conn.execute(
+                    select(func.min(s.c.at)).where(s.c.cluster == cluster, s.c.at < cutoff)
+                ).scalar()
+            if oldest is None:
+                break
+            start = _floor_hour(schema.as_utc(oldest))
+            if done_to is not None and start < done_to:
+                break  # a sample the window did not catch: never loop on it
+            end = done_to = min(start + _BATCH, cutoff)
+            window = and_(s.c.cluster == cluster, s.c.at >= start, s.c.at < end)
+            rollup = (
+                select(
+                    s.c.cluster,
+                    s.c.job_id,
+                    s.c.node,
+                    s.c.kind,
+                    func.coalesce(s.c.gpu_index, -1),
+                    hour,
+                    func.count(),
+                    func.count(s.c.util_pct),
+                    func.sum(s.c.util_pct),
+                    func.max(s.c.util_pct),
+                    func.max(s.c.memory_used_mib),
+                    func.max(s.c.memory_total_mib),
+                    func.min(s.c.at),
+                    func.max(s.c.at),
+                    func.max(busy),
+                    func.max(case((s.c.shared.is_(True), 1), else_=0)) > 0,
+                    func.sum(case((s.c.source == "error", 1), else_=0)),
+                    func.max(s.c.processes),
+                    func.count(s.c.cpu_pct),
+                    func.sum(s.c.cpu_pct),
+                    func.max(s.c.cpu_pct),
+                    func.max(s.c.cpus_allocated),
+                    func.max(host_mem),
+                )
+                .where(window, s.c.job_id.is_not(None))
+                .group_by(s.c.cluster, s.c.job_id, s.c.node, s.c.kind, s.c.gpu_index, hour)
+            )
+            columns = [
+                "cluster", "job_id", "node", "kind", "gpu_index", "hour", "samples", "util_n",
+                "util_sum", "util_max", "memory_max_mib", "memory_total_mib", "first_at",
+                "last_at", "last_busy_at", "shared", "errors", "processes_max", "cpu_n",
+                "cpu_sum", "cpu_max", "cpus_max", "host_memory_max_mib",
+            ]  # fmt: skip
+            with engine.begin() as conn:
+                conn.execute(insert(h).from_select(columns, rollup))
+                n = conn.execute(
+                    select(func.count()).where(window, s.c.job_id.is_not(None))
+                ).scalar()
+                rolled += int(n or 0)
+                deleted += int(conn.execute(delete(s).where(window)).rowcount or 0)
+        with engine.begin() as conn:
+            gone = conn.execute(
+                delete(h).where(h.c.cluster == cluster, h.c.hour < now - rollup_retention)
+            ).rowcount
+    except OperationalError as exc:
+        raise StoreError(f"samples not pruned (database busy or unavailable): {exc.orig}") from exc
+    except SQLAlchemyError as exc:
+        raise StoreError(f"samples not pruned: {exc}") from exc
+    return PruneResult(rolled, deleted, int(gone or 0))
+
+
+class Retention:
+    """Runs :func:`roll_up_and_prune` from the daemon's cycle, at most once per ``every``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        cluster: str,
+        *,
+        sample_retention: timedelta = DEFAULT_SAMPLE_RETENTION,
+        rollup_retention: timedelta = DEFAULT_ROLLUP_RETENTION,
+        every: timedelta = timedelta(hours=1),
+    ) -> None:
+        self.engine = engine
+        self.cluster = cluster
+        self.sample_retention = sample_retention
+        self.rollup_retention = rollup_retention
+        self.every = every
+        self.last_run: datetime | None = None
+        self.deleted_total = 0
+
+    def maybe_run(self, now: datetime) -> PruneResult | None:
+        """Prune if ``every`` has passed since the last run; never raises for the store."""
+        if self.last_run is not None and now - self.last_run < self.every:
+            return None
+        self.last_run = now
+        try:
+            result = roll_up_and_prune(
+                self.engine,
+                self.cluster,
+                now=now,
+                sample_retention=self.sample_retention,
+                rollup_retention=self.rollup_retention,
+            )
+        except StoreError as exc:
+            log.warning("%s; retried in %s", exc, self.every)
+            return None
+        self.deleted_total += result.deleted
+        if result.deleted or result.rollups_deleted:
+            log.info(
+                "retention: %d sample(s) older than %s deleted (%d rolled up per hour), "
+                "%d hourly rollup(s) older than %s deleted",
+                result.deleted,
+                self.sample_retention,
+                result.rolled_up,
+                result.rollups_deleted,
+                self.rollup_retention,
+            )
+        return result

@@ -1,0 +1,173 @@
+"""What a node may report: its own jobs, its own GPUs, ids in its own namespace.
+
+Also: samples from a node whose clock is off are stored and reported, never dropped;
+an agent's spool drops are a warning and a metric; MUNGE is re-checked while the daemon
+runs. All against a real SQLite store and the daemon's real placement lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from slurmgpu.daemon.diff import diff_jobs
+from slurmgpu.daemon.munge_watch import MungeWatch
+from slurmgpu.daemon.placement import SnapshotPlacement
+from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
+from slurmgpu.store import JobStore, open_store
+from slurmgpu.store.usage import UsageStore, node_scoped_uid
+from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
+
+NOW = time.time()
+T0 = datetime.fromtimestamp(NOW, UTC)
+
+
+def _job(job_id: int, node: str, state: JobState = JobState.RUNNING) -> Job:
+    return Job(
+        job_id=job_id,
+        name="train",
+        user="alice",
+        state=state,
+        start_time=T0 - timedelta(hours=1),
+        end_time=T0 if state.is_terminal else None,
+        cpus=4,
+        node_count=1,
+        nodes=(node,),
+        gpus=GpuRequest(gpus=1),
+        gpu_allocations=(NodeGpuAllocation(node, (0,)),),
+    )
+
+
+NODES = (Node("gpu1", "mixed", gpus=4), Node("gpu2", "mixed", gpus=4))
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.store: JobStore = open_store(f"sqlite:///{tmp / 's.db'}")
+        self.snapshot: ClusterSnapshot | None = None
+        self.usage = UsageStore(
+            self.store.engine,
+            placement=SnapshotPlacement(lambda: self.snapshot, self.store.engine),
+            clock=lambda: NOW,
+        )
+
+    def observe(self, jobs: list[Job], stored: list[Job] | None = None) -> None:
+        self.store.apply_cycle(diff_jobs({}, stored or jobs), {}, [], T0)
+        self.snapshot = ClusterSnapshot(taken_at=T0, jobs=tuple(jobs), nodes=NODES)
+
+    def gpu(self, node: str, uid: str, job: int | None, index: int = 0, at: float = NOW) -> int:
+        sample = GpuSampleIn(sample_uid=uid, at=at, gpu_index=index, job_id=job, util_pct=50.0)
+        return self.usage.ingest(SampleBatch(node=node, gpu=[sample]))[0]
+
+    def host(self, node: str, uid: str, job: int) -> int:
+        sample = HostSampleIn(sample_uid=uid, at=NOW, job_id=job, cpu_pct=100.0)
+        return self.usage.ingest(SampleBatch(node=node, host=[sample]))[0]
+
+
+def test_a_node_cannot_report_for_another_nodes_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = World(tmp_path)
+    w.observe([_job(5, "gpu1")])
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.store"):
+        assert w.gpu("gpu2", "gpu2:r:1:0:5", 5) == 0
+        assert w.host("gpu2", "gpu2:r:1:h:5", 5) == 0
+    assert w.usage.refused["job not on node"] == 2
+    assert "node gpu2: 1 sample(s) refused: job not on node (jobs [5])" in caplog.text
+    assert w.gpu("gpu1", "gpu1:r:1:0:5", 5) == 1
+    assert [u.samples for u in w.usage.gpu_usage(5)] == [1]
+
+
+def test_a_gpu_the_node_does_not_have_is_refused(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.observe([_job(5, "gpu1")])
+    assert w.gpu("gpu1", "gpu1:r:1:7:5", 5, index=7) == 0
+    assert w.gpu("gpu1", "gpu1:r:1:4:-", None, index=4) == 0
+    assert w.usage.refused["no such GPU"] == 2
+    assert w.gpu("gpu1", "gpu1:r:1:3:-", None, index=3) == 1
+
+
+def test_a_job_the_daemon_never_saw_is_refused(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.observe([_job(5, "gpu1")])
+    assert w.gpu("gpu1", "gpu1:r:1:0:999", 999) == 0
+    assert w.usage.refused["unknown job"] == 1
+
+
+def test_samples_of_a_job_that_has_left_the_listing_still_count(tmp_path: Path) -> None:
+    # An agent's spool empties after an outage: the job ended and left squeue meanwhile.
+    w = World(tmp_path)
+    w.observe([], stored=[_job(6, "gpu2", JobState.COMPLETED)])
+    assert w.gpu("gpu2", "gpu2:r:9:0:6", 6, at=NOW - 3600) == 1
+    assert w.gpu("gpu1", "gpu1:r:9:0:6", 6) == 0
+
+
+def test_a_node_cannot_take_another_nodes_sample_id(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.observe([_job(5, "gpu1")])
+    squatted = "gpu1:r:1:1:-"
+    assert w.gpu("gpu2", squatted, None, index=1) == 1  # kept, in gpu2's namespace
+    assert w.gpu("gpu1", squatted, None, index=1) == 1  # gpu1's own sample is not a duplicate
+    assert w.gpu("gpu1", squatted, None, index=1) == 0  # a resend still is
+    assert node_scoped_uid("gpu1", squatted) == squatted
+    assert len(node_scoped_uid("n" * 128, "x" * 128)) <= 128
+
+
+def test_samples_from_a_clock_ahead_are_stored_counted_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = World(tmp_path)
+    w.observe([_job(5, "gpu1")])
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.store"):
+        assert w.gpu("gpu1", "gpu1:r:2:0:5", 5, at=NOW + 900) == 1
+    assert w.usage.skewed["gpu1"] == 1
+    assert "node gpu1: 1 sample(s) stamped up to +900s" in caplog.text
+
+
+def test_spool_drops_are_a_warning_and_a_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = World(tmp_path)
+    w.observe([])
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.store"):
+        w.usage.ingest(SampleBatch(node="gpu1", dropped=40))
+        w.usage.ingest(SampleBatch(node="gpu1", dropped=40))
+        w.usage.ingest(SampleBatch(node="gpu1", dropped=55))
+    assert w.usage.spool_dropped["gpu1"] == 55
+    said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(said) == 2 and "(+15)" in said[1]
+
+
+def test_munge_going_and_coming_back_is_said_once_each_and_reaches_the_api(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    answers = iter([True, False, False, True, True])
+    seen: list[bool] = []
+    watch = MungeWatch(up=True, on_change=seen.append, check=lambda: next(answers))
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.daemon"):
+        states = [watch.poll() for _ in range(5)]
+    assert states == [True, False, False, True, True]
+    assert seen == [False, True] and watch.changes == 2
+    assert "MUNGE is not available" in caplog.text and "MUNGE is available again" in caplog.text
+    assert len(caplog.records) == 2
+
+
+def test_the_counts_reach_metrics(tmp_path: Path) -> None:
+    from slurmgpu.daemon.metrics import DaemonMetrics
+
+    w = World(tmp_path)
+    w.observe([_job(5, "gpu1")])
+    w.gpu("gpu2", "gpu2:r:1:0:5", 5)
+    w.gpu("gpu1", "gpu1:r:2:0:5", 5, at=NOW + 900)
+    metrics = DaemonMetrics(w.store.engine)
+    metrics.watch("sgpu_samples_refused", "h", lambda: dict(w.usage.refused), label="reason")
+    metrics.watch("sgpu_samples_skewed", "h", lambda: dict(w.usage.skewed), label="node")
+    metrics.watch("sgpu_munge_up", "h", lambda: 0.0, kind="gauge")
+    text = metrics.exposition().decode()
+    assert 'sgpu_samples_refused_total{reason="job not on node"} 1.0' in text
+    assert 'sgpu_samples_skewed_total{node="gpu1"} 1.0' in text
+    assert "sgpu_munge_up 0.0" in text

@@ -1,0 +1,134 @@
+"""Retention: samples older than the cutoff are rolled up per hour and deleted, and every
+usage figure the daemon and ``sgpu eff`` read stays what it was."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, select, text
+
+from slurmgpu.store import open_store, schema
+from slurmgpu.store.retention import Retention, roll_up_and_prune
+from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
+from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
+
+NOW = datetime(2026, 3, 10, 12, 30, tzinfo=UTC)
+JOBS = (11, 12, 13)
+
+
+def _fill(usage: UsageStore, seed: int, start: datetime, hours: int) -> None:
+    rng = random.Random(seed)
+    seq = 0
+    for node in ("gpu1", "gpu2"):
+        gpu: list[GpuSampleIn] = []
+        host: list[HostSampleIn] = []
+        t = start
+        while t < start + timedelta(hours=hours):
+            for index, job in enumerate((*JOBS, None)):
+                seq += 1
+                util = rng.choice([0.0, 0.0, 0.4, rng.uniform(0, 100)])
+                gpu.append(
+                    GpuSampleIn(
+                        sample_uid=f"{node}:s:{seq}", at=t.timestamp() + rng.random(),
+                        gpu_index=index, job_id=job, util_pct=util,
+                        memory_used_mib=rng.uniform(0, 80_000), memory_total_mib=81_559.0,
+                        processes=rng.randint(0, 3), shared=rng.random() < 0.1,
+                        source=rng.choice(["process", "device", "idle", "error"]),
+                    )
+                )  # fmt: skip
+                if job is not None:
+                    host.append(
+                        HostSampleIn(
+                            sample_uid=f"{node}:h:{seq}", at=t.timestamp(), job_id=job,
+                            cpu_pct=rng.uniform(0, 800), cpus_allocated=8,
+                            rss_mib=rng.uniform(0, 9000),
+                            cgroup_memory_mib=rng.choice([None, rng.uniform(0, 9000)]),
+                        )
+                    )  # fmt: skip
+            t += timedelta(minutes=rng.choice([7, 11, 13]))
+        usage.ingest(SampleBatch(node=node, gpu=gpu, host=host))
+
+
+def _figures(usage: UsageStore) -> tuple[dict[int, list[GpuUsage]], dict[int, list[HostUsage]]]:
+    return usage.gpu_usage_many(list(JOBS)), {j: usage.host_usage(j) for j in JOBS}
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        for f in dataclasses.fields(x):
+            field = f.name
+            vx, vy = getattr(x, field), getattr(y, field)
+            if isinstance(vx, float):
+                assert vx == pytest.approx(vy, rel=1e-9), field
+            else:
+                assert vx == vy, field
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 's.db'}"
+    pg: str = request.getfixturevalue("postgres_url")
+    wipe = create_engine(pg)
+    with wipe.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    wipe.dispose()
+    return pg
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_pruning_keeps_every_usage_figure(url: str, seed: int) -> None:
+    store = open_store(url)
+    usage = UsageStore(store.engine)
+    _fill(usage, seed, NOW - timedelta(days=3), 72)
+    before = _figures(usage)
+    total = usage.count_samples()
+    result = roll_up_and_prune(store.engine, "", now=NOW, sample_retention=timedelta(hours=12))
+    left = usage.count_samples()
+    assert result.deleted == total - left and result.deleted > 0.7 * total
+    with store.engine.connect() as conn:
+        oldest = conn.execute(select(func.min(schema.samples.c.at))).scalar()
+    assert schema.as_utc(oldest) >= NOW - timedelta(hours=13)
+    after = _figures(usage)
+    for job in JOBS:
+        _same(before[0][job], after[0][job])
+        _same(before[1][job], after[1][job])
+    # A second run finds nothing more to do and changes nothing.
+    again = roll_up_and_prune(store.engine, "", now=NOW, sample_retention=timedelta(hours=12))
+    assert again.deleted == 0
+    _same(after[0][11], _figures(usage)[0][11])
+
+
+def test_samples_arriving_late_for_a_pruned_hour_still_count(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    usage = UsageStore(store.engine)
+    _fill(usage, 7, NOW - timedelta(days=2), 24)
+    roll_up_and_prune(store.engine, "", now=NOW)
+    _fill(usage, 8, NOW - timedelta(days=2), 24)  # a spool emptied after an outage
+    expected_n = sum(g.samples for g in usage.gpu_usage(12))
+    roll_up_and_prune(store.engine, "", now=NOW)
+    assert sum(g.samples for g in usage.gpu_usage(12)) == expected_n
+    assert usage.count_samples() == 0
+
+
+def test_rollups_older_than_their_retention_go_and_a_run_waits_its_interval(
+    tmp_path: Path,
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    usage = UsageStore(store.engine)
+    _fill(usage, 9, NOW - timedelta(days=200), 5)
+    keeper = Retention(store.engine, "", rollup_retention=timedelta(days=180))
+    first = keeper.maybe_run(NOW)
+    assert first is not None and first.deleted > 0 and first.rollups_deleted > 0
+    with store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(schema.sample_hours)).scalar() == 0
+    assert keeper.maybe_run(NOW + timedelta(minutes=30)) is None
+    assert keeper.maybe_run(NOW + timedelta(hours=1)) is not None
