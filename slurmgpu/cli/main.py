@@ -59,11 +59,19 @@ class _LazyGroup(click.Group):
         if cmd_name in COMMANDS and cmd_name not in self.commands:
             module, attribute = COMMANDS[cmd_name].split(":")
             command = getattr(importlib.import_module(module), attribute)
+            from slurmgpu.cli.examples import attach
+
+            attach(command, cmd_name)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="\b\nExamples:\n  sgpu submit --rightsize --gres=gpu:1 train.sh\n  sgpu jobs --active\n"
+    "  sgpu actions --taken\n\nEach command has --help, e.g. sgpu submit --help.",
+)
 @click.version_option(__version__, "--version", prog_name="sgpu", message="%(prog)s %(version)s")
 @click.option(
     "--config",
