@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import IO, Any
 
@@ -320,12 +319,9 @@ def _run(
 
 
 def _standalone() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
-        stream=sys.stderr,
-    )
+    from slurmgpu.cli import logs
+
+    logs.configure(fmt=os.environ.get("SGPU_LOG_FORMAT", "text"))
     agent(prog_name="sgpu agent")
 
 

@@ -29,7 +29,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "daemon": (
         "sgpu daemon",
         "sgpu daemon --once --no-policies",
-        "sgpu -v daemon --interval 10s",
+        "sgpu daemon --interval 10s --log-format json",
     ),
     "db": ("sgpu db upgrade", "sgpu --db sqlite:///tmp/sgpu.db db current"),
     "db current": ("sgpu db current",),
