@@ -15,6 +15,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "actions": (
         "sgpu actions --taken --limit 20",
         "sgpu actions --job 1234 --json",
+        "sgpu actions --watch --taken",
     ),
     "advice": ("sgpu advice", "sgpu advice 1234 --json"),
     "agent": (
@@ -39,7 +40,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sgpu fakeload --util 30 --mem 4G --duration 10m",
         "sgpu fakeload --pattern idle-after:60s --duration 1h",
     ),
-    "jobs": ("sgpu jobs --active", "sgpu jobs -u alice -t RUNNING --json"),
+    "jobs": (
+        "sgpu jobs --active",
+        "sgpu jobs -u alice -t RUNNING --json",
+        "sgpu jobs --watch --active",
+    ),
     "node-token": ("sgpu node-token gpu01", "sgpu node-token gpu01 -o /etc/slurmgpu/node.token"),
     "policy": ("sgpu policy show", "sgpu policy check /etc/slurmgpu/config.toml"),
     "policy check": ("sgpu policy check /etc/slurmgpu/config.toml",),
