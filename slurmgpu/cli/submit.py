@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import click
+import click.shell_completion
 
 from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
 from slurmgpu.policy.colocate import GPU_MEM_MARK, SHAREABLE_MARK
@@ -262,6 +263,25 @@ def misspelt_sgpu_option(args: tuple[str, ...]) -> tuple[str, str] | None:
 
 class SubmitCommand(click.Command):
     """``sgpu submit``'s help: our own options first, then a word on sbatch's."""
+
+    def shell_complete(
+        self, ctx: click.Context, incomplete: str
+    ) -> list[click.shell_completion.CompletionItem]:
+        """Complete our options (with their help) and then sbatch's long options."""
+        from click.shell_completion import CompletionItem
+
+        from slurmgpu.cli.sbatch_options import LONG_OPTIONS
+
+        if not incomplete.startswith("-"):
+            return []
+        ours = [
+            CompletionItem(name, help=text)
+            for name, _, text in SGPU_OPTIONS
+            if name.startswith(incomplete)
+        ]
+        return ours + [
+            CompletionItem(name) for name in sorted(LONG_OPTIONS) if name.startswith(incomplete)
+        ]
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         formatter.write_usage(
