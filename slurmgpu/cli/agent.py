@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,7 +35,6 @@ from slurmgpu.agent.sender import (
 )
 from slurmgpu.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_SPOOL_DIR, BatchSpool, SpoolError
 from slurmgpu.config import parse_duration
-from slurmgpu.plaintext import install_log_filter
 from slurmgpu.telemetry.gpupower import DEFAULT_MODEL, GPU_POWER
 from slurmgpu.telemetry.gresconf import GresConfError, minors_by_index, read_gres_conf
 from slurmgpu.telemetry.probe import GpuProbe, ProbeUnavailableError
@@ -334,13 +332,9 @@ def _run(
 
 
 def _standalone() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
-        stream=sys.stderr,
-    )
-    install_log_filter()
+    from slurmgpu.cli import logs
+
+    logs.configure(fmt=os.environ.get("SGPU_LOG_FORMAT", "text"))
     agent(prog_name="sgpu agent")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from slurmgpu.cli import logs
 from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
@@ -40,6 +41,12 @@ log = logging.getLogger("slurmgpu.daemon")
 @click.option("--no-api", is_flag=True, help="Do not serve the agent ingest API.")
 @click.option("--no-policies", is_flag=True, help="Observe only: run no policy at all.")
 @click.option(
+    "--log-format",
+    type=click.Choice(logs.FORMATS),
+    default=None,
+    help="Log lines as text or JSON, one object a line (journald); overrides sgpu's own.",
+)
+@click.option(
     "--standby",
     is_flag=True,
     help="Passive mode: wait until the daemon holding the database lease stops, then take over.",
@@ -53,9 +60,12 @@ def daemon(
     listen: str | None,
     no_api: bool,
     no_policies: bool,
+    log_format: str | None,
     standby: bool,
 ) -> None:
     """Run the slurmgpu daemon: observe → store, and ingest agents' usage samples."""
+    if log_format is not None:
+        logs.set_format(log_format)
     settings = app.settings
     poll = (
         timedelta(seconds=duration_option(interval)) if interval else settings.daemon.poll_interval
@@ -237,7 +247,7 @@ def _run(
     keeper.start()
     loop.install_signal_handlers()
     log.info(
-        "daemon started: database %s, poll every %.0fs, mode %s",
+        "daemon started: database %s, poll every %gs, mode %s",
         settings.daemon.database,
         poll.total_seconds(),
         settings.daemon.mode,

@@ -7,28 +7,13 @@ Exit codes: 0 success; 1 other error; 2 usage error; 3 configuration error;
 from __future__ import annotations
 
 import importlib
-import logging
-import sys
 from pathlib import Path
 
 import click
 
 from slurmgpu import __version__
+from slurmgpu.cli import logs
 from slurmgpu.cli.context import AppContext
-
-
-def _setup_logging(verbose: int, quiet: bool) -> None:
-    from slurmgpu.plaintext import install_log_filter
-
-    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
-        stream=sys.stderr,
-    )
-    install_log_filter()  # job names in log lines: control characters escaped
-
 
 # Command name -> "module:attribute". Imported when that command runs (or for --help), so
 # `sgpu report` does not import the daemon, the agent and the simulator first (~1 s of
@@ -62,6 +47,9 @@ class _LazyGroup(click.Group):
         if cmd_name in COMMANDS and cmd_name not in self.commands:
             module, attribute = COMMANDS[cmd_name].split(":")
             command = getattr(importlib.import_module(module), attribute)
+            from slurmgpu.cli.examples import attach
+
+            attach(command, cmd_name)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
@@ -79,7 +67,12 @@ class _LazyGroup(click.Group):
             raise
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="\b\nExamples:\n  sgpu submit --rightsize --gres=gpu:1 train.sh\n  sgpu jobs --active\n"
+    "  sgpu actions --taken\n\nEach command has --help, e.g. sgpu submit --help.",
+)
 @click.version_option(__version__, "--version", prog_name="sgpu", message="%(prog)s %(version)s")
 @click.option(
     "--config",
@@ -91,12 +84,27 @@ class _LazyGroup(click.Group):
 @click.option(
     "--db", "db_override", metavar="URL", help="SQLAlchemy database URL (overrides the config)."
 )
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option(
+    "-v", "--verbose", count=True, help="Libraries' log lines too (-vv: everything, debug)."
+)
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
+@click.option(
+    "--log-format",
+    type=click.Choice(logs.FORMATS),
+    default="text",
+    envvar="SGPU_LOG_FORMAT",
+    show_default=True,
+    help="Log lines as text or one JSON object each (journald, Loki).",
+)
 @click.pass_context
 def main(
-    ctx: click.Context, config_path: Path | None, db_override: str | None, verbose: int, quiet: bool
+    ctx: click.Context,
+    config_path: Path | None,
+    db_override: str | None,
+    verbose: int,
+    quiet: bool,
+    log_format: str,
 ) -> None:
     """slurmgpu: make Slurm GPU clusters waste less."""
-    _setup_logging(verbose, quiet)
+    logs.configure(verbose, quiet, log_format)
     ctx.obj = AppContext(config_path=config_path, db_override=db_override)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import click
+import click.shell_completion
 
 from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
 from slurmgpu.policy.colocate import GPU_MEM_MARK, SHAREABLE_MARK
@@ -207,6 +208,108 @@ def malleable_args(req: MalleableRequest, args: list[str]) -> list[str]:
     return head + out
 
 
+# slurmgpu's own options: (name, metavar or None for a flag, one line of help). The help
+# text, the typo check and the parsers above all agree on these names.
+SGPU_OPTIONS: tuple[tuple[str, str | None, str], ...] = (
+    ("--rightsize", None, "Opt in to rightsizing (GPU request lowered)."),
+    ("--shareable", None, "May share a GPU with light jobs (co-location)."),
+    ("--gpu-mem", "SIZE", "Most GPU memory it uses, e.g. 8GiB."),
+    ("--malleable", "MIN:MAX", "May be resized between MIN and MAX GPUs."),
+    ("--pool", None, "With --array A-B%K: a pool of malleable width."),
+    ("--checkpoint-signal", "SIG", "Signal that asks it to checkpoint [USR2]."),
+    ("--checkpoint-grace", "DURATION", "Time it gets to checkpoint [120s]."),
+    ("--elastic-dir", "DIR", "Shared dir for its state [./.sgpu-elastic]."),
+)
+SUBMIT_EXAMPLES = (
+    "sgpu submit --rightsize --gres=gpu:2 -t 4:00:00 train.sh",
+    "sgpu submit --shareable --gpu-mem 8GiB --gres=shard:4 --wrap 'python eval.py'",
+    "sgpu submit --malleable 2:4 --gres=gpu:4 -t 24:00:00 train.sh",
+    "sgpu submit --pool --array 0-99%8 --gres=gpu:1 worker.sh",
+)
+
+
+def misspelt_sgpu_option(args: tuple[str, ...]) -> tuple[str, str] | None:
+    """Return (option given, sgpu option meant) for the first typo of one of our options.
+
+    Only options before the script are looked at (sbatch stops at the first non-option
+    too). An option sbatch knows (exactly or as a unique prefix, as getopt_long accepts
+    it) is never a typo; an unknown one close to none of ours goes to sbatch unchanged.
+    """
+    import difflib
+
+    from slurmgpu.cli import sbatch_options as sb
+
+    ours = {name: metavar is not None for name, metavar, _ in SGPU_OPTIONS}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            return None  # the script (or stdin): the rest is the script's
+        if arg.startswith("--"):
+            name, has_value = arg.split("=", 1)[0], "=" in arg
+            if name in ours:
+                i += 2 if ours[name] and not has_value else 1
+                continue
+            known = sb.long_option(name)
+            if known is not None:
+                i += 2 if known in sb.LONG_WITH_VALUE and not has_value else 1
+                continue
+            close = difflib.get_close_matches(name, list(ours), n=1, cutoff=0.75)
+            if close:
+                return name, close[0]
+            i += 1
+            continue
+        letter = arg[1]
+        i += 2 if letter in sb.SHORT_WITH_VALUE and len(arg) == 2 else 1
+    return None
+
+
+class SubmitCommand(click.Command):
+    """``sgpu submit``'s help: our own options first, then a word on sbatch's."""
+
+    def shell_complete(
+        self, ctx: click.Context, incomplete: str
+    ) -> list[click.shell_completion.CompletionItem]:
+        """Complete our options (with their help) and then sbatch's long options."""
+        from click.shell_completion import CompletionItem
+
+        from slurmgpu.cli.sbatch_options import LONG_OPTIONS
+
+        if not incomplete.startswith("-"):
+            return []
+        ours = [
+            CompletionItem(name, help=text)
+            for name, _, text in SGPU_OPTIONS
+            if name.startswith(incomplete)
+        ]
+        return ours + [
+            CompletionItem(name) for name in sorted(LONG_OPTIONS) if name.startswith(incomplete)
+        ]
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(
+            ctx.command_path, "[SGPU OPTIONS] [SBATCH OPTIONS] [SCRIPT [ARGS]...]"
+        )
+        self.format_help_text(ctx, formatter)
+        with formatter.section("sgpu options"):
+            formatter.write_dl(
+                [
+                    (name + (f" {metavar}" if metavar else ""), text)
+                    for name, metavar, text in SGPU_OPTIONS
+                ]
+                + [("-h, --help", "Show this message and exit.")]
+            )
+        with formatter.section("sbatch options"):
+            formatter.write_text(
+                "Every other option goes to sbatch unchanged (see `man sbatch`), and so does "
+                "everything after the script. A misspelt sgpu option (--maleable) is refused "
+                "with a suggestion, not passed on."
+            )
+        with formatter.section("Examples"):
+            for line in SUBMIT_EXAMPLES:
+                formatter.write(f"{'':>{formatter.current_indent}}{line}\n")
+
+
 def _wants_parsable(args: tuple[str, ...]) -> bool:
     return any(a == "--parsable" for a in args)
 
@@ -246,19 +349,23 @@ def add_comment_token(args: list[str], token: str) -> list[str]:
 
 
 @click.command(
+    cls=SubmitCommand,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     add_help_option=False,
 )
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
 @pass_app
 def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
-    """Submit a batch job: ``sgpu submit [sbatch options] script [args]``.
+    """Submit a batch job through sbatch, as you, and record what slurmgpu needs.
 
-    Prints ``Submitted batch job N`` like sbatch (just ``N`` with --parsable).
+    Prints "Submitted batch job N" like sbatch (just N with --parsable).
     """
     if sbatch_args in {("-h",), ("--help",)}:
         click.echo(click.get_current_context().get_help())
         return
+    typo = misspelt_sgpu_option(sbatch_args)
+    if typo is not None:
+        fail(f"no such option {typo[0]}; did you mean {typo[1]}? (see sgpu submit --help)", 2)
     try:
         gpu_mem_mib, passed = take_gpu_mem(sbatch_args)
     except ValueError as exc:

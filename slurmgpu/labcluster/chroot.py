@@ -88,7 +88,9 @@ class SlurmChroot:
     def argv(self, *command: str) -> list[str]:
         return ["chroot", str(self.path), *command]
 
-    def run_in(self, *command: str, timeout: float = _TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    def run_in(
+        self, *command: str, timeout: float = _TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             self.argv(*command), capture_output=True, text=True, timeout=timeout, check=False
         )

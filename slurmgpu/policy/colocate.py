@@ -203,7 +203,7 @@ class ColocatePolicy:
         # each is resolved once per cycle, and jobs with one verdict share its texts.
         hints_of: dict[str, ColocateHints] = {}
         shards_of: dict[str, int] = {}
-        verdicts: dict[tuple[float, float, int, str, str], _Verdict | None] = {}
+        verdicts: dict[tuple[float, float, int, str, str, str], _Verdict | None] = {}
         actions: list[Action] = []
         for job in pending:
             hints = hints_of.get(job.comment)
@@ -246,17 +246,22 @@ class ColocatePolicy:
             if not known_memory or util > s.max_util_pct:
                 continue
             memory = float(max(known_memory))
+            memory_source = (
+                "declared with --gpu-mem"
+                if hints.gpu_memory_mib is not None and hints.gpu_memory_mib >= memory
+                else "peak of its past runs"
+            )
             before = (
                 f"{request.shards_per_node} shards"
                 if whole_in_shards
                 else f"{request.per_node} GPU"
             )
-            key = (util, memory, shards, util_source, before)
+            key = (util, memory, shards, util_source, before, memory_source)
             if key in verdicts:
                 verdict = verdicts[key]
             else:
                 verdict = verdicts[key] = self._verdict(
-                    util, util_source, memory, shards, device_mib, prefix, before
+                    util, util_source, memory, memory_source, shards, device_mib, prefix, before
                 )
             if verdict is not None:
                 actions.append(
@@ -290,6 +295,7 @@ class ColocatePolicy:
         util: float,
         util_source: str,
         memory_mib: float,
+        memory_source: str,
         shards: int,
         device_mib: float,
         prefix: str,
@@ -313,6 +319,7 @@ class ColocatePolicy:
             "util_pct": round(util, 1),
             "util_source": util_source,
             "gpu_memory_mib": round(memory_mib),
+            "gpu_memory_source": memory_source,
             "device_memory_mib": round(device_mib),
             "memory_margin_mib": s.memory_margin_mib,
             "shards_per_gpu": shards,
@@ -322,10 +329,11 @@ class ColocatePolicy:
             "predicted_partner_slowdown": round(theirs, 3),
             "max_slowdown": s.max_slowdown,
         }
+        util_from = "its past runs" if util_source == "history" else util_source
         reason = (
-            f"light job (GPU util {util:.0f} %, {memory_mib / 1024:.1f} GiB GPU memory): "
-            f"{n} of {shards} shards instead of {before}, predicted slowdown "
-            f"{max(own, theirs):.2f}x at most"
+            f"light job: GPU util {util:.0f} % ({util_from}), {memory_mib / 1024:.1f} GiB "
+            f"GPU memory ({memory_source}): {n} of {shards} shards instead of {before}, "
+            f"predicted slowdown {max(own, theirs):.2f}x at most"
         )
         return _Verdict(reason, numbers, {"TresPerNode": f"{prefix}shard:{n}"})
 
@@ -399,14 +407,21 @@ class ColocatePolicy:
         if total:
             fraction = used / total
             if fraction >= s.separate_memory_fraction or used + s.memory_margin_mib > total:
-                why.append(
-                    f"the jobs on {node} GPU {index} use {used / 1024:.1f} of "
-                    f"{total / 1024:.1f} GiB ({fraction:.0%})"
-                )
+                why.append(f"together {used / 1024:.1f} of {total / 1024:.1f} GiB ({fraction:.0%})")
         if worst > s.max_slowdown:
-            why.append(f"predicted slowdown {worst:.2f}x exceeds {s.max_slowdown:g}x")
+            slowest = max(slowdowns, key=lambda j: (slowdowns[j], -j))
+            why.append(
+                f"job {slowest} predicted {worst:.2f}x slower beside the others "
+                f"(bound {s.max_slowdown:g}x)"
+            )
         if not why:
             return None
+        # Each job with its own figures, never a sum passed off as one job's.
+        held = ", ".join(
+            f"job {j.display_id} ({_own_figures(utils.get(j.job_id), stats.get(j.job_id))})"
+            for j, _ in members
+        )
+        why.insert(0, f"{node} GPU {index} holds {held}")
         sharers = [job for job, held in members if 0 < held < shards or (held and not shards)]
         if not sharers:
             return None  # only whole-GPU jobs and whole-GPU shard jobs here: nothing to undo
@@ -461,6 +476,14 @@ class ColocatePolicy:
             slurm_id=slurm_job_ref(victim),
             protective=True,
         )
+
+
+def _own_figures(util: float | None, stat: GpuStat | None) -> str:
+    """One job's figures on one GPU: ``25 % util, 3.0 GiB``, or that none are known."""
+    if stat is None:
+        return "no samples yet"
+    memory = "? GiB" if stat.max_memory_mib is None else f"{stat.max_memory_mib / 1024:.1f} GiB"
+    return f"{_figure(util)} % util, {memory}"
 
 
 def _figure(value: float | None) -> str:

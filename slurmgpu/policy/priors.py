@@ -244,14 +244,20 @@ class _Agg:
         many runs had exactly that count; whether other counts were scaled."""
         if gpus is None or gpus <= 0:
             return sorted(self.run_times), 0, False
-        same = [t for t, g in zip(self.run_times, self.run_gpus, strict=True) if g == gpus]
-        if len(same) >= min_samples or len(same) == len(self.run_times):
-            return sorted(same), len(same), False
-        scaled = [
-            t * g / gpus if g > gpus else t
-            for t, g in zip(self.run_times, self.run_gpus, strict=True)
-        ]
-        return sorted(scaled), len(same), True
+        run_times, run_gpus = self.run_times, self.run_gpus
+        if gpus not in run_gpus:  # a C-level scan: no run asked for this many
+            if not run_times or min_samples <= 0:
+                return [], 0, False
+            same_n = 0
+        else:
+            same = [t for t, g in zip(run_times, run_gpus, strict=True) if g == gpus]
+            same_n = len(same)
+            if same_n >= min_samples or same_n == len(run_times):
+                same.sort()
+                return same, same_n, False
+        scaled = [t * g / gpus if g > gpus else t for t, g in zip(run_times, run_gpus, strict=True)]
+        scaled.sort()
+        return scaled, same_n, True
 
     def estimate(
         self,
@@ -262,30 +268,34 @@ class _Agg:
         min_samples: int = 1,
     ) -> Estimate:
         times, gpu_samples, scaled = self.times_for(gpus, min_samples)
+        # Positional, in Estimate's field order: a first cycle builds tens of thousands,
+        # and msgspec matches 21 keywords by name on each.
         return Estimate(
-            level=level,
-            key=key,
-            samples=len(times),
-            quantile=q,
-            run_time=timedelta(seconds=quantile_nearest_rank(times, q)),
-            max_run_time=timedelta(seconds=times[-1]),
-            timeouts=self.timeouts,
-            peak_memory_mib=self.mem_max,
-            peak_node_memory_mib=self.node_mem_max,
-            mean_cpu_pct=self.cpu_sum / self.cpu_n if self.cpu_n else None,
-            max_cpu_pct=self.cpu_max,
-            cpu_saturated=self.cpu_saturated,
-            mean_gpu_util_pct=self.gpu_util_sum / self.gpu_util_n if self.gpu_util_n else None,
-            peak_gpu_memory_mib=self.gpu_mem_max,
-            gpus_used=self.gpus_used,
-            gpus_used_samples=self.gpus_used_n,
-            gpus_requested=self.gpus_requested,
-            oom_runs=self.oom,
-            gpus=gpus if gpus is not None and gpus > 0 else None,
-            gpu_samples=gpu_samples,
-            gpu_scaled=scaled,
+            level,
+            key,
+            len(times),
+            q,
+            timedelta(seconds=quantile_nearest_rank(times, q)),
+            timedelta(seconds=times[-1]),
+            self.timeouts,
+            self.mem_max,
+            self.node_mem_max,
+            self.cpu_sum / self.cpu_n if self.cpu_n else None,
+            self.cpu_max,
+            self.cpu_saturated,
+            self.gpu_util_sum / self.gpu_util_n if self.gpu_util_n else None,
+            self.gpu_mem_max,
+            self.gpus_used,
+            self.gpus_used_n,
+            self.gpus_requested,
+            self.oom,
+            gpus if gpus is not None and gpus > 0 else None,
+            gpu_samples,
+            scaled,
         )
 
+
+_UNKNOWN = object()  # not computed yet (None is a computed "too few samples")
 
 # Keys are tuples tagged with their level's index in LEVELS, so one dict holds all levels:
 # (0, user, script, partition), (1, user, script), (2, user, name, partition),
@@ -467,14 +477,15 @@ class Priors:
         """Return the estimate at one key for a job of ``gpus`` GPUs (None: any), or None
         when the key has too few samples."""
         memo = (key, gpus)
-        if memo in self._estimates:
-            return self._estimates[memo]
-        agg = self._agg(key)
+        known = self._estimates.get(memo, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known  # type: ignore[return-value]
+        agg = self._aggs.get(key) or self._agg(key)
         est = None
         if agg is not None and len(agg.run_times) >= self.min_samples:
             est = agg.estimate(
                 LEVELS[int(key[0])],
-                tuple(str(k) for k in key[1:]),
+                key[1:],  # type: ignore[arg-type]  # past the level tag, every part is a str
                 self.quantile,
                 gpus,
                 self.min_samples,
@@ -497,19 +508,16 @@ class Priors:
         at = self._at
         user, partition = job.user, job.partition
         one_partition = bool(partition) and "," not in partition
-        candidates: list[_Key] = []
+        # Finest key first; tried in this order, each built only when the finer missed.
         if script_hash:
-            if one_partition:
-                candidates.append((0, user, script_hash, partition))
-            candidates.append((1, user, script_hash))
-        if one_partition:
-            candidates.append((2, user, job.name, partition))
-        candidates.append((3, user, job.name))
-        if one_partition:
-            candidates.append((4, user, partition))
-        candidates.append((5, user))
-        for key in candidates:
-            est = at(key, gpus)
-            if est is not None:
+            if one_partition and (est := at((0, user, script_hash, partition), gpus)):
                 return est
-        return None
+            if est := at((1, user, script_hash), gpus):
+                return est
+        if one_partition and (est := at((2, user, job.name, partition), gpus)):
+            return est
+        if est := at((3, user, job.name), gpus):
+            return est
+        if one_partition and (est := at((4, user, partition), gpus)):
+            return est
+        return at((5, user), gpus)

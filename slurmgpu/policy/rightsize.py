@@ -47,6 +47,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import NamedTuple
 
 import msgspec
 
@@ -139,6 +140,13 @@ class _Verdict(msgspec.Struct, frozen=True, gc=False):
     history_time_s: int | None
 
 
+class _Seconds(NamedTuple):
+    """The settings' durations in seconds, converted once per policy, not per estimate."""
+
+    min_time_s: float
+    round_s: float
+
+
 class _Derived:
     """What one estimate implies under the settings, computed once per estimate.
 
@@ -147,18 +155,13 @@ class _Derived:
 
     __slots__ = ("_numbers", "cpus_needed", "est", "gpus_used", "memory_mib", "time_s")
 
-    def __init__(self, est: Estimate, s: RightsizeSettings) -> None:
+    def __init__(self, est: Estimate, s: RightsizeSettings, c: _Seconds) -> None:
         self.est = est
         self._numbers: Numbers | None = None
         self.time_s: int | None = None
         if s.time_limit and (s.time_from_other_jobs or est.level in _OWN_LEVELS):
             history_s = est.run_time.total_seconds() * s.time_headroom
-            self.time_s = int(
-                _round_up(
-                    max(history_s, s.min_time_limit.total_seconds()),
-                    s.time_round.total_seconds(),
-                )
-            )
+            self.time_s = int(_round_up(max(history_s, c.min_time_s), c.round_s))
         # Never total / nodes for memory: an uneven job would starve its busiest node.
         # Runs without a per-node figure count with their total, which only errs high.
         peak = est.peak_node_memory_mib
@@ -233,6 +236,7 @@ class RightsizePolicy:
         self._prefix = ""
         self._keep = 1.0 - s.min_change_fraction
         self._round_s = s.time_round.total_seconds()
+        self._seconds = _Seconds(s.min_time_limit.total_seconds(), self._round_s)
 
     def priors(self, history: Sequence[HistoryRecord]) -> Priors:
         """Return priors for ``history``, reusing them when it is the same object.
@@ -389,7 +393,7 @@ class RightsizePolicy:
             return None, None
         d = self._derived.get(id(est))
         if d is None:
-            d = self._derived[id(est)] = _Derived(est, self.settings)
+            d = self._derived[id(est)] = _Derived(est, self.settings, self._seconds)
         return est, d
 
     def _propose_one(

@@ -211,6 +211,22 @@ class AuditStore:
 
     # -- reading the audit -------------------------------------------------------
 
+    def latest_by_job(self, job_ids: Sequence[int]) -> dict[int, AuditRecord]:
+        """Job → its newest decision (any policy, any outcome), for live views."""
+        a = schema.actions
+        out: dict[int, AuditRecord] = {}
+        ids = sorted(set(job_ids))
+        with self.engine.connect() as conn:
+            for i in range(0, len(ids), 500):
+                newest = (
+                    select(func.max(a.c.id))
+                    .where(and_(a.c.cluster == self.cluster, a.c.job_id.in_(ids[i : i + 500])))
+                    .group_by(a.c.job_id)
+                )
+                for r in conn.execute(select(a).where(a.c.id.in_(newest))).mappings():
+                    out[int(r["job_id"])] = _record(r)
+        return out
+
     def list(
         self,
         *,

@@ -23,7 +23,7 @@ def test_starting_sgpu_imports_no_subcommand_module() -> None:
     code = (
         "import sys; import slurmgpu.cli.main; "
         "print(sorted(m for m in sys.modules if m.startswith('slurmgpu.cli.') "
-        "and m not in ('slurmgpu.cli.main', 'slurmgpu.cli.context')))"
+        "and m not in ('slurmgpu.cli.main', 'slurmgpu.cli.context', 'slurmgpu.cli.logs')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

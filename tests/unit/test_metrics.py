@@ -288,6 +288,8 @@ def test_scrape_shows_each_gpus_power_and_energy_counter(d: Daemon) -> None:
     assert m[("sgpu_gpu_power_watts", (("gpu", "1"), ("node", "gpu1")))] == pytest.approx(30.0)
     assert m[("sgpu_gpu_energy_joules_total", (("gpu", "0"), ("node", "gpu1")))] == 13_000.0
     assert ("sgpu_gpu_energy_joules_total", (("gpu", "1"), ("node", "gpu1"))) not in m
+
+
 def test_what_the_slurm_decoders_left_out_is_in_metrics(tmp_path: Path) -> None:
     """A skipped squeue record, an unparsed GRES detail and the data_parser versions seen
     (issue 18/22) are exported, counted for the process."""

@@ -20,6 +20,7 @@ from slurmgpu.policy.colocate import (
     hints_from_comment,
 )
 from slurmgpu.policy.engine import PolicyEngine
+from slurmgpu.policy.interference import slowdown_with
 from slurmgpu.policy.settings import ColocateSettings, PolicyConfigError
 from slurmgpu.slurm.client import SlurmCommandError
 from slurmgpu.store import open_store
@@ -442,3 +443,39 @@ def test_policy_is_fast_enough_for_the_simulator() -> None:
     jobs += [sharing(100_000 + i, started=HOUR, node="gpu1", index=i % 4) for i in range(2_000)]
     actions = ColocatePolicy().propose(snap(jobs))
     assert sum(1 for a in actions if a.kind == "update") == 20_000
+
+
+def test_reasons_name_each_job_with_its_own_figures() -> None:
+    older, newer = sharing(10, started=HOUR), sharing(11, started=10 * MIN, comment="x")
+    usage = {10: [stat(25, 3 * GIB)], 11: [stat(15, 70 * GIB)]}  # 73 of 80 GiB
+    (action,) = ColocatePolicy().propose(snap([older, newer], usage=usage))
+    assert action.reason.startswith(
+        "gpu1 GPU 0 holds job 10 (25 % util, 3.0 GiB), job 11 (15 % util, 70.0 GiB); "
+        "together 73.0 of 80.0 GiB (91%): job 11 (the newest sharer) separated"
+    )
+    assert "40 %" not in action.reason, "utilisations are never summed into one figure"
+    hot = [sharing(10, started=HOUR), sharing(11, started=MIN), sharing(12, started=HOUR)]
+    usage = {10: [stat(80, 4 * GIB)], 11: [stat(70, 5 * GIB)]}
+    (action,) = ColocatePolicy().propose(snap(hot, usage=usage))
+    assert "job 12 (no samples yet)" in action.reason
+    model = ColocatePolicy().model
+    own = {10: slowdown_with(80, [70], model), 11: slowdown_with(70, [80], model)}
+    slowest = max(own, key=lambda j: own[j])
+    assert f"job {slowest} predicted {own[slowest]:.2f}x slower beside the others" in action.reason
+    assert "(bound 1.25x)" in action.reason
+
+
+def test_a_packing_reason_says_where_its_figures_come_from() -> None:
+    declared = pending(1, comment=SHAREABLE_8G)
+    from_history = pending(2, comment="sgpu:shareable", name="light")
+    records = history("light", 20, 3 * GIB)
+    by_job = {
+        a.job_id: a.reason
+        for a in ColocatePolicy().propose(snap([declared, from_history], records=records))
+    }
+    assert by_job[1].startswith(
+        "light job: GPU util 20 % (its past runs), 8.0 GiB GPU memory (declared with --gpu-mem)"
+    )
+    assert by_job[2].startswith(
+        "light job: GPU util 20 % (its past runs), 3.0 GiB GPU memory (peak of its past runs)"
+    )
