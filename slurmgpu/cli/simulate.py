@@ -30,7 +30,7 @@ from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interferen
 from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import PolicySetUnavailable, known_sets
 from slurmgpu.sim.profiles import ProfileError, ThroughputProfile, load_profiles
-from slurmgpu.sim.published import PUBLISHED_AVG_JCT_S
+from slurmgpu.sim.published import published_for
 from slurmgpu.sim.render import (
     Comparison,
     comparison_csv,
@@ -196,8 +196,10 @@ def simulate_command(
     )
     comparison = Comparison(trace.name, cluster_text, load, seed)
     m = _WORKLOAD_RE.search(trace.name)
-    if m and int(m.group(1)) in PUBLISHED_AVG_JCT_S and load == 1.0 and cluster_text == "16x4":
-        published = PUBLISHED_AVG_JCT_S[int(m.group(1))]
+    # The artifact's workloads-2.0/ files are its load 2.0; --load scales either further.
+    native = 2.0 if trace.resolve().parent.name == "workloads-2.0" else 1.0
+    if m and cluster_text == "16x4":
+        published = published_for(native * load, int(m.group(1)))
         comparison.published = {k: float(v) for k, v in published.items()}
     comparison.notes.append(
         "co-location slowdown: " + (slowdown_source if interference else "none (full speed)")

@@ -88,7 +88,10 @@ def comparison_table(c: Comparison) -> Table:
     ]
     if c.published:
         shown = ", ".join(f"{k} {_fmt(v, 'dur')}" for k, v in c.published.items())
-        notes.append(f"published avg JCT on this workload: {shown}")
+        notes.append(
+            f"published avg JCT on this workload (Pollux artifact; its Tiresias is comparable "
+            f"with our tiresias set, its Pollux and Optimus retune batch sizes): {shown}"
+        )
     if notes:
         table.caption = "\n".join(notes)
         table.caption_justify = "left"
