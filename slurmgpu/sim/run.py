@@ -40,6 +40,7 @@ from datetime import timedelta
 from slurmgpu.actuate.actuator import execute_action
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
+    PREEMPT_FIELD,
     Action,
     Decision,
     GpuStat,
@@ -47,6 +48,7 @@ from slurmgpu.policy.base import (
     JobUsage,
     PolicySnapshot,
     PriorAlert,
+    is_ordering,
 )
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
@@ -140,6 +142,8 @@ class SimRun:
     decisions: list[DecisionRecord] = field(default_factory=list)
     end_s: float = 0.0
     all_jobs: list[SimJob] = field(default_factory=list)  # with timed-out earlier attempts
+    preemptions: int = 0  # jobs checkpointed and requeued at their own size
+    reorders: int = 0  # ordering updates (Nice) executed
 
 
 def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
@@ -173,7 +177,7 @@ def _target_gpus(action: Action) -> tuple[int, dict[str, str]] | None:
     A ``TimeLimit`` the policy set for the new size goes in the same update.
     """
     f = dict(action.fields)
-    limit = {"TimeLimit": f["TimeLimit"]} if "TimeLimit" in f else {}
+    limit: dict[str, str] = {k: f[k] for k in ("TimeLimit", "Nice") if k in f}
     for key in ("to_gpus", "gpus"):
         if key not in f:
             continue
@@ -233,6 +237,7 @@ class _Runner:
         self.last_changes = -1
         self.last_cycle = -math.inf
         self.cycles = self.executed = self.failed = self.resizes = 0
+        self.reorders = self.preemptions = 0
         self.records: list[DecisionRecord] = []
         self.resizing: dict[int, float] = {}  # job -> when its resize was decided
         self.resize_costs: list[float] = []  # decision -> running at the new size, seconds
@@ -457,8 +462,11 @@ class _Runner:
             outcome = f"failed: {exc}"
         if outcome in {"done", "started"}:
             self.executed += 1
-            self.last_action[a.job_id] = sim.now
-            self.user_actions.setdefault(a.user, deque()).append(sim.now)
+            if is_ordering(a):
+                self.reorders += 1
+            else:  # an ordering update is no change for the cooldown and rate limits
+                self.last_action[a.job_id] = sim.now
+                self.user_actions.setdefault(a.user, deque()).append(sim.now)
         else:
             self.failed += 1
         if self.options.record_decisions:
@@ -470,7 +478,10 @@ class _Runner:
 
     def _resize(self, action: Action) -> str:
         start_resize(self.sim, action)
-        self.resizes += 1
+        if PREEMPT_FIELD in action.fields:
+            self.preemptions += 1
+        else:
+            self.resizes += 1
         self.resizing[action.job_id] = self.sim.now
         return "started"
 
@@ -511,6 +522,7 @@ class _Runner:
                 continue
             started = sim.now
             sim.signal(job.job_id, "USR2")
+            self.preemptions += 1
 
             def preempt(job: SimJob = job, started: float = started) -> None:
                 acked = sim.checkpointed_at(job.job_id)
@@ -547,6 +559,8 @@ class _Runner:
             self.records,
             sim.now,
             list(sim.all_jobs.values()),
+            self.preemptions,
+            self.reorders,
         )
 
 
