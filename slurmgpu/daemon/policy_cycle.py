@@ -163,6 +163,7 @@ class PolicyCycle:
             history=self.history(at),
             alerts=tuple(alerts),
             last_action_at=last,
+            last_action_by=self.audit.last_action_policy_since(at - cooldown),
             user_actions_last_hour=self.audit.user_actions_since(at - timedelta(hours=1)),
             opted_in=frozenset(
                 j.job_id

@@ -116,6 +116,10 @@ class PolicySnapshot:
     # When a change (update, requeue, cancel) was last *executed* on each job, any policy;
     # warnings and suppressed or advisory decisions do not count (the engine's cooldown).
     last_action_at: Mapping[int, datetime] = field(default_factory=dict)
+    # Which policy made that change, where known: a pending job's change by *another*
+    # policy is a follow-up (rightsize's limit, then malleable's start smaller), not a
+    # flap, so the cooldown does not hold it (policy.engine).
+    last_action_by: Mapping[int, str] = field(default_factory=dict)
     # Changes executed on each user's jobs in the hour before ``at`` (the engine's rate).
     user_actions_last_hour: Mapping[str, int] = field(default_factory=dict)
     opted_in: frozenset[int] = frozenset()  # jobs (or array job ids) that asked for rightsizing

@@ -24,7 +24,11 @@ is a requeue, resize or cancel (which stop the job anyway; a preemption carries 
 4. ``cooldown`` — a change (update, requeue, cancel) within ``job_cooldown`` of the
    job's last executed change (``snapshot.last_action_at``), unless the action is
    ``protective`` (it undoes a change before it hurts, e.g. a co-location separation)
-   or an ordering update (it changes nothing about the job, only its place in line).
+   or an ordering update (it changes nothing about the job, only its place in line),
+   or a follow-up: a change to a *pending* job by another policy than the one that made
+   its last change (``snapshot.last_action_by``; e.g. malleable's start smaller after
+   rightsize set the limit) -- the cooldown stops one policy flapping a job and a
+   running job being disturbed twice, not two policies each taking their one step.
    A ``resize`` is not held by it: the malleable policy spaces one job's resizes by its
    own ``min_interval`` (a shrink and the expansion back after the waiting job ended are
    minutes apart, well within a 30-minute cooldown);
@@ -47,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from slurmgpu.model import Job
+from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, Decision, Mode, Policy, PolicySnapshot, is_ordering
 from slurmgpu.policy.settings import EngineSettings
 
@@ -197,7 +201,9 @@ class PolicyEngine:
             and not is_ordering(action)
         ):
             last = snapshot.last_action_at.get(job.job_id)
-            if last is not None and snapshot.at - last < s.job_cooldown:
+            by = snapshot.last_action_by.get(job.job_id)
+            follow_up = job.state is JobState.PENDING and by is not None and by != action.policy
+            if last is not None and snapshot.at - last < s.job_cooldown and not follow_up:
                 ago = int((snapshot.at - last).total_seconds() // 60)
                 limit = int(s.job_cooldown.total_seconds() // 60)
                 return f"cooldown: last change {ago} min ago (wait {limit} min)"

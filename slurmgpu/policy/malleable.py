@@ -21,7 +21,8 @@ least ``min_remaining`` and never past its time limit.
 
 **Cycle** (pure; time is ``snapshot.at``):
 
-1. Pending GPU jobs are taken oldest first (eligible time, then submit time, then id).
+1. Pending GPU jobs are taken in Slurm's order: lowest ``Nice`` first (what the
+   attained-service policy sets), then oldest (eligible time, submit time, id).
    One that fits the free GPUs left will start: its GPUs are set aside. One that does not
    is *blocked*.
 2. **Shrink** (for each blocked job, while ``shrink``): its wait ``W`` is estimated as
@@ -184,10 +185,10 @@ def _partition_max_time(job: Job, snapshot: PolicySnapshot) -> timedelta | None:
     return max(known[p] for p in parts)
 
 
-def _eligible_order(job: Job) -> tuple[float, float, int]:
+def _eligible_order(job: Job) -> tuple[int, float, float, int]:
     eligible = job.eligible_time.timestamp() if job.eligible_time else math.inf
     submitted = job.submit_time.timestamp() if job.submit_time else math.inf
-    return (eligible if eligible != math.inf else submitted, submitted, job.job_id)
+    return (job.nice, eligible if eligible != math.inf else submitted, submitted, job.job_id)
 
 
 class MalleablePolicy:

@@ -233,6 +233,7 @@ class _Runner:
         self.history_at = -math.inf
         self.alerts: list[PriorAlert] = []
         self.last_action: dict[int, float] = {}
+        self.last_action_by: dict[int, str] = {}
         self.user_actions: dict[str, deque[float]] = {}
         self.last_changes = -1
         self.last_cycle = -math.inf
@@ -425,6 +426,11 @@ class _Runner:
             last_action_at={
                 jid: sim.at(t) for jid, t in self.last_action.items() if sim.now - t < cooldown
             },
+            last_action_by={
+                jid: self.last_action_by[jid]
+                for jid, t in self.last_action.items()
+                if sim.now - t < cooldown
+            },
             user_actions_last_hour=per_user,
             opted_in=frozenset(
                 j.job_id
@@ -466,6 +472,7 @@ class _Runner:
                 self.reorders += 1
             else:  # an ordering update is no change for the cooldown and rate limits
                 self.last_action[a.job_id] = sim.now
+                self.last_action_by[a.job_id] = a.policy
                 self.user_actions.setdefault(a.user, deque()).append(sim.now)
         else:
             self.failed += 1

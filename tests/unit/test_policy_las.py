@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from slurmgpu.policy.base import (
     ORDERING_ALERT,
     PREEMPT_FIELD,
     Action,
+    Decision,
     Mode,
     PolicySnapshot,
     is_ordering,
@@ -25,6 +27,8 @@ from slurmgpu.policy.settings import (
     EngineSettings,
     PolicyConfigError,
 )
+from slurmgpu.store import open_store
+from slurmgpu.store.audit import AuditStore
 from tests.unit.policy_builders import HOUR, MIN, T0, pending_job, running_job
 
 
@@ -211,3 +215,51 @@ def test_engine_a_resize_of_the_job_supersedes_its_ordering_update() -> None:
     by_policy = {d.action.policy: d for d in engine.decide(snap([job]))}
     assert by_policy["malleable"].execute
     assert by_policy["las"].suppressed.startswith("superseded by malleable resize")
+
+
+def test_engine_cooldown_lets_another_policys_follow_up_on_a_pending_job_through() -> None:
+    job = pending_job(7, gpus_per_node=4)
+    smaller = Action(
+        "malleable", "update", 7, job.user, "start smaller", fields={"TresPerNode": "gres:gpu:2"}
+    )
+    again = Action(
+        "rightsize", "update", 7, job.user, "limit again", fields={"TimeLimit": "2:00:00"}
+    )
+    s = replace(
+        snap([job], last_action_at={7: T0 - 5 * MIN}),
+        last_action_by={7: "rightsize"},
+    )
+    engine = PolicyEngine([(_Fixed("malleable", [smaller]), Mode.ENFORCE)])
+    [d] = engine.decide(s)
+    assert d.execute, d.suppressed  # rightsize's limit, then malleable's start smaller
+    engine = PolicyEngine([(_Fixed("rightsize", [again]), Mode.ENFORCE)])
+    [d] = engine.decide(s)
+    assert d.suppressed.startswith("cooldown")  # the same policy again: a flap
+    # unknown author (an old audit row): the cooldown holds, as before
+    [d] = PolicyEngine([(_Fixed("malleable", [smaller]), Mode.ENFORCE)]).decide(
+        snap([job], last_action_at={7: T0 - 5 * MIN})
+    )
+    assert d.suppressed.startswith("cooldown")
+
+
+def test_engine_cooldown_still_guards_a_running_job_against_another_policy() -> None:
+    job = running_job(7, gpus={"gpu1": (0, 1)})
+    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "9:00:00"})
+    s = replace(snap([job], last_action_at={7: T0 - 5 * MIN}), last_action_by={7: "idle_gpu"})
+    [d] = PolicyEngine([(_Fixed("rightsize", [limit]), Mode.ENFORCE)]).decide(s)
+    assert d.suppressed.startswith("cooldown")
+
+
+def test_audit_does_not_count_ordering_updates_as_changes(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    audit = AuditStore(store.engine)
+    job = pending_job(7, gpus_per_node=2)
+    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "1:00:00"})
+    for i, action in enumerate([limit, _order(job)]):
+        at = T0 + i * MIN
+        [row_id] = audit.record([Decision(action, Mode.ENFORCE, execute=True, notify=False)], at)
+        audit.set_outcome(row_id, "done")
+    since = T0 - HOUR
+    assert audit.last_action_since(since) == {7: T0}  # the limit, not the reorder after it
+    assert audit.last_action_policy_since(since) == {7: "rightsize"}
+    assert audit.user_actions_since(since) == {job.user: 1}
