@@ -356,10 +356,17 @@ class MalleablePolicy:
             return None
         want = req.gpus
         fitting = 0
-        for g in range(min(want - 1, spec.max_gpus), spec.min_gpus - 1, -1):
-            if g >= 1 and free.fits(self._at_size(job, g)):
-                fitting = g
-                break
+        top = min(want - 1, spec.max_gpus)
+        if req.per_node is None:
+            # --gpus=N fits on the cluster's total: the largest size is known at once
+            # (no job copy per size tried; a long queue tries this for every job).
+            g = min(top, free.total)
+            fitting = g if g >= max(1, spec.min_gpus) else 0
+        else:
+            for g in range(top, spec.min_gpus - 1, -1):
+                if g >= 1 and free.fits(self._at_size(job, g)):
+                    fitting = g
+                    break
         if fitting == 0:
             return None
         wait_s = self._wait_s(job, free, ends, freed_by)
