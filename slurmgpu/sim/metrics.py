@@ -33,7 +33,17 @@ from dataclasses import asdict, dataclass
 from slurmgpu.model import JobState
 from slurmgpu.sim.run import SimRun
 
-__all__ = ["RunSummary", "finish_time_fairness", "percentile", "summarise"]
+__all__ = [
+    "RunSummary",
+    "ci95",
+    "finish_time_fairness",
+    "mean_summary",
+    "percentile",
+    "summarise",
+]
+
+# Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval)
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -173,3 +183,33 @@ def finish_time_fairness(run: SimRun) -> list[float]:
         if alone > 0 and math.isfinite(alone):
             out.append(jct / alone)
     return out
+
+
+def ci95(values: Sequence[float]) -> float:
+    """Half-width of the 95 % confidence interval of the mean (Student's t); NaN for < 2."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return _T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def mean_summary(runs: Sequence[RunSummary]) -> RunSummary:
+    """One summary of several runs of a set (seeds): every figure's mean, the worst rho."""
+    if not runs:
+        raise ValueError("no runs to average")
+    first = runs[0]
+    values: dict[str, float | int | str] = {}
+    for key, value in first.as_dict().items():
+        if isinstance(value, str):
+            values[key] = value
+            continue
+        xs = [float(r.as_dict()[key]) for r in runs]
+        if key == "rho_max":
+            values[key] = max(xs)
+        elif isinstance(value, int):
+            values[key] = round(sum(xs) / len(xs))
+        else:
+            values[key] = sum(xs) / len(xs)
+    return RunSummary(**values)  # type: ignore[arg-type]

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from slurmgpu.cli.main import main
 from slurmgpu.config import parse_settings
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.model import JobState
@@ -69,3 +74,36 @@ def test_the_daemon_runs_las_only_when_the_site_enables_it(tmp_path: Path) -> No
     assert len(las) == 1 and las[0][1] == "enforce"
     # the simulator's full set runs the same class
     assert AttainedServicePolicy in {type(b(SimPolicies())) for b in POLICY_SETS["all"]}
+
+
+DATA = Path("/work/shared/data/pollux")
+
+
+@pytest.mark.skipif(not (DATA / "profiles").is_dir(), reason=f"Pollux data not found under {DATA}")
+def test_sgpu_simulate_over_seeds_reports_means_ci_and_the_new_figures(tmp_path: Path) -> None:
+    out = tmp_path / "cmp.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            str(DATA / "workloads" / "workload-1.csv"),
+            "--policies",
+            "slurm,las",
+            "--seeds",
+            "1-2",
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "95% CI" in result.output
+    doc = json.loads(out.read_text())
+    assert doc["seeds"] == [1, 2]
+    assert set(doc["avg_jct_ci95_s"]) == {"slurm", "las"}
+    las = next(r for r in doc["results"] if r["policy_set"] == "las")
+    assert las["preemptions_per_job"] > 0 and las["rho_max"] >= 1.0
+    assert 0.0 <= las["rho_over_pct"] <= 100.0
+    bad = CliRunner().invoke(
+        main, ["simulate", str(DATA / "workloads" / "workload-1.csv"), "--seeds", "x"]
+    )
+    assert bad.exit_code == 2 and "--seeds must look like" in bad.output
