@@ -64,6 +64,7 @@ DEVICE_MEMORY_MIB = 32_768.0  # the simulated GPUs: V100-32GB-like, as in Pollux
 __all__ = [
     "ClusterShape",
     "DecisionRecord",
+    "FastPath",
     "SimOptions",
     "SimRun",
     "scale_load",
@@ -96,6 +97,20 @@ class ClusterShape:
 
 
 @dataclass(frozen=True, slots=True)
+class FastPath:
+    """The daemon's resize fast path (docs/malleable.md, measured by bench/resize_path.py).
+
+    After the checkpoint is acknowledged the daemon sees it on its next observation
+    (``cycle_s``), requeues held, sees the job pending one observation later, updates it
+    with ``StartTime=now+1`` and releases it ``release_delay_s`` after that: the job is
+    eligible seconds after its checkpoint instead of after Slurm's 121 s requeue delay.
+    """
+
+    cycle_s: float = 1.0
+    release_delay_s: float = 1.5
+
+
+@dataclass(frozen=True, slots=True)
 class SimOptions:
     """How the simulated site behaves (Slurm's costs, the daemon's cycle)."""
 
@@ -103,6 +118,11 @@ class SimOptions:
     quiet_period_s: float = 600.0
     requeue_delay_s: float = 121.0
     runtime: ElasticRuntime = field(default_factory=ElasticRuntime)
+    # How the daemon carries a resize (or preemption) out: its fast path by default
+    # (actuate.resize.ResizeSettings: StartTime=now+1 with the update, the release
+    # release_delay later, one observation per cycle_interval while in flight); None:
+    # Slurm's plain requeue path, waiting out requeue_delay_s.
+    resize_path: FastPath | None = field(default_factory=FastPath)
     history_refresh_s: float = 600.0
     interference: InterferenceModel | None = None
     policies: SimPolicies = field(default_factory=SimPolicies)
@@ -484,7 +504,7 @@ class _Runner:
             )
 
     def _resize(self, action: Action) -> str:
-        start_resize(self.sim, action)
+        start_resize(self.sim, action, fast=self.options.resize_path)
         if PREEMPT_FIELD in action.fields:
             self.preemptions += 1
         else:
@@ -571,14 +591,17 @@ class _Runner:
         )
 
 
-def start_resize(sim: SimSlurm, action: Action) -> None:
+def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None) -> None:
     """Begin the resize transaction for a running job, as Slurm allows it.
 
     Now: checkpoint signal (``USR2``). After the runtime's checkpoint time, if it
-    acknowledged: ``requeue`` held (BeginTime = now + requeue delay), ``update`` the
-    GPU request, ``release``; the job restarts at the new size when the delay is over
-    and the scheduler finds room. No acknowledgement (or the job ended): nothing more
-    happens and the job keeps running at its old size.
+    acknowledged: ``requeue`` held, ``update`` the GPU request, ``release``. Without
+    ``fast`` (Slurm's plain path) the job's begin time is the requeue's, now + the
+    requeue delay; with it, the daemon's fast path (:class:`FastPath`): the update also
+    sets ``StartTime=now+1`` and the release follows ``release_delay_s`` later, each step
+    on the daemon's next observation. The job restarts at the new size when it is
+    eligible and the scheduler finds room. No acknowledgement (or the job ended): nothing
+    more happens and the job keeps running at its old size.
     """
     job = sim.job(action.job_id)
     target = _target_gpus(action)
@@ -591,9 +614,12 @@ def start_resize(sim: SimSlurm, action: Action) -> None:
     started = sim.now
     sim.signal(ref, "USR2")
 
+    def acked() -> bool:
+        at = sim.checkpointed_at(job.job_id)
+        return job.state is JobState.RUNNING and at is not None and at >= started
+
     def after_checkpoint() -> None:
-        acked = sim.checkpointed_at(job.job_id)
-        if job.state is not JobState.RUNNING or acked is None or acked < started:
+        if not acked():
             return
         sim.requeue(ref, hold=True)
         try:
@@ -601,7 +627,31 @@ def start_resize(sim: SimSlurm, action: Action) -> None:
         finally:
             sim.release(ref)
 
-    sim.call_at(sim.now + sim.runtime.checkpoint_s, after_checkpoint)
+    if fast is None:
+        sim.call_at(sim.now + sim.runtime.checkpoint_s, after_checkpoint)
+        return
+
+    def update_and_release() -> None:
+        if job.done:
+            return
+        try:
+            sim.update_job(ref, {**fields, "StartTime": "now+1"})
+        finally:
+            sim.call_at(sim.now + fast.release_delay_s, lambda: _release(sim, job, ref))
+
+    def requeue_held() -> None:
+        if not acked():
+            return
+        sim.requeue(ref, hold=True)
+        sim.call_at(sim.now + fast.cycle_s, update_and_release)
+
+    # the ack is seen on the daemon's next observation after it is written
+    sim.call_at(sim.now + sim.runtime.checkpoint_s + fast.cycle_s, requeue_held)
+
+
+def _release(sim: SimSlurm, job: SimJob, ref: str) -> None:
+    if not job.done and job.held:
+        sim.release(ref)
 
 
 def simulate(

@@ -75,6 +75,7 @@ InterferenceModel = Callable[[float, float, float, float], tuple[float, float]]
 PriorityKey = Callable[["SimJob", float], tuple[float, ...]]
 _CHECKPOINT_SIGNALS = frozenset({"USR2", "SIGUSR2", "TERM", "SIGTERM", "12", "15"})
 _ID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
+_START_RE = re.compile(r"^now(?:\+(\d+))?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,6 +588,13 @@ class SimSlurm:
                 )
             elif key in ("TresPerJob", "TresPerNode"):
                 self._set_tres(job, key, value)
+            elif key == "StartTime":
+                # the begin time: "now" or "now+N" seconds (what the resize fast path sends)
+                m = _START_RE.match(value.strip())
+                if m is None:
+                    raise SlurmCommandError(f"Invalid StartTime {value!r}")
+                job.eligible_s = self.now + float(m.group(1) or 0)
+                self._push(job.eligible_s, self._ELIGIBLE, job)
             elif key == "NumNodes":
                 job.fixed_nodes = _int(key, value)
             elif key in ("MinMemoryNode", "NumCPUs", "MinCPUsNode", "Comment", "Priority"):
