@@ -330,6 +330,7 @@ def test_resize_on_the_daemons_fast_path_skips_the_requeue_delay() -> None:
     assert a.state is JobState.PENDING and a.held and a.gpus == 2
     assert a.eligible_s == pytest.approx(83.0)
     sim.run_until(100_000)
+    a = sim.job(jid)
     assert a.state is JobState.COMPLETED and a.allocated_gpus == 2
     assert a.runs[-1].start_s == pytest.approx(83.5)
     slower = (1 / (0.05 + 0.95 / 4)) / (1 / (0.05 + 0.95 / 2))
