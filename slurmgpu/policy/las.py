@@ -3,7 +3,8 @@
 A job's *attained service* is the GPU-time it has held so far (GPUs x seconds, every run
 of it, this one included). Jobs that have had little go first: short jobs overtake long
 ones without anyone knowing how long a job is (Tiresias, NSDI'19). The service is cut
-into queues at ``queue_limits`` GPU-hours; a job's queue is how many limits it has passed.
+into queues at ``queue_limits`` GPU-hours (16 by default: the Pollux artifact's
+Tiresias); a job's queue is how many limits it has passed.
 
 **Ordering through Slurm.** A pending opted-in job in queue ``q > 0`` gets
 ``Nice = q * nice_step`` (an ``update`` marked :data:`~slurmgpu.policy.base.ORDERING_ALERT`:

@@ -535,10 +535,10 @@ class AttainedServiceSettings:
       A job opts in by being checkpointable: submitted ``--malleable`` (it answers the
       checkpoint signal, so it can be preempted through the resize transaction).
     - ``mode`` (advise).
-    - ``queue_limits`` ([1, 4, 16] GPU-hours): attained GPU-time at which a job drops to
-      the next queue (Tiresias' discretised 2D-LAS); the queues are ordered through
-      Slurm's ``Nice`` (``nice_step`` per queue, 100,000), so within a queue the site's
-      own priority (FIFO, fair share) still decides.
+    - ``queue_limits`` ([16] GPU-hours, the Pollux artifact's Tiresias): attained
+      GPU-time at which a job drops to the next queue (Tiresias' discretised 2D-LAS);
+      the queues are ordered through Slurm's ``Nice`` (``nice_step`` per queue,
+      100,000), so within a queue the site's own priority (FIFO, fair share) decides.
     - ``preempt`` (true): a pending job of a better queue that does not fit may take the
       GPUs of running opted-in jobs of worse queues (checkpoint, requeue, back in line).
     - Churn guardrails: ``min_runtime`` (15 min) a job keeps its GPUs after it starts
@@ -548,7 +548,7 @@ class AttainedServiceSettings:
 
     enabled: bool = False
     mode: Mode = Mode.ADVISE
-    queue_limits: tuple[float, ...] = (1.0, 4.0, 16.0)
+    queue_limits: tuple[float, ...] = (16.0,)
     nice_step: int = 100_000
     preempt: bool = True
     min_runtime: timedelta = timedelta(minutes=15)
@@ -561,7 +561,7 @@ class AttainedServiceSettings:
     ) -> AttainedServiceSettings:
         """Return settings from one config table; raise PolicyConfigError on a bad key."""
         t = _Table(d, where)
-        limits: tuple[float, ...] = (1.0, 4.0, 16.0)
+        limits: tuple[float, ...] = (16.0,)
         if "queue_limits" in t.raw:
             raw = t.raw.pop("queue_limits")
             ok = isinstance(raw, list | tuple) and all(

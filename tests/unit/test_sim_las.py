@@ -12,10 +12,12 @@ from slurmgpu.cli.main import main
 from slurmgpu.config import parse_settings
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.model import JobState
+from slurmgpu.policy.base import Mode
 from slurmgpu.policy.las import AttainedServicePolicy
+from slurmgpu.policy.settings import AttainedServiceSettings
 from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import POLICY_SETS, SimPolicies
-from slurmgpu.sim.run import ClusterShape, simulate
+from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.slurm import SimSlurm
 from slurmgpu.sim.workload import MalleableRange, RigidJob, TraceJob
 from slurmgpu.store import open_store
@@ -52,7 +54,10 @@ def test_las_preempts_a_long_job_for_a_short_one_through_the_resize_transaction(
     trace = [_job(0, 4, 4 * 3600, "long"), _job(1800, 2, 600, "short")]
     shape = ClusterShape(1, 4)
     plain = simulate(trace, shape, "slurm")
-    las = simulate(trace, shape, "las")
+    # one queue limit at 1 GPU-h: the long job has had 2 GPU-h when the short one comes
+    settings = AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE, queue_limits=(1.0,))
+    options = SimOptions(policies=SimPolicies(extra=(("las", settings),)))
+    las = simulate(trace, shape, "las", options)
     jct = {r.policy_set: {j.name: j.end_s - j.origin_s for j in r.jobs} for r in (plain, las)}
     assert las.preemptions >= 1 and summarise(las).preemptions_per_job > 0
     # the short job waited for the long one under plain Slurm; now it overtakes it
