@@ -20,7 +20,8 @@ is a requeue, resize or cancel (which stop the job anyway; a preemption carries 
    ``exempt QOS`` / ``interactive job`` (``Job.batch`` false, while
    ``exempt_interactive``) — every kind, warnings included;
 3. ``not opted in`` — ``Action.requires_opt_in`` and neither the job id nor its array
-   id is in ``snapshot.opted_in``;
+   id is in ``snapshot.opted_in``; ``resize in flight`` — any change but an ordering
+   update to a job whose resize transaction is open (``snapshot.resizing``);
 4. ``cooldown`` — a change (update, requeue, cancel) within ``job_cooldown`` of the
    job's last executed change (``snapshot.last_action_at``), unless the action is
    ``protective`` (it undoes a change before it hurts, e.g. a co-location separation)
@@ -194,6 +195,16 @@ class PolicyEngine:
             or (job.array_job_id is not None and job.array_job_id in snapshot.opted_in)
         ):
             return "not opted in (rightsizing applies to opted-in jobs only)"
+        if (
+            job.job_id in snapshot.resizing
+            and action.kind in CHANGE_KINDS
+            and action.kind != "resize"
+            and not is_ordering(action)
+        ):
+            # Between its requeue and its restart the job is pending, but its request and
+            # limit are the resize's: another change now would undo them (a limit cut
+            # for the old size killed it at the new one).
+            return "resize in flight"
         if (
             action.kind in CHANGE_KINDS
             and action.kind not in _OWN_INTERVAL_KINDS

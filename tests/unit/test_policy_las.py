@@ -263,3 +263,16 @@ def test_audit_does_not_count_ordering_updates_as_changes(tmp_path: Path) -> Non
     assert audit.last_action_since(since) == {7: T0}  # the limit, not the reorder after it
     assert audit.last_action_policy_since(since) == {7: "rightsize"}
     assert audit.user_actions_since(since) == {job.user: 1}
+
+
+def test_engine_holds_other_changes_while_the_jobs_resize_is_in_flight() -> None:
+    # requeued for its resize: pending, but its request and limit are the resize's
+    job = pending_job(7, gpus_per_node=4, restart_count=1)
+    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "0:15:00"})
+    s = replace(snap([job], resizing=[7]), last_action_by={7: "malleable"})
+    decisions = PolicyEngine(
+        [(_Fixed("rightsize", [limit]), Mode.ENFORCE), (_Fixed("las", [_order(job)]), Mode.ENFORCE)]
+    ).decide(s)
+    by_policy = {d.action.policy: d for d in decisions}
+    assert by_policy["rightsize"].suppressed == "resize in flight"
+    assert by_policy["las"].execute  # its place in line is no part of the resize
