@@ -26,10 +26,13 @@ is a requeue, resize or cancel (which stop the job anyway; a preemption carries 
    job's last executed change (``snapshot.last_action_at``), unless the action is
    ``protective`` (it undoes a change before it hurts, e.g. a co-location separation)
    or an ordering update (it changes nothing about the job, only its place in line),
-   or a follow-up: a change to a *pending* job by another policy than the one that made
-   its last change (``snapshot.last_action_by``; e.g. malleable's start smaller after
-   rightsize set the limit) -- the cooldown stops one policy flapping a job and a
-   running job being disturbed twice, not two policies each taking their one step.
+   or a follow-up: a change to a *pending* job by a policy that comes after the one that
+   made its last change in the engine's order (``snapshot.last_action_by``; the order
+   is the pipeline: rightsize adjusts a request, malleable then fits it to the cluster,
+   so malleable's start smaller may follow rightsize's limit, but rightsize may not
+   redo a limit malleable set for a smaller size) -- the cooldown stops one policy
+   flapping a job and a running job being disturbed twice, not each stage taking its
+   one step.
    A ``resize`` is not held by it: the malleable policy spaces one job's resizes by its
    own ``min_interval`` (a shrink and the expansion back after the waiting job ended are
    minutes apart, well within a 30-minute cooldown);
@@ -92,6 +95,11 @@ class PolicyEngine:
     ) -> None:
         self.policies = tuple(policies)
         self.settings = settings or EngineSettings()
+        # Policies are stages in the order given (rightsize adjusts a request, malleable
+        # then fits it to the cluster): a later stage may follow an earlier one's change.
+        self._stage: dict[str, int] = {}
+        for index, (policy, _) in enumerate(self.policies):
+            self._stage.setdefault(policy.name, index)
 
     def decide(self, snapshot: PolicySnapshot) -> list[Decision]:
         """Return one decision per proposed action, in a deterministic order."""
@@ -213,7 +221,13 @@ class PolicyEngine:
         ):
             last = snapshot.last_action_at.get(job.job_id)
             by = snapshot.last_action_by.get(job.job_id)
-            follow_up = job.state is JobState.PENDING and by is not None and by != action.policy
+            stage = self._stage
+            follow_up = (
+                job.state is JobState.PENDING
+                and by in stage
+                and action.policy in stage
+                and stage[by] < stage[action.policy]
+            )
             if last is not None and snapshot.at - last < s.job_cooldown and not follow_up:
                 ago = int((snapshot.at - last).total_seconds() // 60)
                 limit = int(s.job_cooldown.total_seconds() // 60)

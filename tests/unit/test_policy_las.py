@@ -217,28 +217,38 @@ def test_engine_a_resize_of_the_job_supersedes_its_ordering_update() -> None:
     assert by_policy["las"].suppressed.startswith("superseded by malleable resize")
 
 
-def test_engine_cooldown_lets_another_policys_follow_up_on_a_pending_job_through() -> None:
+def test_engine_cooldown_lets_a_later_stages_follow_up_on_a_pending_job_through() -> None:
     job = pending_job(7, gpus_per_node=4)
     smaller = Action(
         "malleable", "update", 7, job.user, "start smaller", fields={"TresPerNode": "gres:gpu:2"}
     )
-    again = Action(
-        "rightsize", "update", 7, job.user, "limit again", fields={"TimeLimit": "2:00:00"}
-    )
-    s = replace(
-        snap([job], last_action_at={7: T0 - 5 * MIN}),
-        last_action_by={7: "rightsize"},
-    )
-    engine = PolicyEngine([(_Fixed("malleable", [smaller]), Mode.ENFORCE)])
-    [d] = engine.decide(s)
-    assert d.execute, d.suppressed  # rightsize's limit, then malleable's start smaller
-    engine = PolicyEngine([(_Fixed("rightsize", [again]), Mode.ENFORCE)])
-    [d] = engine.decide(s)
-    assert d.suppressed.startswith("cooldown")  # the same policy again: a flap
+    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "2:00:00"})
+
+    def decide(last_by: str, proposals: list[Action]) -> dict[str, str]:
+        s = replace(snap([job], last_action_at={7: T0 - 5 * MIN}), last_action_by={7: last_by})
+        engine = PolicyEngine(
+            [
+                (
+                    _Fixed("rightsize", [a for a in proposals if a.policy == "rightsize"]),
+                    Mode.ENFORCE,
+                ),
+                (
+                    _Fixed("malleable", [a for a in proposals if a.policy == "malleable"]),
+                    Mode.ENFORCE,
+                ),
+            ]
+        )
+        return {d.action.policy: d.suppressed for d in engine.decide(s)}
+
+    # rightsize set the limit, then malleable starts it smaller: the pipeline's next step
+    assert decide("rightsize", [smaller]) == {"malleable": ""}
+    # rightsize may not redo the limit malleable set for the smaller size
+    assert decide("malleable", [limit])["rightsize"].startswith("cooldown")
+    # the same policy again: a flap
+    assert decide("rightsize", [limit])["rightsize"].startswith("cooldown")
     # unknown author (an old audit row): the cooldown holds, as before
-    [d] = PolicyEngine([(_Fixed("malleable", [smaller]), Mode.ENFORCE)]).decide(
-        snap([job], last_action_at={7: T0 - 5 * MIN})
-    )
+    s = snap([job], last_action_at={7: T0 - 5 * MIN})
+    [d] = PolicyEngine([(_Fixed("malleable", [smaller]), Mode.ENFORCE)]).decide(s)
     assert d.suppressed.startswith("cooldown")
 
 
