@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from slurmgpu.actuate.resize import ResizeSettings
     from slurmgpu.notify.settings import NotifySettings
     from slurmgpu.policy.settings import (
+        AttainedServiceSettings,
         ColocateSettings,
         EngineSettings,
         IdleGpuSettings,
@@ -210,6 +211,12 @@ def _malleable() -> MalleableSettings:
     return MalleableSettings()
 
 
+def _las() -> AttainedServiceSettings:
+    from slurmgpu.policy.settings import AttainedServiceSettings
+
+    return AttainedServiceSettings()
+
+
 def _resize() -> ResizeSettings:
     from slurmgpu.actuate.resize import ResizeSettings
 
@@ -236,6 +243,7 @@ class PolicySettings:
     idle_gpu: IdleGpuSettings = field(default_factory=_idle_gpu)
     colocate: ColocateSettings = field(default_factory=_colocate)
     malleable: MalleableSettings = field(default_factory=_malleable)
+    las: AttainedServiceSettings = field(default_factory=_las)  # off unless enabled
     resize: ResizeSettings = field(default_factory=_resize)
     history_days: int = 90
     history_refresh: timedelta = timedelta(minutes=10)  # how often priors reload history
@@ -480,11 +488,12 @@ def _uids(reader: _Reader, key: str, default: tuple[int, ...]) -> tuple[int, ...
     return tuple(value)
 
 
-_POLICY_TABLES = ("engine", "rightsize", "idle_gpu", "colocate", "malleable", "resize")
+_POLICY_TABLES = ("engine", "rightsize", "idle_gpu", "colocate", "malleable", "las", "resize")
 
 
 def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) -> PolicySettings:
     from slurmgpu.policy.settings import (
+        AttainedServiceSettings,
         ColocateSettings,
         EngineSettings,
         IdleGpuSettings,
@@ -505,7 +514,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
                 f"[policy.{name}] must be a table", path=path, line=_key_line(text, "policy", name)
             )
         tables[name] = dict(value)
-    for name in ("rightsize", "idle_gpu", "colocate", "malleable"):
+    for name in ("rightsize", "idle_gpu", "colocate", "malleable", "las"):
         tables[name].setdefault("mode", mode)
     reader = _Reader({"policy": top}, text, path, "policy")
     history_days = reader.integer("history_days", 90, minimum=1, maximum=MAX_HISTORY_DAYS)
@@ -522,6 +531,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
             idle_gpu=IdleGpuSettings.from_mapping(tables["idle_gpu"], "policy.idle_gpu"),
             colocate=ColocateSettings.from_mapping(tables["colocate"], "policy.colocate"),
             malleable=MalleableSettings.from_mapping(tables["malleable"], "policy.malleable"),
+            las=AttainedServiceSettings.from_mapping(tables["las"], "policy.las"),
             resize=resize,
             history_days=history_days,
             history_refresh=history_refresh,

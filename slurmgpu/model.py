@@ -107,6 +107,7 @@ class Job:
     gpu_allocations: tuple[NodeGpuAllocation, ...] = ()
     restart_count: int = 0
     requeue: bool = False
+    nice: int = 0  # Slurm's nice: subtracted from the job's priority
     comment: str = ""
     admin_comment: str = ""
     work_dir: str = ""

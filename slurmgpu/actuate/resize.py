@@ -64,7 +64,7 @@ from typing import Any
 
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, read_ack
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
-from slurmgpu.policy.base import Action, slurm_job_ref
+from slurmgpu.policy.base import PREEMPT_FIELD, Action, slurm_job_ref
 from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
 from slurmgpu.slurm.parse import format_time_limit
@@ -223,10 +223,14 @@ class ResizeExecutor:
                 f"{to_gpus} GPUs is outside job {job.job_id}'s range "
                 f"{spec.min_gpus}:{spec.max_gpus}"
             )
-        if to_gpus == current:
+        preempt = PREEMPT_FIELD in action.fields  # the same transaction at the same size
+        if to_gpus == current and not preempt:
             raise ResizeError(f"job {job.job_id} already has {current} GPUs")
         fields = resize_fields(job, to_gpus, slurm_version)
         old_fields = resize_fields(job, current, slurm_version)
+        if "Nice" in action.fields:
+            # A preempted job waits in the queue its policy put it in.
+            fields["Nice"] = action.fields["Nice"]
         if "TimeLimit" in action.fields:
             # The limit for the new size goes in the same pending update (the daemon runs
             # as SlurmUser/root, so it may raise it).

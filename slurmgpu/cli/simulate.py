@@ -27,10 +27,10 @@ from rich.progress import (
 from slurmgpu.cli.context import fail
 from slurmgpu.sim.loaders import FORMATS, TraceError, detect_format, load_trace
 from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interference, solo_profiles
-from slurmgpu.sim.metrics import summarise
+from slurmgpu.sim.metrics import ci95, mean_summary, summarise
 from slurmgpu.sim.policysets import PolicySetUnavailable, known_sets
 from slurmgpu.sim.profiles import ProfileError, ThroughputProfile, load_profiles
-from slurmgpu.sim.published import PUBLISHED_AVG_JCT_S
+from slurmgpu.sim.published import published_for
 from slurmgpu.sim.render import (
     Comparison,
     comparison_csv,
@@ -111,6 +111,12 @@ def _write(target: str, text: str, console: Console) -> None:
 @click.option("--cluster", "cluster_text", default="16x4", show_default=True, help="NODESxGPUS.")
 @click.option("--load", type=float, default=1.0, show_default=True, help="Arrival-rate factor.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of every random draw.")
+@click.option(
+    "--seeds",
+    "seeds_text",
+    metavar="A-B|A,B,..",
+    help="Run every set once per seed; report means and avg JCT's 95 % CI over the seeds.",
+)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format (default: guess).")
 @click.option(
     "--profiles", type=click.Path(path_type=Path, file_okay=False), help="Pollux profiles dir."
@@ -130,6 +136,7 @@ def simulate_command(
     cluster_text: str,
     load: float,
     seed: int,
+    seeds_text: str | None,
     fmt: str | None,
     profiles: Path | None,
     shards_per_gpu: int,
@@ -154,6 +161,19 @@ def simulate_command(
         fail(f"--load must be a number > 0, not {load}", 2)
     if period_s <= 0 or requeue_delay < 0 or checkpoint_s < 0 or startup_s < 0:
         fail("--period must be > 0 and the delays >= 0", 2)
+    seeds = [seed]
+    if seeds_text:
+        try:
+            lo, dash, hi = seeds_text.partition("-")
+            seeds = (
+                list(range(int(lo), int(hi) + 1))
+                if dash
+                else [int(x) for x in seeds_text.split(",") if x.strip()]
+            )
+        except ValueError:
+            fail(f"--seeds must look like 1-5 or 1,2,3, not {seeds_text!r}", 2)
+        if not seeds or len(seeds) > 100:
+            fail(f"--seeds must name 1 to 100 seeds, not {seeds_text!r}", 2)
     sets = [s.strip() for s in policies.split(",") if s.strip()]
     unknown = [s for s in sets if s not in known_sets()]
     if unknown or not sets:
@@ -164,20 +184,22 @@ def simulate_command(
         )
     prof: dict[str, ThroughputProfile] | None = None
     pdir = _profiles_dir(trace, profiles)
+    traces = {}
     try:
         if pdir is not None:
             prof = load_profiles(pdir)
-        jobs = load_trace(
-            trace,
-            prof,
-            seed=seed,
-            gpus_per_node=shape.gpus_per_node,
-            max_gpus=shape.gpus,
-            fmt=fmt,
-        )
+        for one in seeds:
+            jobs = load_trace(
+                trace,
+                prof,
+                seed=one,
+                gpus_per_node=shape.gpus_per_node,
+                max_gpus=shape.gpus,
+                fmt=fmt,
+            )
+            traces[one] = scale_load(jobs, load)
     except (TraceError, ProfileError) as exc:
         fail(str(exc))
-    jobs = scale_load(jobs, load)
     interference = None if no_interference else _interference()
     slowdown_source = "slurmgpu.policy.interference.predict"
     if interference is not None and _is_lucid(trace, fmt):
@@ -194,10 +216,12 @@ def simulate_command(
         runtime=ElasticRuntime(checkpoint_s=checkpoint_s, startup_s=startup_s),
         interference=interference,
     )
-    comparison = Comparison(trace.name, cluster_text, load, seed)
+    comparison = Comparison(trace.name, cluster_text, load, seeds[0], seeds=tuple(seeds))
     m = _WORKLOAD_RE.search(trace.name)
-    if m and int(m.group(1)) in PUBLISHED_AVG_JCT_S and load == 1.0 and cluster_text == "16x4":
-        published = PUBLISHED_AVG_JCT_S[int(m.group(1))]
+    # The artifact's workloads-2.0/ files are its load 2.0; --load scales either further.
+    native = 2.0 if trace.resolve().parent.name == "workloads-2.0" else 1.0
+    if m and cluster_text == "16x4":
+        published = published_for(native * load, int(m.group(1)))
         comparison.published = {k: float(v) for k, v in published.items()}
     comparison.notes.append(
         "co-location slowdown: " + (slowdown_source if interference else "none (full speed)")
@@ -211,21 +235,28 @@ def simulate_command(
         transient=True,
     ) as bar:
         for name in sets:
-            task = bar.add_task(name, total=len(jobs))
+            task = bar.add_task(name, total=len(jobs) * len(seeds))
+            runs = []
+            for i, one in enumerate(seeds):
 
-            def tick(done: int, total: int, task: TaskID = task) -> None:
-                if done % 64 == 0 or done == total:
-                    bar.update(task, completed=done, total=total)
+                def tick(done: int, total: int, task: TaskID = task, i: int = i) -> None:
+                    if done % 64 == 0 or done == total:
+                        bar.update(task, completed=i * len(jobs) + done)
 
-            started = time.perf_counter()
-            try:
-                run = simulate(jobs, shape, name, options, progress=tick)
-            except PolicySetUnavailable as exc:
-                comparison.unavailable[name] = str(exc)
+                started = time.perf_counter()
+                try:
+                    run = simulate(traces[one], shape, name, options, progress=tick)
+                except PolicySetUnavailable as exc:
+                    comparison.unavailable[name] = str(exc)
+                    break
+                runs.append(summarise(run, time.perf_counter() - started))
+            if not runs:
                 bar.remove_task(task)
                 continue
-            comparison.results.append(summarise(run, time.perf_counter() - started))
-            bar.update(task, completed=len(jobs))
+            comparison.results.append(mean_summary(runs))
+            if len(runs) > 1:
+                comparison.avg_jct_ci_s[name] = ci95([r.avg_jct_s for r in runs])
+            bar.update(task, completed=len(jobs) * len(seeds))
     if json_out:
         _write(json_out, comparison_json(comparison), console)
     if csv_out:

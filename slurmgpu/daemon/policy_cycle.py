@@ -30,11 +30,14 @@ from slurmgpu.policy.base import (
     GpuStat,
     HistoryRecord,
     JobUsage,
+    Mode,
+    Policy,
     PolicySnapshot,
 )
 from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
+from slurmgpu.policy.las import AttainedServicePolicy
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.recommend import recommendations
 from slurmgpu.policy.rightsize import RightsizePolicy
@@ -167,6 +170,7 @@ class PolicyCycle:
             history=self.history(at),
             alerts=tuple(alerts),
             last_action_at=last,
+            last_action_by=self.audit.last_action_policy_since(at - cooldown),
             user_actions_last_hour=self.audit.user_actions_since(at - timedelta(hours=1)),
             opted_in=frozenset(
                 j.job_id
@@ -297,15 +301,15 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
     """The engine with every policy in its configured mode, wired to the store and Slurm."""
     p = settings.policy
     rightsize = RightsizePolicy(p.rightsize)
-    engine = PolicyEngine(
-        [
-            (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
-            (rightsize, p.rightsize.mode),
-            (ColocatePolicy(p.colocate), p.colocate.mode),
-            (MalleablePolicy(p.malleable), p.malleable.mode),
-        ],
-        p.engine,
-    )
+    policies: list[tuple[Policy, Mode]] = [
+        (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
+        (rightsize, p.rightsize.mode),
+        (ColocatePolicy(p.colocate), p.colocate.mode),
+    ]
+    if p.las.enabled:  # the site's opt-in ([policy.las] enabled = true)
+        policies.append((AttainedServicePolicy(p.las), p.las.mode))
+    policies.append((MalleablePolicy(p.malleable), p.malleable.mode))
+    engine = PolicyEngine(policies, p.engine)
     notifier = None
     if settings.notify.enabled:
         from slurmgpu.notify.mailer import Mailer

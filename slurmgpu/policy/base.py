@@ -116,6 +116,10 @@ class PolicySnapshot:
     # When a change (update, requeue, cancel) was last *executed* on each job, any policy;
     # warnings and suppressed or advisory decisions do not count (the engine's cooldown).
     last_action_at: Mapping[int, datetime] = field(default_factory=dict)
+    # Which policy made that change, where known: a pending job's change by *another*
+    # policy is a follow-up (rightsize's limit, then malleable's start smaller), not a
+    # flap, so the cooldown does not hold it (policy.engine).
+    last_action_by: Mapping[int, str] = field(default_factory=dict)
     # Changes executed on each user's jobs in the hour before ``at`` (the engine's rate).
     user_actions_last_hour: Mapping[str, int] = field(default_factory=dict)
     opted_in: frozenset[int] = frozenset()  # jobs (or array job ids) that asked for rightsizing
@@ -241,6 +245,59 @@ def resize_action(
         reason=reason,
         numbers={"from_gpus": from_gpus, "to_gpus": to_gpus, **(numbers or {})},
         fields={**(fields or {}), "from_gpus": str(from_gpus), "to_gpus": str(to_gpus)},
+        priority=priority,
+    )
+
+
+# ``Action.alert`` of an ``update`` that only reorders the queue (``Nice``/``Priority`` of
+# a pending job): the engine neither cools it down nor counts it against the rate limits,
+# and it notifies nobody (policy.engine).
+ORDERING_ALERT = "queue_order"
+ORDERING_FIELDS = frozenset({"Nice", "Priority"})
+# ``fields`` key of a ``resize`` that keeps the size: a preemption (checkpoint, requeue,
+# update, release -- the same transaction; the update carries the job's new ``Nice``).
+PREEMPT_FIELD = "preempt"
+
+
+def is_ordering(action: Action) -> bool:
+    """True for an update that only changes where a pending job stands in the queue."""
+    return (
+        action.kind == "update"
+        and action.alert == ORDERING_ALERT
+        and bool(action.fields)
+        and all(k in ORDERING_FIELDS for k in action.fields)
+    )
+
+
+def preempt_action(
+    policy: str,
+    job: Job,
+    gpus: int,
+    reason: str,
+    *,
+    fields: Mapping[str, str] | None = None,
+    numbers: Mapping[str, float | int | str | None] | None = None,
+    priority: int = 0,
+) -> Action:
+    """Preempt a running checkpointable ``job``: the resize transaction at its own size.
+
+    ``fields`` (``Nice``) go in the held job's update, so it waits in its new place.
+    """
+    if gpus < 1:
+        raise ValueError(f"not a preemption: {gpus} GPUs")
+    return Action(
+        policy=policy,
+        kind=RESIZE,
+        job_id=job.job_id,
+        user=job.user,
+        reason=reason,
+        numbers={"from_gpus": gpus, "to_gpus": gpus, "preempt": 1, **(numbers or {})},
+        fields={
+            **(fields or {}),
+            "from_gpus": str(gpus),
+            "to_gpus": str(gpus),
+            PREEMPT_FIELD: "1",
+        },
         priority=priority,
     )
 

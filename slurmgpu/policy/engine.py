@@ -7,7 +7,11 @@ or suppressed, so the audit is complete. Pure: time is ``snapshot.at``.
 **One action per job per cycle.** When several proposals name the same job, the one with
 the highest rank wins: :data:`ACTION_PRIORITY` of its kind (cancel > requeue > resize
 > warn > update), then ``Action.priority``, then the earlier policy, then the earlier proposal.
-The others are suppressed as ``superseded by …``.
+The others are suppressed as ``superseded by …``. An *ordering* update
+(:func:`~slurmgpu.policy.base.is_ordering`: a pending job's ``Nice``/``Priority`` only)
+does not compete for the slot: it goes with whatever else wins for the job, unless that
+is a requeue, resize or cancel (which stop the job anyway; a preemption carries its own
+``Nice``). One plan per cycle: every policy's proposal is weighed before any executes.
 
 **Guardrails**, in this order; the first that applies is the ``suppressed`` reason:
 
@@ -16,17 +20,27 @@ The others are suppressed as ``superseded by …``.
    ``exempt QOS`` / ``interactive job`` (``Job.batch`` false, while
    ``exempt_interactive``) — every kind, warnings included;
 3. ``not opted in`` — ``Action.requires_opt_in`` and neither the job id nor its array
-   id is in ``snapshot.opted_in``;
+   id is in ``snapshot.opted_in``; ``resize in flight`` — any change but an ordering
+   update to a job whose resize transaction is open (``snapshot.resizing``);
 4. ``cooldown`` — a change (update, requeue, cancel) within ``job_cooldown`` of the
    job's last executed change (``snapshot.last_action_at``), unless the action is
-   ``protective`` (it undoes a change before it hurts, e.g. a co-location separation).
+   ``protective`` (it undoes a change before it hurts, e.g. a co-location separation)
+   or an ordering update (it changes nothing about the job, only its place in line),
+   or a follow-up: a change to a *pending* job by a policy that comes after the one that
+   made its last change in the engine's order (``snapshot.last_action_by``; the order
+   is the pipeline: rightsize adjusts a request, malleable then fits it to the cluster,
+   so malleable's start smaller may follow rightsize's limit, but rightsize may not
+   redo a limit malleable set for a smaller size) -- the cooldown stops one policy
+   flapping a job and a running job being disturbed twice, not each stage taking its
+   one step.
    A ``resize`` is not held by it: the malleable policy spaces one job's resizes by its
    own ``min_interval`` (a shrink and the expansion back after the waiting job ended are
    minutes apart, well within a 30-minute cooldown);
 5. ``rate limit`` (changes executed on one user's jobs in the past hour, counting this
    cycle's, reach ``max_actions_per_user_per_hour``) and ``cycle limit``
    (``max_actions_per_cycle`` changes this cycle) — these bound what slurmgpu does, so
-   they count and apply to changes of policies in ``enforce`` mode only. Candidates are
+   they count and apply to changes of policies in ``enforce`` mode only, ordering
+   updates excepted (the simulator and the audit do not count those either). Candidates are
    taken in rank order, then oldest job first (submit time, then job id).
 
 **Modes.** A suppressed decision neither executes nor notifies. Otherwise ``observe``:
@@ -41,8 +55,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from slurmgpu.model import Job
-from slurmgpu.policy.base import Action, Decision, Mode, Policy, PolicySnapshot
+from slurmgpu.model import Job, JobState
+from slurmgpu.policy.base import Action, Decision, Mode, Policy, PolicySnapshot, is_ordering
 from slurmgpu.policy.isolate import PolicyFailure, propose_isolated
 from slurmgpu.policy.settings import EngineSettings
 
@@ -58,6 +72,8 @@ ACTION_PRIORITY: dict[str, int] = {
 CHANGE_KINDS = frozenset({"update", "requeue", "cancel", "resize"})
 # Changes whose policy spaces them itself (MalleableSettings.min_interval), not job_cooldown.
 _OWN_INTERVAL_KINDS = frozenset({"resize"})
+# Winners that stop the job: an ordering update for it is moot this cycle.
+_STOPS_JOB = frozenset({"requeue", "resize", "cancel"})
 
 
 # Output order is (kind rank, highest first; job id), ties in policy then proposal order.
@@ -82,6 +98,11 @@ class PolicyEngine:
         self.settings = settings or EngineSettings()
         # What the last decide() left out because a policy raised (the daemon logs them).
         self.failures: list[PolicyFailure] = []
+        # Policies are stages in the order given (rightsize adjusts a request, malleable
+        # then fits it to the cluster): a later stage may follow an earlier one's change.
+        self._stage: dict[str, int] = {}
+        for index, (policy, _) in enumerate(self.policies):
+            self._stage.setdefault(policy.name, index)
 
     def decide(self, snapshot: PolicySnapshot) -> list[Decision]:
         """Return one decision per proposed action, in a deterministic order."""
@@ -109,7 +130,11 @@ class PolicyEngine:
         # one outranks it (kind, then the action's priority; ties keep the earlier).
         winner: dict[int, int] = {}
         contested: set[int] = set()
+        ordering: list[int] = []
         for i, action in enumerate(actions):
+            if action.kind == "update" and is_ordering(action):
+                ordering.append(i)
+                continue
             w = winner.setdefault(action.job_id, i)
             if w != i:
                 contested.add(action.job_id)
@@ -133,6 +158,14 @@ class PolicyEngine:
             if not why and modes[i] is enforce and action.kind in CHANGE_KINDS:
                 rated.append(i)
         self._rate_limit(rated, actions, owners, suppressed, by_id, snapshot)
+        for i in ordering:
+            action = actions[i]
+            won = winner.get(action.job_id)
+            if won is not None and actions[won].kind in _STOPS_JOB:
+                best = actions[won]
+                suppressed[i] = f"superseded by {best.policy} {best.kind} for this job"
+            else:
+                suppressed[i] = check(action, by_id.get(action.job_id), snapshot)
 
         # stable sorts: ties keep the order made
         if all(0 <= a.job_id < _BAND for a in actions):
@@ -149,7 +182,7 @@ class PolicyEngine:
                 actions[i],
                 modes[i],
                 execute=modes[i] is enforce and actions[i].kind in CHANGE_KINDS,
-                notify=modes[i] is not observe,
+                notify=modes[i] is not observe and not is_ordering(actions[i]),
             )
             for i in ordered
         ]
@@ -175,12 +208,31 @@ class PolicyEngine:
         ):
             return "not opted in (rightsizing applies to opted-in jobs only)"
         if (
+            job.job_id in snapshot.resizing
+            and action.kind in CHANGE_KINDS
+            and action.kind != "resize"
+            and not is_ordering(action)
+        ):
+            # Between its requeue and its restart the job is pending, but its request and
+            # limit are the resize's: another change now would undo them (a limit cut
+            # for the old size killed it at the new one).
+            return "resize in flight"
+        if (
             action.kind in CHANGE_KINDS
             and action.kind not in _OWN_INTERVAL_KINDS
             and not action.protective
+            and not is_ordering(action)
         ):
             last = snapshot.last_action_at.get(job.job_id)
-            if last is not None and snapshot.at - last < s.job_cooldown:
+            by = snapshot.last_action_by.get(job.job_id)
+            stage = self._stage
+            follow_up = (
+                job.state is JobState.PENDING
+                and by in stage
+                and action.policy in stage
+                and stage[by] < stage[action.policy]
+            )
+            if last is not None and snapshot.at - last < s.job_cooldown and not follow_up:
                 ago = int((snapshot.at - last).total_seconds() // 60)
                 limit = int(s.job_cooldown.total_seconds() // 60)
                 return f"cooldown: last change {ago} min ago (wait {limit} min)"

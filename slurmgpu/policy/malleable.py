@@ -21,7 +21,8 @@ least ``min_remaining`` and never past its time limit.
 
 **Cycle** (pure; time is ``snapshot.at``):
 
-1. Pending GPU jobs are taken oldest first (eligible time, then submit time, then id).
+1. Pending GPU jobs are taken in Slurm's order: lowest ``Nice`` first (what the
+   attained-service policy sets), then oldest (eligible time, submit time, id).
    One that fits the free GPUs left will start: its GPUs are set aside. One that does not
    is *blocked*.
 2. **Shrink** (for each blocked job, while ``shrink``): its wait ``W`` is estimated as
@@ -212,10 +213,10 @@ def _partition_max_time(job: Job, snapshot: PolicySnapshot) -> timedelta | None:
     return max(known[p] for p in parts)
 
 
-def _eligible_order(job: Job) -> tuple[float, float, int]:
+def _eligible_order(job: Job) -> tuple[int, float, float, int]:
     eligible = job.eligible_time.timestamp() if job.eligible_time else math.inf
     submitted = job.submit_time.timestamp() if job.submit_time else math.inf
-    return (eligible if eligible != math.inf else submitted, submitted, job.job_id)
+    return (job.nice, eligible if eligible != math.inf else submitted, submitted, job.job_id)
 
 
 class MalleablePolicy:
@@ -384,10 +385,17 @@ class MalleablePolicy:
             return None
         want = req.gpus
         fitting = 0
-        for g in range(min(want - 1, spec.max_gpus), spec.min_gpus - 1, -1):
-            if g >= 1 and free.fits(self._at_size(job, g)):
-                fitting = g
-                break
+        top = min(want - 1, spec.max_gpus)
+        if req.per_node is None:
+            # --gpus=N fits on the cluster's total: the largest size is known at once
+            # (no job copy per size tried; a long queue tries this for every job).
+            g = min(top, free.total)
+            fitting = g if g >= max(1, spec.min_gpus) else 0
+        else:
+            for g in range(top, spec.min_gpus - 1, -1):
+                if g >= 1 and free.fits(self._at_size(job, g)):
+                    fitting = g
+                    break
         if fitting == 0:
             return None
         wait_s = self._wait_s(job, free, ends, freed_by)

@@ -47,6 +47,7 @@ __all__ = [
     "GPU_CONVERSIONS",
     "IDLE_ACTIONS",
     "REQUEUE_FALLBACKS",
+    "AttainedServiceSettings",
     "ColocateSettings",
     "EngineSettings",
     "IdleGpuSettings",
@@ -525,5 +526,67 @@ class MalleableSettings:
             scale_time_limit=t.boolean("scale_time_limit", True),
             time_limit_headroom=t.number("time_limit_headroom", 1.1, minimum=1.0),
         )
+        t.finish()
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class AttainedServiceSettings:
+    """Least-attained-service ordering and preemption (``policy.las``), off by default.
+
+    - ``enabled`` (false): the site's opt-in; the daemon runs the policy only when true.
+      A job opts in by being checkpointable: submitted ``--malleable`` (it answers the
+      checkpoint signal, so it can be preempted through the resize transaction).
+    - ``mode`` (advise).
+    - ``queue_limits`` ([16] GPU-hours, the Pollux artifact's Tiresias): attained
+      GPU-time at which a job drops to the next queue (Tiresias' discretised 2D-LAS);
+      the queues are ordered through Slurm's ``Nice`` (``nice_step`` per queue,
+      100,000), so within a queue the site's own priority (FIFO, fair share) decides.
+    - ``preempt`` (true): a pending job of a better queue that does not fit may take the
+      GPUs of running opted-in jobs of worse queues (checkpoint, requeue, back in line).
+    - Churn guardrails: ``min_runtime`` (15 min) a job keeps its GPUs after it starts
+      before it may be preempted; ``max_preemptions_per_cycle`` (4);
+      ``min_wait`` (2 min) a job waits before it may preempt anyone.
+    """
+
+    enabled: bool = False
+    mode: Mode = Mode.ADVISE
+    queue_limits: tuple[float, ...] = (16.0,)
+    nice_step: int = 100_000
+    preempt: bool = True
+    min_runtime: timedelta = timedelta(minutes=15)
+    max_preemptions_per_cycle: int = 4
+    min_wait: timedelta = timedelta(minutes=2)
+
+    @classmethod
+    def from_mapping(
+        cls, d: Mapping[str, Any], where: str = "policy.las"
+    ) -> AttainedServiceSettings:
+        """Return settings from one config table; raise PolicyConfigError on a bad key."""
+        t = _Table(d, where)
+        limits: tuple[float, ...] = (16.0,)
+        if "queue_limits" in t.raw:
+            raw = t.raw.pop("queue_limits")
+            ok = isinstance(raw, list | tuple) and all(
+                isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in raw
+            )
+            values = [float(v) for v in raw] if ok else []
+            if not ok or values != sorted(set(values)):
+                raise t.fail(
+                    "queue_limits", f"must be increasing GPU-hours like [1, 4, 16], not {raw!r}"
+                )
+            limits = tuple(values)
+        s = cls(
+            enabled=t.boolean("enabled", False),
+            mode=t.mode("mode", Mode.ADVISE),
+            queue_limits=limits,
+            nice_step=t.integer("nice_step", 100_000, minimum=1),
+            preempt=t.boolean("preempt", True),
+            min_runtime=t.duration("min_runtime", timedelta(minutes=15)),
+            max_preemptions_per_cycle=t.integer("max_preemptions_per_cycle", 4),
+            min_wait=t.duration("min_wait", timedelta(minutes=2)),
+        )
+        if (len(s.queue_limits) + 1) * s.nice_step > 2_000_000_000:
+            raise t.fail("nice_step", "times the number of queues must stay below 2e9")
         t.finish()
         return s

@@ -13,16 +13,25 @@
   is its util times its run time alone, however it ran, so sharing raises it only by
   finishing the same work sooner (a shorter makespan).
 - Restarts: requeues (resizes and preemptions); timeouts: runs killed at their limit.
+  ``preemptions`` and ``resizes`` count the transactions a policy (or the Tiresias
+  baseline) started, per job in ``*_per_job``.
 - Energy (kWh): the cluster's GPUs over the makespan under the simulated probe's linear
   power model (``telemetry.gpupower``; the simulated GPUs are V100-32GB-like, as in
   Pollux's testbed): every GPU draws its idle power the whole makespan, plus
   (busy - idle) power times the used (util-weighted) GPU-time. Idle GPUs count: a
   policy set that finishes sooner also spends less on idle hardware. kWh per job: that
   over the trace's jobs.
+- Finish-time fairness (Themis, NSDI'20): ``rho = JCT / T_id``, where ``T_id`` is the
+  job's run time alone on a 1/N share of the cluster, N the time-averaged number of jobs
+  in the system (submitted, not finished) over the job's life: at its requested size when
+  the share holds it, at the share (whole GPUs) when smaller, time-sliced below one GPU.
+  ``rho <= 1`` is fair. Reported: the worst (``rho_max``) and the share of jobs above
+  1.05 (Themis' tolerance for throughput noise).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -31,7 +40,18 @@ from slurmgpu.model import JobState
 from slurmgpu.sim.run import SimRun
 from slurmgpu.telemetry.gpupower import GPU_POWER, GpuPowerModel
 
-__all__ = ["SIM_GPU_POWER", "RunSummary", "percentile", "summarise"]
+__all__ = [
+    "SIM_GPU_POWER",
+    "RunSummary",
+    "ci95",
+    "finish_time_fairness",
+    "mean_summary",
+    "percentile",
+    "summarise",
+]
+
+# Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval)
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 SIM_GPU_POWER: GpuPowerModel = GPU_POWER["v100"]  # sim/run.py's DEVICE_MEMORY_MIB: V100-32GB
 
@@ -70,6 +90,12 @@ class RunSummary:
     sim_seconds: float = 0.0
     energy_kwh: float = math.nan
     kwh_per_job: float = math.nan
+    preemptions: int = 0
+    resizes: int = 0
+    preemptions_per_job: float = 0.0
+    resizes_per_job: float = 0.0
+    rho_max: float = math.nan
+    rho_over_pct: float = math.nan
 
     def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -89,6 +115,7 @@ def summarise(run: SimRun, sim_seconds: float = 0.0) -> RunSummary:
             used_s += r.used_gpu_s
         if j.state is JobState.TIMEOUT:
             timeouts += 1
+    rho = finish_time_fairness(run)
     first = min((j.origin_s for j in jobs), default=0.0)
     last = max((j.end_s for j in jobs), default=0.0)
     makespan = max(0.0, last - first)
@@ -117,4 +144,88 @@ def summarise(run: SimRun, sim_seconds: float = 0.0) -> RunSummary:
         sim_seconds=sim_seconds,
         energy_kwh=energy_j / 3.6e6,
         kwh_per_job=energy_j / 3.6e6 / len(jobs) if jobs else math.nan,
+        preemptions=run.preemptions,
+        resizes=run.resizes,
+        preemptions_per_job=run.preemptions / len(jobs) if jobs else 0.0,
+        resizes_per_job=run.resizes / len(jobs) if jobs else 0.0,
+        rho_max=max(rho) if rho else math.nan,
+        rho_over_pct=100.0 * sum(1 for r in rho if r > 1.05) / len(rho) if rho else math.nan,
     )
+
+
+def finish_time_fairness(run: SimRun) -> list[float]:
+    """Themis' rho of every finished job of ``run`` (see the module docstring)."""
+    jobs = [j for j in run.jobs if not math.isnan(j.end_s)]
+    if not jobs:
+        return []
+    # jobs in the system over time: +1 at first submission, -1 at the final end
+    events = sorted([(j.origin_s, 1) for j in jobs] + [(j.end_s, -1) for j in jobs])
+    times: list[float] = []
+    area: list[float] = []  # integral of the count up to times[i]
+    counts: list[int] = []  # the count right after times[i]
+    count = 0
+    total = 0.0
+    last = events[0][0]
+    for t, d in events:
+        total += count * (t - last)
+        last = t
+        count += d
+        times.append(t)
+        area.append(total)
+        counts.append(count)
+
+    def integral(t: float) -> float:
+        i = bisect.bisect_right(times, t) - 1
+        if i < 0:
+            return 0.0
+        return area[i] + counts[i] * (t - times[i])
+
+    gpus = run.shape.gpus
+    per_node = run.shape.gpus_per_node
+    out = []
+    for j in jobs:
+        jct = j.end_s - j.origin_s
+        if jct <= 0:
+            continue
+        n = max(1.0, (integral(j.end_s) - integral(j.origin_s)) / jct)
+        share = gpus / n
+        want = max(1, j.spec.gpus)
+        if share >= want:
+            alone = j.model.run_time(want, per_node)
+        elif share >= 1:
+            alone = j.model.run_time(int(share), per_node)
+        else:
+            alone = j.model.run_time(1, per_node) / share
+        if alone > 0 and math.isfinite(alone):
+            out.append(jct / alone)
+    return out
+
+
+def ci95(values: Sequence[float]) -> float:
+    """Half-width of the 95 % confidence interval of the mean (Student's t); NaN for < 2."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return _T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def mean_summary(runs: Sequence[RunSummary]) -> RunSummary:
+    """One summary of several runs of a set (seeds): every figure's mean, the worst rho."""
+    if not runs:
+        raise ValueError("no runs to average")
+    first = runs[0]
+    values: dict[str, float | int | str] = {}
+    for key, value in first.as_dict().items():
+        if isinstance(value, str):
+            values[key] = value
+            continue
+        xs = [float(r.as_dict()[key]) for r in runs]
+        if key == "rho_max":
+            values[key] = max(xs)
+        elif isinstance(value, int):
+            values[key] = round(sum(xs) / len(xs))
+        else:
+            values[key] = sum(xs) / len(xs)
+    return RunSummary(**values)  # type: ignore[arg-type]

@@ -13,7 +13,9 @@ set            what runs
 ``rightsize``  :class:`~slurmgpu.policy.rightsize.RightsizePolicy` (every job opted in)
 ``colocate``   ``slurmgpu.policy.colocate`` (shard requests for light 1-GPU jobs)
 ``malleable``  ``slurmgpu.policy.malleable`` (shrink and expand opted-in jobs)
-``all``        idle-GPU, rightsize, colocate and malleable together
+``las``        :class:`~slurmgpu.policy.las.AttainedServicePolicy` (attained-service
+               queues through ``Nice``, preemption by the resize transaction)
+``all``        idle-GPU, rightsize, colocate, LAS and malleable together
 ``tiresias``   baseline: discretised 2D-LAS, preemptive (no policy)
 ``qssf``       baseline: shortest expected GPU time first, from history (no policy)
 =============  ==============================================================
@@ -117,13 +119,24 @@ def _malleable(s: SimPolicies) -> Policy:
     )
 
 
+def _las(s: SimPolicies) -> Policy:
+    from slurmgpu.policy.las import AttainedServicePolicy
+    from slurmgpu.policy.settings import AttainedServiceSettings
+
+    settings = s.extra_for("las")
+    if settings is None:
+        settings = AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE)
+    return AttainedServicePolicy(settings)
+
+
 Builder = Callable[[SimPolicies], Policy]
 POLICY_SETS: dict[str, tuple[Builder, ...]] = {
     "slurm": (),
     "rightsize": (_rightsize,),
     "colocate": (_colocate,),
     "malleable": (_malleable,),
-    "all": (_idle, _rightsize, _colocate, _malleable),
+    "las": (_las,),
+    "all": (_idle, _rightsize, _colocate, _las, _malleable),
 }
 
 

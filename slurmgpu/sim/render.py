@@ -31,6 +31,10 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("allocated_util_pct", "alloc util", "pct"),
     ("used_util_pct", "used util", "pct"),
     ("restarts", "restarts", "int"),
+    ("preemptions_per_job", "preempt/job", "frac"),
+    ("resizes_per_job", "resize/job", "frac"),
+    ("rho_max", "max rho", "num"),
+    ("rho_over_pct", "rho>1.05", "pct"),
     ("timeouts", "timeouts", "int"),
     ("actions", "actions", "int"),
     ("energy_kwh", "kWh", "num"),
@@ -49,6 +53,8 @@ class Comparison:
     results: list[RunSummary] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
     published: Mapping[str, float] = field(default_factory=dict)  # scheduler -> avg JCT s
+    seeds: tuple[int, ...] = ()  # more than one: results are means over these seeds
+    avg_jct_ci_s: dict[str, float] = field(default_factory=dict)  # set -> 95 % half-width
     notes: list[str] = field(default_factory=list)
 
 
@@ -68,23 +74,34 @@ def _fmt(value: float | int | str, kind: str) -> str:
         return f"{float(value):,.1f}"
     if kind == "num2":
         return f"{float(value):,.2f}"
+    if kind == "frac":
+        return f"{float(value):.2f}"
     return f"{int(value):,}"
 
 
 def comparison_table(c: Comparison) -> Table:
     """The terminal table: one row per policy set, published numbers under them."""
-    table = Table(
-        title=f"{c.trace} on {c.cluster}, load {c.load:g}, seed {c.seed}", title_justify="left"
+    seeds = (
+        f"seeds {', '.join(map(str, c.seeds))} (means; avg JCT +- its 95 % CI)"
+        if len(c.seeds) > 1
+        else f"seed {c.seed}"
     )
+    table = Table(title=f"{c.trace} on {c.cluster}, load {c.load:g}, {seeds}", title_justify="left")
     table.add_column("policy set", style="bold")
-    for _, heading, _ in COLUMNS:
+    with_ci = bool(c.avg_jct_ci_s)
+    for key, heading, _ in COLUMNS:
         table.add_column(heading, justify="right")
+        if key == "avg_jct_s" and with_ci:
+            table.add_column("95% CI", justify="right")
     base = next((r.avg_jct_s for r in c.results if r.policy_set == "slurm"), None)
     for r in c.results:
         d = r.as_dict()
         cells = [_fmt(d[key], kind) for key, _, kind in COLUMNS]
         if base and r.policy_set != "slurm" and not math.isnan(r.avg_jct_s):
             cells[0] += f" ({(r.avg_jct_s / base - 1) * 100:+.0f}%)"
+        if with_ci:
+            ci = c.avg_jct_ci_s.get(r.policy_set, math.nan)
+            cells.insert(1, "-" if math.isnan(ci) else f"+-{_fmt(ci, 'dur')}")
         table.add_row(r.policy_set, *cells)
     notes = [
         f"[yellow]{name}: not available: {reason}[/yellow]"
@@ -92,7 +109,10 @@ def comparison_table(c: Comparison) -> Table:
     ]
     if c.published:
         shown = ", ".join(f"{k} {_fmt(v, 'dur')}" for k, v in c.published.items())
-        notes.append(f"published avg JCT on this workload: {shown}")
+        notes.append(
+            f"published avg JCT on this workload (Pollux artifact; its Tiresias is comparable "
+            f"with our tiresias set, its Pollux and Optimus retune batch sizes): {shown}"
+        )
     if notes:
         table.caption = "\n".join(notes)
         table.caption_justify = "left"
@@ -105,6 +125,8 @@ def _doc(c: Comparison) -> dict[str, object]:
         "cluster": c.cluster,
         "load": c.load,
         "seed": c.seed,
+        "seeds": list(c.seeds) or [c.seed],
+        "avg_jct_ci95_s": dict(c.avg_jct_ci_s),
         "results": [r.as_dict() for r in c.results],
         "unavailable": dict(c.unavailable),
         "published_avg_jct_s": dict(c.published),

@@ -40,6 +40,7 @@ from datetime import timedelta
 from slurmgpu.actuate.actuator import execute_action
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
+    PREEMPT_FIELD,
     Action,
     Decision,
     GpuStat,
@@ -47,6 +48,7 @@ from slurmgpu.policy.base import (
     JobUsage,
     PolicySnapshot,
     PriorAlert,
+    is_ordering,
 )
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
@@ -62,6 +64,7 @@ DEVICE_MEMORY_MIB = 32_768.0  # the simulated GPUs: V100-32GB-like, as in Pollux
 __all__ = [
     "ClusterShape",
     "DecisionRecord",
+    "FastPath",
     "SimOptions",
     "SimRun",
     "scale_load",
@@ -94,6 +97,20 @@ class ClusterShape:
 
 
 @dataclass(frozen=True, slots=True)
+class FastPath:
+    """The daemon's resize fast path (docs/malleable.md, measured by bench/resize_path.py).
+
+    After the checkpoint is acknowledged the daemon sees it on its next observation
+    (``cycle_s``), requeues held, sees the job pending one observation later, updates it
+    with ``StartTime=now+1`` and releases it ``release_delay_s`` after that: the job is
+    eligible seconds after its checkpoint instead of after Slurm's 121 s requeue delay.
+    """
+
+    cycle_s: float = 1.0
+    release_delay_s: float = 1.5
+
+
+@dataclass(frozen=True, slots=True)
 class SimOptions:
     """How the simulated site behaves (Slurm's costs, the daemon's cycle)."""
 
@@ -101,6 +118,11 @@ class SimOptions:
     quiet_period_s: float = 600.0
     requeue_delay_s: float = 121.0
     runtime: ElasticRuntime = field(default_factory=ElasticRuntime)
+    # How the daemon carries a resize (or preemption) out: its fast path by default
+    # (actuate.resize.ResizeSettings: StartTime=now+1 with the update, the release
+    # release_delay later, one observation per cycle_interval while in flight); None:
+    # Slurm's plain requeue path, waiting out requeue_delay_s.
+    resize_path: FastPath | None = field(default_factory=FastPath)
     history_refresh_s: float = 600.0
     interference: InterferenceModel | None = None
     policies: SimPolicies = field(default_factory=SimPolicies)
@@ -140,6 +162,8 @@ class SimRun:
     decisions: list[DecisionRecord] = field(default_factory=list)
     end_s: float = 0.0
     all_jobs: list[SimJob] = field(default_factory=list)  # with timed-out earlier attempts
+    preemptions: int = 0  # jobs checkpointed and requeued at their own size
+    reorders: int = 0  # ordering updates (Nice) executed
 
 
 def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
@@ -173,7 +197,7 @@ def _target_gpus(action: Action) -> tuple[int, dict[str, str]] | None:
     A ``TimeLimit`` the policy set for the new size goes in the same update.
     """
     f = dict(action.fields)
-    limit = {"TimeLimit": f["TimeLimit"]} if "TimeLimit" in f else {}
+    limit: dict[str, str] = {k: f[k] for k in ("TimeLimit", "Nice") if k in f}
     for key in ("to_gpus", "gpus"):
         if key not in f:
             continue
@@ -229,10 +253,12 @@ class _Runner:
         self.history_at = -math.inf
         self.alerts: list[PriorAlert] = []
         self.last_action: dict[int, float] = {}
+        self.last_action_by: dict[int, str] = {}
         self.user_actions: dict[str, deque[float]] = {}
         self.last_changes = -1
         self.last_cycle = -math.inf
         self.cycles = self.executed = self.failed = self.resizes = 0
+        self.reorders = self.preemptions = 0
         self.records: list[DecisionRecord] = []
         self.resizing: dict[int, float] = {}  # job -> when its resize was decided
         self.resize_costs: list[float] = []  # decision -> running at the new size, seconds
@@ -420,6 +446,11 @@ class _Runner:
             last_action_at={
                 jid: sim.at(t) for jid, t in self.last_action.items() if sim.now - t < cooldown
             },
+            last_action_by={
+                jid: self.last_action_by[jid]
+                for jid, t in self.last_action.items()
+                if sim.now - t < cooldown
+            },
             user_actions_last_hour=per_user,
             opted_in=frozenset(
                 j.job_id
@@ -457,8 +488,12 @@ class _Runner:
             outcome = f"failed: {exc}"
         if outcome in {"done", "started"}:
             self.executed += 1
-            self.last_action[a.job_id] = sim.now
-            self.user_actions.setdefault(a.user, deque()).append(sim.now)
+            if is_ordering(a):
+                self.reorders += 1
+            else:  # an ordering update is no change for the cooldown and rate limits
+                self.last_action[a.job_id] = sim.now
+                self.last_action_by[a.job_id] = a.policy
+                self.user_actions.setdefault(a.user, deque()).append(sim.now)
         else:
             self.failed += 1
         if self.options.record_decisions:
@@ -469,8 +504,11 @@ class _Runner:
             )
 
     def _resize(self, action: Action) -> str:
-        start_resize(self.sim, action)
-        self.resizes += 1
+        start_resize(self.sim, action, fast=self.options.resize_path)
+        if PREEMPT_FIELD in action.fields:
+            self.preemptions += 1
+        else:
+            self.resizes += 1
         self.resizing[action.job_id] = self.sim.now
         return "started"
 
@@ -511,6 +549,7 @@ class _Runner:
                 continue
             started = sim.now
             sim.signal(job.job_id, "USR2")
+            self.preemptions += 1
 
             def preempt(job: SimJob = job, started: float = started) -> None:
                 acked = sim.checkpointed_at(job.job_id)
@@ -547,17 +586,22 @@ class _Runner:
             self.records,
             sim.now,
             list(sim.all_jobs.values()),
+            self.preemptions,
+            self.reorders,
         )
 
 
-def start_resize(sim: SimSlurm, action: Action) -> None:
+def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None) -> None:
     """Begin the resize transaction for a running job, as Slurm allows it.
 
     Now: checkpoint signal (``USR2``). After the runtime's checkpoint time, if it
-    acknowledged: ``requeue`` held (BeginTime = now + requeue delay), ``update`` the
-    GPU request, ``release``; the job restarts at the new size when the delay is over
-    and the scheduler finds room. No acknowledgement (or the job ended): nothing more
-    happens and the job keeps running at its old size.
+    acknowledged: ``requeue`` held, ``update`` the GPU request, ``release``. Without
+    ``fast`` (Slurm's plain path) the job's begin time is the requeue's, now + the
+    requeue delay; with it, the daemon's fast path (:class:`FastPath`): the update also
+    sets ``StartTime=now+1`` and the release follows ``release_delay_s`` later, each step
+    on the daemon's next observation. The job restarts at the new size when it is
+    eligible and the scheduler finds room. No acknowledgement (or the job ended): nothing
+    more happens and the job keeps running at its old size.
     """
     job = sim.job(action.job_id)
     target = _target_gpus(action)
@@ -570,9 +614,12 @@ def start_resize(sim: SimSlurm, action: Action) -> None:
     started = sim.now
     sim.signal(ref, "USR2")
 
+    def acked() -> bool:
+        at = sim.checkpointed_at(job.job_id)
+        return job.state is JobState.RUNNING and at is not None and at >= started
+
     def after_checkpoint() -> None:
-        acked = sim.checkpointed_at(job.job_id)
-        if job.state is not JobState.RUNNING or acked is None or acked < started:
+        if not acked():
             return
         sim.requeue(ref, hold=True)
         try:
@@ -580,7 +627,31 @@ def start_resize(sim: SimSlurm, action: Action) -> None:
         finally:
             sim.release(ref)
 
-    sim.call_at(sim.now + sim.runtime.checkpoint_s, after_checkpoint)
+    if fast is None:
+        sim.call_at(sim.now + sim.runtime.checkpoint_s, after_checkpoint)
+        return
+
+    def update_and_release() -> None:
+        if job.done:
+            return
+        try:
+            sim.update_job(ref, {**fields, "StartTime": "now+1"})
+        finally:
+            sim.call_at(sim.now + fast.release_delay_s, lambda: _release(sim, job, ref))
+
+    def requeue_held() -> None:
+        if not acked():
+            return
+        sim.requeue(ref, hold=True)
+        sim.call_at(sim.now + fast.cycle_s, update_and_release)
+
+    # the ack is seen on the daemon's next observation after it is written
+    sim.call_at(sim.now + sim.runtime.checkpoint_s + fast.cycle_s, requeue_held)
+
+
+def _release(sim: SimSlurm, job: SimJob, ref: str) -> None:
+    if not job.done and job.held:
+        sim.release(ref)
 
 
 def simulate(

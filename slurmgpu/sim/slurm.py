@@ -22,6 +22,8 @@ What it models, and how faithfully:
 - **Arrays and throttles**: ``array_tasks`` tasks share one pending meta-record (listed as
   ``A_[3-9%2]``); at most ``ArrayTaskThrottle`` run at once; ``A_i`` addresses one task,
   a bare ``A`` every task (as in Slurm).
+- **Priority**: submit order, behind any job of a lower ``Nice`` (``update Nice=``,
+  pending or running, as an operator may), unless a ``priority`` key replaces it.
 - **Hold, release, update** of pending jobs: ``TimeLimit``, ``TresPerJob``,
   ``TresPerNode`` (gpu or shard), ``NumNodes``, ``Comment``, memory and CPU fields
   (recorded; CPUs and memory are not scheduled). A running job accepts ``TimeLimit``
@@ -73,6 +75,7 @@ InterferenceModel = Callable[[float, float, float, float], tuple[float, float]]
 PriorityKey = Callable[["SimJob", float], tuple[float, ...]]
 _CHECKPOINT_SIGNALS = frozenset({"USR2", "SIGUSR2", "TERM", "SIGTERM", "12", "15"})
 _ID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
+_START_RE = re.compile(r"^now(?:\+(\d+))?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,7 @@ class SimJob:
         "malleable",
         "model",
         "name",
+        "nice",
         "origin_s",
         "partition",
         "rate",
@@ -162,6 +166,7 @@ class SimJob:
         self.state = JobState.PENDING
         self.held = False
         self.requeue = True
+        self.nice = 0
         self.gpus = spec.gpus if not spec.shards else 0
         self.shards = spec.shards
         self.gpus_per_node: int | None = spec.gpus_per_node if self.gpus else None
@@ -570,6 +575,11 @@ class SimSlurm:
                 job.time_limit_s = None if limit is None else limit.total_seconds()
                 if job.state is JobState.RUNNING:
                     self._set_limit_event(job)
+            elif key == "Nice":
+                # Slurm takes a nice for a pending or a running job (it matters once
+                # the job waits again).
+                job.nice = _int(key, value)
+                job.fields[key] = value
             elif key == "NumNodes" and job.state is JobState.RUNNING:
                 self._shrink_in_place(job, _int(key, value))
             elif job.state is not JobState.PENDING:
@@ -578,6 +588,13 @@ class SimSlurm:
                 )
             elif key in ("TresPerJob", "TresPerNode"):
                 self._set_tres(job, key, value)
+            elif key == "StartTime":
+                # the begin time: "now" or "now+N" seconds (what the resize fast path sends)
+                m = _START_RE.match(value.strip())
+                if m is None:
+                    raise SlurmCommandError(f"Invalid StartTime {value!r}")
+                job.eligible_s = self.now + float(m.group(1) or 0)
+                self._push(job.eligible_s, self._ELIGIBLE, job)
             elif key == "NumNodes":
                 job.fixed_nodes = _int(key, value)
             elif key in ("MinMemoryNode", "NumCPUs", "MinCPUsNode", "Comment", "Priority"):
@@ -705,6 +722,7 @@ class SimSlurm:
             gpu_allocations=allocs,
             restart_count=job.restarts,
             requeue=job.requeue,
+            nice=job.nice,
             comment=job.comment,
             exit_code=0 if state is JobState.COMPLETED else (None if not state.is_terminal else 1),
         )
@@ -898,7 +916,8 @@ class SimSlurm:
                     running_tasks[job.array_job_id] = running_tasks.get(job.array_job_id, 0) + 1
             out.append(job)
         if self.priority is None:
-            out.sort(key=lambda j: (j.submit_s, j.job_id))
+            # priority/basic: submit order, less the nice (a higher nice waits behind)
+            out.sort(key=lambda j: (j.nice, j.submit_s, j.job_id))
         else:
             key = self.priority
             out.sort(key=lambda j: (*key(j, now), j.submit_s, j.job_id))

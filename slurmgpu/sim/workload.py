@@ -78,7 +78,12 @@ class ProfiledJob:
         self.memory_mib = self.app.memory_mib
 
     def rate(self, placement: Sequence[int]) -> float:
-        return 1.0 / self.profile.step_time(placement, self.batch_size)
+        return 1.0 / self.profile.step_time(
+            placement,
+            self.batch_size,
+            max_local_bsz=self.app.max_local_bsz,
+            init_batch_size=self.app.init_batch_size,
+        )
 
     def run_time(self, gpus: int, gpus_per_node: int) -> float:
         return self.work / self.rate(packed(gpus, gpus_per_node))

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
-from slurmgpu.policy.base import Decision, PriorAlert
+from slurmgpu.policy.base import ORDERING_ALERT, Decision, PriorAlert
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
@@ -191,6 +191,7 @@ class AuditStore:
                     a.c.cluster == self.cluster,
                     a.c.at >= since,
                     a.c.outcome == "done",
+                    a.c.alert != ORDERING_ALERT,  # reordering the queue is no change
                     a.c.job_id.is_not(None),
                 )
             )
@@ -199,11 +200,40 @@ class AuditStore:
         with self.engine.connect() as conn:
             return {int(j): as_utc(at) for j, at in conn.execute(stmt)}
 
+    def last_action_policy_since(self, since: datetime) -> dict[int, str]:
+        """Job → the policy of its newest executed change after ``since``."""
+        a = schema.actions
+        stmt = (
+            select(a.c.job_id, a.c.policy, a.c.at, a.c.id)
+            .where(
+                and_(
+                    a.c.cluster == self.cluster,
+                    a.c.at >= since,
+                    a.c.outcome == "done",
+                    a.c.alert != ORDERING_ALERT,  # reordering the queue is no change
+                    a.c.job_id.is_not(None),
+                )
+            )
+            .order_by(a.c.at, a.c.id)
+        )
+        out: dict[int, str] = {}
+        with self.engine.connect() as conn:
+            for job_id, policy, _, _ in conn.execute(stmt):
+                out[int(job_id)] = str(policy)  # the newest wins
+        return out
+
     def user_actions_since(self, since: datetime) -> dict[str, int]:
         a = schema.actions
         stmt = (
             select(a.c.user, func.count())
-            .where(and_(a.c.cluster == self.cluster, a.c.at >= since, a.c.outcome == "done"))
+            .where(
+                and_(
+                    a.c.cluster == self.cluster,
+                    a.c.at >= since,
+                    a.c.outcome == "done",
+                    a.c.alert != ORDERING_ALERT,
+                )
+            )
             .group_by(a.c.user)
         )
         with self.engine.connect() as conn:

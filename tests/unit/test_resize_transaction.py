@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 from sqlalchemy import event
 
@@ -29,7 +30,7 @@ from slurmgpu.actuate.resize import (
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.spec import Ack
 from slurmgpu.model import ClusterSnapshot, GpuRequest, JobState, MalleableSpec
-from slurmgpu.policy.base import resize_action
+from slurmgpu.policy.base import preempt_action, resize_action
 from slurmgpu.slurm.client import SlurmUnavailableError
 from slurmgpu.store import open_store
 from slurmgpu.store.transactions import TransactionRow, TransactionStore
@@ -335,3 +336,29 @@ def test_journal_writes_commit_with_synchronous_full(tmp_path: Path) -> None:
     assert seen[-1].replace(" ", "").lower() == "pragmasynchronous=normal"
     with w.store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL again
+
+
+def test_a_preemption_is_the_same_transaction_at_the_same_size_with_its_nice(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path)
+    job = w.slurm.job(JOB)
+    action = preempt_action("las", job, 4, "queue 2: a queue-0 job waits", fields={"Nice": "200"})
+    row = w.executor.start(action, job, w.spec, at=w.now, slurm_version="22.05.8", to_gpus=4)
+    assert row.state == SIGNALED
+    w.ack()
+    assert w.cycle().state == "held"
+    w.slurm.settle()
+    assert w.cycle().state == "updated"
+    assert w.slurm.updates == [
+        (JOB, {"TresPerNode": "gres:gpu:4", "Nice": "200", "StartTime": "now+1"})
+    ]
+    assert w.cycle(2).state == RELEASED
+    w.slurm.schedule(w.now)
+    done = w.cycle()
+    assert done.state == RUNNING and done.payload["running_gpus"] == 4
+    assert w.calls() == ["signal", "requeuehold", "update", "release"]
+    # a plain resize to the size it has is still refused
+    plain = msgspec.structs.replace(action, fields={"from_gpus": "4", "to_gpus": "4"})
+    with pytest.raises(ResizeError, match="already has"):
+        w.executor.start(plain, job, w.spec, at=w.now, slurm_version="22.05.8", to_gpus=4)

@@ -12,7 +12,14 @@ from slurmgpu.policy.base import Action, HistoryRecord, Mode, PolicySnapshot
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.settings import EngineSettings, MalleableSettings
 from slurmgpu.sim.policysets import SimPolicies
-from slurmgpu.sim.run import ClusterShape, SimOptions, SimRun, simulate, start_resize
+from slurmgpu.sim.run import (
+    ClusterShape,
+    FastPath,
+    SimOptions,
+    SimRun,
+    simulate,
+    start_resize,
+)
 from slurmgpu.sim.slurm import ElasticRuntime, SimSlurm
 from slurmgpu.sim.workload import MalleableRange, RigidJob, TraceJob
 from slurmgpu.slurm.client import SlurmClient, SlurmCommandError
@@ -307,3 +314,38 @@ def test_a_shrunk_job_gets_a_time_limit_for_its_new_size_and_no_longer_times_out
     a = next(j for j in after.jobs if j.name == "A")
     assert a.state is JobState.COMPLETED and a.allocated_gpus == 2
     assert a.time_limit_s == parse_time_limit(resize["TimeLimit"]).total_seconds()  # type: ignore[union-attr]
+
+
+def test_resize_on_the_daemons_fast_path_skips_the_requeue_delay() -> None:
+    # As test_resize_is_checkpoint_requeue_delay_restart_at_the_new_size, on the daemon's
+    # fast path: ack at 80 seen on the next observation (81): requeue held; pending seen
+    # at 82: update with StartTime=now+1 (eligible 83); released 1.5 s later, at 83.5,
+    # when it starts: 117.5 s sooner than after Slurm's 121 s requeue delay.
+    sim = SimSlurm(1, 4, runtime=ElasticRuntime(checkpoint_s=20, startup_s=30))
+    jid = sim.submit_job(job("A", 4, 1000, None))
+    action = Action("test", "resize", jid, "alice", "test", fields={"gpus": "2"})
+    sim.call_at(60, lambda: start_resize(sim, action, fast=FastPath()))
+    sim.run_until(82.5)
+    a = sim.job(jid)
+    assert a.state is JobState.PENDING and a.held and a.gpus == 2
+    assert a.eligible_s == pytest.approx(83.0)
+    sim.run_until(100_000)
+    a = sim.job(jid)
+    assert a.state is JobState.COMPLETED and a.allocated_gpus == 2
+    assert a.runs[-1].start_s == pytest.approx(83.5)
+    slower = (1 / (0.05 + 0.95 / 4)) / (1 / (0.05 + 0.95 / 2))
+    assert a.end_s == pytest.approx(83.5 + 30 + 940 * slower)
+
+
+def test_simslurm_takes_a_start_time_for_a_pending_job() -> None:
+    sim = SimSlurm(1, 4)
+    jid = sim.submit_job(job("A", 4, 100, None, at=0))
+    sim.hold(jid)
+    sim.update_job(jid, {"StartTime": "now+50"})
+    sim.release(jid)
+    sim.run_until(10)
+    assert sim.job(jid).state is JobState.PENDING
+    sim.run_until(60)
+    assert sim.job(jid).state is JobState.RUNNING and sim.job(jid).start_s == pytest.approx(50)
+    with pytest.raises(SlurmCommandError, match="StartTime"):
+        sim.update_job(sim.submit_job(job("B", 1, 10, None)), {"StartTime": "tomorrow"})
