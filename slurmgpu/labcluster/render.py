@@ -217,6 +217,8 @@ class ClusterConfig:
                 "AccountingStorageType=accounting_storage/slurmdbd",
                 f"AccountingStorageHost={self.dbd_host}",
                 "AccountingStoragePort=6819",
+                # without it sacct's ReqTRES/AllocTRES list billing,cpu,mem,node and no GPUs
+                "AccountingStorageTRES=gres/gpu,gres/shard",
             ]
         )
 
