@@ -110,6 +110,6 @@ fi
 if [ "$BUILD" = 1 ]; then
   say "building the lab images on $IMG"
   SGPU_BASE_IMAGE=$BASE DEBIAN_RELEASE=$REL docker-compose -f docker-slurm/docker-compose.yml \
-    --profile accounting build -q >/dev/null
+    --profile accounting build -q config mariadb >/dev/null
 fi
 say "ready in $(( $(date +%s) - t0 )) s (base image $IMG)"

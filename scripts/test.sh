@@ -14,3 +14,11 @@ echo "== mypy"; .venv/bin/mypy
 # SGPU_HYPOTHESIS_PROFILE=dev draws new ones.
 export SGPU_HYPOTHESIS_PROFILE="${SGPU_HYPOTHESIS_PROFILE:-ci}"
 echo "== pytest"; .venv/bin/pytest -q -n "${SGPU_TEST_WORKERS:-2}" "$@"
+# The containerised lab (docker-slurm/, tests/docker, both Compose versions): installs the
+# engine and starts dockerd if needed, builds the images without a registry (cached in
+# /var/cache/slurmgpu/docker and the engine). An engine that cannot start fails here.
+# SGPU_SKIP_DOCKER=1 leaves it out.
+if [ "${SGPU_SKIP_DOCKER:-0}" != 1 ]; then
+  echo "== docker"; ./scripts/docker_prepare.sh --build
+  SGPU_DOCKER_TESTS=1 .venv/bin/pytest -q -p no:xdist -m docker tests/docker
+fi
