@@ -109,7 +109,14 @@ fi
 # -- 5. the lab images ------------------------------------------------------------------------
 if [ "$BUILD" = 1 ]; then
   say "building the lab images on $IMG"
-  SGPU_BASE_IMAGE=$BASE DEBIAN_RELEASE=$REL docker-compose -f docker-slurm/docker-compose.yml \
-    --profile accounting build -q config mariadb >/dev/null
+  build() {
+    SGPU_BASE_IMAGE=$BASE DEBIAN_RELEASE=$REL docker-compose -f docker-slurm/docker-compose.yml \
+      --profile accounting build config mariadb >"$CACHE/build.log" 2>&1
+  }
+  # apt-get inside the build depends on the mirror: one transient failure gets a second try
+  if ! build; then
+    tail -n 15 "$CACHE/build.log" >&2; say "build failed; trying once more"
+    build || { tail -n 40 "$CACHE/build.log" >&2; die "image build failed (log: $CACHE/build.log)"; }
+  fi
 fi
 say "ready in $(( $(date +%s) - t0 )) s (base image $IMG)"

@@ -147,6 +147,9 @@ def lab(
         SGPU_WORK=str(work),
         # Compose v1 otherwise colours and sizes its output for a terminal
         COMPOSE_INTERACTIVE_NO_CLI="1",
+        # v2 would build with BuildKit, whose cache is not the classic builder's that
+        # docker_prepare.sh (v1) filled: on a fresh CI machine that is a second full build
+        DOCKER_BUILDKIT="0",
     )
     lab = DockerLab(version, f"sgpu-test-{version}", env, work)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
