@@ -29,7 +29,10 @@ make_config() {
       || dd if=/dev/urandom of="$KEY.tmp" bs=1024 count=1 2>/dev/null
     mv "$KEY.tmp" "$KEY"
   fi
-  chown -R munge:munge /etc/munge && chmod 0700 /etc/munge && chmod 0400 "$KEY"
+  # one command per line: under set -e a failure inside an && list would pass unnoticed
+  chown -R munge:munge /etc/munge
+  chmod 0700 /etc/munge
+  chmod 0400 "$KEY"
   set -- --mode docker --out "$CONF_DIR" --nodes "${SGPU_NODES:-4}"
   [ "${SGPU_ACCOUNTING:-0}" = 1 ] && set -- "$@" --accounting
   python3 -m slurmgpu.labcluster.render "$@"
