@@ -29,7 +29,10 @@ make_config() {
       || dd if=/dev/urandom of="$KEY.tmp" bs=1024 count=1 2>/dev/null
     mv "$KEY.tmp" "$KEY"
   fi
-  chown -R munge:munge /etc/munge && chmod 0700 /etc/munge && chmod 0400 "$KEY"
+  # one command per line: under set -e a failure inside an && list would pass unnoticed
+  chown -R munge:munge /etc/munge
+  chmod 0700 /etc/munge
+  chmod 0400 "$KEY"
   set -- --mode docker --out "$CONF_DIR" --nodes "${SGPU_NODES:-4}"
   [ "${SGPU_ACCOUNTING:-0}" = 1 ] && set -- "$@" --accounting
   python3 -m slurmgpu.labcluster.render "$@"
@@ -47,8 +50,26 @@ start_munge() {
 }
 
 prepare_dirs() {
-  mkdir -p /var/log/slurm /run/slurm /var/spool/slurmctld /var/spool/slurmd
+  # SlurmdSpoolDir is /var/spool/slurmd/%n: 24.11's slurmd does not create it (it logs
+  # "Domain socket directory ... No such file or directory")
+  mkdir -p /var/log/slurm /run/slurm /var/spool/slurmctld "/var/spool/slurmd/$(hostname)"
   wait_for_file "$CONF_DIR/slurm.conf"
+}
+
+wait_for_tcp() {  # HOST PORT: slurmctld must not start before slurmdbd answers
+  log "waiting for $1:$2"
+  python3 - "$1" "$2" "$WAIT_S" <<'PY' || { log "$1:$2 did not answer within $WAIT_S s"; exit 1; }
+import socket, sys, time
+host, port, end = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+while True:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        break
+    except OSError:
+        if time.monotonic() > end:
+            sys.exit(1)
+        time.sleep(0.2)
+PY
 }
 
 fake_gpus() {  # compose maps /dev/null to /dev/fakegpuN; create them if it did not
@@ -62,6 +83,12 @@ case "$ROLE" in
     make_config ;;
   slurmctld)
     start_munge; prepare_dirs
+    # With accounting, a first start without slurmdbd is fatal ("no TRES from it"), and
+    # Compose v1 cannot make this service depend on one in a profile: wait here instead.
+    if grep -q '^AccountingStorageType=accounting_storage/slurmdbd' "$CONF_DIR/slurm.conf"; then
+      host=$(sed -n 's/^AccountingStorageHost=//p' "$CONF_DIR/slurm.conf")
+      wait_for_tcp "${host:-slurmdbd}" 6819
+    fi
     exec /usr/local/sbin/slurmctld -D -i -f "$CONF_DIR/slurm.conf" ;;
   slurmd)
     start_munge; prepare_dirs; fake_gpus

@@ -14,13 +14,18 @@ echo "== mypy"; .venv/bin/mypy
 # SGPU_HYPOTHESIS_PROFILE=dev draws new ones.
 export SGPU_HYPOTHESIS_PROFILE="${SGPU_HYPOTHESIS_PROFILE:-ci}"
 echo "== pytest"; .venv/bin/pytest -q -n "${SGPU_TEST_WORKERS:-2}" "$@"
+# With pytest arguments (a tier, a file) the release and docker stages are left out
+# unless asked for (SGPU_SKIP_RELEASES=0 / SGPU_SKIP_DOCKER=0); CI passes none.
+if [ $# -gt 0 ]; then
+  : "${SGPU_SKIP_RELEASES:=1}" "${SGPU_SKIP_DOCKER:=1}"
+fi
 
 # Slurm releases users run today (issue 18): the release smoke set again on Debian
 # trixie's 24.11 and sid's 26.05, each run by its own daemons (slurmdbd + MariaDB too)
 # from a debootstrap chroot
 # cached under /srv (scripts/slurm_chroot.sh: built once, about 1 min each; reused after).
 # SGPU_SKIP_RELEASES=1 skips this part.
-if [ -z "${SGPU_SKIP_RELEASES:-}" ]; then
+if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
   for suite in trixie sid; do
     echo "== release smoke set: Debian $suite"
     root=$(./scripts/slurm_chroot.sh build "$suite")
@@ -29,4 +34,13 @@ if [ -z "${SGPU_SKIP_RELEASES:-}" ]; then
       .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py
     ./scripts/slurm_chroot.sh umount "$suite"
   done
+fi
+
+# The containerised lab (docker-slurm/, tests/docker, both Compose versions): installs the
+# engine and starts dockerd if needed, builds the images without a registry (cached in
+# /var/cache/slurmgpu/docker and the engine). An engine that cannot start fails here.
+# SGPU_SKIP_DOCKER=1 leaves it out.
+if [ "${SGPU_SKIP_DOCKER:-0}" != 1 ]; then
+  echo "== docker"; ./scripts/docker_prepare.sh --build
+  SGPU_DOCKER_TESTS=1 .venv/bin/pytest -q -p no:xdist -m docker tests/docker
 fi

@@ -225,8 +225,9 @@ class ClusterConfig:
                 "AccountingStorageType=accounting_storage/slurmdbd",
                 f"AccountingStorageHost={self.dbd_host}",
                 f"AccountingStoragePort={self.dbd_port}",
-                # per-job GPUs and shards in sacct (26.05 refuses this without slurmdbd)
-                *(["AccountingStorageTRES=gres/gpu,gres/shard"] if self.mode == "native" else []),
+                # per-job GPUs and shards in sacct: without it ReqTRES/AllocTRES list only
+                # billing,cpu,mem,node (and 26.05 refuses it without slurmdbd, so only here)
+                "AccountingStorageTRES=gres/gpu,gres/shard",
             ]
         )
 

@@ -168,6 +168,8 @@ def test_docker_accounting_points_slurmctld_at_slurmdbd_and_renders_its_conf() -
     text = files["slurm.conf"]
     assert option(text, "AccountingStorageType") == "accounting_storage/slurmdbd"
     assert option(text, "AccountingStorageHost") == "slurmdbd"
+    # sacct lists GPUs and shards in ReqTRES/AllocTRES only when they are tracked
+    assert option(text, "AccountingStorageTRES") == "gres/gpu,gres/shard"
     assert option(files["slurmdbd.conf"], "StorageHost") == "mariadb"
 
 
