@@ -139,32 +139,12 @@ def child_baseline(squeue_path: Path, repeats: int) -> dict[str, float]:
     return {"json_loads_s": statistics.median(times), "peak_rss_mib": _peak_rss_mib()}
 
 
-class ReplaySlurm:
-    """A SlurmClient whose listings are recorded documents, read per call like a pipe."""
-
-    def __init__(self, squeue: Path, sinfo: Path) -> None:
-        self.squeue = squeue
-        self.sinfo = sinfo
-        self.memo: dict[int, Any] = {}  # as CliSlurmClient keeps between listings
-
-    def jobs(self) -> list[Any]:
-        from slurmgpu.slurm.cli import decode_squeue
-
-        jobs: list[Any] = decode_squeue(self.squeue.read_bytes(), self.memo)[0]
-        return jobs
-
-    def nodes(self) -> list[Any]:
-        from slurmgpu.slurm.cli import decode_sinfo
-
-        nodes: list[Any] = decode_sinfo(self.sinfo.read_bytes())
-        return nodes
-
-
 def child_pipeline(cold: Path, warm: Path, sinfo: Path, repeats: int) -> dict[str, float]:
     from datetime import UTC, datetime, timedelta
 
     from slurmgpu.daemon.observer import Observer
     from slurmgpu.slurm.cli import decode_squeue
+    from slurmgpu.slurm.replay import ReplaySlurmClient
     from slurmgpu.store import open_store
 
     warm_bytes = warm.read_bytes()
@@ -178,9 +158,9 @@ def child_pipeline(cold: Path, warm: Path, sinfo: Path, repeats: int) -> dict[st
     del warm_bytes
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/state.db")
-        slurm = ReplaySlurm(cold, sinfo)
+        slurm = ReplaySlurmClient(cold, sinfo)
         at = datetime(2026, 12, 1, tzinfo=UTC)
-        observer = Observer(slurm, store, clock=lambda: at)  # type: ignore[arg-type]
+        observer = Observer(slurm, store, clock=lambda: at)
         r = observer.cycle()
         assert r.ok, r.error
         out["cold_cycle_s"] = r.seconds
