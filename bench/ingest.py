@@ -16,11 +16,12 @@ Run: ``.venv/bin/python bench/ingest.py [--batches 200 --per-batch 500 --repeats
 from __future__ import annotations
 
 import argparse
+import http.client
 import sqlite3
 import statistics
 import tempfile
 import time
-import urllib.request
+import urllib.parse
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,15 +136,19 @@ def _post_all(url: str, part: list[tuple[bytes, str]], start_at: float) -> int:
     while time.time() < start_at:
         time.sleep(0.001)
     failures = 0
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
     for body, header in part:
-        req = urllib.request.Request(url, data=body, method="POST")
-        req.add_header("Authorization", header)
-        req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                resp.read()
+        headers = {"Authorization": header, "Content-Type": "application/json"}
+        try:  # one kept-alive connection per client, as an agent keeps one
+            conn.request("POST", parts.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            failures += resp.status != 200
         except OSError:
             failures += 1
+            conn.close()
+    conn.close()
     return failures
 
 
