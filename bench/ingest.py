@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.model import ClusterSnapshot, Node
 from slurmgpu.store import open_store
@@ -178,7 +179,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--per-batch", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=3)
+    add_arguments(ap, "6 batches of 200, one run")
     a = ap.parse_args()
+    if a.smoke:
+        a.batches, a.per_batch, a.repeats = 6, 200, 1
+    run = BenchRun.from_args("ingest", a)
     base, svc, http = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.repeats):
@@ -190,6 +195,17 @@ def main() -> None:
     b, s, h = statistics.median(base), statistics.median(svc), statistics.median(http)
     print(f"{n:,} samples in {a.batches} batches of {a.per_batch}, median of {a.repeats} runs")
     print(f"baseline sqlite3 executemany   {b:>10,.0f} samples/s")
+    run.baseline = {"executemany_samples_per_s": b, "runs": base}
+    run.figures = {
+        "service_samples_per_s": s,
+        "http_samples_per_s": h,
+        "service": svc,
+        "http": http,
+    }
+    run.target("service_rate", s, ">= 20000", s >= 20_000)
+    run.target("service_vs_baseline", s / b, ">= 0.5", s / b >= 0.5)
+    run.target("http_rate", h, ">= 20000", h >= 20_000)
+    run.target("http_vs_baseline", h / b, ">= 0.5", h / b >= 0.5)
     ok = "OK" if s >= 20_000 and s / b >= 0.5 else "MISSED"
     print(
         f"daemon ingest (service)        {s:>10,.0f} samples/s  {s / b:.2f}x baseline  "
@@ -200,6 +216,7 @@ def main() -> None:
         f"daemon ingest (HTTP, 2 clients) {h:>9,.0f} samples/s  {h / b:.2f}x baseline  "
         f"(target >= 20,000/s and >= 0.5x) {ok}"
     )
+    run.write(a.json_out)
 
 
 if __name__ == "__main__":

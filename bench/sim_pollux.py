@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import PolicySetUnavailable
@@ -36,23 +37,31 @@ def main() -> int:
     ap.add_argument("--philly-set", default="slurm")
     ap.add_argument("--philly-cluster", default="100x8")
     ap.add_argument("--skip-philly", action="store_true")
+    add_arguments(ap, "workload 1 only, first 40 jobs, sets slurm and all, no Philly")
     args = ap.parse_args()
+    run = BenchRun.from_args("sim_pollux", args)
     if not (args.data / "profiles").is_dir():
         print(f"skipped: no Pollux data under {args.data}")
+        run.figures = {"skipped": f"no Pollux data under {args.data}"}
+        run.write(args.json_out)
         return 0
+    sets = ("slurm", "all") if args.smoke else SETS
+    workloads = list(PUBLISHED_AVG_JCT_S)[:1] if args.smoke else list(PUBLISHED_AVG_JCT_S)
     profiles = load_profiles(args.data / "profiles")
     shape = ClusterShape(16, 4)
-    avg: dict[str, list[float]] = {s: [] for s in SETS}
-    timeouts: dict[str, int] = dict.fromkeys(SETS, 0)
+    avg: dict[str, list[float]] = {s: [] for s in sets}
+    timeouts: dict[str, int] = dict.fromkeys(sets, 0)
     unavailable: dict[str, str] = {}
     speed_cpu: list[float] = []
     speed_wall: list[float] = []
-    print(f"{'workload':>8} " + " ".join(f"{s:>10}" for s in SETS) + "   published P / T")
-    for n in PUBLISHED_AVG_JCT_S:
+    print(f"{'workload':>8} " + " ".join(f"{s:>10}" for s in sets) + "   published P / T")
+    for n in workloads:
         trace = load_trace(args.data / "workloads" / f"workload-{n}.csv", profiles, seed=1)
+        if args.smoke:
+            trace = trace[:40]
         cells = []
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        for s in SETS:
+        for s in sets:
             try:
                 r = summarise(simulate(trace, shape, s))
             except PolicySetUnavailable as exc:
@@ -73,7 +82,7 @@ def main() -> int:
     )
     print(
         f"{'timeouts':>8} "
-        + " ".join(f"{timeouts[s]:>10}" if avg[s] else f"{'n/a':>10}" for s in SETS)
+        + " ".join(f"{timeouts[s]:>10}" if avg[s] else f"{'n/a':>10}" for s in sets)
         + "   (runs killed at their limit, all workloads)"
     )
     for s, why in unavailable.items():
@@ -82,12 +91,30 @@ def main() -> int:
     for s, v in avg.items():
         if v and s != "slurm":
             print(f"  {s}: mean avg JCT {statistics.mean(v) / base:.2f}x plain slurm")
+    workload_cpu = statistics.median(speed_cpu)
     print(
-        f"speed: 160 jobs x {len(SETS) - len(unavailable)} sets: median "
-        f"{statistics.median(speed_cpu):.2f} s CPU ({statistics.median(speed_wall):.2f} s wall) "
+        f"speed: {len(trace)} jobs x {len(sets) - len(unavailable)} sets: median "
+        f"{workload_cpu:.2f} s CPU ({statistics.median(speed_wall):.2f} s wall) "
         "per workload (target < 10 s)"
     )
-    if args.skip_philly or not (args.data / "philly.csv").exists():
+    run.baseline = {
+        "slurm_mean_avg_jct_s": base,
+        "published_mean_avg_jct_s": {
+            "pollux": published_mean("pollux"),
+            "tiresias": published_mean("tiresias"),
+        },
+    }
+    run.figures = {
+        "mean_avg_jct_s": {s: statistics.mean(v) for s, v in avg.items() if v},
+        "vs_slurm": {s: statistics.mean(v) / base for s, v in avg.items() if v},
+        "timeouts": timeouts,
+        "unavailable": unavailable,
+        "workload_cpu_s": workload_cpu,
+        "workload_wall_s": statistics.median(speed_wall),
+    }
+    run.target("workload_cpu_s", workload_cpu, "< 10", workload_cpu < 10)
+    if args.smoke or args.skip_philly or not (args.data / "philly.csv").exists():
+        run.write(args.json_out)
         return 0
     t0 = time.process_time()
     w0 = time.perf_counter()
@@ -103,6 +130,18 @@ def main() -> int:
         f"({time.perf_counter() - w0:.1f} s wall; target < 300 s); "
         f"avg JCT {r.avg_jct_s:,.0f} s, alloc util {r.allocated_util_pct:.1f} %"
     )
+    philly_cpu = load_cpu + sim_cpu
+    run.figures["philly"] = {
+        "jobs": len(trace),
+        "set": args.philly_set,
+        "cluster": args.philly_cluster,
+        "load_cpu_s": load_cpu,
+        "simulate_cpu_s": sim_cpu,
+        "wall_s": time.perf_counter() - w0,
+        "avg_jct_s": r.avg_jct_s,
+    }
+    run.target("philly_cpu_s", philly_cpu, "< 300", philly_cpu < 300)
+    run.write(args.json_out)
     return 0
 
 
