@@ -389,6 +389,7 @@ class ApiLimits:
     """How much of the daemon one peer, or all of them, can hold (docs/reliability.md)."""
 
     max_connections: int = 32  # served at once; one more is answered 503 + Retry-After
+    max_per_peer: int = 8  # of those, from one address (a node's agent needs one)
     idle_timeout_s: float = 10.0  # one read or write waiting longer closes the connection
     request_timeout_s: float = 30.0  # a whole request: its wait, headers and body
     retry_after_s: int = 5  # what a 503 tells the client to wait
@@ -400,6 +401,7 @@ class ApiStats:
 
     active: int = 0
     overloaded: int = 0  # connections answered 503 because every slot was taken
+    peer_overloaded: int = 0  # answered 503 because their address held max_per_peer
     timeouts: int = 0  # connections closed because a read or a request took too long
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -472,7 +474,10 @@ def _handler(
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except OSError:  # the client went away: nothing to tell it
+                self.close_connection = True
 
         def _refuse(self, reply: tuple[int, bytes]) -> None:
             """Answer without reading the body: the connection cannot be reused after."""
@@ -536,9 +541,10 @@ def _handler(
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` at once: one more connection is
-    answered ``503`` with ``Retry-After`` by the accepting thread and closed, so slow or
-    hostile peers cannot make the daemon start threads without bound."""
+    """A thread per connection, at most ``max_connections`` at once and ``max_per_peer``
+    from one address: one more connection is answered ``503`` with ``Retry-After`` by the
+    accepting thread and closed, so slow or hostile peers cannot make the daemon start
+    threads without bound, nor one host take every slot from the agents."""
 
     daemon_threads = True
 
@@ -552,6 +558,8 @@ class _BoundedServer(ThreadingHTTPServer):
         self.limits = limits
         self.stats = stats
         self._slots = threading.BoundedSemaphore(limits.max_connections)
+        self._peers: dict[str, int] = {}  # connections being served, by address
+        self._peers_lock = threading.Lock()
         body = b'{"error": "server busy, retry"}'
         self._busy_reply = (
             "HTTP/1.1 503 Service Unavailable\r\n"
@@ -561,30 +569,56 @@ class _BoundedServer(ThreadingHTTPServer):
         ).encode() + body
         super().__init__(address, handler)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.stats.add("overloaded")
-            try:
-                request.settimeout(1.0)
-                request.sendall(self._busy_reply)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
+    def _busy(self, request: Any, counter: str) -> None:
+        self.stats.add(counter)
+        try:
+            request.settimeout(1.0)
+            request.sendall(self._busy_reply)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def _take(self, peer: str) -> str | None:
+        """Take a connection slot for ``peer``; the counter to bump when there is none."""
+        with self._peers_lock:
+            if self._peers.get(peer, 0) >= self.limits.max_per_peer:
+                return "peer_overloaded"
+            if not self._slots.acquire(blocking=False):
+                return "overloaded"
+            self._peers[peer] = self._peers.get(peer, 0) + 1
         self.stats.add("active")
+        return None
+
+    def _give_back(self, peer: str) -> None:
+        with self._peers_lock:
+            left = self._peers.get(peer, 1) - 1
+            if left:
+                self._peers[peer] = left
+            else:
+                self._peers.pop(peer, None)
+            self._slots.release()
+        self.stats.add("active", -1)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        peer = str(client_address[0])
+        if (refused := self._take(peer)) is not None:
+            self._busy(request, refused)
+            return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.stats.add("active", -1)
-            self._slots.release()
+            self._give_back(peer)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.stats.add("active", -1)
-            self._slots.release()
+            self._give_back(str(client_address[0]))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line, not a traceback on stderr: a peer that went away mid-reply is routine."""
+        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
 
 
 class _ApiCollector(Collector):
@@ -605,6 +639,16 @@ class _ApiCollector(Collector):
             "sgpu_api_overloaded",
             "API connections answered 503 because every connection slot was taken.",
             value=stats.overloaded,
+        )
+        yield CounterMetricFamily(
+            "sgpu_api_peer_overloaded",
+            "API connections answered 503 because their address held max_per_peer connections.",
+            value=stats.peer_overloaded,
+        )
+        yield GaugeMetricFamily(
+            "sgpu_api_connections_per_peer_limit",
+            "API connections served at once from one address.",
+            value=limits.max_per_peer,
         )
         yield CounterMetricFamily(
             "sgpu_api_timeouts",

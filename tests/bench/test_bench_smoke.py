@@ -25,6 +25,7 @@ DATA = ROOT.parent / "shared" / "data"
 # bench -> what it needs beyond the repository (None: nothing)
 NEEDS: dict[str, Path | None] = {
     "agent": None,
+    "api_load": None,
     "colocate_sim": DATA / "lucid" / "colocate_info.csv",
     "ingest": None,
     "interference": DATA / "lucid" / "colocate_info.csv",

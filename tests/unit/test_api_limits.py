@@ -12,7 +12,7 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +56,7 @@ class Served:
         return socket.create_connection(("127.0.0.1", self.port), timeout=20)
 
 
-def _serve(tmp_path: Path, limits: ApiLimits) -> Iterator[Served]:
+def _serve(tmp_path: Path, limits: ApiLimits) -> Generator[Served, None, None]:
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     snap = snapshot()
     directory = NodeDirectory(lambda: snap)
@@ -182,3 +182,24 @@ def test_limits_and_refusals_are_in_the_metrics(served: Served) -> None:
     assert "sgpu_api_max_body_bytes 8.388608e+06" in text
     assert "sgpu_api_munge_decodes_limit 4.0" in text
     assert "sgpu_api_overloaded_total 0.0" in text
+
+
+def test_one_address_cannot_take_every_connection_slot(tmp_path: Path) -> None:
+    serving = _serve(tmp_path, ApiLimits(max_connections=4, max_per_peer=2, idle_timeout_s=5.0))
+    served = next(serving)
+    try:
+        other = [
+            socket.create_connection(("127.0.0.1", served.port), 20, ("127.0.0.2", 0))
+            for _ in range(2)
+        ]
+        _wait_for(lambda: served.server.stats.active == 2, "two connections from 127.0.0.2")
+        third = socket.create_connection(("127.0.0.1", served.port), 20, ("127.0.0.2", 0))
+        reply = _reply(third)
+        third.close()
+        assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
+        assert served.server.stats.peer_overloaded == 1
+        assert served.agent_post() == 200  # from 127.0.0.1: a slot is still free for it
+        for c in other:
+            c.close()
+    finally:
+        serving.close()
