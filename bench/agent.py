@@ -39,6 +39,7 @@ from pathlib import Path
 
 import psutil
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.config import parse_duration
 from slurmgpu.telemetry.simgpu import LoadDeclaration, write_declaration
 from slurmgpu.wire import (
@@ -172,7 +173,11 @@ def main() -> int:
     parser.add_argument(
         "--auth", choices=["hmac", "munge"], default="hmac", help="agent authentication"
     )
+    add_arguments(parser, "3 cycles 1 s apart")
     args = parser.parse_args()
+    if args.smoke:
+        args.cycles, args.interval = 3, "1s"
+    run = BenchRun.from_args("agent", args)
     interval_s = parse_duration(args.interval).total_seconds()
     if args.cycles < 2:
         parser.error("--cycles must be at least 2 (steady state is measured between batches)")
@@ -310,6 +315,19 @@ def main() -> int:
     )
     if base_code != 0:
         print(f"warning: the baseline process exited {base_code}")
+    run.baseline = {"sleep_cpu_pct": base_pct, "sleep_peak_rss_mb": base_rss_mb}
+    run.figures = {
+        "batches": len(arrivals),
+        "cpu_pct_steady": steady_pct,
+        "cpu_pct_overall": total_pct,
+        "cpu_ms_per_cycle": per_cycle_ms,
+        "peak_rss_mb": agent_rss_mb,
+    }
+    run.target("cpu_pct_at_10s", at_10s_pct, f"< {TARGET_CPU_PCT:g}", cpu_ok)
+    run.target("peak_rss_mb", agent_rss_mb, f"< {TARGET_RSS_MB:g}", rss_ok)
+    run.write(args.json_out)
+    if args.smoke:  # seconds of samples: the figures are too coarse to hold to the targets
+        return 0
     return 0 if cpu_ok and rss_ok else 2
 
 

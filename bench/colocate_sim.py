@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.sim.lucid import (
     LucidWorkload,
     load_lucid_pairs,
@@ -92,7 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--loads", default="1.0,1.2,1.5", help="offered loads (1.0 = the GPUs)")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--slowdown", choices=("measured", "model"), default="measured")
+    add_arguments(ap, "60 jobs, load 1.2, seed 1")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.jobs, args.loads, args.seeds = 60, "1.2", "1"
+    run = BenchRun.from_args("colocate_sim", args)
     path = args.data / "lucid" / "colocate_info.csv"
     if not path.is_file():
         print(f"bench/colocate_sim: {path} is absent; nothing to measure", file=sys.stderr)
@@ -148,6 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" {'used util %':>14} {'busy/alloc %':>14}"
     )
     for load, pairs_of_runs in rows.items():
+        run.baseline[f"load {load:g}"] = {
+            "avg_jct_s": [p.summary.avg_jct_s for p, _ in pairs_of_runs],
+            "p99_jct_s": [p.summary.p99_jct_s for p, _ in pairs_of_runs],
+            "used_util_pct": [p.summary.used_util_pct for p, _ in pairs_of_runs],
+        }
+        run.figures[f"load {load:g}"] = {
+            "avg_jct_s": [c.summary.avg_jct_s for _, c in pairs_of_runs],
+            "p99_jct_s": [c.summary.p99_jct_s for _, c in pairs_of_runs],
+            "used_util_pct": [c.summary.used_util_pct for _, c in pairs_of_runs],
+        }
 
         def med(values: list[float]) -> float:
             return float(statistics.median(values))
@@ -167,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     runs = 2 * len(loads) * len(seeds)
     print(f"CPU: {cpu_total:.1f} s for {runs} simulations ({cpu_total / runs:.2f} s each)")
+    run.figures["cpu_s_per_simulation"] = cpu_total / runs
+    run.write(args.json_out)
     return 0
 
 

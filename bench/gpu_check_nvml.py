@@ -22,6 +22,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.telemetry.nvml import NvmlProbe
 from slurmgpu.telemetry.probe import GpuDeviceSample, ProbeUnavailableError
 
@@ -79,12 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--no-load", action="store_true")
+    add_arguments(parser, "2 samples 0.2 s apart, no load")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.samples, args.interval, args.no_load = 2, 0.2, True
+    run = BenchRun.from_args("gpu_check_nvml", args)
 
     try:
         probe = NvmlProbe()
     except ProbeUnavailableError as exc:
         print(json.dumps({"problems": [str(exc)]}))
+        run.figures = {"skipped": str(exc)}
+        run.write(args.json_out)
         return 2
 
     load = None if args.no_load else _start_load(args.samples * args.interval + 4.0)
@@ -142,7 +150,34 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     print(json.dumps({"samples": rounds, "checks": checks, "problems": problems}, indent=2))
+    run.baseline = {"bare_nvml_round_s": _bare_nvml_round_s()}
+    run.figures = {
+        "probe_sample_s": statistics.median(sample_s) if sample_s else None,
+        "devices": len(last),
+        "problems": problems,
+    }
+    run.write(args.json_out)
     return 1 if problems else 0
+
+
+def _bare_nvml_round_s(repeats: int = 5) -> float:
+    """The floor a probe sample is measured against: utilisation and memory of every
+    device read with bare pynvml calls (median of ``repeats``)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                pynvml.nvmlDeviceGetUtilizationRates(handle)
+                pynvml.nvmlDeviceGetMemoryInfo(handle)
+            times.append(time.perf_counter() - t0)
+    finally:
+        pynvml.nvmlShutdown()
+    return statistics.median(times)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,17 @@ Run: ``.venv/bin/python bench/ingest.py [--batches 200 --per-batch 500 --repeats
 from __future__ import annotations
 
 import argparse
+import http.client
 import sqlite3
 import statistics
 import tempfile
 import time
-import urllib.request
+import urllib.parse
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.model import ClusterSnapshot, Node
 from slurmgpu.store import open_store
@@ -135,15 +137,19 @@ def _post_all(url: str, part: list[tuple[bytes, str]], start_at: float) -> int:
     while time.time() < start_at:
         time.sleep(0.001)
     failures = 0
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
     for body, header in part:
-        req = urllib.request.Request(url, data=body, method="POST")
-        req.add_header("Authorization", header)
-        req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                resp.read()
+        headers = {"Authorization": header, "Content-Type": "application/json"}
+        try:  # one kept-alive connection per client, as an agent keeps one
+            conn.request("POST", parts.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            failures += resp.status != 200
         except OSError:
             failures += 1
+            conn.close()
+    conn.close()
     return failures
 
 
@@ -173,7 +179,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--per-batch", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=3)
+    add_arguments(ap, "6 batches of 200, one run")
     a = ap.parse_args()
+    if a.smoke:
+        a.batches, a.per_batch, a.repeats = 6, 200, 1
+    run = BenchRun.from_args("ingest", a)
     base, svc, http = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.repeats):
@@ -185,6 +195,17 @@ def main() -> None:
     b, s, h = statistics.median(base), statistics.median(svc), statistics.median(http)
     print(f"{n:,} samples in {a.batches} batches of {a.per_batch}, median of {a.repeats} runs")
     print(f"baseline sqlite3 executemany   {b:>10,.0f} samples/s")
+    run.baseline = {"executemany_samples_per_s": b, "runs": base}
+    run.figures = {
+        "service_samples_per_s": s,
+        "http_samples_per_s": h,
+        "service": svc,
+        "http": http,
+    }
+    run.target("service_rate", s, ">= 20000", s >= 20_000)
+    run.target("service_vs_baseline", s / b, ">= 0.5", s / b >= 0.5)
+    run.target("http_rate", h, ">= 20000", h >= 20_000)
+    run.target("http_vs_baseline", h / b, ">= 0.5", h / b >= 0.5)
     ok = "OK" if s >= 20_000 and s / b >= 0.5 else "MISSED"
     print(
         f"daemon ingest (service)        {s:>10,.0f} samples/s  {s / b:.2f}x baseline  "
@@ -195,6 +216,7 @@ def main() -> None:
         f"daemon ingest (HTTP, 2 clients) {h:>9,.0f} samples/s  {h / b:.2f}x baseline  "
         f"(target >= 20,000/s and >= 0.5x) {ok}"
     )
+    run.write(a.json_out)
 
 
 if __name__ == "__main__":

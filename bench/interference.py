@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.policy.interference import MIN_SPEED, InterferenceModel
 
 DEFAULT_DATA = Path(
@@ -210,7 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10, help="random splits (medians printed)")
     parser.add_argument("--bound", type=float, default=1.25, help="admission slowdown bound")
     parser.add_argument("--fit", action="store_true", help="fit on all pairs, print coefficients")
+    add_arguments(parser, "2 random splits")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.seeds = 2
+    run = BenchRun.from_args("interference", args)
     path = args.data / LUCID_CSV
     if not path.is_file():
         print(f"bench/interference: {path} is absent; nothing to measure", file=sys.stderr)
@@ -248,6 +253,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "of the truly compatible pairs"
     )
     print(f"fit time (profiles + coefficients): {med('fit_s') * 1000:.1f} ms")
+    run.baseline = {
+        "mae_naive": med("mae_naive"),
+        "rmse_naive": med("rmse_naive"),
+        "mae_slicing": med("mae_slicing"),
+        "admitted_ok_naive": med("admitted_ok_naive"),
+    }
+    run.figures = {
+        "mae_model": med("mae_model"),
+        "rmse_model": med("rmse_model"),
+        "admitted_ok_model": med("admitted_ok_model"),
+        "compatible_admitted_model": med("compatible_admitted_model"),
+        "fit_s": med("fit_s"),
+    }
+    run.write(args.json_out)
     return 0
 
 

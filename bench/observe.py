@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurmgpu.benchrun import BenchRun, add_arguments
+
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "slurm-22.05"
 T_NOW = 1796217365
 
@@ -139,32 +141,12 @@ def child_baseline(squeue_path: Path, repeats: int) -> dict[str, float]:
     return {"json_loads_s": statistics.median(times), "peak_rss_mib": _peak_rss_mib()}
 
 
-class ReplaySlurm:
-    """A SlurmClient whose listings are recorded documents, read per call like a pipe."""
-
-    def __init__(self, squeue: Path, sinfo: Path) -> None:
-        self.squeue = squeue
-        self.sinfo = sinfo
-        self.memo: dict[int, Any] = {}  # as CliSlurmClient keeps between listings
-
-    def jobs(self) -> list[Any]:
-        from slurmgpu.slurm.cli import decode_squeue
-
-        jobs: list[Any] = decode_squeue(self.squeue.read_bytes(), self.memo)[0]
-        return jobs
-
-    def nodes(self) -> list[Any]:
-        from slurmgpu.slurm.cli import decode_sinfo
-
-        nodes: list[Any] = decode_sinfo(self.sinfo.read_bytes())
-        return nodes
-
-
 def child_pipeline(cold: Path, warm: Path, sinfo: Path, repeats: int) -> dict[str, float]:
     from datetime import UTC, datetime, timedelta
 
     from slurmgpu.daemon.observer import Observer
     from slurmgpu.slurm.cli import decode_squeue
+    from slurmgpu.slurm.replay import ReplaySlurmClient
     from slurmgpu.store import open_store
 
     warm_bytes = warm.read_bytes()
@@ -178,9 +160,9 @@ def child_pipeline(cold: Path, warm: Path, sinfo: Path, repeats: int) -> dict[st
     del warm_bytes
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/state.db")
-        slurm = ReplaySlurm(cold, sinfo)
+        slurm = ReplaySlurmClient(cold, sinfo)
         at = datetime(2026, 12, 1, tzinfo=UTC)
-        observer = Observer(slurm, store, clock=lambda: at)  # type: ignore[arg-type]
+        observer = Observer(slurm, store, clock=lambda: at)
         r = observer.cycle()
         assert r.ok, r.error
         out["cold_cycle_s"] = r.seconds
@@ -222,7 +204,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--child", choices=["baseline", "pipeline"], help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
+    add_arguments(ap, "2,000 jobs on 200 nodes, one repeat")
     a = ap.parse_args()
+    if a.smoke:
+        a.jobs, a.nodes, a.repeats = 2_000, 200, 1
     if a.child == "baseline":
         print(json.dumps(child_baseline(Path(a.paths[0]), a.repeats)))
         return
@@ -246,6 +231,15 @@ def main() -> None:
         base = _run_child("--child", "baseline", "--repeats", str(a.repeats), str(paths[1]))
         ours = _run_child("--child", "pipeline", "--repeats", str(a.repeats), *map(str, paths))
     ratio = ours["parse_normalise_s"] / base["json_loads_s"]
+    run = BenchRun.from_args("observe", a)
+    del run.params["paths"], run.params["child"]
+    run.baseline = base
+    run.figures = ours
+    run.target("parse_vs_json_loads", ratio, "<= 3", ratio <= 3)
+    inc = ours["incremental_cycle_s"]
+    run.target("incremental_cycle_s", inc, "<= 2", inc <= 2)
+    rss = ours["peak_rss_mib"]
+    run.target("peak_rss_mib", rss, "< 1024", rss < 1024)
     rows = [
         ("baseline json.loads (median)", f"{base['json_loads_s']:.2f} s", ""),
         (
@@ -277,6 +271,7 @@ def main() -> None:
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>9}  {note}")
+    run.write(a.json_out)
 
 
 if __name__ == "__main__":

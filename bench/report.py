@@ -37,6 +37,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.report.report import build_report
 from slurmgpu.store import open_store
 
@@ -141,7 +142,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", type=Path, help="generate into DIR and keep it")
+    add_arguments(ap, "5,000 jobs, one repeat")
     args = ap.parse_args()
+    if args.smoke:
+        args.jobs, args.repeat = 5_000, 1
+    run = BenchRun.from_args("report", args)
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="sgpu-bench-report-"))
     workdir.mkdir(parents=True, exist_ok=True)
     db = workdir / "state.db"
@@ -214,6 +219,20 @@ def main() -> None:
     print(f"  the same, one day changed before:   {dirty_s:6.3f} s")
     print(f"sgpu report --since 30d --format html:{html_s:6.3f} s")
     print(f"(medians of {args.repeat})")
+    run.baseline = {"count_jobs_s": count_s, "sum_gpus_scan_s": scan_s}
+    run.figures = {
+        "jobs": n,
+        "database_mib": size_mib,
+        "build_report_every_job_s": raw_s,
+        "build_report_first_s": first_s,
+        "build_report_rollups_s": sql_s,
+        "cli_startup_s": startup_s,
+        "cli_report_table_s": cli_s,
+        "cli_report_one_day_changed_s": dirty_s,
+        "cli_report_html_s": html_s,
+    }
+    run.target("cli_report_table_s", cli_s, "< 5", cli_s < 5)
+    run.write(args.json_out)
     store.engine.dispose()
     if args.keep is None:
         shutil.rmtree(workdir, ignore_errors=True)

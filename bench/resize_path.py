@@ -43,6 +43,7 @@ from slurmgpu.actuate.resize import (  # noqa: E402
     ResizeSettings,
     durations,
 )
+from slurmgpu.benchrun import BenchRun, add_arguments  # noqa: E402
 from slurmgpu.daemon.malleable import MalleableDirectory  # noqa: E402
 from slurmgpu.labcluster import LabCluster  # noqa: E402
 from slurmgpu.model import ClusterSnapshot, Job, JobState  # noqa: E402
@@ -119,11 +120,27 @@ def main() -> int:
     p.add_argument("--resizes", type=int, default=3, help="resizes per path")
     p.add_argument("--ctld-port", type=int, default=6931)
     p.add_argument("--slurmd-port-base", type=int, default=17201)
+    p.add_argument(
+        "--running-lab",
+        action="store_true",
+        help="use the lab cluster SLURM_CONF points at instead of starting one (CI's smoke run)",
+    )
+    add_arguments(p, "one resize per path")
     args = p.parse_args()
+    if args.smoke:
+        args.resizes = 1
+    run = BenchRun.from_args("resize_path", args)
     tmp = Path(tempfile.mkdtemp(prefix="sgpu-bench-resize-"))
-    lab = LabCluster(tmp / "lab", ctld_port=args.ctld_port, slurmd_port_base=args.slurmd_port_base)
-    lab.up(timeout_s=60)
-    os.environ.update(lab.env())
+    lab: LabCluster | None = None
+    if not args.running_lab:
+        lab = LabCluster(
+            tmp / "lab", ctld_port=args.ctld_port, slurmd_port_base=args.slurmd_port_base
+        )
+        lab.up(timeout_s=60)
+        os.environ.update(lab.env())
+    elif not os.environ.get("SLURM_CONF"):
+        p.error("--running-lab needs SLURM_CONF set to a running lab cluster")
+    job_id: int | None = None
     db = f"sqlite:///{tmp / 'state.db'}"
     env = {**os.environ, "SGPU_DB": db, "PYTHONPATH": str(ROOT)}
     try:
@@ -197,8 +214,14 @@ def main() -> int:
             f"Slurm's own requeue path {med['slurm']['total']:.1f} s ({ratio:.1f}x slower); "
             f"{len(steps)} steps, none lost or repeated"
         )
+        run.baseline = {"slurm_requeue_path_s": med["slurm"]}
+        run.figures = {"fast_path_s": med["fast"], "slurm_vs_fast": ratio, "steps": len(steps)}
+        run.write(args.json_out)
     finally:
-        lab.down(cancel_jobs=True)
+        if lab is not None:
+            lab.down(cancel_jobs=True)
+        elif job_id is not None:
+            subprocess.run(["scancel", str(job_id)], check=False, timeout=30)
     return 0
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import PolicySetUnavailable
@@ -64,14 +65,17 @@ def _init(data: str) -> None:
 
 
 @cache
-def _trace(path: str, seed: int) -> list:  # type: ignore[type-arg]
-    return load_trace(Path(path), _PROFILES, seed=seed)
+def _trace(path: str, seed: int, limit: int | None) -> list:  # type: ignore[type-arg]
+    trace = load_trace(Path(path), _PROFILES, seed=seed)
+    return trace[:limit] if limit is not None else trace
 
 
-def _one(path: str, seed: int, policy_set: str) -> tuple[dict[str, float], float] | str:
+def _one(
+    path: str, seed: int, policy_set: str, limit: int | None = None
+) -> tuple[dict[str, float], float] | str:
     cpu = time.process_time()
     try:
-        r = summarise(simulate(_trace(path, seed), ClusterShape(16, 4), policy_set))
+        r = summarise(simulate(_trace(path, seed, limit), ClusterShape(16, 4), policy_set))
     except PolicySetUnavailable as exc:
         return str(exc)
     d = r.as_dict()
@@ -103,20 +107,30 @@ def main() -> int:
     ap.add_argument("--philly-set", default="slurm")
     ap.add_argument("--philly-cluster", default="100x8")
     ap.add_argument("--skip-philly", action="store_true")
+    add_arguments(ap, "workload 1, first 40 jobs, seed 1, load 1.0, sets slurm/all/tiresias")
     args = ap.parse_args()
+    run = BenchRun.from_args("sim_pollux", args)
     if not (args.data / "profiles").is_dir():
         print(f"skipped: no Pollux data under {args.data}")
+        run.figures = {"skipped": f"no Pollux data under {args.data}"}
+        run.write(args.json_out)
         return 0
-    seeds = _seeds(args.seeds)
-    loads = [float(x) for x in args.loads.split(",")]
-    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    seeds = [1] if args.smoke else _seeds(args.seeds)
+    loads = [1.0] if args.smoke else [float(x) for x in args.loads.split(",")]
+    sets = (
+        ["slurm", "all", "tiresias"]
+        if args.smoke
+        else [s.strip() for s in args.sets.split(",") if s.strip()]
+    )
+    workloads = WORKLOADS[:1] if args.smoke else WORKLOADS
+    limit = 40 if args.smoke else None
     tasks = []
     for load in loads:
         folder = args.data / _dirname(load)
         if not folder.is_dir():
             print(f"skipped load {load:g}: no {folder}")
             continue
-        for n in WORKLOADS:
+        for n in workloads:
             for seed in seeds:
                 for s in sets:
                     tasks.append((load, n, seed, s, str(folder / f"workload-{n}.csv")))
@@ -139,7 +153,8 @@ def main() -> int:
     ):
         job = bar.add_task("matrix", total=len(tasks))
         futures = {
-            pool.submit(_one, path, seed, s): (load, n, seed, s) for load, n, seed, s, path in tasks
+            pool.submit(_one, path, seed, s, limit): (load, n, seed, s)
+            for load, n, seed, s, path in tasks
         }
         for fut in as_completed(futures):
             load, n, seed, s = futures[fut]
@@ -152,24 +167,42 @@ def main() -> int:
             bar.advance(job)
     wall = time.perf_counter() - wall0
     verdicts: list[str] = []
+    means: dict[str, dict[str, float]] = {}
+    best_of: dict[str, dict[str, float]] = {}
     for load in loads:
         if load not in results:
             continue
-        _table(load, results[load], sets, seeds, verdicts)
+        avg, best = _table(load, results[load], sets, seeds, verdicts)
+        means[f"{load:g}"] = avg
+        if best:
+            best_of[f"{load:g}"] = {best: avg[best]}
     for s, why in unavailable.items():
         print(f"  {s}: not available: {why}")
     print("\ntargets (issue 20; benchmark, not unit test):")
     for v in verdicts:
         print(f"  {v}")
     print(
-        f"\nspeed: {len(tasks)} simulations (6 workloads x {len(sets)} sets x {len(seeds)} "
-        f"seeds x {len(loads)} loads) in {wall:.1f} s wall on {args.workers} worker(s) "
+        f"\nspeed: {len(tasks)} simulations ({len(workloads)} workloads x {len(sets)} sets x "
+        f"{len(seeds)} seeds x {len(loads)} loads) in {wall:.1f} s wall on {args.workers} worker(s) "
         f"(target < 60 s on 2 cores); one run: median {statistics.median(cpu):.2f} s CPU, "
         f"total {sum(cpu):.1f} s CPU"
     )
-    if args.skip_philly or not (args.data / "philly.csv").exists():
+    run.baseline = {"best_baseline_mean_avg_jct_s": best_of}
+    run.figures = {
+        "mean_avg_jct_s": means,
+        "verdicts": verdicts,
+        "unavailable": unavailable,
+        "matrix_wall_s": wall,
+        "run_cpu_median_s": statistics.median(cpu) if cpu else math.nan,
+    }
+    if not args.smoke:
+        run.target("matrix_wall_s", wall, "< 60", wall < 60)
+    if args.smoke or args.skip_philly or not (args.data / "philly.csv").exists():
+        run.write(args.json_out)
         return 0
-    return _philly(args)
+    _philly(args, run)
+    run.write(args.json_out)
+    return 0
 
 
 def _table(
@@ -178,7 +211,10 @@ def _table(
     sets: Sequence[str],
     seeds: Sequence[int],
     verdicts: list[str],
-) -> None:
+) -> tuple[dict[str, float], str | None]:
+    """Print one load's table and add its verdicts; return each set's mean and the best
+    baseline."""
+
     def seed_means(s: str) -> list[float]:
         out = []
         for seed in seeds:
@@ -259,9 +295,10 @@ def _table(
                 f"load {load:g}: worst rho all {ra:.1f} vs tiresias {rt:.1f} -> "
                 f"{'met' if ra <= rt else 'NOT met'}"
             )
+    return avg, best
 
 
-def _philly(args: argparse.Namespace) -> int:
+def _philly(args: argparse.Namespace, run: BenchRun) -> None:
     t0 = time.process_time()
     w0 = time.perf_counter()
     trace = load_trace(args.data / "philly.csv", None, max_gpus=10**6)
@@ -276,7 +313,17 @@ def _philly(args: argparse.Namespace) -> int:
         f"({time.perf_counter() - w0:.1f} s wall; target < 300 s); "
         f"avg JCT {r.avg_jct_s:,.0f} s, alloc util {r.allocated_util_pct:.1f} %"
     )
-    return 0
+    philly_cpu = load_cpu + sim_cpu
+    run.figures["philly"] = {
+        "jobs": len(trace),
+        "set": args.philly_set,
+        "cluster": args.philly_cluster,
+        "load_cpu_s": load_cpu,
+        "simulate_cpu_s": sim_cpu,
+        "wall_s": time.perf_counter() - w0,
+        "avg_jct_s": r.avg_jct_s,
+    }
+    run.target("philly_cpu_s", philly_cpu, "< 300", philly_cpu < 300)
 
 
 if __name__ == "__main__":

@@ -239,6 +239,16 @@ def munge_header(node: str, body: bytes, *, timeout_s: float = 10.0) -> str:
 
 def verify_munge(header: str, body: bytes, *, timeout_s: float = 10.0) -> Caller:
     """Decode a ``Munge`` header with ``unmunge``; check the payload binds node and body."""
+    caller, digest = decode_munge(header, timeout_s=timeout_s)
+    if digest != body_digest(body):
+        raise AuthError("MUNGE credential does not match the request body")
+    return caller
+
+
+def decode_munge(header: str, *, timeout_s: float = 10.0) -> tuple[Caller, str]:
+    """Decode a ``Munge`` header with ``unmunge`` (before the body is read): the caller it
+    proves, and the body digest its payload binds (checked by the caller against the body).
+    munged refuses a credential decoded twice (replay), so decode each request once."""
     cred = header.strip().removeprefix("Munge").strip()
     if not re.fullmatch(r"MUNGE:[A-Za-z0-9+/=:_-]{16,4096}", cred):
         raise AuthError("malformed MUNGE credential")
@@ -257,16 +267,15 @@ def verify_munge(header: str, body: bytes, *, timeout_s: float = 10.0) -> Caller
         (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in head.splitlines())
     )
     node, _, digest = payload.rstrip("\n").partition("\n")
-    if digest != body_digest(body):
-        raise AuthError("MUNGE credential does not match the request body")
     uid_m = re.search(r"\((\d+)\)", fields.get("UID", ""))
     addr_m = re.search(r"\(([^)]+)\)", fields.get("ENCODE_HOST", ""))
-    return Caller(
+    caller = Caller(
         node=node,
         method="munge",
         uid=int(uid_m.group(1)) if uid_m else None,
         host_addr=addr_m.group(1) if addr_m else None,
     )
+    return caller, digest
 
 
 def munge_available(timeout_s: float = 5.0) -> bool:

@@ -57,6 +57,7 @@ class FakeDaemon:
     batches: list[SampleBatch] = field(default_factory=list)  # accepted, in arrival order
     seen_uids: set[str] = field(default_factory=set)
     script: deque[tuple[int, str]] = field(default_factory=deque)  # next POST answers
+    retry_after: str | None = None  # the Retry-After header of a 503, when set
     port: int = 0
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -157,6 +158,8 @@ def _handler_for(daemon: FakeDaemon) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
+            if status == 503 and daemon.retry_after is not None:
+                self.send_header("Retry-After", daemon.retry_after)
             self.end_headers()
             self.wfile.write(payload)
 

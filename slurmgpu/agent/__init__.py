@@ -12,6 +12,7 @@ from slurmgpu.agent.sampler import NodeSampler, new_run_id, sample_uid
 from slurmgpu.agent.sender import (
     AgentAuthError,
     Authenticator,
+    Backoff,
     DaemonClient,
     HmacAuth,
     JobsUnavailableError,
@@ -27,6 +28,7 @@ __all__ = [
     "AgentAuthError",
     "AgentLoop",
     "Authenticator",
+    "Backoff",
     "BatchSpool",
     "CycleReport",
     "DaemonClient",

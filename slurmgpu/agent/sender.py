@@ -8,9 +8,17 @@ runs, else ``wire.hmac_header`` with this node's token), made fresh for each att
 batch resent from the spool an hour later still has a current timestamp.
 
 A POST ends in one of three ways (``SendOutcome``): ``SENT``; ``RETRY`` (connection
-refused or reset, timeout, 408/429/5xx: the daemon is away or busy, keep the batch);
-``REJECTED`` (400/401/403/413 and other 4xx: sending the same bytes again cannot succeed,
-so the batch is dropped and counted, never retried forever).
+refused or reset, timeout, 408/429/5xx: the daemon is away or busy; 401/403: the daemon
+does not take this node's credentials *now* (a token being rotated, munged restarting, the
+node not yet in the daemon's node list), so the credentials are checked again (``reauth``:
+the token file re-read, MUNGE availability re-checked) and the batch kept); ``REJECTED``
+(400/413 and other 4xx: sending the same bytes again cannot succeed, so the batch is
+dropped and counted, never retried forever).
+
+After a failed attempt the client backs off: it sends nothing (``RETRY`` at once, the
+batch kept) for ``Backoff.delay`` (exponential from ``base_s`` to ``cap_s``, each drawn
+between half and all of it, so a cluster's agents do not come back in step after an
+outage), and at least the daemon's ``Retry-After``.
 
 Requests bypass ``http_proxy``/``https_proxy``: the daemon is on the cluster network and a
 site's web proxy would only see (and log) the node's telemetry.
@@ -23,9 +31,12 @@ import http.client
 import json
 import logging
 import os
+import random
 import stat
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -48,6 +59,7 @@ DEFAULT_DAEMON_URL = "http://127.0.0.1:8787"
 DEFAULT_TOKEN_FILE = Path("/etc/slurmgpu/node.token")
 DEFAULT_TIMEOUT_S = 5.0
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
+_CREDENTIALS_REFUSED = frozenset({401, 403})
 _MAX_ERROR_CHARS = 300
 _MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
@@ -181,8 +193,33 @@ def _error_text(status: int, body: bytes) -> str:
     return _one_line(f"HTTP {status}: {text}" if text else f"HTTP {status}")
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """How long to wait after ``failures`` failed attempts in a row: exponential from
+    ``base_s`` to ``cap_s``, drawn between half and all of it (jitter)."""
+
+    base_s: float = 2.0
+    cap_s: float = 300.0
+
+    def delay(self, failures: int, rng: random.Random) -> float:
+        if failures <= 0 or self.base_s <= 0:
+            return 0.0
+        return rng.uniform(0.5, 1.0) * min(self.cap_s, self.base_s * 2.0 ** min(failures - 1, 32))
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds from a ``Retry-After`` header (a number; a date or junk counts as 0)."""
+    try:
+        return max(0.0, min(float(value or 0), 3600.0))
+    except ValueError:
+        return 0.0
+
+
 class DaemonClient:
     """Talks to the daemon at ``base_url`` as ``node``.
+
+    ``backoff``: how long to hold off after failed attempts (``None``: never);
+    ``reauth``: makes the credentials anew after a 401/403 (``choose_auth`` again).
 
     >>> client = DaemonClient("http://127.0.0.1:8787", "gpu1", HmacAuth(b"t"))  # doctest: +SKIP
     >>> client.post_samples(body).outcome  # doctest: +SKIP
@@ -196,6 +233,10 @@ class DaemonClient:
         auth: Authenticator,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        backoff: Backoff | None = None,
+        reauth: Callable[[], Authenticator] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"{base_url!r} is not an http:// or https:// URL")
@@ -203,10 +244,69 @@ class DaemonClient:
         self.node = node
         self.auth = auth
         self.timeout_s = timeout_s
+        self.backoff = backoff
+        self.reauth = reauth
+        self._clock = clock
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
+        self._retry_after_s = 0.0
+        self.failures = 0  # failed attempts in a row
+        self.retry_at = 0.0  # clock() before which nothing is sent
+        self._last_error = ""
+        self._credentials_error: str | None = None
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def _request(self, method: str, path: str, body: bytes) -> tuple[SendResult, bytes]:
-        """Do one request; return how it ended and the response body (when 200)."""
+        """One request unless backing off; record how it ended for the backoff."""
+        now = self._clock()
+        if now < self.retry_at:
+            wait = f"backing off {self.retry_at - now:.0f}s after {self.failures} failed attempt(s)"
+            return SendResult(SendOutcome.RETRY, None, f"{wait}: {self._last_error}"), b""
+        result, payload, retry_after = self._attempt(method, path, body)
+        if result.outcome is SendOutcome.RETRY:
+            self.failures += 1
+            self._last_error = result.error
+            delay = self.backoff.delay(self.failures, self._rng) if self.backoff else 0.0
+            self.retry_at = self._clock() + max(delay, retry_after)
+            if result.status in _CREDENTIALS_REFUSED:
+                self._recheck_credentials(result.error)
+        else:
+            self.failures = 0
+            self.retry_at = 0.0
+            if self._credentials_error is not None and result.outcome is SendOutcome.SENT:
+                log.info("daemon %s takes this node's credentials again", self.base_url)
+                self._credentials_error = None
+        return result, payload
+
+    def _recheck_credentials(self, error: str) -> None:
+        """After a 401/403: say so once, and make the credentials anew (a rotated token
+        file, munged started or stopped since)."""
+        if error != self._credentials_error:
+            log.error(
+                "daemon %s refused this node's credentials (%s); keeping batches and "
+                "retrying with backoff, credentials re-read each time",
+                self.base_url,
+                error,
+            )
+            self._credentials_error = error
+        if self.reauth is None:
+            return
+        try:
+            fresh = self.reauth()
+        except AgentAuthError as exc:
+            log.error("cannot make new credentials: %s", exc)
+            return
+        if fresh.method != self.auth.method:
+            log.warning("agent authentication is now %s (was %s)", fresh.method, self.auth.method)
+        self.auth = fresh
+
+    def _attempt(self, method: str, path: str, body: bytes) -> tuple[SendResult, bytes, float]:
+        """Do one request; return how it ended, the response body (when 200) and the
+        daemon's Retry-After in seconds (0 when none)."""
+        result, payload = self._attempt_once(method, path, body)
+        return result, payload, self._retry_after_s
+
+    def _attempt_once(self, method: str, path: str, body: bytes) -> tuple[SendResult, bytes]:
+        self._retry_after_s = 0.0
         try:
             authorization = self.auth.header(self.node, body)
         except AgentAuthError as exc:
@@ -234,7 +334,10 @@ class DaemonClient:
             finally:
                 exc.close()
             text = _error_text(status, error_body)
-            if status >= 500 or status in _RETRYABLE_STATUS:
+            self._retry_after_s = _retry_after(
+                exc.headers.get("Retry-After") if exc.headers else None
+            )
+            if status >= 500 or status in _RETRYABLE_STATUS or status in _CREDENTIALS_REFUSED:
                 return SendResult(SendOutcome.RETRY, status, text), b""
             return SendResult(SendOutcome.REJECTED, status, text), b""
         except TimeoutError:

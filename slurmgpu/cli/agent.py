@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,6 +31,7 @@ from slurmgpu.agent.sender import (
     DEFAULT_TOKEN_FILE,
     AgentAuthError,
     Authenticator,
+    Backoff,
     DaemonClient,
     choose_auth,
 )
@@ -281,6 +283,7 @@ def agent(
                 spool,
                 once,
                 cycles,
+                lambda: choose_auth(auth_mode, token_file),
             )
     finally:
         probe.close()
@@ -297,11 +300,21 @@ def _run(
     spool: BatchSpool,
     once: bool,
     cycles: int | None,
+    reauth: Callable[[], Authenticator],
 ) -> None:
     from slurmgpu.telemetry.host import HostUsageSampler
 
     sampler = NodeSampler(node, probe, HostUsageSampler(), slurm_minors_by_index=minors)
-    client = DaemonClient(daemon_url, node, auth, timeout_s=timeout_s)
+    client = DaemonClient(
+        daemon_url,
+        node,
+        auth,
+        timeout_s=timeout_s,
+        # Back off from one interval up to 5 min after failures; re-make the credentials
+        # (token file re-read, munged re-checked) after a 401/403.
+        backoff=Backoff(base_s=interval_s, cap_s=max(300.0, interval_s)),
+        reauth=reauth,
+    )
     loop = AgentLoop(sampler, client, spool, interval_s=interval_s)
     if once:
         report = loop.run_once()

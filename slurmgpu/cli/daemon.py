@@ -236,6 +236,7 @@ def _run(
             server = ApiServer(service, host, port)
         except OSError as exc:
             fail(f"cannot listen on {host}:{port}: {exc.strerror}", 1)
+        server.export_metrics(metrics.registry)
         server.start()
         log.info(
             "API listening on http://%s:%d (MUNGE auth %s)",

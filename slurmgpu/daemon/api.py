@@ -14,28 +14,36 @@ Endpoints (JSON; see slurmgpu.wire for the schemas and authentication):
   binds to localhost unless configured otherwise). See docs/metrics.md.
 
 Status codes: 400 bad payload, 401 not authenticated, 403 authenticated but not for that
-node, 404 unknown path, 413 body too large, 503 database busy (retry). Every rejection is
-logged as one line with the peer address and the reason.
+node, 404 unknown path, 413 body too large, 503 busy (database, connections or MUNGE
+decodes; retry after ``Retry-After``). Every rejection is logged as one line with the peer
+address and the reason. The limits (``ApiLimits``, docs/reliability.md) are in /metrics.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import pwd
+import re
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
 from slurmgpu.model import ClusterSnapshot, JobState
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import (
+    HMAC_MAX_SKEW_S,
     MAX_BODY_BYTES,
     AuthError,
     Caller,
@@ -45,24 +53,104 @@ from slurmgpu.wire import (
     NodeJob,
     NodeJobs,
     WireError,
+    body_digest,
     decode_batch,
+    decode_munge,
     encode,
     verify_hmac,
-    verify_munge,
 )
 
 log = logging.getLogger("slurmgpu.api")
 
 
+_HMAC_HEADER = re.compile(r"Sgpu-HMAC node=([^,\s]+),ts=(\d{1,12}),sig=([0-9a-f]{64})")
+
+
+class AuthBusyError(AuthError):
+    """Too many MUNGE credentials are being decoded at once: retry later (503)."""
+
+
 @dataclass
 class Authenticator:
-    """Checks a request's Authorization header and that the caller may speak for a node."""
+    """Checks a request's Authorization header and that the caller may speak for a node.
+
+    :meth:`screen` checks what the header alone can prove, before the server reads a body:
+    the scheme, a token's freshness and node, and a MUNGE credential in full (``unmunge``
+    with a timeout, at most ``max_munge_decodes`` at once). The decoded credential is kept
+    for the same request's :meth:`authenticate` on this thread, which then checks that the
+    body is the one it was made for: munged refuses a credential decoded twice (replay).
+    """
 
     site_secret: bytes | None = None
     allow_munge: bool = True
     agent_uids: frozenset[int] = frozenset({0})
     node_addresses: Callable[[str], set[str] | None] = lambda _node: None
     admin_uids: frozenset[int] = frozenset({0})  # see every user's jobs in GET /v1/jobs
+    munge_timeout_s: float = 5.0  # one unmunge run, and the wait for a free decode slot
+    max_munge_decodes: int = 4  # unmunge processes at once
+    munge_active: int = field(default=0, init=False)
+    munge_busy: int = field(default=0, init=False)  # requests refused: every slot taken
+    _slots: threading.BoundedSemaphore = field(init=False, repr=False)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _screened: threading.local = field(default_factory=threading.local, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_munge_decodes)
+
+    def _decode_munge(self, header: str) -> tuple[Caller, str]:
+        """``unmunge`` one credential, waiting at most ``munge_timeout_s`` for a slot."""
+        if not self._slots.acquire(timeout=self.munge_timeout_s):
+            with self._count_lock:
+                self.munge_busy += 1
+            raise AuthBusyError(f"{self.max_munge_decodes} MUNGE credentials being decoded")
+        with self._count_lock:
+            self.munge_active += 1
+        try:
+            return decode_munge(header, timeout_s=self.munge_timeout_s)
+        finally:
+            with self._count_lock:
+                self.munge_active -= 1
+            self._slots.release()
+
+    def _munge(self, header: str) -> tuple[Caller, str]:
+        """The credential :meth:`screen` decoded for this request, else decode it now."""
+        kept: tuple[str, Caller, str] | None = getattr(self._screened, "value", None)
+        self._screened.value = None
+        if kept is not None and kept[0] == header:
+            return kept[1], kept[2]
+        return self._decode_munge(header)
+
+    def screen(self, header: str | None, *, user: bool = False) -> None:
+        """Check the header before the body is read (raise AuthError, PermissionError).
+
+        ``user``: a status request, which only the caller's own MUNGE credential proves.
+        """
+        self._screened.value = None
+        if not header:
+            raise AuthError("no Authorization header")
+        if header.startswith("Munge "):
+            if not self.allow_munge:
+                raise AuthError("MUNGE authentication is disabled on this daemon")
+            caller, digest = self._decode_munge(header)
+            if not user and caller.uid not in self.agent_uids:
+                raise AuthError(f"uid {caller.uid} may not report samples")
+            self._screened.value = (header, caller, digest)
+            return
+        if user:
+            raise AuthError("status requests need the caller's own MUNGE credential")
+        if header.startswith("Sgpu-HMAC "):
+            if self.site_secret is None:
+                raise AuthError("token authentication is not configured on this daemon")
+            m = _HMAC_HEADER.fullmatch(header.strip())
+            if not m:
+                raise AuthError("malformed Sgpu-HMAC authorization header")
+            skew = time.time() - int(m.group(2))
+            if abs(skew) > HMAC_MAX_SKEW_S:
+                raise AuthError(f"signature timestamp is {skew:+.0f}s off (clock skew or replay)")
+            if self.node_addresses(m.group(1)) is None:
+                raise PermissionError(f"unknown node {m.group(1)!r}")
+            return  # the signature covers the body: checked once it is read
+        raise AuthError("unsupported Authorization scheme")
 
     def authenticate(self, header: str | None, body: bytes) -> Caller:
         if not header:
@@ -70,7 +158,9 @@ class Authenticator:
         if header.startswith("Munge "):
             if not self.allow_munge:
                 raise AuthError("MUNGE authentication is disabled on this daemon")
-            caller = verify_munge(header, body)
+            caller, digest = self._munge(header)
+            if digest != body_digest(body):
+                raise AuthError("MUNGE credential does not match the request body")
             if caller.uid not in self.agent_uids:
                 raise AuthError(f"uid {caller.uid} may not report samples")
             return caller
@@ -89,7 +179,9 @@ class Authenticator:
             raise AuthError("status requests need the caller's own MUNGE credential")
         if not self.allow_munge:
             raise AuthError("MUNGE authentication is disabled on this daemon")
-        caller = verify_munge(header, b"")
+        caller, digest = self._munge(header)
+        if digest != body_digest(b""):
+            raise AuthError("MUNGE credential does not match the request body")
         if caller.uid is None:
             raise AuthError("MUNGE credential carries no uid")
         return caller
@@ -192,6 +284,24 @@ class IngestService:
             )
         return None
 
+    def screen(
+        self, peer: str, header: str | None, *, user: bool = False
+    ) -> tuple[int, bytes] | None:
+        """Check a request's header before its body is read: ``None`` when it may go on,
+        else the reply (401/403; 503 while starting or while MUNGE decodes are all busy)."""
+        if (busy := self._not_ready()) is not None:
+            return busy
+        try:
+            self.auth.screen(header, user=user)
+        except AuthBusyError as exc:
+            log.debug("request from %s deferred: %s", peer, exc)
+            return HTTPStatus.SERVICE_UNAVAILABLE.value, json.dumps({"error": str(exc)}).encode()
+        except AuthError as exc:
+            return self._reject(peer, HTTPStatus.UNAUTHORIZED, str(exc))
+        except PermissionError as exc:
+            return self._reject(peer, HTTPStatus.FORBIDDEN, str(exc))
+        return None
+
     def post_samples(self, peer: str, header: str | None, body: bytes) -> tuple[int, bytes]:
         if (busy := self._not_ready()) is not None:
             return busy
@@ -274,10 +384,83 @@ def _user_name(uid: int) -> str | None:
         return None
 
 
-def _handler(service: IngestService) -> type[BaseHTTPRequestHandler]:
+@dataclass(frozen=True)
+class ApiLimits:
+    """How much of the daemon one peer, or all of them, can hold (docs/reliability.md)."""
+
+    max_connections: int = 32  # served at once; one more is answered 503 + Retry-After
+    max_per_peer: int = 8  # of those, from one address (a node's agent needs one)
+    idle_timeout_s: float = 10.0  # one read or write waiting longer closes the connection
+    request_timeout_s: float = 30.0  # a whole request: its wait, headers and body
+    retry_after_s: int = 5  # what a 503 tells the client to wait
+
+
+@dataclass
+class ApiStats:
+    """What the server counts for /metrics."""
+
+    active: int = 0
+    overloaded: int = 0  # connections answered 503 because every slot was taken
+    peer_overloaded: int = 0  # answered 503 because their address held max_per_peer
+    timeouts: int = 0  # connections closed because a read or a request took too long
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + n)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's reads, each at most ``idle_s``, all of one request before ``deadline``:
+    a client that trickles a byte at a time cannot hold a worker past the deadline (a socket
+    timeout alone restarts with every byte)."""
+
+    def __init__(self, sock: socket.socket, idle_s: float, stats: ApiStats) -> None:
+        self.sock = sock
+        self.idle_s = idle_s
+        self.stats = stats
+        self.deadline = float("inf")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.stats.add("timeouts")
+            raise TimeoutError("request took too long")
+        self.sock.settimeout(min(self.idle_s, left))
+        try:
+            return self.sock.recv_into(buffer)
+        except TimeoutError:
+            self.stats.add("timeouts")
+            raise
+
+
+def _handler(
+    service: IngestService, limits: ApiLimits, stats: ApiStats
+) -> type[BaseHTTPRequestHandler]:
+    retry_after = str(limits.retry_after_s)
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "slurmgpu"
         protocol_version = "HTTP/1.1"
+        # The reply's headers and body go out in two writes: with Nagle on, the body waits
+        # for the client's delayed ACK of the headers (~40 ms a request on Linux).
+        disable_nagle_algorithm = True
+        timeout = limits.idle_timeout_s  # writes (and reads, set per read below)
+
+        def setup(self) -> None:
+            super().setup()
+            self._reader = _DeadlineReader(self.connection, limits.idle_timeout_s, stats)
+            self.rfile = io.BufferedReader(self._reader, 65536)
+
+        def handle_one_request(self) -> None:
+            self._reader.deadline = time.monotonic() + limits.request_timeout_s
+            super().handle_one_request()
+
+        def handle_expect_100(self) -> bool:
+            return True  # "100 Continue" only once the header passed (do_POST)
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.client_address[0], *args)
@@ -286,64 +469,237 @@ def _handler(service: IngestService) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            if status == HTTPStatus.SERVICE_UNAVAILABLE:
+                self.send_header("Retry-After", retry_after)
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except OSError:  # the client went away: nothing to tell it
+                self.close_connection = True
+
+        def _refuse(self, reply: tuple[int, bytes]) -> None:
+            """Answer without reading the body: the connection cannot be reused after."""
+            self.close_connection = True
+            self._send(*reply)
 
         def do_GET(self) -> None:
             peer = self.client_address[0]
             path, _, query = self.path.partition("?")
             parts = path.strip("/").split("/")
+            auth = self.headers.get("Authorization")
             if parts == ["healthz"]:
                 self._send(200, b'{"ok": true}')
             elif parts == ["metrics"] and service.metrics is not None:
                 self._send(200, service.metrics(), "text/plain; version=0.0.4; charset=utf-8")
             elif parts == ["v1", "jobs"]:
+                if (no := service.screen(peer, auth, user=True)) is not None:
+                    self._send(*no)
+                    return
                 users = parse_qs(query).get("user")
-                self._send(
-                    *service.get_jobs(
-                        peer, self.headers.get("Authorization"), users[0] if users else None
-                    )
-                )
+                self._send(*service.get_jobs(peer, auth, users[0] if users else None))
             elif len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] == "jobs":
-                self._send(
-                    *service.get_node_jobs(peer, self.headers.get("Authorization"), parts[2])
-                )
+                if (no := service.screen(peer, auth)) is not None:
+                    self._send(*no)
+                    return
+                self._send(*service.get_node_jobs(peer, auth, parts[2]))
             else:
                 self._send(404, b'{"error": "not found"}')
 
         def do_POST(self) -> None:
             peer = self.client_address[0]
             if self.path.split("?", 1)[0].rstrip("/") != "/v1/samples":
-                self._send(404, b'{"error": "not found"}')
+                self._refuse((404, b'{"error": "not found"}'))
                 return
             try:
                 length = int(self.headers.get("Content-Length", ""))
             except ValueError:
-                self._send(411, b'{"error": "Content-Length required"}')
+                self._refuse((411, b'{"error": "Content-Length required"}'))
                 return
             if length < 0 or length > MAX_BODY_BYTES:
-                self.close_connection = True
-                self._send(
-                    *service._reject(
+                self._refuse(
+                    service._reject(
                         peer, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes"
                     )
                 )
                 return
+            auth = self.headers.get("Authorization")
+            if (no := service.screen(peer, auth)) is not None:
+                self._refuse(no)  # before a byte of the body is read
+                return
+            if self.headers.get("Expect", "").lower() == "100-continue":
+                self.send_response_only(HTTPStatus.CONTINUE)
+                self.end_headers()
             body = self.rfile.read(length)
-            self._send(*service.post_samples(peer, self.headers.get("Authorization"), body))
+            if len(body) < length:
+                self.close_connection = True
+                return  # the client went away mid-body
+            self._send(*service.post_samples(peer, auth, body))
 
     return Handler
 
 
-class ApiServer:
-    """A threaded HTTP server for the API, started and stopped with the daemon."""
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once and ``max_per_peer``
+    from one address: one more connection is answered ``503`` with ``Retry-After`` by the
+    accepting thread and closed, so slow or hostile peers cannot make the daemon start
+    threads without bound, nor one host take every slot from the agents."""
 
-    def __init__(self, service: IngestService, host: str, port: int) -> None:
-        self.httpd = ThreadingHTTPServer((host, port), _handler(service))
-        self.httpd.daemon_threads = True
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        limits: ApiLimits,
+        stats: ApiStats,
+    ) -> None:
+        self.limits = limits
+        self.stats = stats
+        self._slots = threading.BoundedSemaphore(limits.max_connections)
+        self._peers: dict[str, int] = {}  # connections being served, by address
+        self._peers_lock = threading.Lock()
+        body = b'{"error": "server busy, retry"}'
+        self._busy_reply = (
+            "HTTP/1.1 503 Service Unavailable\r\n"
+            f"Retry-After: {limits.retry_after_s}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode() + body
+        super().__init__(address, handler)
+
+    def _busy(self, request: Any, counter: str) -> None:
+        self.stats.add(counter)
+        try:
+            request.settimeout(1.0)
+            request.sendall(self._busy_reply)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def _take(self, peer: str) -> str | None:
+        """Take a connection slot for ``peer``; the counter to bump when there is none."""
+        with self._peers_lock:
+            if self._peers.get(peer, 0) >= self.limits.max_per_peer:
+                return "peer_overloaded"
+            if not self._slots.acquire(blocking=False):
+                return "overloaded"
+            self._peers[peer] = self._peers.get(peer, 0) + 1
+        self.stats.add("active")
+        return None
+
+    def _give_back(self, peer: str) -> None:
+        with self._peers_lock:
+            left = self._peers.get(peer, 1) - 1
+            if left:
+                self._peers[peer] = left
+            else:
+                self._peers.pop(peer, None)
+            self._slots.release()
+        self.stats.add("active", -1)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        peer = str(client_address[0])
+        if (refused := self._take(peer)) is not None:
+            self._busy(request, refused)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._give_back(peer)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._give_back(str(client_address[0]))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line, not a traceback on stderr: a peer that went away mid-reply is routine."""
+        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+class _ApiCollector(Collector):
+    def __init__(self, server: ApiServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        limits, stats, auth = self.server.limits, self.server.stats, self.server.service.auth
+        yield GaugeMetricFamily(
+            "sgpu_api_connections", "API connections being served.", value=stats.active
+        )
+        yield GaugeMetricFamily(
+            "sgpu_api_connections_limit",
+            "API connections served at once; more are answered 503 + Retry-After.",
+            value=limits.max_connections,
+        )
+        yield CounterMetricFamily(
+            "sgpu_api_overloaded",
+            "API connections answered 503 because every connection slot was taken.",
+            value=stats.overloaded,
+        )
+        yield CounterMetricFamily(
+            "sgpu_api_peer_overloaded",
+            "API connections answered 503 because their address held max_per_peer connections.",
+            value=stats.peer_overloaded,
+        )
+        yield GaugeMetricFamily(
+            "sgpu_api_connections_per_peer_limit",
+            "API connections served at once from one address.",
+            value=limits.max_per_peer,
+        )
+        yield CounterMetricFamily(
+            "sgpu_api_timeouts",
+            "API connections closed: a read idle past the idle timeout, or a request past"
+            " the request timeout.",
+            value=stats.timeouts,
+        )
+        timeouts = GaugeMetricFamily(
+            "sgpu_api_timeout_seconds", "API time limits by kind.", labels=["kind"]
+        )
+        timeouts.add_metric(["idle"], limits.idle_timeout_s)
+        timeouts.add_metric(["request"], limits.request_timeout_s)
+        timeouts.add_metric(["munge"], auth.munge_timeout_s)
+        yield timeouts
+        yield GaugeMetricFamily(
+            "sgpu_api_max_body_bytes", "Largest request body accepted.", value=MAX_BODY_BYTES
+        )
+        yield GaugeMetricFamily(
+            "sgpu_api_munge_decodes", "MUNGE credentials being decoded.", value=auth.munge_active
+        )
+        yield GaugeMetricFamily(
+            "sgpu_api_munge_decodes_limit",
+            "MUNGE credentials decoded at once.",
+            value=auth.max_munge_decodes,
+        )
+        yield CounterMetricFamily(
+            "sgpu_api_munge_busy",
+            "Requests answered 503: every MUNGE decode slot stayed taken.",
+            value=auth.munge_busy,
+        )
+
+
+class ApiServer:
+    """The HTTP server for the API, started and stopped with the daemon (limits: ApiLimits)."""
+
+    def __init__(
+        self, service: IngestService, host: str, port: int, limits: ApiLimits | None = None
+    ) -> None:
+        self.service = service
+        self.limits = limits or ApiLimits()
+        self.stats = ApiStats()
+        self.httpd = _BoundedServer(
+            (host, port), _handler(service, self.limits, self.stats), self.limits, self.stats
+        )
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, name="sgpu-api", daemon=True
         )
+
+    def export_metrics(self, registry: CollectorRegistry) -> None:
+        """Serve the limits and what they refused in ``registry`` (the daemon's /metrics)."""
+        registry.register(_ApiCollector(self))
 
     @property
     def address(self) -> tuple[str, int]:

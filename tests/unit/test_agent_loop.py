@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,9 +22,11 @@ from slurmgpu.agent.loop import AgentLoop, CycleReport
 from slurmgpu.agent.sampler import NodeSampler
 from slurmgpu.agent.sender import (
     AgentAuthError,
+    Backoff,
     DaemonClient,
     HmacAuth,
     SendOutcome,
+    choose_auth,
     read_node_token,
 )
 from slurmgpu.agent.spool import BatchSpool
@@ -276,29 +279,74 @@ def test_a_503_keeps_the_batch_for_the_next_cycle(
 # -- refused for good -----------------------------------------------------------------
 
 
-def test_a_401_is_logged_once_and_the_refused_batches_are_not_retried(
+def test_a_401_keeps_the_batches_and_a_fixed_token_file_is_picked_up(
     daemon: FakeDaemon,
     gres_conf: Path,
     sim_dir: Path,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # A 401/403 may pass (a token being rotated, munged restarting): batches are kept, the
+    # credentials re-made after each refusal, and the refusal logged once.
     caplog.set_level(logging.DEBUG, logger="slurmgpu.agent")
+    token_file = tmp_path / "node.token"
+    token_file.write_text(("77" * 32) + "\n")
+    token_file.chmod(0o600)
     loop = make_loop(daemon, gres_conf, sim_dir, tmp_path / "spool", token=b"w" * 32)
+    loop.client.reauth = lambda: choose_auth("hmac", token_file)
     refused = [loop.run_once() for _ in range(3)]
-    assert all(r.rejected and not r.spooled for r in refused)
-    assert len(loop.spool) == 0
+    assert all(r.spooled and not r.rejected for r in refused)
+    assert len(loop.spool) == 3
     posts = daemon.posts()
     assert [p.status for p in posts] == [401, 401, 401]
     assert len({p.body for p in posts}) == 3  # three new batches, none sent twice
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "HTTP 401: bad signature for node agentnode" in errors[0].message
 
-    loop.client.auth = HmacAuth(node_token(SECRET, NODE))  # the operator fixes the token
-    assert loop.run_once().sent
-    (batch,) = daemon.accepted()
-    assert _batch_seq(batch) == 4
-    assert batch.dropped == sum(r.gpu_samples + r.host_samples for r in refused)
+    token_file.write_text(node_token(SECRET, NODE).hex() + "\n")  # the operator fixes it
+    fourth = loop.run_once()
+    assert fourth.sent and fourth.drained == 3
+    assert [_batch_seq(b) for b in daemon.accepted()] == [4, 1, 2, 3]
+    assert daemon.accepted()[0].dropped == 0  # nothing was lost
+    assert any("takes this node's credentials again" in r.getMessage() for r in caplog.records)
+
+
+def test_failed_attempts_back_off_with_jitter_and_honour_retry_after(
+    daemon: FakeDaemon,
+) -> None:
+    now = [1000.0]
+    client = DaemonClient(
+        daemon.url,
+        NODE,
+        HmacAuth(node_token(SECRET, NODE)),
+        timeout_s=5.0,
+        backoff=Backoff(base_s=10.0, cap_s=40.0),
+        clock=lambda: now[0],
+        rng=random.Random(7),
+    )
+    daemon.script.extend([(503, "database is busy")] * 4)
+    waits = []
+    for attempt in range(1, 5):
+        sent_before = len(daemon.posts())
+        result = client.post_samples(b"{}")
+        assert result.outcome is SendOutcome.RETRY and result.status == 503
+        assert len(daemon.posts()) == sent_before + 1
+        wait = client.retry_at - now[0]
+        # exponential from 10 s, capped at 40 s, drawn between half and all of it
+        full = min(40.0, 10.0 * 2 ** (attempt - 1))
+        assert full / 2 <= wait <= full, (attempt, wait)
+        waits.append(wait)
+        held = client.post_samples(b"{}")  # within the backoff: no request at all
+        assert held.outcome is SendOutcome.RETRY and "backing off" in held.error
+        assert len(daemon.posts()) == sent_before + 1
+        now[0] = client.retry_at
+    assert len(set(waits)) == 4  # jittered: no two agents' schedules in step
+    # A Retry-After longer than the backoff is honoured.
+    client.failures, client.retry_at = 0, 0.0
+    daemon.script.append((503, "busy"))
+    daemon.retry_after = "120"
+    client.post_samples(b"{}")
+    assert client.retry_at - now[0] == 120.0
 
 
 def test_a_token_file_readable_by_others_is_refused_with_one_line(tmp_path: Path) -> None:

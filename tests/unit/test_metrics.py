@@ -97,6 +97,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     service = IngestService(UsageStore(store.engine), auth, directory, metrics=metrics.exposition)
     metrics.watch_ingest(lambda: (service.accepted, service.rejected))
     server = ApiServer(service, "127.0.0.1", 0)
+    server.export_metrics(metrics.registry)  # as cli/daemon.py does
     server.start()
     now = datetime.now(UTC)
     with store.engine.begin() as conn:
@@ -232,6 +233,10 @@ def test_scrape_shows_gpus_cycles_errors_ingest_actions_and_transactions(d: Daem
     assert value("sgpu_transactions", kind="resize", state="planned") == 2
     assert value("sgpu_transactions", kind="resize", state="running") == 1
     assert value("sgpu_store_up") == 1
+    assert value("sgpu_api_connections") == 1  # this scrape
+    assert value("sgpu_api_connections_limit") == 32
+    assert value("sgpu_api_timeout_seconds", kind="request") == 30
+    assert value("sgpu_api_overloaded_total") == 0
 
 
 def test_ingest_counter_follows_new_samples_and_rejections(d: Daemon) -> None:

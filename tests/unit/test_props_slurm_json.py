@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,9 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from slurmgpu.daemon.observer import Observer
-from slurmgpu.model import Job, Node
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
+from slurmgpu.slurm.replay import ReplaySlurmClient
 from slurmgpu.slurm.sacct import decode_sacct
 from slurmgpu.store import JobStore, open_store, schema
 from tests.unit.props_json import damaged_json
@@ -110,21 +109,8 @@ def test_any_bytes_decode_or_raise_slurm_error(raw: bytes) -> None:
 # --------------------------------------------------------------------------- observer
 
 
-@dataclass
-class DocumentSlurm:
+class DocumentSlurm(ReplaySlurmClient):
     """A SlurmClient whose listings are decoded from the bytes it holds (real decoders)."""
-
-    squeue: bytes
-    sinfo: bytes
-
-    def version(self) -> str:
-        return "22.05.8"
-
-    def jobs(self) -> list[Job]:
-        return decode_squeue(self.squeue)[0]
-
-    def nodes(self) -> list[Node]:
-        return decode_sinfo(self.sinfo)
 
 
 def state_digest(store: JobStore) -> str:
@@ -144,7 +130,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Observe
         (GOLDEN / "slurm-22.05" / "sinfo.json").read_bytes(),
     )
     store = open_store(f"sqlite:///{tmp_path_factory.mktemp('props-obs') / 's.db'}")
-    observer = Observer(good, store)  # type: ignore[arg-type]
+    observer = Observer(good, store)
     assert observer.cycle().ok
     yield observer, good
 
@@ -178,12 +164,12 @@ def test_a_failed_cycle_on_damaged_output_leaves_the_database_as_it_was(
     damaged = DocumentSlurm(
         raw if which == "squeue" else good.squeue, raw if which == "sinfo" else good.sinfo
     )
-    observer.slurm = damaged  # type: ignore[assignment]
+    observer.slurm = damaged
     result = observer.cycle()
     if result.ok:
         TALLY.accept(f"observer cycle ({which} damaged)")
     else:
         TALLY.refuse(f"observer cycle ({which} damaged)", ValueError(result.error))
         assert state_digest(observer.store) == before, "a failed cycle wrote something"
-    observer.slurm = good  # type: ignore[assignment]
+    observer.slurm = good
     assert observer.cycle().ok, "the next good listing must be stored again"

@@ -1,0 +1,86 @@
+"""Every benchmark in bench/ runs at its smoke size, so a bench that breaks fails CI.
+
+Each script is run as an admin would (its own process, ``--smoke --json-out DIR``) and
+must exit 0 and write one JSON record with its figures and the baseline measured in the
+same run (slurmgpu/benchrun.py). No timing is judged here: smoke sizes are seconds of
+work on a shared machine; the full-size figures are in bench/README.md. Benches that read
+shared/data skip, with the reason, where it is absent; bench/gpu_check_nvml.py where NVML
+is; bench/resize_path.py needs the lab cluster (tests/slurm/test_bench_resize_path.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+DATA = ROOT.parent / "shared" / "data"
+
+# bench -> what it needs beyond the repository (None: nothing)
+NEEDS: dict[str, Path | None] = {
+    "agent": None,
+    "api_load": None,
+    "colocate_sim": DATA / "lucid" / "colocate_info.csv",
+    "ingest": None,
+    "interference": DATA / "lucid" / "colocate_info.csv",
+    "malleable_policy": None,
+    "observe": None,
+    "policy": None,
+    "report": None,
+    "sim_pollux": DATA / "pollux" / "profiles",
+    "speedup_fit": DATA / "pollux" / "profiles",
+    "gpu_check_nvml": None,  # skips where NVML is absent (it says so in its record)
+}
+ELSEWHERE = {"resize_path": "tests/slurm/test_bench_resize_path.py (needs the lab cluster)"}
+
+
+def run_smoke(
+    name: str, out: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), "--smoke", "--json-out", str(out), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    records = sorted(out.glob(f"{name}-*.json"))
+    assert len(records) == 1, (
+        f"{name}: expected one JSON record in {out}, found {records}; exit {proc.returncode}\n"
+        f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    )
+    doc: dict[str, Any] = json.loads(records[0].read_text())
+    return proc, doc
+
+
+def test_every_bench_has_a_smoke_run() -> None:
+    scripts = {p.stem for p in BENCH.glob("*.py")}
+    assert scripts == set(NEEDS) | set(ELSEWHERE), "a bench without a smoke run in CI"
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS))
+def test_bench_smoke(name: str, tmp_path: Path) -> None:
+    needs = NEEDS[name]
+    if needs is not None and not needs.exists():
+        reason = f"{needs} absent (shared/data is not on this machine)"
+        print(f"bench {name}: skipping: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    proc, doc = run_smoke(name, tmp_path)
+    if name == "gpu_check_nvml" and proc.returncode == 2 and "skipped" in doc["figures"]:
+        reason = f"no NVML here: {doc['figures']['skipped']}"
+        print(f"bench {name}: skipping: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    assert doc["bench"] == name and doc["smoke"] is True
+    assert doc["figures"], f"{name} recorded no figures"
+    assert doc["baseline"], f"{name} recorded no same-run baseline"
+    assert doc["machine"]["cpus"] >= 1
+    for target in doc["targets"].values():
+        assert set(target) == {"value", "target", "met"}
