@@ -183,7 +183,8 @@ def main() -> int:
         print(f"  {v}")
     print(
         f"\nspeed: {len(tasks)} simulations ({len(workloads)} workloads x {len(sets)} sets x "
-        f"{len(seeds)} seeds x {len(loads)} loads) in {wall:.1f} s wall on {args.workers} worker(s) "
+        f"{len(seeds)} seeds x {len(loads)} loads) in {wall:.1f} s wall on "
+        f"{args.workers} worker(s) "
         f"(target < 60 s on 2 cores); one run: median {statistics.median(cpu):.2f} s CPU, "
         f"total {sum(cpu):.1f} s CPU"
     )

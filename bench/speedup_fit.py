@@ -210,9 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = {m: sum(len(c.truth) for c in cs) for m, cs in by_model.items()}
 
     t0 = time.perf_counter()
-    errors = {
-        p: {m: log_error(cs, predictor_fit(p)) for m, cs in by_model.items()} for p in grid
-    }
+    errors = {p: {m: log_error(cs, predictor_fit(p)) for m, cs in by_model.items()} for p in grid}
     search_s = time.perf_counter() - t0
     if args.choose_prior:
         print(choose_prior(errors, counts, None))

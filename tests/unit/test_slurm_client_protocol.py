@@ -30,9 +30,7 @@ PROTOCOLS = (SlurmClient, FullSignalClient, AccountingClient)
 
 def _members(proto: type) -> set[str]:
     return {
-        name
-        for name, value in vars(proto).items()
-        if callable(value) and not name.startswith("_")
+        name for name, value in vars(proto).items() if callable(value) and not name.startswith("_")
     }
 
 
