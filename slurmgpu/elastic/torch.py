@@ -130,8 +130,12 @@ def agree(run: ElasticRun) -> bool:
     if dist.get_backend() == "nccl":
         flag = flag.cuda()
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    run.checkpoint_requested = bool(flag.item())
-    return run.checkpoint_requested
+    agreed = bool(flag.item())
+    # A signal that arrived during the all-reduce (where ranks spend their waits, so often)
+    # has set the flag after it was read: keep it for the next step, never overwrite it.
+    if agreed:
+        run.checkpoint_requested = True
+    return agreed
 
 
 def set_lr(optimizer: Any, lr: float) -> None:

@@ -81,6 +81,7 @@ def _steps(record: dict[str, Any], after: int = 0) -> dict[int, dict[str, Any]]:
     return {int(k): v for k, v in record["steps"].items() if int(k) > after}
 
 
+@pytest.mark.slow
 def test_saved_at_4_resumed_at_4_is_bit_identical(runs: dict[str, Any]) -> None:
     ref = runs["ref"]
     assert ref["resumed_at"] and ref["resumed_step"] == 6
@@ -94,6 +95,7 @@ def test_saved_at_4_resumed_at_4_is_bit_identical(runs: dict[str, Any]) -> None:
     assert ref["dropout_resumed"]["params"] == ref["dropout"]["params"]
 
 
+@pytest.mark.slow
 def test_saved_at_4_resumed_at_2_continues_the_same_run(runs: dict[str, Any]) -> None:
     ref, at2 = runs["ref"]["plain"], runs["at2"]
     assert at2["resumed_at"] and at2["resumed_step"] == 6
@@ -111,6 +113,7 @@ def test_saved_at_4_resumed_at_2_continues_the_same_run(runs: dict[str, Any]) ->
         assert all(close)
 
 
+@pytest.mark.slow
 def test_every_sample_exactly_once_per_epoch_across_the_resize(runs: dict[str, Any]) -> None:
     before = _steps(runs["ref"]["plain"])
     after = _steps(runs["at2"]["plain"])
@@ -249,3 +252,31 @@ print("not reached")
     assert loaded["step"] == 3
     ack = json.loads((tmp_path / "5" / "ack.json").read_text())
     assert ack["step"] == 3
+
+
+def test_a_signal_during_agree_all_reduce_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks wait for each other inside agree()'s all-reduce, so that is where a signal
+    usually lands; its handler runs right after the collective returns. It must not be
+    overwritten by the (older) agreed value: the next step's agree() sees it."""
+    dist = torch.distributed
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        run = init({"SLURM_JOB_ID": "6", "SGPU_ELASTIC_DIR": str(tmp_path)}, install_handlers=False)
+        real = dist.all_reduce
+
+        def all_reduce_then_signal(*args: Any, **kwargs: Any) -> Any:
+            out = real(*args, **kwargs)
+            run.request_checkpoint()  # what the handler does when the collective returns
+            return out
+
+        monkeypatch.setattr(dist, "all_reduce", all_reduce_then_signal)
+        assert etorch.agree(run) is False  # nobody had asked when the flags were read
+        assert run.checkpoint_requested
+        monkeypatch.setattr(dist, "all_reduce", real)
+        assert etorch.agree(run) is True  # the next step: every rank checkpoints
+    finally:
+        dist.destroy_process_group()

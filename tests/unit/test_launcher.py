@@ -111,6 +111,7 @@ def _processes(job: Launched) -> list[psutil.Process]:
     return tree(job.proc.pid)
 
 
+@pytest.mark.slow
 def test_the_checkpoint_signal_reaches_the_workers_and_torchrun_survives_it(
     launched: Launched,
 ) -> None:
@@ -136,6 +137,7 @@ def test_the_checkpoint_signal_reaches_the_workers_and_torchrun_survives_it(
     assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launched", ["1:00"], indirect=True)
 def test_at_the_time_limit_the_launcher_requeues_after_the_checkpoint(
     launched: Launched,
