@@ -108,3 +108,25 @@ def test_pool_needs_an_array_and_defaults_to_its_task_count() -> None:
 def test_bad_malleable_options_get_one_clear_line(values: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         malleable_request(values, False, ["--wrap=true"])
+
+
+def test_sgpu_submit_refuses_exec_torchrun_before_calling_sbatch(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\nexec torchrun --nproc-per-node=4 train.py\n")
+    env = {**os.environ, "SGPU_DB": f"sqlite:///{tmp_path / 'db'}", "PATH": "/nonexistent"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmgpu", "submit", "--malleable", "2:4", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert "torchrun dies of the checkpoint signal" in err and len(err.splitlines()) == 1
+    assert "exec sgpu launch -- torchrun --nproc-per-node=4 train.py" in err
