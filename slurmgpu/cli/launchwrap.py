@@ -18,9 +18,8 @@ import shlex
 import sys
 from pathlib import Path
 
-__all__ = ["LAUNCH_LINE", "ScriptVerdict", "check_script", "launch_prefix", "wrap_command"]
+__all__ = ["ScriptVerdict", "check_script", "launch_prefix", "wrap_command"]
 
-LAUNCH_LINE = "exec sgpu launch -- torchrun --nproc-per-node=$SLURM_GPUS_ON_NODE train.py"
 _SHELL_CHARS = re.compile(r"[;&|<>`$()\n'\"\\*?~{}]")
 _LAUNCH_RE = re.compile(r"(^|[\s/])(sgpu|slurmgpu)\s+launch(\s|$)|-m\s+slurmgpu\s+launch(\s|$)")
 _TORCHRUN_RE = re.compile(r"(^|[\s/])torchrun(\s|$)|-m\s+torch\.distributed\.(run|launch)(\s|$)")
