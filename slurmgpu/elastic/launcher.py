@@ -19,8 +19,11 @@ batch shell, starts ``CMD`` and stays its supervisor:
   (``scontrol requeue``): Slurm would otherwise end it TIMEOUT. For a resize the daemon
   does the requeue.
 - **SIGTERM** (the requeue, scancel, preemption, the time limit's kill), SIGINT, SIGHUP:
-  relayed to every process of the tree; after ``SGPU_LAUNCH_TERM_WAIT`` seconds (default
-  20, under most sites' ``KillWait``), whatever is left is SIGKILLed.
+  relayed to every process of the tree. Once the training processes (those that caught the
+  checkpoint signal) have exited, what is left (torchrun, shells) is SIGKILLed at once:
+  torchrun's own teardown with torch loaded takes over a second and holds nothing worth
+  waiting for. After ``SGPU_LAUNCH_TERM_WAIT`` seconds (default 20, under most sites'
+  ``KillWait``) whatever is left is SIGKILLed anyway.
 - **No worker outlives the job**: the launcher is a child subreaper (``PR_SET_CHILD_
   SUBREAPER``), so workers whose parent died (torchrun killed) are re-parented to it and
   still found; when the command ends by itself, what it left behind is terminated, then
@@ -89,6 +92,17 @@ def tree(root: int) -> list[psutil.Process]:
     return out
 
 
+def _alive(processes: Sequence[psutil.Process]) -> bool:
+    """Whether any of ``processes`` still runs (a zombie has ended)."""
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
 def _become_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -153,6 +167,7 @@ class Launcher:
     _child: subprocess.Popen[bytes] | None = None
     _pending: list[int] = field(default_factory=list)  # signals received, not yet handled
     _stopping_since: float | None = None
+    _workers: list[psutil.Process] = field(default_factory=list)  # caught the signal at stop
     _requeue_after_ack: tuple[int, float] | None = None  # (acks before, deadline)
 
     # ------------------------------------------------------------------ log
@@ -214,6 +229,10 @@ class Launcher:
             since = self._stopping_since
             if since is not None and self.clock() - since > self.term_wait_s:
                 self._kill_all("term_wait over")
+            elif since is not None and self._workers and not _alive(self._workers):
+                # The training processes have ended (their checkpoint is durable): what is
+                # left is torchrun's or a shell's teardown, over a second with torch loaded.
+                self._kill_all("the training processes have exited")
             if self.clock() - reaped >= REAP_EVERY_S:
                 self._reap_orphans()
                 reaped = self.clock()
@@ -247,7 +266,10 @@ class Launcher:
                 self.event("time_limit", seconds_left=round(left, 1), acks_before=before)
             return
         # SIGTERM, SIGINT, SIGHUP: the job is ending (requeue, scancel, preemption).
-        targets = [p.pid for p in self._all()]
+        everything = self._all()
+        if self._stopping_since is None:
+            self._workers = [p for p in everything if catches(p.pid, self.checkpoint_signal)]
+        targets = [p.pid for p in everything]
         for pid in targets:
             self._send(pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
         if self._stopping_since is None:
@@ -300,6 +322,7 @@ class Launcher:
         if left:
             self.event("killed", pids=[p.pid for p in left], why=why)
         self._stopping_since = None
+        self._workers = []
 
     def _clean_up(self) -> None:
         """The command has exited: no process of its tree may stay behind."""

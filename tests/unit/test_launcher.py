@@ -157,12 +157,15 @@ def test_at_the_time_limit_the_launcher_requeues_after_the_checkpoint(
 def test_no_process_of_the_command_outlives_it(tmp_path: Path) -> None:
     """The command exits, leaving a process in its own session that ignores SIGTERM."""
     pidfile = tmp_path / "straggler.pid"
+    straggler = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid())); "
+        f"os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r}); time.sleep(600)"
+    )
     code = (
-        "import os, signal, subprocess, sys\n"
-        "p = subprocess.Popen([sys.executable, '-c', "
-        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'],"
-        " start_new_session=True)\n"
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {straggler!r}], start_new_session=True)\n"
+        f"while not os.path.exists({str(pidfile)!r}): time.sleep(0.01)\n"  # SIGTERM ignored
         "sys.exit(5)\n"
     )
     env = {
