@@ -325,17 +325,34 @@ class Launcher:
         self._workers = []
 
     def _clean_up(self) -> None:
-        """The command has exited: no process of its tree may stay behind."""
+        """The command has exited: no process of its tree may stay behind.
+
+        The training processes (those that catch the checkpoint signal) get what is left of
+        the stop's wait to finish their checkpoint; the rest (torchrun, whose teardown with
+        torch loaded takes over a second) is killed as soon as they are gone. A tree with no
+        training process gets SIGTERM and a few seconds.
+        """
         left = self._all()
         if not left:
             return
-        for p in left:
-            self._send(p.pid, signal.SIGTERM)
-        _, alive = psutil.wait_procs(left, timeout=min(self.term_wait_s, 5.0))
-        if alive:
-            for p in alive:
-                self._send(p.pid, signal.SIGKILL)
-            psutil.wait_procs(alive, timeout=5.0)
+        since = self._stopping_since
+        if since is None:
+            for p in left:
+                self._send(p.pid, signal.SIGTERM)
+            budget = min(self.term_wait_s, 5.0)
+        else:
+            budget = max(self.term_wait_s - (self.clock() - since), 0.0)
+        pids = {p.pid for p in left}
+        workers = [p for p in self._workers if p.pid in pids]
+        workers += [p for p in left if p not in workers and catches(p.pid, self.checkpoint_signal)]
+        waited_for = workers or left
+        deadline = self.clock() + budget
+        while _alive(waited_for) and self.clock() < deadline:  # a zombie has ended
+            time.sleep(0.02)
+        alive = [p for p in left if _alive([p])]
+        for p in alive:
+            self._send(p.pid, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5.0)
         self.event("cleaned_up", terminated=[p.pid for p in left], killed=[p.pid for p in alive])
         self._reap_orphans()
 
