@@ -17,6 +17,16 @@ later; the default) and the baseline ``slurm`` (Slurm's own requeue delay, cred_
 + 1 s = 11 s here, then the next scheduling pass). Prints medians and the ratio.
 
     .venv/bin/python bench/resize_path.py --resizes 3
+
+``--torch`` then measures a PyTorch job the same way, in the same run: the example
+examples/torch_ddp_elastic.py under torchrun (4 / 2 gloo ranks on the fake GPUs),
+submitted with ``sgpu submit --malleable 2:4`` (so it runs under ``sgpu launch``), on the
+fast path. For it and for the toy runtime's fast-path resizes the run's
+``launch.jsonl`` and ``ack.json`` add: ``ckpt_durable`` (decision → the checkpoint durable,
+the ack's time), ``exit_after_term`` (the requeue's SIGTERM reaching the launcher → the
+launcher gone, every process of the run with it) and ``exit_after_ckpt`` (checkpoint durable
+→ gone, which includes the daemon seeing the ack and requeueing). Target: the run gone
+within 1 s of the checkpoint being durable and of the SIGTERM; whole resize < 30 s.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from slurmgpu.actuate.resize import (  # noqa: E402
 )
 from slurmgpu.benchrun import BenchRun, add_arguments  # noqa: E402
 from slurmgpu.daemon.malleable import MalleableDirectory  # noqa: E402
+from slurmgpu.elastic.spec import read_ack  # noqa: E402
 from slurmgpu.labcluster import LabCluster  # noqa: E402
 from slurmgpu.model import ClusterSnapshot, Job, JobState  # noqa: E402
 from slurmgpu.policy.base import resize_action  # noqa: E402
@@ -115,6 +126,97 @@ def resize_once(
     return phases
 
 
+EXIT_PHASES = ("ckpt_durable", "exit_after_term", "exit_after_ckpt")
+
+
+def exit_phases(state_dir: Path, job_id: int, decided_at: float) -> dict[str, float]:
+    """The ended run's checkpoint and exit times (its launch.jsonl and ack.json)."""
+    out: dict[str, float] = {}
+    ack = read_ack(state_dir, job_id)
+    events = _log(state_dir / str(job_id) / "launch.jsonl")
+    since = [e for e in events if float(e["at"]) >= decided_at]
+    term = next((float(e["at"]) for e in since if e["event"] == "stop_signal"), None)
+    gone = next((float(e["at"]) for e in since if e["event"] == "exit"), None)
+    if ack is not None and ack.at >= decided_at:
+        out["ckpt_durable"] = ack.at - decided_at
+        if gone is not None:
+            out["exit_after_ckpt"] = gone - ack.at
+    if term is not None and gone is not None:
+        out["exit_after_term"] = gone - term
+    return out
+
+
+def resize_with_exit(
+    slurm: CliSlurmClient,
+    store: TransactionStore,
+    directory: MalleableDirectory,
+    job_id: int,
+    to: int,
+    log: Path,
+    state_dir: Path,
+) -> dict[str, float]:
+    decided = time.time()
+    phases = resize_once(slurm, store, directory, ResizeSettings(), job_id, to, log)
+    phases.update(exit_phases(state_dir, job_id, decided))
+    return phases
+
+
+def run_torch(
+    env: dict[str, str],
+    tmp: Path,
+    slurm: CliSlurmClient,
+    store: TransactionStore,
+    directory: MalleableDirectory,
+    resizes: int,
+) -> list[dict[str, float]]:
+    """The PyTorch example under torchrun, resized 4 -> 2 -> 4 ... on the fast path."""
+    log = tmp / "torch.jsonl"
+    torchrun = f"{sys.executable} -m torch.distributed.run --standalone"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurmgpu",
+            "submit",
+            "--parsable",
+            "-o",
+            str(tmp / "torch.out"),
+            "--malleable",
+            "2:4",
+            "--checkpoint-grace",
+            "60s",
+            "--elastic-dir",
+            str(tmp / "state"),
+            "--gres=gpu:4",
+            "--wrap",
+            f"{torchrun} --nproc-per-node=$SGPU_GPUS {ROOT / 'examples/torch_ddp_elastic.py'} "
+            f"--steps 1000000 --step-time 0.1 --train-log {log}",
+        ],
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    job_id = int(out.stdout.strip().split(";")[0])
+    _wait("the torch job training", lambda: len(_log(log)) > 5, 180)
+    results = []
+    for i in range(resizes):
+        to = 2 if i % 2 == 0 else 4
+        phases = resize_with_exit(slurm, store, directory, job_id, to, log, tmp / "state")
+        results.append(phases)
+        print(
+            f"torch -> {to} GPUs: "
+            + ", ".join(f"{k} {phases.get(k, float('nan')):.2f}s" for k in PHASES + EXIT_PHASES),
+            flush=True,
+        )
+        time.sleep(2)
+    steps = [int(r["step"]) for r in _log(log) if "event" not in r]
+    assert steps == list(range(1, len(steps) + 1)), "torch: steps lost or repeated"
+    slurm.cancel(job_id)
+    return results
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--resizes", type=int, default=3, help="resizes per path")
@@ -125,6 +227,7 @@ def main() -> int:
         action="store_true",
         help="use the lab cluster SLURM_CONF points at instead of starting one (CI's smoke run)",
     )
+    p.add_argument("--torch", action="store_true", help="also a PyTorch job (torchrun, fast path)")
     add_arguments(p, "one resize per path")
     args = p.parse_args()
     if args.smoke:
@@ -189,7 +292,9 @@ def main() -> int:
                 assert current is not None and current.state is JobState.RUNNING
                 if current.allocated_gpus == to:
                     to = 4 if to == 2 else 2
+                decided = time.time()
                 phases = resize_once(slurm, store, directory, settings, job_id, to, log)
+                phases.update(exit_phases(tmp / "state", job_id, decided))
                 results[path].append(phases)
                 print(
                     f"{path:5s} -> {to} GPUs: "
@@ -216,6 +321,35 @@ def main() -> int:
         )
         run.baseline = {"slurm_requeue_path_s": med["slurm"]}
         run.figures = {"fast_path_s": med["fast"], "slurm_vs_fast": ratio, "steps": len(steps)}
+        if args.torch:
+            slurm.cancel(job_id)
+            _wait(
+                "the toy job ended",
+                lambda: (j := _job(slurm, job_id)) is None or j.state.is_terminal,
+                60,
+            )
+            torch_runs = run_torch(env, tmp, slurm, store, directory, args.resizes)
+            toy = results["fast"]
+            print(f"\n{'phase':16s} {'torch (s)':>10s} {'toy (s)':>8s}   (fast path, medians)")
+            for k in PHASES + EXIT_PHASES:
+                a = [r[k] for r in torch_runs if k in r]
+                b = [r[k] for r in toy if k in r]
+                ma = statistics.median(a) if a else float("nan")
+                mb = statistics.median(b) if b else float("nan")
+                print(f"{k:16s} {ma:10.2f} {mb:8.2f}")
+            worst = max((r.get("exit_after_term", float("nan")) for r in torch_runs), default=0)
+            total = statistics.median(r["total"] for r in torch_runs)
+            print(
+                f"\ntorch: decision -> first step at the new size {total:.1f} s (target < 30 s); "
+                f"SIGTERM -> every process gone at most {worst:.2f} s (target <= 1 s)"
+            )
+            run.figures["torch_s"] = {
+                k: statistics.median([r[k] for r in torch_runs if k in r])
+                for k in PHASES + EXIT_PHASES
+                if any(k in r for r in torch_runs)
+            }
+            run.target("torch_total_s", total, "< 30", total < 30)
+            run.target("torch_exit_after_term_s", worst, "<= 1", worst <= 1)
         run.write(args.json_out)
     finally:
         if lab is not None:

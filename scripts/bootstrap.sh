@@ -59,5 +59,13 @@ if ! { .venv/bin/python -m pip install -q --disable-pip-version-check -U pip &&
   echo "bootstrap: pip install failed:" >&2; tail -n 30 "$log" >&2; rm -f "$log"; exit 1
 fi
 rm -f "$log"
+# torch for the malleable PyTorch tests and examples/torch_ddp_elastic.py: pinned, the CPU
+# build the machines hold locally (an unpinned torch pulls a CUDA build of several GB);
+# pip keeps the wheel in its cache. Skipped when a torch is already installed.
+if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
+  echo "bootstrap: pip install torch==2.13.0"
+  .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 ||
+    { echo "bootstrap: torch==2.13.0 failed to install" >&2; exit 1; }
+fi
 .venv/bin/python -c 'import slurmgpu' || { echo "bootstrap: install failed" >&2; exit 1; }
 echo "bootstrap: ready ($(.venv/bin/sgpu --version), $(/usr/sbin/slurmctld-wlm -V 2>/dev/null || echo 'slurm ?'))"

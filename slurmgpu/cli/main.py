@@ -25,6 +25,7 @@ COMMANDS = {
     "policy": "slurmgpu.cli.policy:policy",
     "daemon": "slurmgpu.cli.daemon:daemon",
     "submit": "slurmgpu.cli.submit:submit",
+    "launch": "slurmgpu.cli.launch:launch",
     "jobs": "slurmgpu.cli.jobs:jobs",
     "db": "slurmgpu.cli.db:db",
     "eff": "slurmgpu.cli.eff:eff",

@@ -15,8 +15,9 @@ slurmgpu's own options (not sbatch's) are taken out before the batch script:
   ``sgpu:malleable=MIN:MAX``). Adds ``--requeue`` and, unless given,
   ``--signal=B:SIG@GRACE`` (the checkpoint signal before the time limit); passes
   ``SGPU_CHECKPOINT_SIGNAL``, ``SGPU_CHECKPOINT_HOLD`` and ``SGPU_ELASTIC_DIR`` to the
-  job for its ``slurmgpu.elastic`` runtime; a ``--wrap`` command without shell syntax is
-  run with ``exec`` so that the signal reaches it (a shell in between would die of it).
+  job for its ``slurmgpu.elastic`` runtime; adds ``--open-mode=append`` (the log carries
+  on across requeues); a ``--wrap`` command runs under ``exec sgpu launch --``, and a
+  script that starts torchrun without it is refused (slurmgpu/cli/launchwrap.py).
   ``--checkpoint-signal SIG`` (default ``USR2``), ``--checkpoint-grace 120s`` (how long
   the job may take to checkpoint, and waits after it), ``--elastic-dir DIR`` (default
   ``./.sgpu-elastic``; must be visible from the head node) go with it.
@@ -37,6 +38,7 @@ import click
 import click.shell_completion
 
 from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
+from slurmgpu.cli.launchwrap import check_script, wrap_command
 from slurmgpu.policy.colocate import GPU_MEM_MARK, SHAREABLE_MARK
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 from slurmgpu.store import StoreError, open_store
@@ -79,7 +81,6 @@ def take_gpu_mem(args: tuple[str, ...]) -> tuple[int | None, tuple[str, ...]]:
 
 MALLEABLE_OPTIONS = ("--malleable", "--checkpoint-signal", "--checkpoint-grace", "--elastic-dir")
 _SIGNAL_NAME_RE = re.compile(r"^(SIG)?[A-Z0-9]{2,8}$")
-_WRAP_SHELL_CHARS = re.compile(r"[;&|<>`$()\n]")
 
 
 def take_values(
@@ -192,6 +193,8 @@ def malleable_args(req: MalleableRequest, args: list[str]) -> list[str]:
         head.append("--requeue")
     if _sbatch_option(out, "--signal") is None:
         head.append(f"--signal=B:{req.signal}@{min(req.grace_s, 65535)}")
+    if _sbatch_option(out, "--open-mode") is None:
+        head.append("--open-mode=append")  # a requeued run must not overwrite the log
     for i, arg in enumerate(out):
         if not arg.startswith("-") and os.path.isfile(arg):
             break
@@ -200,10 +203,8 @@ def malleable_args(req: MalleableRequest, args: list[str]) -> list[str]:
             wrap, at = out[i + 1], i + 1
         elif arg.startswith("--wrap="):
             wrap, at = arg.split("=", 1)[1], i
-        if wrap is not None:
-            cmd = wrap.strip()
-            if not _WRAP_SHELL_CHARS.search(cmd) and not cmd.startswith(("exec ", "srun ")):
-                out[at] = ("--wrap=" if at == i else "") + f"exec {cmd}"
+        if wrap is not None:  # run under `sgpu launch` (slurmgpu/cli/launchwrap.py)
+            out[at] = ("--wrap=" if at == i else "") + wrap_command(wrap)
             break
     return head + out
 
@@ -381,6 +382,12 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
             malleable = malleable_request(values, "--pool" in flags, args)
         except ValueError as exc:
             fail(str(exc), 2)
+        script = next((a for a in args if not a.startswith("-") and os.path.isfile(a)), None)
+        verdict = check_script(script) if script and not malleable.pool else None
+        if verdict is not None and verdict.error:
+            fail(f"--malleable: {verdict.error}", 2)
+        if verdict is not None and verdict.note:
+            click.echo(f"sgpu submit: note: {verdict.note}", err=True)
         args = malleable_args(malleable, args)
     if "--rightsize" in flags:
         args = add_comment_token(args, RIGHTSIZE_OPT_IN)

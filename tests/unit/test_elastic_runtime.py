@@ -68,6 +68,7 @@ def test_checkpoint_resume_and_the_ack_counter_across_runs(tmp_path: Path) -> No
 def test_sigterm_after_the_checkpoint_ends_the_run_cleanly(tmp_path: Path) -> None:
     env = {"SLURM_JOB_ID": "6", "SGPU_ELASTIC_DIR": str(tmp_path)}
     run = init(env, install_handlers=False)
+    run.exit_process = sys.exit  # the real one is os._exit, which would end pytest
     run.request_checkpoint(stop=True)
     with pytest.raises(SystemExit) as stop:
         run.checkpoint({"step": 1})

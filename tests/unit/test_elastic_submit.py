@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmgpu.cli.launchwrap import check_script, launch_prefix
 from slurmgpu.cli.submit import (
     MALLEABLE_OPTIONS,
     array_task_count,
@@ -45,14 +46,44 @@ def test_malleable_adds_the_token_requeue_signal_and_keeps_the_script_args(
     assert out[-3:] == [str(script), "--malleable", "x"]  # the script's own arguments
 
 
-def test_a_plain_wrap_is_execed_so_the_signal_reaches_the_program() -> None:
+def test_a_wrap_runs_under_the_launcher_so_the_signal_reaches_the_program() -> None:
+    launch = launch_prefix()
+    assert launch.startswith("exec ") and launch.endswith(" -m slurmgpu launch --")
     out = _prepare(("--malleable=1:2", "--wrap", "python train.py --steps 5"))
-    assert out[out.index("--wrap") + 1] == "exec python train.py --steps 5"
+    assert out[out.index("--wrap") + 1] == f"{launch} python train.py --steps 5"
+    assert "--open-mode=append" in out  # the log carries on across requeues
     out = _prepare(("--malleable=1:2", "--wrap=python a.py; python b.py"))
-    assert "--wrap=python a.py; python b.py" in out  # shell syntax: left alone
+    assert f"--wrap={launch} /bin/sh -c 'python a.py; python b.py'" in out  # shell syntax
     out = _prepare(("--malleable=1:2", "--signal=USR2@60", "--wrap=srun python a.py"))
     assert not any(a.startswith("--signal=B:") for a in out)  # the user's own --signal
-    assert "--wrap=srun python a.py" in out
+    assert f"--wrap={launch} srun python a.py" in out
+    out = _prepare(("--malleable=1:2", "--open-mode=truncate", "--wrap=exec sgpu launch -- x"))
+    assert "--open-mode=append" not in out and "--wrap=exec sgpu launch -- x" in out
+
+
+@pytest.mark.parametrize(
+    ("body", "verdict"),
+    [
+        ("exec sgpu launch -- torchrun --nproc-per-node=4 train.py", None),
+        ("exec torchrun --nproc-per-node=4 train.py", "starts torchrun directly"),
+        ("python -m torch.distributed.run train.py", "starts torchrun directly"),
+        ("sgpu launch -- torchrun train.py", "without `exec`"),
+        ("exec python train.py", "note"),
+    ],
+)
+def test_a_malleable_script_must_run_under_exec_sgpu_launch(
+    tmp_path: Path, body: str, verdict: str | None
+) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --gres=gpu:4\n# torchrun in a comment\n{body}\n")
+    got = check_script(script)
+    if verdict is None:
+        assert got.error is None and got.note is None
+    elif verdict == "note":
+        assert got.error is None and got.note is not None and "sgpu launch" in got.note
+    else:
+        assert got.error is not None and verdict in got.error and "line 4" in got.error
+        assert "exec sgpu launch --" in got.error
 
 
 def test_pool_needs_an_array_and_defaults_to_its_task_count() -> None:
@@ -79,3 +110,25 @@ def test_pool_needs_an_array_and_defaults_to_its_task_count() -> None:
 def test_bad_malleable_options_get_one_clear_line(values: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         malleable_request(values, False, ["--wrap=true"])
+
+
+def test_sgpu_submit_refuses_exec_torchrun_before_calling_sbatch(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\nexec torchrun --nproc-per-node=4 train.py\n")
+    env = {**os.environ, "SGPU_DB": f"sqlite:///{tmp_path / 'db'}", "PATH": "/nonexistent"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmgpu", "submit", "--malleable", "2:4", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert "torchrun dies of the checkpoint signal" in err and len(err.splitlines()) == 1
+    assert "exec sgpu launch -- torchrun --nproc-per-node=4 train.py" in err

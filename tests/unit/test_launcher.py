@@ -1,0 +1,193 @@
+"""``sgpu launch`` with real torchrun and real signals (no Slurm: squeue and scontrol are
+stand-ins on PATH that answer like Slurm's and record their calls).
+
+The checkpoint signal reaches the workers, which checkpoint and acknowledge, while
+torchrun (which dies of SIGUSR2 by default) survives it; SIGTERM ends the whole tree; at
+the time limit the launcher requeues the job after the acknowledgement; a command's
+leftovers (a process in its own session that ignores SIGTERM) do not outlive it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from slurmgpu.elastic.launcher import catches, tree
+from slurmgpu.elastic.spec import read_ack
+from tests.polling import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _fake_slurm(bin_dir: Path, time_left: str) -> Path:
+    """squeue answering ``%L`` with ``time_left``; scontrol recording its arguments."""
+    calls = bin_dir / "scontrol.calls"
+    bin_dir.mkdir()
+    for name, body in (
+        ("squeue", f'echo "{time_left}"\n'),
+        ("scontrol", f'echo "$@" >> {calls}\n'),
+    ):
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\n{body}")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return calls
+
+
+class Launched:
+    def __init__(self, tmp: Path, time_left: str, grace: int = 30) -> None:
+        self.tmp = tmp
+        self.calls = _fake_slurm(tmp / "bin", time_left)
+        self.log = tmp / "steps.log"
+        env = {
+            **os.environ,
+            "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}",
+            "PYTHONPATH": str(ROOT),
+            "SLURM_JOB_ID": "77",
+            "SGPU_ELASTIC_DIR": str(tmp / "state"),
+            "SGPU_CHECKPOINT_HOLD": str(grace),
+            "SGPU_LAUNCH_TERM_WAIT": "5",
+            "LAUNCH_TEST_LOG": str(self.log),
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [
+            sys.executable, "-m", "slurmgpu", "launch", "--",
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+            "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
+            str(ROOT / "tests" / "unit" / "launch_worker.py"),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stderr=subprocess.PIPE)
+
+    def ranks_training(self) -> bool:
+        if not self.log.exists():
+            return False
+        return {line.split()[0] for line in self.log.read_text().splitlines()} == {"0", "1"}
+
+    def events(self) -> list[dict[str, object]]:
+        path = self.tmp / "state" / "77" / "launch.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(x) for x in path.read_text().splitlines()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        for p in psutil.process_iter():
+            try:
+                if str(self.log) in " ".join(p.environ().values()):
+                    p.kill()
+            except psutil.Error:
+                continue
+
+
+@pytest.fixture
+def launched(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Launched]:
+    pytest.importorskip("torch", reason="torchrun needs torch (pip install torch==2.13.0)")
+    time_left = getattr(request, "param", "2:00:00")
+    job = Launched(tmp_path, time_left)
+    try:
+        yield job
+    finally:
+        job.stop()
+
+
+def _processes(job: Launched) -> list[psutil.Process]:
+    return tree(job.proc.pid)
+
+
+@pytest.mark.slow
+def test_the_checkpoint_signal_reaches_the_workers_and_torchrun_survives_it(
+    launched: Launched,
+) -> None:
+    wait_for("both ranks training", launched.ranks_training, timeout_s=120)
+    procs = _processes(launched)
+    torchrun = procs[0]
+    assert "torch.distributed.run" in " ".join(torchrun.cmdline())
+    assert not catches(torchrun.pid, signal.SIGUSR2)  # it would die of it
+    workers = [p for p in procs if p.ppid() == torchrun.pid]
+    assert len(workers) == 2 and all(catches(p.pid, signal.SIGUSR2) for p in workers)
+
+    launched.proc.send_signal(signal.SIGUSR2)
+    ack = wait_for("the acknowledgement", lambda: read_ack(launched.tmp / "state", 77))
+    assert ack.acks == 1
+    relayed = next(e for e in launched.events() if e["event"] == "checkpoint_signal")
+    targets = relayed["relayed_to"]
+    assert isinstance(targets, list) and sorted(targets) == sorted(p.pid for p in workers)
+    assert torchrun.is_running() and launched.proc.poll() is None
+    assert not launched.calls.exists()  # not the time limit: the daemon requeues
+
+    launched.proc.send_signal(signal.SIGTERM)  # the requeue
+    launched.proc.wait(timeout=60)
+    assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launched", ["1:00"], indirect=True)
+def test_at_the_time_limit_the_launcher_requeues_after_the_checkpoint(
+    launched: Launched,
+) -> None:
+    wait_for("both ranks training", launched.ranks_training, timeout_s=120)
+    procs = _processes(launched)
+    launched.proc.send_signal(signal.SIGUSR2)  # --signal=B:USR2@grace: the batch shell only
+    wait_for("the requeue", launched.calls.exists)
+    assert launched.calls.read_text().split() == ["requeue", "77"]
+    ack = read_ack(launched.tmp / "state", 77)
+    assert ack is not None and ack.acks == 1  # requeued only once the checkpoint was durable
+    launched.proc.send_signal(signal.SIGTERM)  # what Slurm does next
+    launched.proc.wait(timeout=60)
+    assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_no_process_of_the_command_outlives_it(tmp_path: Path) -> None:
+    """The command exits, leaving a process in its own session that ignores SIGTERM."""
+    pidfile = tmp_path / "straggler.pid"
+    straggler = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid())); "
+        f"os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r}); time.sleep(600)"
+    )
+    code = (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {straggler!r}], start_new_session=True)\n"
+        f"while not os.path.exists({str(pidfile)!r}): time.sleep(0.01)\n"  # SIGTERM ignored
+        "sys.exit(5)\n"
+    )
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "78",
+        "SGPU_ELASTIC_DIR": str(tmp_path / "state"),
+        "SGPU_LAUNCH_TERM_WAIT": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmgpu", "launch", "--", sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 5, proc.stderr
+    pid = int(pidfile.read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    events = [
+        json.loads(x) for x in (tmp_path / "state" / "78" / "launch.jsonl").read_text().splitlines()
+    ]
+    cleaned = next(e for e in events if e["event"] == "cleaned_up")
+    assert cleaned["killed"] == [pid]
