@@ -21,11 +21,15 @@ import argparse
 import json
 import logging
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.slurm.jsonformat import decode_squeue
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "slurm-26.05"
@@ -43,8 +47,11 @@ def _document(jobs: int) -> tuple[bytes, bytes, bytes]:
         out.append(job)
     doc["jobs"] = out
     clean = json.dumps(doc, indent=2).encode()
-    bad_shape = clean.replace(b'"job_id": 1500,', b'"job_id": "1500",', 1)
-    bad_bytes = clean.replace(b'"name": "job1500"', b'"name": "job\xff\xfe1500"', 1)
+    i = jobs // 2  # the hostile record, mid-listing
+    bad_shape = clean.replace(
+        f'"job_id": {1000 + i},'.encode(), f'"job_id": "{1000 + i}",'.encode(), 1
+    )
+    bad_bytes = clean.replace(f'"name": "job{i}"'.encode(), b'"name": "job\xff\xfe%d"' % i, 1)
     assert bad_shape != clean and bad_bytes != clean
     return clean, bad_shape, bad_bytes
 
@@ -58,11 +65,15 @@ def _median(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--jobs", type=int, default=5_000)
     ap.add_argument("--runs", type=int, default=5)
-    args = ap.parse_args()
+    add_arguments(ap, "500 jobs, 3 runs")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.jobs, args.runs = 500, 3
+    run = BenchRun.from_args("decode_records", args)
     logging.disable(logging.WARNING)  # the skipped-record warnings, once per decode
     clean, bad_shape, bad_bytes = _document(args.jobs)
     assert len(decode_squeue(clean)[0]) == args.jobs
@@ -71,14 +82,21 @@ def main() -> None:
     base = _median(lambda: json.loads(clean), args.runs)
     print(f"{args.jobs} jobs, {len(clean) / 1e6:.1f} MB, median of {args.runs} runs")
     print(f"  baseline json.loads          {base * 1000:8.1f} ms   1.00x")
-    for label, data in (
-        ("clean", clean),
-        ("one bad shape", bad_shape),
-        ("one bad UTF-8", bad_bytes),
+    run.baseline = {"json_loads_s": base, "document_mb": len(clean) / 1e6}
+    for label, key, data in (
+        ("clean", "clean", clean),
+        ("one bad shape", "bad_shape", bad_shape),
+        ("one bad UTF-8", "bad_utf8", bad_bytes),
     ):
         t = _median(lambda d=data: decode_squeue(d), args.runs)  # type: ignore[misc]
         print(f"  decode_squeue {label:<14} {t * 1000:8.1f} ms   {t / base:.2f}x")
+        run.figures[f"decode_{key}_s"] = t
+        run.figures[f"decode_{key}_vs_json_loads"] = t / base
+        ratio = t / base
+        run.target(f"{key}_vs_json_loads", ratio, "<= 3", ratio <= 3)
+    run.write(args.json_out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

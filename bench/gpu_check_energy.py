@@ -3,7 +3,8 @@
 Needs only ``nvidia-ml-py`` (``import pynvml``) and the standard library; torch with CUDA
 is optional (the load phase)::
 
-    python bench/gpu_check_energy.py [--gpu 0] [--idle 5] [--load 10] [--step 0.1]
+    python bench/gpu_check_energy.py [--gpu 0] [--idle 5] [--load 10] [--step 0.1] \
+        [--smoke] [--json-out PATH]
 
 Phases: ``idle`` (nothing started), then ``load`` (a child process runs bf16 matrix
 products on the GPU when torch with CUDA imports; skipped otherwise). In each phase the
@@ -24,7 +25,10 @@ back. Idle 10 s (81 W): counter 814.0 J; power integral +0.57 % (0.1 s), +1.06 %
 645 J, power integral 932 J (+44 %; a second run +52 %): the reported power lags a
 changing load, so the integral is only an estimate, worst around a job's edges.
 
-One JSON document on stdout. Exit codes: 0 the counter works, never decreased, and
+One JSON document on stdout; with ``--json-out`` also the bench record of
+slurmgpu/benchrun.py (through it when slurmgpu imports, else the same shape written here):
+figures the power integrals, baseline the counter's delta, target the idle agreement.
+``--smoke``: 1 s idle, no load. Exit codes: 0 the counter works, never decreased, and
 agrees with the fine power integral within ``--tolerance`` % (default 5) while idle;
 1 the counter is missing, went back, or disagrees while idle; 2 NVML cannot start.
 """
@@ -35,10 +39,13 @@ import argparse
 import importlib.util
 import itertools
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 LOAD = """
@@ -146,6 +153,55 @@ def measure(nvml: Any, handle: Any, seconds: float, step_s: float) -> dict[str, 
     return out
 
 
+def _write_record(
+    path: Path | None,
+    args: argparse.Namespace,
+    started: float,
+    figures: dict[str, Any],
+    baseline: dict[str, Any],
+    targets: dict[str, tuple[float, str, bool]],
+) -> None:
+    """The bench record (slurmgpu/benchrun.py's shape); without slurmgpu, written here."""
+    if path is None:
+        return
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from slurmgpu.benchrun import BenchRun
+    except ImportError:  # a bare GPU machine: nvidia-ml-py and this file only
+        pass
+    else:
+        run = BenchRun.from_args("gpu_check_energy", args)
+        run.started, run.figures, run.baseline = started, figures, baseline
+        for name, (value, target, met) in targets.items():
+            run.target(name, value, target, met)
+        run.write(path)
+        return
+    doc = {
+        "bench": "gpu_check_energy",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "commit": "",
+        "smoke": bool(args.smoke),
+        "seconds": round(time.time() - started, 3),
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "memory_gib": round(
+                os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1
+            ),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "params": {k: v for k, v in vars(args).items() if k not in ("json_out", "smoke")},
+        "figures": figures,
+        "baseline": baseline,
+        "targets": {k: {"value": v, "target": t, "met": m} for k, (v, t, m) in targets.items()},
+    }
+    if path.is_dir():
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+        path = path / f"gpu_check_energy-{stamp}-{os.getpid()}.json"
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    print(f"figures written to {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--gpu", type=int, default=0, help="NVML device index")
@@ -153,14 +209,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=10.0, help="load phase, seconds (0: none)")
     parser.add_argument("--step", type=float, default=0.1, help="reading interval, seconds")
     parser.add_argument("--tolerance", type=float, default=5.0, help="idle agreement, %%")
+    parser.add_argument("--smoke", action="store_true", help="smoke size (seconds): 1 s idle")
+    parser.add_argument(
+        "--json-out",
+        type=Path,
+        metavar="PATH",
+        help="write the bench record to PATH (a dir: new file)",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.idle, args.load = 1.0, 0.0
+    started = time.time()
 
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
-        print(json.dumps({"problems": [f"NVML cannot start: {exc}"]}))
+        why = f"NVML cannot start: {exc}"
+        print(json.dumps({"problems": [why]}))
+        _write_record(args.json_out, args, started, {"skipped": why}, {}, {})
         return 2
     problems: list[str] = []
     result: dict[str, Any] = {"problems": problems}
@@ -178,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         except pynvml.NVMLError as exc:
             problems.append(f"no total-energy counter on this board ({exc}): pre-Volta?")
             print(json.dumps(result, indent=2))
+            _write_record(args.json_out, args, started, {"problems": problems}, {}, {})
             return 1
         phases: dict[str, Any] = {"idle": measure(pynvml, handle, args.idle, args.step)}
         if args.load > 0:
@@ -203,6 +272,22 @@ def main(argv: list[str] | None = None) -> int:
     if diff is None or abs(diff) > args.tolerance:
         problems.append(f"idle: power integral differs from the counter by {diff} %")
     print(json.dumps(result, indent=2))
+    record: dict[str, Any] = {"device": result["device"], "problems": problems}
+    baseline: dict[str, Any] = {}
+    for phase, f in result["phases"].items():
+        if "skipped" in f:
+            record[f"{phase}_skipped"] = f["skipped"]
+            continue
+        baseline[f"{phase}_counter_j"] = f["counter_j"]
+        record[f"{phase}_power_integral_j"] = f["power_integral_j"]
+        record[f"{phase}_vs_counter_pct"] = f["power_integral_vs_counter_pct"]
+        record[f"{phase}_counter_update_period_s"] = f["counter_update_period_s"]
+        record[f"{phase}_coarse"] = f["coarse"]
+    targets: dict[str, tuple[float, str, bool]] = {}
+    if diff is not None:
+        met = abs(diff) <= args.tolerance
+        targets["idle_integral_vs_counter_pct"] = (diff, f"|x| <= {args.tolerance:g}", met)
+    _write_record(args.json_out, args, started, record, baseline, targets)
     return 1 if problems else 0
 
 

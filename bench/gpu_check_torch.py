@@ -2,19 +2,25 @@
 
 Run from the repository root (torch with CUDA and slurmgpu importable)::
 
-    python bench/gpu_check_torch.py [--gpus N] [--steps 300]
+    python bench/gpu_check_torch.py [--gpus N] [--steps 300] [--signal-at 80] \
+        [--smoke] [--json-out PATH]
 
 No Slurm is needed: the job's environment is set as Slurm would (SLURM_JOB_ID, the state
 directory). examples/torch_ddp_elastic.py runs under ``python -m slurmgpu launch --
 torchrun --nproc-per-node=N`` (NCCL when CUDA is available, else gloo on the CPU); after
-80 steps the launcher gets the checkpoint signal, the ranks checkpoint at one step and
-acknowledge, then SIGTERM (what the requeue sends) ends every process. A second run
+``--signal-at`` steps (80) the launcher gets the checkpoint signal, the ranks checkpoint at
+one step and acknowledge, then SIGTERM (what the requeue sends) ends every process. A second run
 resumes at ``N // 2`` ranks when N >= 2 (else at N) and trains to the end; an
 uninterrupted run of the same seed is the baseline. Prints one JSON document: signal →
 ack and SIGTERM → gone seconds, processes left, steps continuous, the largest loss
-difference from the baseline.
+difference from the baseline. With ``--json-out`` the same as a bench record
+(slurmgpu/benchrun.py): baseline the uninterrupted run (its seconds, final loss), figures
+the interrupted one; targets: every process gone <= 1 s after SIGTERM, losses within
+1e-3 (relative) of the baseline's. ``--smoke``: 2 ranks, 40 steps, signal after 20 (CPU
+torch: gloo; about three torchrun start-ups of work).
 
-Exit codes: 0 all checks passed; 1 a check failed; 2 torch is missing.
+Exit codes: 0 all checks passed; 1 a check failed; 2 torch is missing (the record says
+"skipped").
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from slurmgpu.benchrun import BenchRun, add_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torch_ddp_elastic.py"
@@ -61,15 +72,24 @@ def _torchrun(nproc: int) -> list[str]:
     ]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--gpus", type=int, default=0, help="ranks (default: every visible GPU)")
     p.add_argument("--steps", type=int, default=300)
-    args = p.parse_args()
+    p.add_argument("--signal-at", type=int, default=80, help="checkpoint signal after N steps")
+    add_arguments(p, "2 ranks, 40 steps, the signal after 20")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.gpus, args.steps, args.signal_at = 2, 40, 20
+    if not 0 < args.signal_at < args.steps:
+        p.error("--signal-at must lie between 0 and --steps")
+    run = BenchRun.from_args("gpu_check_torch", args)
     try:
         import torch
     except ImportError:
         print(json.dumps({"problem": "torch is not importable"}))
+        run.figures = {"skipped": "torch is not importable"}
+        run.write(args.json_out)
         return 2
     cuda = torch.cuda.is_available()
     gpus = args.gpus or (torch.cuda.device_count() if cuda else 2)
@@ -100,10 +120,12 @@ def main() -> int:
         stdout=subprocess.DEVNULL,
         stderr=(tmp / "run1.err").open("wb"),
     )  # fmt: skip
-    if not _wait(lambda: sum("event" not in r for r in _records(log)) >= 80, 300):
+    if not _wait(lambda: sum("event" not in r for r in _records(log)) >= args.signal_at, 300):
         launcher.kill()
         report["problem"] = f"the first run did not train (see {tmp / 'run1.err'})"
         print(json.dumps(report, indent=1))
+        run.figures = {"problem": report["problem"]}
+        run.write(args.json_out)
         return 1
     tree = psutil.Process(launcher.pid).children(recursive=True)
     ack = tmp / "state" / "5" / "ack.json"
@@ -121,6 +143,7 @@ def main() -> int:
     second = max(gpus // 2, 1)
     if cuda:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(second))
+    t0 = time.monotonic()
     subprocess.run(
         [*_torchrun(second), *example, "--train-log", str(log)],
         env={**env, "SLURM_JOB_ID": "5"},
@@ -128,7 +151,9 @@ def main() -> int:
         capture_output=True,
         timeout=600,
     )
+    resumed_s = time.monotonic() - t0
     ref = tmp / "ref.jsonl"
+    t0 = time.monotonic()
     subprocess.run(
         [*_torchrun(second), *example, "--train-log", str(ref)],
         env={**env, "SLURM_JOB_ID": "6"},
@@ -136,9 +161,10 @@ def main() -> int:
         capture_output=True,
         timeout=600,
     )
-    run = _records(log)
-    starts = [(r["world"], r["resumed_step"]) for r in run if r.get("event") == "start"]
-    steps = [r for r in run if "event" not in r]
+    uninterrupted_s = time.monotonic() - t0
+    records = _records(log)
+    starts = [(r["world"], r["resumed_step"]) for r in records if r.get("event") == "start"]
+    steps = [r for r in records if "event" not in r]
     baseline = {r["step"]: r["loss"] for r in _records(ref) if "event" not in r}
     diffs = [abs(r["loss"] - baseline[r["step"]]) for r in steps if r["step"] in baseline]
     report.update(
@@ -168,6 +194,28 @@ def main() -> int:
     )
     report["ok"] = bool(ok)
     print(json.dumps(report, indent=1))
+    run.baseline = {
+        "uninterrupted_run_s": uninterrupted_s,
+        "uninterrupted_steps": len(baseline),
+        "uninterrupted_final_loss": baseline[max(baseline)] if baseline else None,
+    }
+    run.figures = {
+        k: report[k]
+        for k in (
+            *("torch", "cuda", "device", "ranks", "backend", "signal_to_ack_s"),
+            *("sigterm_to_gone_s", "processes_left", "runs", "steps", "steps_continuous"),
+            *("max_loss_diff_vs_uninterrupted", "max_relative_loss_diff", "ok"),
+        )
+    }
+    run.figures["resumed_run_s"] = resumed_s
+    gone = report["sigterm_to_gone_s"]
+    run.target("sigterm_to_gone_s", gone, "<= 1", gone <= 1.0)
+    rel = report["max_relative_loss_diff"]
+    if rel is not None:
+        run.target("max_relative_loss_diff", rel, "< 0.001", rel < 1e-3)
+    run.write(args.json_out)
+    if ok and args.smoke:
+        shutil.rmtree(tmp, ignore_errors=True)  # CI's runs leave nothing behind when all is well
     return 0 if ok else 1
 
 

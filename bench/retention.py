@@ -9,18 +9,25 @@ sampled every 10 s: without retention (the baseline: per day and after 30 days) 
 the defaults (12 h raw + 180 days of hourly rollups).
 
 Target (issue 22): the defaults keep a 1,000-GPU site under 2 GB.
-Run: ``.venv/bin/python bench/retention.py [--gpus 128] [--interval 10]``.
+Run: ``.venv/bin/python bench/retention.py [--gpus 128] [--interval 10] [--smoke]
+[--json-out PATH]`` (smoke: 256 GPUs every 300 s, 4,608 samples and 384 rollup rows:
+per-row sizes within a few pages of SQLite).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sqlite3
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.store import open_store
 from slurmgpu.store.retention import (
     DEFAULT_ROLLUP_RETENTION,
@@ -46,11 +53,15 @@ def _size(path: Path) -> int:
     return (pages - free) * size
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--gpus", type=int, default=128)
     ap.add_argument("--interval", type=float, default=10.0)
-    args = ap.parse_args()
+    add_arguments(ap, "256 GPUs sampled every 300 s for the hour")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.gpus, args.interval = 256, 300.0
+    run = BenchRun.from_args("retention", args)
     tmp = Path(tempfile.mkdtemp(prefix="sgpu-retention-"))
     db = tmp / "s.db"
     store = open_store(f"sqlite:///{db}")
@@ -93,8 +104,13 @@ def main() -> None:
     result = roll_up_and_prune(store.engine, "", now=start + timedelta(days=1))
     prune_s = time.perf_counter() - t0
     rolled = _size(db) - empty
-    with sqlite3.connect(db) as conn:
+    conn = sqlite3.connect(db)
+    try:
         rows = int(conn.execute("SELECT count(*) FROM sample_hours").fetchone()[0])
+    finally:
+        conn.close()
+    store.engine.dispose()
+    shutil.rmtree(tmp, ignore_errors=True)
     per_sample = raw / samples
     per_row = max(rolled, 0) / max(rows, 1)
     print(f"store: {samples:,} samples of {args.gpus} GPUs x 1 h in {fill_s:.1f} s")
@@ -120,7 +136,27 @@ def main() -> None:
         f"{(keep_raw + keep_rollups) / 1e9:.2f} GB (target < 2 GB: "
         f"{'met' if keep_raw + keep_rollups < 2e9 else 'MISSED'})"
     )
+    run.baseline = {
+        "no_retention_gb_per_day": raw_day / 1e9,
+        "no_retention_gb_30d": 30 * raw_day / 1e9,
+    }
+    run.figures = {
+        "samples": samples,
+        "fill_s": fill_s,
+        "bytes_per_sample": per_sample,
+        "rollup_rows": rows,
+        "bytes_per_rollup_row": per_row,
+        "prune_s": prune_s,
+        "samples_deleted": result.deleted,
+        "site_kept_raw_gb": keep_raw / 1e9,
+        "site_kept_rollups_gb": keep_rollups / 1e9,
+        "site_total_gb": (keep_raw + keep_rollups) / 1e9,
+    }
+    total_gb = (keep_raw + keep_rollups) / 1e9
+    run.target("site_1000_gpus_gb", total_gb, "< 2", total_gb < 2)
+    run.write(args.json_out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

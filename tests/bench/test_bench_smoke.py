@@ -4,8 +4,9 @@ Each script is run as an admin would (its own process, ``--smoke --json-out DIR`
 must exit 0 and write one JSON record with its figures and the baseline measured in the
 same run (slurmgpu/benchrun.py). No timing is judged here: smoke sizes are seconds of
 work on a shared machine; the full-size figures are in bench/README.md. Benches that read
-shared/data skip, with the reason, where it is absent; bench/gpu_check_nvml.py where NVML
-is; bench/resize_path.py needs the lab cluster (tests/slurm/test_bench_resize_path.py).
+shared/data skip, with the reason, where it is absent; the bench/gpu_check_*.py scripts
+where what they check is absent (NVML; torch), which their record says with exit code 2;
+bench/resize_path.py needs the lab cluster (tests/slurm/test_bench_resize_path.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ NEEDS: dict[str, Path | None] = {
     "report": None,
     "sim_pollux": DATA / "pollux" / "profiles",
     "speedup_fit": DATA / "pollux" / "profiles",
-    "gpu_check_nvml": None,  # skips where NVML is absent (it says so in its record)
+    "decode_records": None,
+    "energy_query": None,
+    "retention": None,
+    # the gpu_check_* benches skip where what they check is absent (their record says so)
+    "gpu_check_nvml": None,  # NVML
+    "gpu_check_energy": None,  # NVML (and needs only pynvml + the standard library)
+    "gpu_check_torch": None,  # torch; with the CPU build: gloo on 2 CPU ranks, ~40 s
 }
 ELSEWHERE = {"resize_path": "tests/slurm/test_bench_resize_path.py (needs the lab cluster)"}
 
@@ -73,8 +80,8 @@ def test_bench_smoke(name: str, tmp_path: Path) -> None:
         print(f"bench {name}: skipping: {reason}", file=sys.stderr)
         pytest.skip(reason)
     proc, doc = run_smoke(name, tmp_path)
-    if name == "gpu_check_nvml" and proc.returncode == 2 and "skipped" in doc["figures"]:
-        reason = f"no NVML here: {doc['figures']['skipped']}"
+    if name.startswith("gpu_check_") and proc.returncode == 2 and "skipped" in doc["figures"]:
+        reason = f"not checkable here: {doc['figures']['skipped']}"
         print(f"bench {name}: skipping: {reason}", file=sys.stderr)
         pytest.skip(reason)
     assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
