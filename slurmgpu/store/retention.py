@@ -5,9 +5,11 @@ that is 8.64 million rows and 2.4 GB a day, so the samples table must not keep
 everything. :func:`roll_up_and_prune` moves every sample of a job older than the cutoff
 into ``sample_hours`` (one row per job, node, GPU and UTC hour: counts, sums and maxima,
 so the usage readers in :mod:`slurmgpu.store.usage` add them to what is still raw and
-get the same means and peaks) and deletes the raw rows, an hour at a time so no single
-transaction grows large. Samples of no job (an unallocated GPU) have nothing to roll up
-into and are only deleted. Rollups older than their own retention are deleted too.
+get the same means and peaks; the energy of each sample interval by the one rule of
+:mod:`slurmgpu.store.energy_rule`, and the I/O wait count and sum) and deletes the raw
+rows, an hour at a time so no single transaction grows large. Samples of no job (an
+unallocated GPU) have nothing to roll up into and are only deleted. Rollups older than
+their own retention are deleted too.
 
 Sizing (docs/configuration.md#retention, bench/retention.py): the defaults, 6 h of raw
 samples and 90 days of hourly rollups, keep a 1,000-GPU site under 2 GB (1.5 GB).
@@ -26,6 +28,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
 
 __all__ = [
     "DEFAULT_ROLLUP_RETENTION",
@@ -40,7 +43,6 @@ log = logging.getLogger("slurmgpu.store")
 DEFAULT_SAMPLE_RETENTION = timedelta(hours=6)
 DEFAULT_ROLLUP_RETENTION = timedelta(days=90)
 _BATCH = timedelta(hours=1)  # one transaction per hour of samples
-_IDLE_UTIL_PCT = 0.5  # as store.usage.IDLE_UTIL_PCT (a GPU above it is busy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +56,11 @@ def _floor_hour(at: datetime) -> datetime:
     return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def _hour_of(engine: Engine) -> ColumnElement[Any]:
-    s = schema.samples
+def _hour_of(engine: Engine, at: ColumnElement[Any]) -> ColumnElement[Any]:
     if engine.dialect.name == "sqlite":
         # SQLite stores "YYYY-MM-DD HH:MM:SS.ffffff" (schema.UtcDateTime): cut at the hour.
-        return func.substr(s.c.at, 1, 13).concat(literal(":00:00.000000"))
-    return func.date_trunc("hour", s.c.at)
+        return func.substr(at, 1, 13).concat(literal(":00:00.000000"))
+    return func.date_trunc("hour", at)
 
 
 def roll_up_and_prune(
@@ -73,9 +74,6 @@ def roll_up_and_prune(
     """Roll up and delete samples older than ``now - sample_retention`` (a whole hour)."""
     s, h = schema.samples, schema.sample_hours
     cutoff = _floor_hour(now - sample_retention)
-    hour = _hour_of(engine)
-    busy = case((s.c.util_pct > _IDLE_UTIL_PCT, s.c.at), else_=None)
-    host_mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
     rolled = deleted = 0
     done_to: datetime | None = None
     try:
@@ -92,40 +90,55 @@ def roll_up_and_prune(
                 break  # a sample the window did not catch: never loop on it
             end = done_to = min(start + _BATCH, cutoff)
             window = and_(s.c.cluster == cluster, s.c.at >= start, s.c.at < end)
+            # Each sample with what the energy rule needs of the next one (read up to
+            # ENERGY_MAX_GAP_S past the hour, still raw): the hour's sums are the rule's.
+            q = energy_rows(
+                [s.c.cluster == cluster, s.c.at >= start, s.c.job_id.is_not(None)],
+                until=end,
+                carry_all=True,
+            ).c
+            hour = _hour_of(engine, q.at)
+            busy = case((q.util_pct > IDLE_UTIL_PCT, q.at), else_=None)
+            host_mem = func.coalesce(q.cgroup_memory_mib, q.rss_mib)
             rollup = (
                 select(
-                    s.c.cluster,
-                    s.c.job_id,
-                    s.c.node,
-                    s.c.kind,
-                    func.coalesce(s.c.gpu_index, -1),
+                    q.cluster,
+                    q.job_id,
+                    q.node,
+                    q.kind,
+                    func.coalesce(q.gpu_index, -1),
                     hour,
                     func.count(),
-                    func.count(s.c.util_pct),
-                    func.sum(s.c.util_pct),
-                    func.max(s.c.util_pct),
-                    func.max(s.c.memory_used_mib),
-                    func.max(s.c.memory_total_mib),
-                    func.min(s.c.at),
-                    func.max(s.c.at),
+                    func.count(q.util_pct),
+                    func.sum(q.util_pct),
+                    func.max(q.util_pct),
+                    func.max(q.memory_used_mib),
+                    func.max(q.memory_total_mib),
+                    func.min(q.at),
+                    func.max(q.at),
                     func.max(busy),
-                    func.max(case((s.c.shared.is_(True), 1), else_=0)) > 0,
-                    func.sum(case((s.c.source == "error", 1), else_=0)),
-                    func.max(s.c.processes),
-                    func.count(s.c.cpu_pct),
-                    func.sum(s.c.cpu_pct),
-                    func.max(s.c.cpu_pct),
-                    func.max(s.c.cpus_allocated),
+                    func.max(case((q.shared.is_(True), 1), else_=0)) > 0,
+                    func.sum(case((q.source == "error", 1), else_=0)),
+                    func.max(q.processes),
+                    func.count(q.cpu_pct),
+                    func.sum(q.cpu_pct),
+                    func.max(q.cpu_pct),
+                    func.max(q.cpus_allocated),
                     func.max(host_mem),
+                    *energy_sums(q),
+                    func.count(q.iowait_pct),
+                    func.sum(q.iowait_pct),
                 )
-                .where(window, s.c.job_id.is_not(None))
-                .group_by(s.c.cluster, s.c.job_id, s.c.node, s.c.kind, s.c.gpu_index, hour)
+                .where(q.inwin == 1)
+                .group_by(q.cluster, q.job_id, q.node, q.kind, q.gpu_index, hour)
             )
             columns = [
                 "cluster", "job_id", "node", "kind", "gpu_index", "hour", "samples", "util_n",
                 "util_sum", "util_max", "memory_max_mib", "memory_total_mib", "first_at",
                 "last_at", "last_busy_at", "shared", "errors", "processes_max", "cpu_n",
-                "cpu_sum", "cpu_max", "cpus_max", "host_memory_max_mib",
+                "cpu_sum", "cpu_max", "cpus_max", "host_memory_max_mib", "energy_j",
+                "idle_energy_j", "counter_intervals", "power_intervals", "covered_s", "power_n",
+                "power_sum", "first_power_w", "last_power_w", "iowait_n", "iowait_sum",
             ]  # fmt: skip
             with engine.begin() as conn:
                 conn.execute(insert(h).from_select(columns, rollup))
