@@ -12,7 +12,7 @@ unallocated GPU) have nothing to roll up into and are only deleted. Rollups olde
 their own retention are deleted too.
 
 Sizing (docs/configuration.md#retention, bench/retention.py): the defaults, 6 h of raw
-samples and 90 days of hourly rollups, keep a 1,000-GPU site under 2 GB (1.5 GB).
+samples and 90 days of hourly rollups, keep a 1,000-GPU site under 2 GB (1.6 GB).
 """
 
 from __future__ import annotations
@@ -90,48 +90,78 @@ def roll_up_and_prune(
                 break  # a sample the window did not catch: never loop on it
             end = done_to = min(start + _BATCH, cutoff)
             window = and_(s.c.cluster == cluster, s.c.at >= start, s.c.at < end)
-            # Each sample with what the energy rule needs of the next one (read up to
-            # ENERGY_MAX_GAP_S past the hour, still raw): the hour's sums are the rule's.
-            q = energy_rows(
-                [s.c.cluster == cluster, s.c.at >= start, s.c.job_id.is_not(None)],
-                until=end,
-                carry_all=True,
-            ).c
-            hour = _hour_of(engine, q.at)
-            busy = case((q.util_pct > IDLE_UTIL_PCT, q.at), else_=None)
-            host_mem = func.coalesce(q.cgroup_memory_mib, q.rss_mib)
-            rollup = (
+            hour = _hour_of(engine, s.c.at)
+            busy = case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), else_=None)
+            host_mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
+            plain = (
                 select(
-                    q.cluster,
-                    q.job_id,
-                    q.node,
-                    q.kind,
-                    func.coalesce(q.gpu_index, -1),
-                    hour,
-                    func.count(),
-                    func.count(q.util_pct),
-                    func.sum(q.util_pct),
-                    func.max(q.util_pct),
-                    func.max(q.memory_used_mib),
-                    func.max(q.memory_total_mib),
-                    func.min(q.at),
-                    func.max(q.at),
-                    func.max(busy),
-                    func.max(case((q.shared.is_(True), 1), else_=0)) > 0,
-                    func.sum(case((q.source == "error", 1), else_=0)),
-                    func.max(q.processes),
-                    func.count(q.cpu_pct),
-                    func.sum(q.cpu_pct),
-                    func.max(q.cpu_pct),
-                    func.max(q.cpus_allocated),
-                    func.max(host_mem),
-                    *energy_sums(q),
-                    func.count(q.iowait_pct),
-                    func.sum(q.iowait_pct),
+                    s.c.cluster,
+                    s.c.job_id,
+                    s.c.node,
+                    s.c.kind,
+                    s.c.gpu_index,
+                    hour.label("hour"),
+                    func.count().label("samples"),
+                    func.count(s.c.util_pct).label("util_n"),
+                    func.sum(s.c.util_pct).label("util_sum"),
+                    func.max(s.c.util_pct).label("util_max"),
+                    func.max(s.c.memory_used_mib).label("memory_max_mib"),
+                    func.max(s.c.memory_total_mib).label("memory_total_mib"),
+                    func.min(s.c.at).label("first_at"),
+                    func.max(s.c.at).label("last_at"),
+                    func.max(busy).label("last_busy_at"),
+                    (func.max(case((s.c.shared.is_(True), 1), else_=0)) > 0).label("shared"),
+                    func.sum(case((s.c.source == "error", 1), else_=0)).label("errors"),
+                    func.max(s.c.processes).label("processes_max"),
+                    func.count(s.c.cpu_pct).label("cpu_n"),
+                    func.sum(s.c.cpu_pct).label("cpu_sum"),
+                    func.max(s.c.cpu_pct).label("cpu_max"),
+                    func.max(s.c.cpus_allocated).label("cpus_max"),
+                    func.max(host_mem).label("host_memory_max_mib"),
+                    func.count(s.c.iowait_pct).label("iowait_n"),
+                    func.sum(s.c.iowait_pct).label("iowait_sum"),
                 )
-                .where(q.inwin == 1)
-                .group_by(q.cluster, q.job_id, q.node, q.kind, q.gpu_index, hour)
+                .where(window, s.c.job_id.is_not(None))
+                .group_by(s.c.cluster, s.c.job_id, s.c.node, s.c.kind, s.c.gpu_index, hour)
+                .subquery()
             )
+            # The hour's energy by the one rule: each GPU sample with what the rule needs
+            # of the next one (read up to ENERGY_MAX_GAP_S past the hour, still raw).
+            q = energy_rows(
+                [
+                    s.c.cluster == cluster,
+                    s.c.at >= start,
+                    s.c.job_id.is_not(None),
+                    s.c.kind == "gpu",
+                ],
+                until=end,
+            ).c
+            energy = (
+                select(q.job_id, q.node, q.gpu_index, *energy_sums(q))
+                .where(q.inwin == 1)
+                .group_by(q.job_id, q.node, q.gpu_index)
+                .subquery()
+            )  # one hour: no hour column needed to join
+            p, e = plain.c, energy.c
+            rollup = select(
+                p.cluster, p.job_id, p.node, p.kind, func.coalesce(p.gpu_index, -1), p.hour,
+                p.samples, p.util_n, p.util_sum, p.util_max, p.memory_max_mib,
+                p.memory_total_mib, p.first_at, p.last_at, p.last_busy_at, p.shared, p.errors,
+                p.processes_max, p.cpu_n, p.cpu_sum, p.cpu_max, p.cpus_max,
+                p.host_memory_max_mib, e.energy_j, e.idle_energy_j, e.counter_intervals,
+                e.power_intervals, e.covered_s, e.power_n, e.power_sum, e.first_power_w,
+                e.last_power_w, p.iowait_n, p.iowait_sum,
+            ).select_from(
+                plain.outerjoin(
+                    energy,
+                    and_(
+                        p.kind == "gpu",
+                        e.job_id == p.job_id,
+                        e.node == p.node,
+                        e.gpu_index == p.gpu_index,
+                    ),
+                )
+            )  # fmt: skip
             columns = [
                 "cluster", "job_id", "node", "kind", "gpu_index", "hour", "samples", "util_n",
                 "util_sum", "util_max", "memory_max_mib", "memory_total_mib", "first_at",
