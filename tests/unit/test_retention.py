@@ -158,3 +158,48 @@ def test_rollups_older_than_their_retention_go_and_a_run_waits_its_interval(
         assert conn.execute(select(func.count()).select_from(schema.sample_hours)).scalar() == 0
     assert keeper.maybe_run(NOW + timedelta(minutes=30)) is None
     assert keeper.maybe_run(NOW + timedelta(hours=1)) is not None
+
+
+def test_a_shared_gpus_energy_across_pruned_hour_boundaries_is_exact(url: str) -> None:
+    """Two jobs share GPU 0 from 02:00 to 10:00, sampled every 10 min at 1 kW (600 kJ a
+    sample interval by the counter), idle from 09:00; their host samples carry iowait.
+    Pruning everything before 06:00 changes none of their figures."""
+    store = open_store(url)
+    usage = UsageStore(store.engine)
+    start = datetime(2026, 3, 10, 2, 0, tzinfo=UTC)
+    gpu: list[GpuSampleIn] = []
+    host: list[HostSampleIn] = []
+    iowaits: list[float] = []
+    for step in range(49):
+        at = start + timedelta(minutes=10 * step)
+        for job in (21, 22):
+            gpu.append(
+                GpuSampleIn(
+                    sample_uid=f"gpu1:e:{step}:{job}", at=at.timestamp(), gpu_index=0,
+                    job_id=job, util_pct=0.0 if at.hour >= 9 else 50.0, power_w=1000.0,
+                    energy_mj=600_000_000 * step, shared=True, source="process",
+                )
+            )  # fmt: skip
+        iowaits.append(10.0 if step % 2 else 35.0)
+        host.append(
+            HostSampleIn(
+                sample_uid=f"gpu1:h:{step}", at=at.timestamp(), job_id=21, cpu_pct=100.0,
+                cpus_allocated=4, rss_mib=1000.0, iowait_pct=iowaits[-1],
+            )
+        )  # fmt: skip
+    usage.ingest(SampleBatch(node="gpu1", gpu=gpu, host=host))
+    before = usage.gpu_energy_many([21, 22])
+    result = roll_up_and_prune(store.engine, "", now=NOW, sample_retention=timedelta(hours=6))
+    assert result.deleted == 2 * 24 + 24  # 02:00-05:50: 24 steps, two GPU + one host each
+    after = usage.gpu_energy_many([21, 22])
+    for job in (21, 22):
+        _same(before[job], after[job])
+        (g,) = after[job]
+        assert g.energy_j == pytest.approx(48 * 600_000 / 2)  # half of every interval
+        assert g.idle_energy_j == pytest.approx(7 * 600_000 / 2)  # closing 09:00..10:00
+        assert (g.counter_intervals, g.power_intervals, g.samples) == (48, 0, 49)
+        assert g.covered_s == pytest.approx(48 * 600)
+        assert g.first_power_w == g.last_power_w == g.mean_power_w == pytest.approx(500.0)
+        assert (g.first_at, g.last_at) == (start, start + timedelta(hours=8))
+    (h,) = usage.host_usage(21)
+    assert h.mean_iowait_pct == pytest.approx(sum(iowaits) / len(iowaits))
