@@ -4,9 +4,10 @@ Fills a SQLite store (WAL, the daemon's pragmas) with one simulated hour of a
 ``--gpus``-GPU site sampled every ``--interval`` seconds (agent-style ids, 8 GPUs and one
 host sample per job per node per interval), checkpoints it and measures the file: bytes
 per raw sample. Then rolls that hour up (store/retention.py), vacuums, and measures bytes
-per ``sample_hours`` row. From both, in the same run, the footprint of a 1,000-GPU site
-sampled every 10 s: without retention (the baseline: per day and after 30 days) and with
-the defaults (12 h raw + 180 days of hourly rollups).
+per ``sample_hours`` row (energy and I/O wait included: every GPU sample carries the NVML
+counter, every host sample its iowait). From both, in the same run, the footprint of a
+1,000-GPU site sampled every 10 s: without retention (the baseline: per day and after 30
+days) and with the defaults (6 h raw + 90 days of hourly rollups).
 
 Target (issue 22): the defaults keep a 1,000-GPU site under 2 GB.
 Run: ``.venv/bin/python bench/retention.py [--gpus 128] [--interval 10] [--smoke]
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                         gpu_index=g, job_id=job, util_pct=float((step * 7 + g) % 100),
                         memory_used_mib=30_000.0, memory_total_mib=81_559.0, power_w=300.0,
                         temperature_c=60.0, processes=1, shared=False, source="process",
+                        energy_mj=int(300_000 * args.interval) * step,
                     )
                 )  # fmt: skip
             for j in range(4):
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                     HostSampleIn(
                         sample_uid=f"{node}:67a1b2c3d4e5f6a7:{step}:h:{job}", at=at,
                         job_id=job, cpu_pct=350.0, cpus_allocated=16, rss_mib=20_000.0,
-                        cgroup_memory_mib=24_000.0,
+                        cgroup_memory_mib=24_000.0, iowait_pct=4.0,
                     )
                 )  # fmt: skip
         usage.ingest(SampleBatch(node=node, gpu=gpu, host=host))

@@ -32,7 +32,7 @@ from slurmgpu.daemon.observer import CycleResult
 from slurmgpu.model import ClusterSnapshot
 from slurmgpu.slurm import decode_stats
 from slurmgpu.store import schema
-from slurmgpu.store.usage import IDLE_UTIL_PCT
+from slurmgpu.store.energy_rule import IDLE_UTIL_PCT
 
 log = logging.getLogger("slurmgpu.metrics")
 

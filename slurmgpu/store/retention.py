@@ -5,12 +5,14 @@ that is 8.64 million rows and 2.4 GB a day, so the samples table must not keep
 everything. :func:`roll_up_and_prune` moves every sample of a job older than the cutoff
 into ``sample_hours`` (one row per job, node, GPU and UTC hour: counts, sums and maxima,
 so the usage readers in :mod:`slurmgpu.store.usage` add them to what is still raw and
-get the same means and peaks) and deletes the raw rows, an hour at a time so no single
-transaction grows large. Samples of no job (an unallocated GPU) have nothing to roll up
-into and are only deleted. Rollups older than their own retention are deleted too.
+get the same means and peaks; the energy of each sample interval by the one rule of
+:mod:`slurmgpu.store.energy_rule`, and the I/O wait count and sum) and deletes the raw
+rows, an hour at a time so no single transaction grows large. Samples of no job (an
+unallocated GPU) have nothing to roll up into and are only deleted. Rollups older than
+their own retention are deleted too.
 
 Sizing (docs/configuration.md#retention, bench/retention.py): the defaults, 6 h of raw
-samples and 90 days of hourly rollups, keep a 1,000-GPU site under 2 GB (1.5 GB).
+samples and 90 days of hourly rollups, keep a 1,000-GPU site under 2 GB (1.6 GB).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
 
 __all__ = [
     "DEFAULT_ROLLUP_RETENTION",
@@ -40,7 +43,6 @@ log = logging.getLogger("slurmgpu.store")
 DEFAULT_SAMPLE_RETENTION = timedelta(hours=6)
 DEFAULT_ROLLUP_RETENTION = timedelta(days=90)
 _BATCH = timedelta(hours=1)  # one transaction per hour of samples
-_IDLE_UTIL_PCT = 0.5  # as store.usage.IDLE_UTIL_PCT (a GPU above it is busy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +56,11 @@ def _floor_hour(at: datetime) -> datetime:
     return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def _hour_of(engine: Engine) -> ColumnElement[Any]:
-    s = schema.samples
+def _hour_of(engine: Engine, at: ColumnElement[Any]) -> ColumnElement[Any]:
     if engine.dialect.name == "sqlite":
         # SQLite stores "YYYY-MM-DD HH:MM:SS.ffffff" (schema.UtcDateTime): cut at the hour.
-        return func.substr(s.c.at, 1, 13).concat(literal(":00:00.000000"))
-    return func.date_trunc("hour", s.c.at)
+        return func.substr(at, 1, 13).concat(literal(":00:00.000000"))
+    return func.date_trunc("hour", at)
 
 
 def roll_up_and_prune(
@@ -73,9 +74,6 @@ def roll_up_and_prune(
     """Roll up and delete samples older than ``now - sample_retention`` (a whole hour)."""
     s, h = schema.samples, schema.sample_hours
     cutoff = _floor_hour(now - sample_retention)
-    hour = _hour_of(engine)
-    busy = case((s.c.util_pct > _IDLE_UTIL_PCT, s.c.at), else_=None)
-    host_mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
     rolled = deleted = 0
     done_to: datetime | None = None
     try:
@@ -92,40 +90,85 @@ def roll_up_and_prune(
                 break  # a sample the window did not catch: never loop on it
             end = done_to = min(start + _BATCH, cutoff)
             window = and_(s.c.cluster == cluster, s.c.at >= start, s.c.at < end)
-            rollup = (
+            hour = _hour_of(engine, s.c.at)
+            busy = case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), else_=None)
+            host_mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
+            plain = (
                 select(
                     s.c.cluster,
                     s.c.job_id,
                     s.c.node,
                     s.c.kind,
-                    func.coalesce(s.c.gpu_index, -1),
-                    hour,
-                    func.count(),
-                    func.count(s.c.util_pct),
-                    func.sum(s.c.util_pct),
-                    func.max(s.c.util_pct),
-                    func.max(s.c.memory_used_mib),
-                    func.max(s.c.memory_total_mib),
-                    func.min(s.c.at),
-                    func.max(s.c.at),
-                    func.max(busy),
-                    func.max(case((s.c.shared.is_(True), 1), else_=0)) > 0,
-                    func.sum(case((s.c.source == "error", 1), else_=0)),
-                    func.max(s.c.processes),
-                    func.count(s.c.cpu_pct),
-                    func.sum(s.c.cpu_pct),
-                    func.max(s.c.cpu_pct),
-                    func.max(s.c.cpus_allocated),
-                    func.max(host_mem),
+                    s.c.gpu_index,
+                    hour.label("hour"),
+                    func.count().label("samples"),
+                    func.count(s.c.util_pct).label("util_n"),
+                    func.sum(s.c.util_pct).label("util_sum"),
+                    func.max(s.c.util_pct).label("util_max"),
+                    func.max(s.c.memory_used_mib).label("memory_max_mib"),
+                    func.max(s.c.memory_total_mib).label("memory_total_mib"),
+                    func.min(s.c.at).label("first_at"),
+                    func.max(s.c.at).label("last_at"),
+                    func.max(busy).label("last_busy_at"),
+                    (func.max(case((s.c.shared.is_(True), 1), else_=0)) > 0).label("shared"),
+                    func.sum(case((s.c.source == "error", 1), else_=0)).label("errors"),
+                    func.max(s.c.processes).label("processes_max"),
+                    func.count(s.c.cpu_pct).label("cpu_n"),
+                    func.sum(s.c.cpu_pct).label("cpu_sum"),
+                    func.max(s.c.cpu_pct).label("cpu_max"),
+                    func.max(s.c.cpus_allocated).label("cpus_max"),
+                    func.max(host_mem).label("host_memory_max_mib"),
+                    func.count(s.c.iowait_pct).label("iowait_n"),
+                    func.sum(s.c.iowait_pct).label("iowait_sum"),
                 )
                 .where(window, s.c.job_id.is_not(None))
                 .group_by(s.c.cluster, s.c.job_id, s.c.node, s.c.kind, s.c.gpu_index, hour)
+                .subquery()
             )
+            # The hour's energy by the one rule: each GPU sample with what the rule needs
+            # of the next one (read up to ENERGY_MAX_GAP_S past the hour, still raw).
+            q = energy_rows(
+                [
+                    s.c.cluster == cluster,
+                    s.c.at >= start,
+                    s.c.job_id.is_not(None),
+                    s.c.kind == "gpu",
+                ],
+                until=end,
+            ).c
+            energy = (
+                select(q.job_id, q.node, q.gpu_index, *energy_sums(q))
+                .where(q.inwin == 1)
+                .group_by(q.job_id, q.node, q.gpu_index)
+                .subquery()
+            )  # one hour: no hour column needed to join
+            p, e = plain.c, energy.c
+            rollup = select(
+                p.cluster, p.job_id, p.node, p.kind, func.coalesce(p.gpu_index, -1), p.hour,
+                p.samples, p.util_n, p.util_sum, p.util_max, p.memory_max_mib,
+                p.memory_total_mib, p.first_at, p.last_at, p.last_busy_at, p.shared, p.errors,
+                p.processes_max, p.cpu_n, p.cpu_sum, p.cpu_max, p.cpus_max,
+                p.host_memory_max_mib, e.energy_j, e.idle_energy_j, e.counter_intervals,
+                e.power_intervals, e.covered_s, e.power_n, e.power_sum, e.first_power_w,
+                e.last_power_w, p.iowait_n, p.iowait_sum,
+            ).select_from(
+                plain.outerjoin(
+                    energy,
+                    and_(
+                        p.kind == "gpu",
+                        e.job_id == p.job_id,
+                        e.node == p.node,
+                        e.gpu_index == p.gpu_index,
+                    ),
+                )
+            )  # fmt: skip
             columns = [
                 "cluster", "job_id", "node", "kind", "gpu_index", "hour", "samples", "util_n",
                 "util_sum", "util_max", "memory_max_mib", "memory_total_mib", "first_at",
                 "last_at", "last_busy_at", "shared", "errors", "processes_max", "cpu_n",
-                "cpu_sum", "cpu_max", "cpus_max", "host_memory_max_mib",
+                "cpu_sum", "cpu_max", "cpus_max", "host_memory_max_mib", "energy_j",
+                "idle_energy_j", "counter_intervals", "power_intervals", "covered_s", "power_n",
+                "power_sum", "first_power_w", "last_power_w", "iowait_n", "iowait_sum",
             ]  # fmt: skip
             with engine.begin() as conn:
                 conn.execute(insert(h).from_select(columns, rollup))

@@ -275,6 +275,19 @@ sample_hours = Table(
     Column("cpu_max", Float),
     Column("cpus_max", Integer),
     Column("host_memory_max_mib", Float),
+    # Energy by store/energy_rule.py (gpu rows) and I/O wait sums (host rows), migration
+    # 0009; NULL in hours rolled up before it.
+    Column("energy_j", Float),
+    Column("idle_energy_j", Float),
+    Column("counter_intervals", Integer),
+    Column("power_intervals", Integer),
+    Column("covered_s", Float),
+    Column("power_n", Integer),
+    Column("power_sum", Float),
+    Column("first_power_w", Float),
+    Column("last_power_w", Float),
+    Column("iowait_n", Integer),
+    Column("iowait_sum", Float),
     Index(None, "cluster", "job_id"),
     Index(None, "hour"),
 )

@@ -16,23 +16,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, and_, case, func, insert, literal, select
+from sqlalchemy import Engine, and_, case, func, insert, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from slurmgpu.report.report_sql import epoch_s
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
 from slurmgpu.store.schema import as_utc
 from slurmgpu.store.summary_columns import energy_columns, summary_columns
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 
 log = logging.getLogger("slurmgpu.store")
-
-# A GPU counts as busy in a sample above this utilisation (NVML reports integers).
-IDLE_UTIL_PCT = 0.5
-# Two samples of one GPU further apart than this (agent down, job requeued onto the same
-# GPU) bound no energy interval: what happened between them is unknown.
-ENERGY_MAX_GAP_S = 900.0
 
 
 class StoreBusyError(StoreError):
@@ -458,13 +452,11 @@ class UsageStore:
     def gpu_energy_many(self, job_ids: Sequence[int]) -> dict[int, list[GpuEnergy]]:
         """Per-GPU energy of many jobs, one windowed query per 500 jobs.
 
-        Between two consecutive samples of one job on one GPU (at most
-        ``ENERGY_MAX_GAP_S`` apart) the energy is the NVML counter's delta when both
-        samples carry the counter and it did not go back (a driver reload), else the
-        trapezoid of the two power readings. An interval whose closing sample shows the
-        GPU idle (util <= ``IDLE_UTIL_PCT``: NVML's util covers the window before the
-        reading) counts as idle energy. A shared GPU's energy is split evenly between the
-        jobs sampled on it at that instant.
+        The rule (:mod:`slurmgpu.store.energy_rule`): between two consecutive samples of
+        one job on one GPU (at most ``ENERGY_MAX_GAP_S`` apart) the NVML counter's delta,
+        else the trapezoid of the two power readings; idle energy where the closing sample
+        shows the GPU idle; a shared GPU's energy split between the jobs on it. Hours the
+        retention rolled up carry the same sums and are added to the raw samples left.
         """
         out: dict[int, list[GpuEnergy]] = {}
         ids = list(job_ids)
@@ -473,105 +465,89 @@ class UsageStore:
         return out
 
     def _gpu_energy_chunk(self, job_ids: list[int], out: dict[int, list[GpuEnergy]]) -> None:
-        s = schema.samples
-        peers = schema.samples.alias("peers")
-        sharing = (
-            select(func.count())
-            .where(
-                peers.c.cluster == s.c.cluster,
-                peers.c.node == s.c.node,
-                peers.c.gpu_index == s.c.gpu_index,
-                peers.c.at == s.c.at,
-                peers.c.kind == "gpu",
-                peers.c.job_id.is_not(None),
-            )
-            .scalar_subquery()
-        )
-        part = (s.c.job_id, s.c.node, s.c.gpu_index)
-        t = epoch_s(s.c.at)
-        inner = (
+        s, h = schema.samples, schema.sample_hours
+        q = energy_rows([s.c.cluster == self.cluster, s.c.job_id.in_(job_ids), s.c.kind == "gpu"]).c
+        raw = select(
+            q.job_id,
+            q.node,
+            q.gpu_index,
+            func.count().label("n"),
+            *energy_sums(q),
+            func.min(q.at).label("first_at"),
+            func.max(q.at).label("last_at"),
+        ).group_by(q.job_id, q.node, q.gpu_index)
+        # Hours the retention rolled up (store/retention.py), with the same rule's sums;
+        # the first and last power are those of the earliest and the latest hour.
+        part = (h.c.job_id, h.c.node, h.c.gpu_index)
+        hours = (
             select(
-                s.c.job_id,
-                s.c.node,
-                s.c.gpu_index,
-                t.label("t"),
-                s.c.util_pct,
-                s.c.power_w,
-                s.c.energy_mj,
-                func.lag(t).over(partition_by=part, order_by=s.c.at).label("prev_t"),
-                func.lag(s.c.power_w).over(partition_by=part, order_by=s.c.at).label("prev_power"),
-                func.lag(s.c.energy_mj)
-                .over(partition_by=part, order_by=s.c.at)
-                .label("prev_energy"),
-                func.first_value(s.c.power_w)
-                .over(partition_by=part, order_by=s.c.at)
-                .label("first_power"),
-                # The whole partition as the frame: the same sort as the other windows
-                # (a descending first_value would sort every row a second time).
-                func.last_value(s.c.power_w)
-                .over(partition_by=part, order_by=s.c.at, rows=(None, None))
-                .label("last_power"),
-                case((s.c.shared.is_(True), sharing), else_=literal(1)).label("sharers"),
+                *part,
+                h.c.samples,
+                h.c.energy_j,
+                h.c.idle_energy_j,
+                h.c.counter_intervals,
+                h.c.power_intervals,
+                h.c.covered_s,
+                h.c.power_n,
+                h.c.power_sum,
+                h.c.first_at,
+                h.c.last_at,
+                func.first_value(h.c.first_power_w)
+                .over(partition_by=part, order_by=h.c.first_at)
+                .label("first_power_w"),
+                func.first_value(h.c.last_power_w)
+                .over(partition_by=part, order_by=h.c.last_at.desc())
+                .label("last_power_w"),
             )
-            .where(s.c.cluster == self.cluster, s.c.job_id.in_(job_ids), s.c.kind == "gpu")
+            .where(h.c.cluster == self.cluster, h.c.job_id.in_(job_ids), h.c.kind == "gpu")
             .subquery()
         )
-        q = inner.c
-        dt = q.t - q.prev_t
-        near = and_(q.prev_t.is_not(None), dt <= ENERGY_MAX_GAP_S)
-        by_counter = and_(
-            near,
-            q.energy_mj.is_not(None),
-            q.prev_energy.is_not(None),
-            q.energy_mj >= q.prev_energy,
-        )
-        by_power = and_(near, q.power_w.is_not(None), q.prev_power.is_not(None))
-        share = 1.0 / func.coalesce(func.nullif(q.sharers, 0), 1)
-        joules = case(
-            (by_counter, (q.energy_mj - q.prev_energy) / 1000.0 * share),
-            (by_power, (q.power_w + q.prev_power) / 2.0 * dt * share),
-            else_=None,
-        )
-        idle = func.coalesce(q.util_pct, 0.0) <= IDLE_UTIL_PCT
-        stmt = (
-            select(
-                q.job_id,
-                q.node,
-                q.gpu_index,
-                func.count().label("n"),
-                func.sum(joules).label("joules"),
-                func.sum(case((idle, joules), else_=None)).label("idle_joules"),
-                func.sum(case((by_counter, 1), else_=0)).label("by_counter"),
-                func.sum(case((and_(by_power, ~by_counter), 1), else_=0)).label("by_power"),
-                func.sum(case((joules.is_not(None), dt), else_=None)).label("covered_s"),
-                func.avg(q.power_w * share).label("mean_power"),
-                func.max(q.first_power * share).label("first_power"),
-                func.max(q.last_power * share).label("last_power"),
-                func.min(q.t).label("first_t"),
-                func.max(q.t).label("last_t"),
-            )
-            .group_by(q.job_id, q.node, q.gpu_index)
-            .order_by(q.job_id, q.node, q.gpu_index)
-        )
+        r_ = hours.c
+        rolled = select(
+            r_.job_id,
+            r_.node,
+            r_.gpu_index,
+            func.sum(r_.samples).label("n"),
+            func.sum(r_.energy_j).label("energy_j"),
+            func.sum(r_.idle_energy_j).label("idle_energy_j"),
+            func.sum(r_.counter_intervals).label("counter_intervals"),
+            func.sum(r_.power_intervals).label("power_intervals"),
+            func.sum(r_.covered_s).label("covered_s"),
+            func.sum(r_.power_n).label("power_n"),
+            func.sum(r_.power_sum).label("power_sum"),
+            func.max(r_.first_power_w).label("first_power_w"),
+            func.max(r_.last_power_w).label("last_power_w"),
+            func.min(r_.first_at).label("first_at"),
+            func.max(r_.last_at).label("last_at"),
+        ).group_by(r_.job_id, r_.node, r_.gpu_index)
+        merged: dict[tuple[int, str, int], dict[str, Any]] = {}
         with self.engine.connect() as conn:
-            for r in conn.execute(stmt).mappings():
-                out.setdefault(int(r["job_id"]), []).append(
-                    GpuEnergy(
-                        node=r["node"],
-                        gpu_index=int(r["gpu_index"]),
-                        samples=int(r["n"]),
-                        energy_j=float(r["joules"] or 0.0),
-                        idle_energy_j=float(r["idle_joules"] or 0.0),
-                        counter_intervals=int(r["by_counter"] or 0),
-                        power_intervals=int(r["by_power"] or 0),
-                        covered_s=float(r["covered_s"] or 0.0),
-                        mean_power_w=_f(r["mean_power"]),
-                        first_power_w=_f(r["first_power"]),
-                        last_power_w=_f(r["last_power"]),
-                        first_at=_epoch(float(r["first_t"])),
-                        last_at=_epoch(float(r["last_t"])),
-                    )
+            for stmt in (rolled, raw):
+                for r in conn.execute(stmt).mappings():
+                    key = (int(r["job_id"]), str(r["node"]), int(r["gpu_index"]))
+                    row = dict(r)
+                    row["first_at"], row["last_at"] = as_utc(r["first_at"]), as_utc(r["last_at"])
+                    merged[key] = _merge_energy(merged[key], row) if key in merged else row
+        for key in sorted(merged):
+            g = merged[key]
+            power_n = int(g["power_n"] or 0)
+            out.setdefault(key[0], []).append(
+                GpuEnergy(
+                    node=key[1],
+                    gpu_index=key[2],
+                    samples=int(g["n"]),
+                    energy_j=float(g["energy_j"] or 0.0),
+                    idle_energy_j=float(g["idle_energy_j"] or 0.0),
+                    counter_intervals=int(g["counter_intervals"] or 0),
+                    power_intervals=int(g["power_intervals"] or 0),
+                    covered_s=float(g["covered_s"] or 0.0),
+                    mean_power_w=float(g["power_sum"]) / power_n if power_n else None,
+                    first_power_w=_f(g["first_power_w"]),
+                    last_power_w=_f(g["last_power_w"]),
+                    first_at=g["first_at"],
+                    last_at=g["last_at"],
                 )
+            )
 
     def host_usage(self, job_id: int) -> list[HostUsage]:
         """Return per-node CPU and memory aggregates of a job (raw and rolled-up hours)."""
@@ -586,7 +562,8 @@ class UsageStore:
                 func.max(s.c.cpu_pct).label("max_cpu"),
                 func.max(s.c.cpus_allocated).label("cpus"),
                 func.max(mem).label("max_mem"),
-                func.avg(s.c.iowait_pct).label("mean_iowait"),
+                func.count(s.c.iowait_pct).label("iowait_n"),
+                func.sum(s.c.iowait_pct).label("iowait_sum"),
             )
             .where(and_(s.c.cluster == self.cluster, s.c.job_id == job_id, s.c.kind == "host"))
             .group_by(s.c.node)
@@ -600,6 +577,8 @@ class UsageStore:
                 func.max(h.c.cpu_max).label("max_cpu"),
                 func.max(h.c.cpus_max).label("cpus"),
                 func.max(h.c.host_memory_max_mib).label("max_mem"),
+                func.coalesce(func.sum(h.c.iowait_n), 0).label("iowait_n"),
+                func.sum(h.c.iowait_sum).label("iowait_sum"),
             )
             .where(and_(h.c.cluster == self.cluster, h.c.job_id == job_id, h.c.kind == "host"))
             .group_by(h.c.node)
@@ -615,6 +594,7 @@ class UsageStore:
         for node in sorted(merged):
             u = merged[node]
             cpu_n = int(u["cpu_n"] or 0)
+            iowait_n = int(u["iowait_n"] or 0)
             out.append(
                 HostUsage(
                     node=node,
@@ -623,7 +603,7 @@ class UsageStore:
                     max_cpu_pct=_f(u["max_cpu"]),
                     cpus_allocated=int(u["cpus"]) if u["cpus"] is not None else None,
                     max_memory_mib=_f(u["max_mem"]),
-                    mean_iowait_pct=_f(u.get("mean_iowait")),
+                    mean_iowait_pct=float(u["iowait_sum"]) / iowait_n if iowait_n else None,
                 )
             )
         return out
@@ -662,7 +642,9 @@ class UsageStore:
         return dict(value) if value is not None else None
 
 
-_SUMMED = frozenset({"n", "util_n", "util_sum", "errors", "cpu_n", "cpu_sum"})
+_SUMMED = frozenset(
+    {"n", "util_n", "util_sum", "errors", "cpu_n", "cpu_sum", "iowait_n", "iowait_sum"}
+)
 _FIRST = frozenset({"first_at"})
 
 
@@ -681,6 +663,31 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             out[key] = min(mine, value)
         else:
             out[key] = max(mine, value)
+    return out
+
+
+_ENERGY_SUMMED = (
+    "n",
+    "energy_j",
+    "idle_energy_j",
+    "counter_intervals",
+    "power_intervals",
+    "covered_s",
+    "power_n",
+    "power_sum",
+)
+
+
+def _merge_energy(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Combine the energy of one GPU's rolled-up hours and raw samples (disjoint spans)."""
+    out = dict(a)
+    for key in _ENERGY_SUMMED:
+        if b[key] is not None:
+            out[key] = b[key] if out[key] is None else out[key] + b[key]
+    if b["first_at"] < a["first_at"]:
+        out["first_at"], out["first_power_w"] = b["first_at"], b["first_power_w"]
+    if b["last_at"] > a["last_at"]:
+        out["last_at"], out["last_power_w"] = b["last_at"], b["last_power_w"]
     return out
 
 

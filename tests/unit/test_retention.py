@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, func, select, text
 
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.retention import Retention, roll_up_and_prune
-from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
+from slurmgpu.store.usage import GpuEnergy, GpuUsage, HostUsage, UsageStore
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 
 NOW = datetime(2026, 3, 10, 12, 30, tzinfo=UTC)
@@ -25,6 +25,7 @@ JOBS = (11, 12, 13)
 def _fill(usage: UsageStore, seed: int, start: datetime, hours: int) -> None:
     rng = random.Random(seed)
     seq = 0
+    counters: dict[tuple[str, int], int] = {}
     for node in ("gpu1", "gpu2"):
         gpu: list[GpuSampleIn] = []
         host: list[HostSampleIn] = []
@@ -33,6 +34,12 @@ def _fill(usage: UsageStore, seed: int, start: datetime, hours: int) -> None:
             for index, job in enumerate((*JOBS, None)):
                 seq += 1
                 util = rng.choice([0.0, 0.0, 0.4, rng.uniform(0, 100)])
+                # The NVML counter: rising, sometimes missing, now and then reset (a
+                # driver reload); power sometimes missing (power-only intervals).
+                mj = counters.get((node, index), 0) + rng.randint(30_000_000, 300_000_000)
+                if rng.random() < 0.02:
+                    mj = rng.randint(0, 1000)
+                counters[node, index] = mj
                 gpu.append(
                     GpuSampleIn(
                         sample_uid=f"{node}:s:{seq}", at=t.timestamp() + rng.random(),
@@ -40,6 +47,8 @@ def _fill(usage: UsageStore, seed: int, start: datetime, hours: int) -> None:
                         memory_used_mib=rng.uniform(0, 80_000), memory_total_mib=81_559.0,
                         processes=rng.randint(0, 3), shared=rng.random() < 0.1,
                         source=rng.choice(["process", "device", "idle", "error"]),
+                        power_w=rng.choice([None, rng.uniform(60, 700)]),
+                        energy_mj=None if rng.random() < 0.1 else mj,
                     )
                 )  # fmt: skip
                 if job is not None:
@@ -49,14 +58,21 @@ def _fill(usage: UsageStore, seed: int, start: datetime, hours: int) -> None:
                             cpu_pct=rng.uniform(0, 800), cpus_allocated=8,
                             rss_mib=rng.uniform(0, 9000),
                             cgroup_memory_mib=rng.choice([None, rng.uniform(0, 9000)]),
+                            iowait_pct=rng.choice([None, rng.uniform(0, 150)]),
                         )
                     )  # fmt: skip
             t += timedelta(minutes=rng.choice([7, 11, 13]))
         usage.ingest(SampleBatch(node=node, gpu=gpu, host=host))
 
 
-def _figures(usage: UsageStore) -> tuple[dict[int, list[GpuUsage]], dict[int, list[HostUsage]]]:
-    return usage.gpu_usage_many(list(JOBS)), {j: usage.host_usage(j) for j in JOBS}
+def _figures(
+    usage: UsageStore,
+) -> tuple[dict[int, list[GpuUsage]], dict[int, list[HostUsage]], dict[int, list[GpuEnergy]]]:
+    return (
+        usage.gpu_usage_many(list(JOBS)),
+        {j: usage.host_usage(j) for j in JOBS},
+        usage.gpu_energy_many(list(JOBS)),
+    )
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> None:
@@ -101,6 +117,16 @@ def test_pruning_keeps_every_usage_figure(url: str, seed: int) -> None:
     for job in JOBS:
         _same(before[0][job], after[0][job])
         _same(before[1][job], after[1][job])
+        # Energy (total, idle, counter/power intervals, covered time, mean/first/last
+        # power) and mean I/O wait: the same rule, so equal up to float summation order.
+        _same(before[2][job], after[2][job])
+        assert sum(g.energy_j for g in after[2][job]) > 0
+        assert sum(g.counter_intervals for g in after[2][job]) > 0
+        assert sum(g.power_intervals for g in after[2][job]) > 0
+        assert all(h.mean_iowait_pct is not None for h in after[1][job])
+    with store.engine.connect() as conn:
+        rolled_j = conn.execute(select(func.sum(schema.sample_hours.c.energy_j))).scalar()
+    assert rolled_j and rolled_j > 0  # the pruned samples' energy lives in the rollups
     # A second run finds nothing more to do and changes nothing.
     again = roll_up_and_prune(store.engine, "", now=NOW, sample_retention=timedelta(hours=12))
     assert again.deleted == 0
@@ -132,3 +158,48 @@ def test_rollups_older_than_their_retention_go_and_a_run_waits_its_interval(
         assert conn.execute(select(func.count()).select_from(schema.sample_hours)).scalar() == 0
     assert keeper.maybe_run(NOW + timedelta(minutes=30)) is None
     assert keeper.maybe_run(NOW + timedelta(hours=1)) is not None
+
+
+def test_a_shared_gpus_energy_across_pruned_hour_boundaries_is_exact(url: str) -> None:
+    """Two jobs share GPU 0 from 02:00 to 10:00, sampled every 10 min at 1 kW (600 kJ a
+    sample interval by the counter), idle from 09:00; their host samples carry iowait.
+    Pruning everything before 06:00 changes none of their figures."""
+    store = open_store(url)
+    usage = UsageStore(store.engine)
+    start = datetime(2026, 3, 10, 2, 0, tzinfo=UTC)
+    gpu: list[GpuSampleIn] = []
+    host: list[HostSampleIn] = []
+    iowaits: list[float] = []
+    for step in range(49):
+        at = start + timedelta(minutes=10 * step)
+        for job in (21, 22):
+            gpu.append(
+                GpuSampleIn(
+                    sample_uid=f"gpu1:e:{step}:{job}", at=at.timestamp(), gpu_index=0,
+                    job_id=job, util_pct=0.0 if at.hour >= 9 else 50.0, power_w=1000.0,
+                    energy_mj=600_000_000 * step, shared=True, source="process",
+                )
+            )  # fmt: skip
+        iowaits.append(10.0 if step % 2 else 35.0)
+        host.append(
+            HostSampleIn(
+                sample_uid=f"gpu1:h:{step}", at=at.timestamp(), job_id=21, cpu_pct=100.0,
+                cpus_allocated=4, rss_mib=1000.0, iowait_pct=iowaits[-1],
+            )
+        )  # fmt: skip
+    usage.ingest(SampleBatch(node="gpu1", gpu=gpu, host=host))
+    before = usage.gpu_energy_many([21, 22])
+    result = roll_up_and_prune(store.engine, "", now=NOW, sample_retention=timedelta(hours=6))
+    assert result.deleted == 2 * 24 + 24  # 02:00-05:50: 24 steps, two GPU + one host each
+    after = usage.gpu_energy_many([21, 22])
+    for job in (21, 22):
+        _same(before[job], after[job])
+        (g,) = after[job]
+        assert g.energy_j == pytest.approx(48 * 600_000 / 2)  # half of every interval
+        assert g.idle_energy_j == pytest.approx(7 * 600_000 / 2)  # closing 09:00..10:00
+        assert (g.counter_intervals, g.power_intervals, g.samples) == (48, 0, 49)
+        assert g.covered_s == pytest.approx(48 * 600)
+        assert g.first_power_w == g.last_power_w == g.mean_power_w == pytest.approx(500.0)
+        assert (g.first_at, g.last_at) == (start, start + timedelta(hours=8))
+    (h,) = usage.host_usage(21)
+    assert h.mean_iowait_pct == pytest.approx(sum(iowaits) / len(iowaits))
