@@ -10,7 +10,7 @@ import pytest
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, MalleableSpec, Node
 from slurmgpu.policy.base import Action, PolicySnapshot, resize_sizes
 from slurmgpu.policy.gputype import slowest, speeds_for
-from slurmgpu.policy.malleable import MalleablePolicy
+from slurmgpu.policy.malleable import MalleablePolicy, _Free
 from slurmgpu.policy.settings import MalleableSettings, PolicyConfigError
 from tests.unit.policy_builders import HOUR, T0, pending_job, running_job
 
@@ -87,9 +87,7 @@ def test_a_job_typed_by_the_policy_may_be_moved_again() -> None:
     assert MalleablePolicy(AWARE)._type_speeds(moved, _free(snap)) is None  # user-typed
 
 
-def _free(snap: PolicySnapshot) -> object:
-    from slurmgpu.policy.malleable import _Free
-
+def _free(snap: PolicySnapshot) -> _Free:
     return _Free(snap.cluster.nodes)
 
 
