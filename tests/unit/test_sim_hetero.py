@@ -128,3 +128,31 @@ def test_per_type_use_and_energy_add_up() -> None:
     assert total == pytest.approx(want_v + want_p)
     assert math.isfinite(total)
     assert type_use(simulate([job("C", 4, 60)], ClusterShape(1, 4), "slurm")) == {}
+
+
+def test_a_resize_keeps_the_job_s_type_or_moves_it_to_the_one_the_policy_named() -> None:
+    from slurmgpu.policy.base import Action
+    from slurmgpu.sim.run import _target_gpus
+
+    grow = Action("malleable", "resize", 1, "alice", "", fields={"to_gpus": "4"})
+    assert _target_gpus(grow, "v100") == (4, {"TresPerJob": "gres:gpu:v100:4"})
+    assert _target_gpus(grow, None) == (4, {"TresPerJob": "gres:gpu:4"})
+    moved = Action(
+        "malleable", "resize", 1, "alice", "", fields={"to_gpus": "4", "gpu_type": "p100"}
+    )
+    assert _target_gpus(moved, "v100") == (4, {"TresPerJob": "gres:gpu:p100:4"})
+
+
+def test_the_type_aware_set_is_the_malleable_policy_with_gavel_speeds() -> None:
+    from slurmgpu.policy.malleable import MalleablePolicy
+    from slurmgpu.sim.policysets import build_engine, gavel_speed_table, known_sets
+
+    assert "malleable-types" in known_sets()
+    ((policy, _),) = build_engine("malleable-types").policies
+    assert isinstance(policy, MalleablePolicy)
+    assert policy.settings.type_aware
+    table = dict(gavel_speed_table())
+    assert dict(table["ncf"])["p100"] == speed_factor("ncf", "p100")
+    assert "*" in table
+    ((blind, _),) = build_engine("malleable").policies
+    assert isinstance(blind, MalleablePolicy) and not blind.settings.type_aware
