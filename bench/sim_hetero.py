@@ -1,8 +1,9 @@
 """Benchmark: type-aware vs type-blind malleable sets on heterogeneous simulated clusters.
 
 The Pollux workloads (1-5 and 7, ``shared/data/pollux``) on clusters of two GPU types
-(``8xv100:4,8xp100:4`` and ``8xv100:4,8xk80:4`` by default), each application running
-at its Gavel-measured speed on each type (``slurmgpu.sim.gputypes``). Sets, measured in
+(``8xa100:4,8xv100:4``, ``8xa100:4,8xt4:4`` and ``8xv100:4,8xt4:4`` by default), each
+application running at its measured speed on each type (``slurmgpu.sim.gputypes``: Sia's
+profiles of the same applications, SOSP'23). Sets, measured in
 the same run on the same traces: ``slurm`` (no policy, Slurm's placement),
 ``malleable`` (type-blind resizing: the baseline) and ``malleable-types`` (the same
 policy with ``type_aware``: grow and start jobs on the type where they run fastest).
@@ -14,7 +15,7 @@ then how many (workload, seed) runs the type-aware set won, and the issue-24 tar
 (type-aware avg JCT below type-blind) checked against this run.
 
     .venv/bin/python bench/sim_hetero.py [--smoke] [--json-out FILE]
-        [--seeds 1-3] [--workloads 1,2,3,4,5,7] [--clusters 8xv100:4,8xp100:4;...]
+        [--seeds 1-3] [--workloads 1,2,3,4,5,7] [--clusters 8xa100:4,8xv100:4;...]
 
 ``--smoke``: workload 1, seed 1 (seconds); the target is still checked on what ran.
 """
@@ -38,7 +39,7 @@ from slurmgpu.sim.run import ClusterShape, simulate
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux"
 SETS = ("slurm", "malleable", "malleable-types")
 BLIND, AWARE = "malleable", "malleable-types"
-CLUSTERS = "8xv100:4,8xp100:4;8xv100:4,8xk80:4"
+CLUSTERS = "8xa100:4,8xv100:4;8xa100:4,8xt4:4;8xv100:4,8xt4:4"
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 

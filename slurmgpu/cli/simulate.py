@@ -113,7 +113,7 @@ def _write(target: str, text: str, console: Console) -> None:
     "cluster_text",
     default="16x4",
     show_default=True,
-    help="NODESxGPUS, or typed groups: 8xv100:4,8xp100:4 (NODESxTYPE:GPUS,...).",
+    help="NODESxGPUS, or typed groups: 8xa100:4,8xv100:4 (NODESxTYPE:GPUS,...).",
 )
 @click.option("--load", type=float, default=1.0, show_default=True, help="Arrival-rate factor.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of every random draw.")
@@ -280,7 +280,7 @@ def simulate_command(
 
 
 def _type_note(name: str, uses: list[dict[str, TypeUse]]) -> str:
-    """``malleable per GPU type: v100 868 GPU-h, 197 kWh; p100 ...`` (mean over seeds)."""
+    """``malleable per GPU type: a100 868 GPU-h, 197 kWh; v100 ...`` (mean over seeds)."""
     parts = []
     for t in uses[0]:
         hours = sum(u[t].gpu_hours for u in uses) / len(uses)

@@ -20,7 +20,7 @@
   Pollux's testbed): every GPU draws its idle power the whole makespan, plus
   (busy - idle) power times the used (util-weighted) GPU-time. Idle GPUs count: a
   policy set that finishes sooner also spends less on idle hardware. kWh per job: that
-  over the trace's jobs. On a heterogeneous cluster (``--cluster 8xv100:4,8xp100:4``)
+  over the trace's jobs. On a heterogeneous cluster (``--cluster 8xa100:4,8xv100:4``)
   each type's GPUs draw that model's power (``gpupower.power_model``): idle over the
   makespan, plus busy - idle over the used GPU-time on that type.
 - Per GPU type (:func:`type_use`): GPU-hours held, used GPU-hours, and energy as above.

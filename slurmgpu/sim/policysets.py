@@ -15,7 +15,7 @@ set            what runs
 ``malleable``  ``slurmgpu.policy.malleable`` (shrink and expand opted-in jobs), type-blind
 ``malleable-types``  the same with ``type_aware`` on: untyped jobs grow (and start
                smaller) on the GPU type where they run fastest, from the speeds the
-               simulator runs them at (``sim.gputypes``, Gavel's measurements)
+               simulator runs them at (``sim.gputypes``, Sia's measurements)
 ``las``        :class:`~slurmgpu.policy.las.AttainedServicePolicy` (attained-service
                queues through ``Nice``, preemption by the resize transaction)
 ``all``        idle-GPU, rightsize, colocate, LAS and malleable together
@@ -48,8 +48,8 @@ __all__ = [
     "PolicySetUnavailable",
     "SimPolicies",
     "build_engine",
-    "gavel_speed_table",
     "known_sets",
+    "measured_speed_table",
 ]
 
 BASELINES = ("tiresias", "qssf")
@@ -123,11 +123,11 @@ def _malleable(s: SimPolicies) -> Policy:
     )
 
 
-def gavel_speed_table() -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+def measured_speed_table() -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
     """``MalleableSettings.type_speed`` for the Pollux applications (job name = app)."""
-    from slurmgpu.sim.gputypes import APP_MODEL, known_types, type_speeds
+    from slurmgpu.sim.gputypes import SPEED, known_types, type_speeds
 
-    rows = [(app, type_speeds(app, known_types())) for app in sorted(APP_MODEL)]
+    rows = [(app, type_speeds(app, known_types())) for app in sorted(SPEED)]
     rows.append(("*", type_speeds(None, known_types())))
     return tuple(rows)
 
@@ -136,7 +136,7 @@ def _malleable_types(s: SimPolicies) -> Policy:
     from slurmgpu.policy.settings import MalleableSettings
 
     base = s.extra_for("malleable") or MalleableSettings(mode=Mode.ENFORCE)
-    settings = replace(base, type_aware=True, type_speed=base.type_speed or gavel_speed_table())
+    settings = replace(base, type_aware=True, type_speed=base.type_speed or measured_speed_table())
     return _from_module("slurmgpu.policy.malleable", ("MalleablePolicy",), "malleable", settings)
 
 

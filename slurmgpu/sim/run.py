@@ -78,7 +78,7 @@ __all__ = [
 class ClusterShape:
     """``16x4``: 16 nodes with 4 GPUs each (and ``shards_per_gpu`` shards per GPU).
 
-    Heterogeneous: ``8xv100:4,8xp100:4`` -- groups of ``NODESxTYPE:GPUS``, the nodes of
+    Heterogeneous: ``8xa100:4,8xv100:4`` -- groups of ``NODESxTYPE:GPUS``, the nodes of
     each group carrying that GPU type (``types``: ``(nodes, type)`` per group, in order).
     Every group has the same GPUs per node (SimSlurm's nodes are alike in size).
     """
@@ -95,7 +95,7 @@ class ClusterShape:
         nodes, sep, gpus = text.lower().partition("x")
         if not sep or not nodes.strip().isdigit() or not gpus.strip().isdigit():
             raise ValueError(
-                f"cluster must look like 16x4 (nodes x GPUs per node) or 8xv100:4,8xp100:4"
+                f"cluster must look like 16x4 (nodes x GPUs per node) or 8xa100:4,8xv100:4"
                 f" (nodes x type:GPUs per node, per group), not {text!r}"
             )
         shape = cls(int(nodes), int(gpus), shards_per_gpu)

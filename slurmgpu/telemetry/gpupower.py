@@ -9,8 +9,7 @@ full training load::
 Figures per model (``GPU_POWER``):
 
 - ``tdp_w``: the vendor's board power limit (NVIDIA data sheets: V100 SXM2 300 W, T4 70 W,
-  A100 SXM4 400 W, L40S 350 W, H100 SXM 700 W, H200 SXM 700 W, P100 SXM2 300 W; K80
-  300 W for its two GK210 GPUs, each a device of its own with a 150 W share).
+  A100 SXM4 400 W, L40S 350 W, H100 SXM 700 W, H200 SXM 700 W).
 - ``idle_w``: H200 measured on a real board, 78-84 W idle (docs/gpu-facts.md, driver
   580); the others are the usual idle draw of the board with a CUDA context (a context
   holds the GPU in a higher clock state: +26-50 W over bare idle on HBM parts, arXiv
@@ -71,8 +70,6 @@ GPU_POWER: dict[str, GpuPowerModel] = {
         _model("a100", 400.0, 50.0),
         _model("l40s", 350.0, 42.0),
         _model("v100", 300.0, 38.0),
-        _model("p100", 300.0, 38.0),
-        _model("k80", 150.0, 18.0),
         _model("t4", 70.0, 10.0),
     )
 }

@@ -29,9 +29,9 @@ def job(name: str, gpus: int, run_s: float, gpu_type: str | None = None) -> Trac
 
 
 def test_cluster_text_names_groups_of_typed_nodes_and_plain_shapes_still_parse() -> None:
-    shape = ClusterShape.parse("8xv100:4,8xp100:4")
-    assert (shape.nodes, shape.gpus_per_node, shape.types) == (16, 4, ((8, "v100"), (8, "p100")))
-    assert shape.gpus_by_type() == {"v100": 32, "p100": 32}
+    shape = ClusterShape.parse("8xa100:4,8xv100:4")
+    assert (shape.nodes, shape.gpus_per_node, shape.types) == (16, 4, ((8, "a100"), (8, "v100")))
+    assert shape.gpus_by_type() == {"a100": 32, "v100": 32}
     assert ClusterShape.parse("16x4") == ClusterShape(16, 4, 4)
     assert ClusterShape.parse("16x4").node_types() is None
 
@@ -39,9 +39,9 @@ def test_cluster_text_names_groups_of_typed_nodes_and_plain_shapes_still_parse()
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("8xa100:4,8xv100:4", "no measured speed for GPU type 'a100'"),
-        ("8xv100:4,8xp100:8", "same GPUs per node"),
-        ("8xv100,8xp100:4", "must look like 8xv100:4"),
+        ("8xh100:4,8xv100:4", "no measured speed for GPU type 'h100'"),
+        ("8xv100:4,8xt4:8", "same GPUs per node"),
+        ("8xv100,8xt4:4", "must look like 8xv100:4"),
         ("0xv100:4", "has no GPU"),
     ],
 )
@@ -103,27 +103,30 @@ def test_resize_update_keeps_or_changes_the_type_through_tres() -> None:
         sim.update_job(a, {"TresPerJob": "gres:gpu:k80:1"})
 
 
-def test_gavel_factors_for_pollux_applications() -> None:
-    assert speed_factor("ncf", "p100") > 2.0 > 1.0 > speed_factor("imagenet", "p100")
-    assert speed_factor("cifar10", "v100") == 1.0
-    assert 0.0 < speed_factor(None, "k80") < speed_factor(None, "p100") < 1.0
+def test_measured_factors_for_pollux_applications() -> None:
+    # Sia's profiles: T4 is the Pollux profiles' own GPU; the best type differs by app
+    assert speed_factor("cifar10", "t4") == 1.0
+    assert speed_factor("bert", "a100") > speed_factor("bert", "v100") > 1.0
+    assert speed_factor("deepspeech2", "v100") > speed_factor("deepspeech2", "a100")
+    assert speed_factor("ncf", "v100") < speed_factor("ncf", "a100") < 1.0
+    assert 0.0 < speed_factor(None, "v100") < speed_factor(None, "a100")
 
 
 def test_per_type_use_and_energy_add_up() -> None:
-    shape = ClusterShape.parse("1xv100:4,1xp100:4")
-    trace = [job("A", 4, 3600, "v100"), job("B", 4, 1800, "p100")]
+    shape = ClusterShape.parse("1xv100:4,1xt4:4")
+    trace = [job("A", 4, 3600, "v100"), job("B", 4, 1800, "t4")]
     run = simulate(trace, shape, "slurm")
     use = type_use(run)
-    # RigidJob (no application): the mean of Gavel's factors on p100
-    p100_s = 1800 / speed_factor(None, "p100")
-    makespan = max(3600.0, p100_s)
-    assert use["v100"].gpu_hours == pytest.approx(4.0)
-    assert use["p100"].gpu_hours == pytest.approx(4 * p100_s / 3600)
-    v, p = GPU_POWER["v100"], GPU_POWER["p100"]
-    want_v = (v.idle_w * 4 * makespan + (v.busy_w - v.idle_w) * 4 * 3600) / 3.6e6
-    want_p = (p.idle_w * 4 * makespan + (p.busy_w - p.idle_w) * 4 * p100_s) / 3.6e6
+    # RigidJob (no application): the mean of the measured factors on V100; T4 is 1
+    v100_s = 3600 / speed_factor(None, "v100")
+    makespan = max(v100_s, 1800.0)
+    assert use["v100"].gpu_hours == pytest.approx(4 * v100_s / 3600)
+    assert use["t4"].gpu_hours == pytest.approx(2.0)
+    v, p = GPU_POWER["v100"], GPU_POWER["t4"]
+    want_v = (v.idle_w * 4 * makespan + (v.busy_w - v.idle_w) * 4 * v100_s) / 3.6e6
+    want_p = (p.idle_w * 4 * makespan + (p.busy_w - p.idle_w) * 4 * 1800) / 3.6e6
     assert use["v100"].energy_kwh == pytest.approx(want_v)
-    assert use["p100"].energy_kwh == pytest.approx(want_p)
+    assert use["t4"].energy_kwh == pytest.approx(want_p)
     total = summarise(run).energy_kwh
     assert total == pytest.approx(want_v + want_p)
     assert math.isfinite(total)
@@ -143,16 +146,16 @@ def test_a_resize_keeps_the_job_s_type_or_moves_it_to_the_one_the_policy_named()
     assert _target_gpus(moved, "v100") == (4, {"TresPerJob": "gres:gpu:p100:4"})
 
 
-def test_the_type_aware_set_is_the_malleable_policy_with_gavel_speeds() -> None:
+def test_the_type_aware_set_is_the_malleable_policy_with_the_measured_speeds() -> None:
     from slurmgpu.policy.malleable import MalleablePolicy
-    from slurmgpu.sim.policysets import build_engine, gavel_speed_table, known_sets
+    from slurmgpu.sim.policysets import build_engine, known_sets, measured_speed_table
 
     assert "malleable-types" in known_sets()
     ((policy, _),) = build_engine("malleable-types").policies
     assert isinstance(policy, MalleablePolicy)
     assert policy.settings.type_aware
-    table = dict(gavel_speed_table())
-    assert dict(table["ncf"])["p100"] == speed_factor("ncf", "p100")
+    table = dict(measured_speed_table())
+    assert dict(table["ncf"])["a100"] == speed_factor("ncf", "a100")
     assert "*" in table
     ((blind, _),) = build_engine("malleable").policies
     assert isinstance(blind, MalleablePolicy) and not blind.settings.type_aware
