@@ -55,6 +55,7 @@ signal, tells a fresh acknowledgement from an old one without comparing clocks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -226,8 +227,13 @@ class ResizeExecutor:
         preempt = PREEMPT_FIELD in action.fields  # the same transaction at the same size
         if to_gpus == current and not preempt:
             raise ResizeError(f"job {job.job_id} already has {current} GPUs")
-        fields = resize_fields(job, to_gpus, slurm_version)
         old_fields = resize_fields(job, current, slurm_version)
+        moved = action.fields.get("gpu_type")
+        if moved:
+            # the type-aware malleable policy moves the job to another GPU type: the
+            # new request names it (``gpu:TYPE:N``); the old fields keep the old type
+            job = dataclasses.replace(job, gpus=dataclasses.replace(job.gpus, gpu_type=moved))
+        fields = resize_fields(job, to_gpus, slurm_version)
         if "Nice" in action.fields:
             # A preempted job waits in the queue its policy put it in.
             fields["Nice"] = action.fields["Nice"]

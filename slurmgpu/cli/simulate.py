@@ -27,7 +27,7 @@ from rich.progress import (
 from slurmgpu.cli.context import fail
 from slurmgpu.sim.loaders import FORMATS, TraceError, detect_format, load_trace
 from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interference, solo_profiles
-from slurmgpu.sim.metrics import ci95, mean_summary, summarise
+from slurmgpu.sim.metrics import TypeUse, ci95, mean_summary, summarise, type_use
 from slurmgpu.sim.policysets import PolicySetUnavailable, known_sets
 from slurmgpu.sim.profiles import ProfileError, ThroughputProfile, load_profiles
 from slurmgpu.sim.published import published_for
@@ -108,7 +108,13 @@ def _write(target: str, text: str, console: Console) -> None:
     show_default=True,
     help="Comma-separated policy sets: " + ", ".join(known_sets()) + ".",
 )
-@click.option("--cluster", "cluster_text", default="16x4", show_default=True, help="NODESxGPUS.")
+@click.option(
+    "--cluster",
+    "cluster_text",
+    default="16x4",
+    show_default=True,
+    help="NODESxGPUS, or typed groups: 8xa100:4,8xv100:4 (NODESxTYPE:GPUS,...).",
+)
 @click.option("--load", type=float, default=1.0, show_default=True, help="Arrival-rate factor.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of every random draw.")
 @click.option(
@@ -237,6 +243,7 @@ def simulate_command(
         for name in sets:
             task = bar.add_task(name, total=len(jobs) * len(seeds))
             runs = []
+            uses: list[dict[str, TypeUse]] = []
             for i, one in enumerate(seeds):
 
                 def tick(done: int, total: int, task: TaskID = task, i: int = i) -> None:
@@ -250,6 +257,9 @@ def simulate_command(
                     comparison.unavailable[name] = str(exc)
                     break
                 runs.append(summarise(run, time.perf_counter() - started))
+                uses.append(type_use(run))
+            if uses and uses[0]:
+                comparison.notes.append(_type_note(name, uses))
             if not runs:
                 bar.remove_task(task)
                 continue
@@ -267,3 +277,14 @@ def simulate_command(
         console.print(comparison_table(comparison))
         for note in comparison.notes:
             console.print(f"[dim]{note}[/dim]")
+
+
+def _type_note(name: str, uses: list[dict[str, TypeUse]]) -> str:
+    """``malleable per GPU type: a100 868 GPU-h, 197 kWh; v100 ...`` (mean over seeds)."""
+    parts = []
+    for t in uses[0]:
+        hours = sum(u[t].gpu_hours for u in uses) / len(uses)
+        kwh = sum(u[t].energy_kwh for u in uses) / len(uses)
+        share = sum(u[t].allocated_pct for u in uses) / len(uses)
+        parts.append(f"{t} {hours:,.0f} GPU-h ({share:.0f} % allocated), {kwh:,.1f} kWh")
+    return f"{name} per GPU type: " + "; ".join(parts)

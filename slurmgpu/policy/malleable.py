@@ -50,6 +50,17 @@ Every resize and start smaller also sets the job's ``TimeLimit`` for its new siz
 same update (:mod:`slurmgpu.policy.resize_limit`; ``scale_time_limit``), shown in the
 action's ``numbers`` (``time_limit_s``, ``time_limit_was_s``).
 
+5. **Type-aware** (``type_aware``, off by default; a cluster of several GPU types and a
+   ``type_speed`` table, :mod:`slurmgpu.policy.gputype`): a job that did not ask for a
+   GPU type -- or whose type this policy chose -- grows on the type where it gains
+   most: every type's sizes are tried, at ``x(g') * speed(type) / speed(now)`` where
+   ``speed(now)`` is the slowest type it holds, against the free GPUs of that type (plus
+   its own there); the resize names the type (``fields["gpu_type"]``, kept in the
+   update's gres). A blocked untyped job started smaller is given the type on which it
+   runs fastest at the size that fits there (Gavel, OSDI'20, places each job on the
+   type where its throughput is highest). A job that asked for a type is never moved
+   off it; without the option the policy is type-blind.
+
 ``min_gain`` is a dead band: a move and its reverse cannot both clear it, so a job does
 not flap. Per-node requests (``--gpus-per-node``) are fitted node by node; ``--gpus``
 requests against the cluster's total.
@@ -74,6 +85,7 @@ from slurmgpu.policy.base import (
     resize_action,
     resize_sizes,
 )
+from slurmgpu.policy.gputype import slowest, speeds_for
 from slurmgpu.policy.priors import Priors
 from slurmgpu.policy.resize_limit import resized_time_limit
 from slurmgpu.policy.rightsize import gres_prefix
@@ -140,6 +152,13 @@ class _Free:
         """True when ``job`` may run on ``node`` (its GPU type, if it asked for one)."""
         wanted = _gpu_type(job.gpus.gpu_type)
         return not wanted or self.types.get(node, "") == wanted
+
+    def of_type(self, gpu_type: str) -> dict[str, int]:
+        """Free GPUs per node of ``gpu_type``."""
+        return {n: f for n, f in self.per_node.items() if self.types.get(n) == gpu_type}
+
+    def present_types(self) -> set[str]:
+        return {t for t in self.types.values() if t}
 
     def total_for(self, job: Job) -> int:
         """Free GPUs ``job`` could use: all of them, or those of its GPU type."""
@@ -230,6 +249,9 @@ class MalleablePolicy:
         self.settings = settings or MalleableSettings()
         self.prior = prior
         self._cached: tuple[Sequence[HistoryRecord], Priors] | None = None
+        # Jobs whose GPU type this policy chose (type_aware): the only typed jobs it may
+        # move to another type. Forgotten on a restart: they then stay where they are.
+        self._typed_here: set[int] = set()
 
     def priors(self, history: Sequence[HistoryRecord]) -> Priors:
         """Return median-run-time priors for ``history``, reused while it is the same object.
@@ -354,6 +376,20 @@ class MalleablePolicy:
         busy = not utils or sum(utils) / len(utils) >= self.settings.min_busy_util_pct
         return _Running(job, spec, gpus, curve, rem, single, busy)
 
+    def _type_speeds(self, job: Job, free: _Free) -> dict[str, float] | None:
+        """Speeds per present GPU type when ``job`` may be placed by type, else None."""
+        s = self.settings
+        if not s.type_aware or not s.type_speed:
+            return None
+        if job.gpus.gpu_type and job.job_id not in self._typed_here:
+            return None  # the user asked for this type: never moved off it
+        present = free.present_types()
+        speeds = speeds_for(s.type_speed, job.name)
+        usable = {t: v for t, v in speeds.items() if t in present}
+        if len(usable) < 2:
+            return None
+        return usable
+
     def _wait_s(self, job: Job, free: _Free, ends: list[float], freed_by: list[int]) -> float:
         """When enough running GPUs will have freed up for ``job`` (whole-cluster count;
         free GPUs only of its type when it asked for one)."""
@@ -396,23 +432,46 @@ class MalleablePolicy:
                 if g >= 1 and free.fits(self._at_size(job, g)):
                     fitting = g
                     break
+        measured = snapshot.throughput.get(job.job_id) or {}
+        curve = fit_speedup(measured, self.prior) or fit_speedup({want: 1.0}, self.prior)
+        if curve is None:
+            return None
+        # type_aware: the type it runs fastest on at the size that fits there, against
+        # the untyped request (Slurm may put it on the slowest type with free GPUs).
+        gpu_type = req.gpu_type
+        speeds = self._type_speeds(job, free)
+        ref = 1.0
+        if speeds is not None:
+            with_free = [t for t in speeds if sum(free.of_type(t).values()) > 0]
+            ref = min((speeds[t] for t in with_free), default=1.0)
+            best_rate = curve.throughput(fitting) * ref if fitting else 0.0
+            for t in sorted(speeds):
+                g = self._fitting_on_type(job, t, top, spec.min_gpus, free)
+                rate = curve.throughput(g) * speeds[t] if g else 0.0
+                if g and rate > best_rate * (1 + 1e-9):
+                    best_rate, fitting, gpu_type = rate, g, t
+            ref_ratio = (speeds[gpu_type] / ref) if gpu_type in speeds else 1.0
+        else:
+            ref_ratio = 1.0
         if fitting == 0:
             return None
         wait_s = self._wait_s(job, free, ends, freed_by)
         run_s = self._run_estimate_s(job, priors)
         if not math.isfinite(run_s):
             run_s = self.settings.min_remaining.total_seconds()
-        measured = snapshot.throughput.get(job.job_id) or {}
-        curve = fit_speedup(measured, self.prior) or fit_speedup({want: 1.0}, self.prior)
-        if curve is None:
-            return None
-        slower = curve.throughput(want) / max(_TINY, curve.throughput(fitting))
+        slower = curve.throughput(want) / max(_TINY, curve.throughput(fitting) * ref_ratio)
         gain = wait_s - run_s * max(0.0, slower - 1.0)
         if gain <= 0 or gain < self.settings.min_gain * wait_s:
             return None
-        free.take(self._at_size(job, fitting))
+        placed = self._at_size(job, fitting)
+        if gpu_type != req.gpu_type:
+            placed = dataclasses.replace(
+                placed, gpus=dataclasses.replace(placed.gpus, gpu_type=gpu_type)
+            )
+            self._typed_here.add(job.job_id)
+        free.take(placed)
         prefix = gres_prefix(snapshot.cluster.slurm_version)
-        gpu = f"{prefix}gpu:{req.gpu_type}:" if req.gpu_type else f"{prefix}gpu:"
+        gpu = f"{prefix}gpu:{gpu_type}:" if gpu_type else f"{prefix}gpu:"
         key = "TresPerNode" if req.per_node is not None else "TresPerJob"
         limit_fields, limit_numbers = self._time_limit(
             job,
@@ -479,6 +538,14 @@ class MalleablePolicy:
             "time_limit_was_s": round(job.time_limit.total_seconds()),
         }
         return {"TimeLimit": format_time_limit(new)}, numbers
+
+    def _fitting_on_type(self, job: Job, gpu_type: str, top: int, least: int, free: _Free) -> int:
+        """The most GPUs (``least`` to ``top``) ``job`` fits on now on ``gpu_type`` (0: none)."""
+        typed = dataclasses.replace(job, gpus=dataclasses.replace(job.gpus, gpu_type=gpu_type))
+        for g in range(top, max(1, least) - 1, -1):
+            if free.fits(self._at_size(typed, g)):
+                return g
+        return 0
 
     @staticmethod
     def _at_size(job: Job, gpus: int) -> Job:
@@ -652,23 +719,32 @@ class MalleablePolicy:
                 continue
             plan = self._best_growth(c, pool, free, cost_s)
             if plan is not None:
-                to, saving = plan
+                to, saving, _, _ = plan
                 plans.append((saving / (to - c.gpus), c, to, saving))
         plans.sort(key=lambda p: (-p[0], p[1].job.job_id))
         actions: list[Action] = []
-        for _, c, planned, planned_saving in plans:
+        for _, c, _, _ in plans:
             if pool <= 0:
                 break
-            to, saving = planned, planned_saving
-            if to - c.gpus > pool:
-                replan = self._best_growth(c, pool, free, cost_s)
-                if replan is None:
-                    continue
-                to, saving = replan
-            pool -= to - c.gpus
+            # planned again against what the earlier growths left (same answer when
+            # nothing they took mattered to it)
+            replan = self._best_growth(c, pool, free, cost_s)
+            if replan is None:
+                continue
+            to, saving, gpu_type, taken = replan
+            pool -= taken
             touched.add(c.job.job_id)
+            after = c.rate(to)
+            type_fields: dict[str, str] = {}
+            type_numbers: dict[str, float | int | str | None] = {}
+            if gpu_type is not None:
+                after = c.rate(to) * self._type_gain(c, gpu_type, free)
+                self._take_of_type(free, gpu_type, taken)
+                self._typed_here.add(c.job.job_id)
+                type_fields = {"gpu_type": gpu_type}
+                type_numbers = {"gpu_type": gpu_type}
             limit_fields, limit_numbers = self._time_limit(
-                c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), c.rate(to)), c.remaining_s
+                c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), after), c.remaining_s
             )
             actions.append(
                 resize_action(
@@ -676,8 +752,10 @@ class MalleablePolicy:
                     c.job,
                     c.gpus,
                     to,
-                    f"expand {c.gpus} -> {to} GPUs into idle GPUs no waiting job can use: "
-                    f"{c.rate(to) / c.rate(c.gpus):.2f}x its speed, about "
+                    f"expand {c.gpus} -> {to} GPUs"
+                    + (f" of type {gpu_type}" if gpu_type else "")
+                    + " into idle GPUs no waiting job can use: "
+                    f"{after / c.rate(c.gpus):.2f}x its speed, about "
                     f"{saving / 60:.0f} min sooner after a {cost_s:.0f} s restart",
                     numbers={
                         "direction": "expand",
@@ -685,16 +763,74 @@ class MalleablePolicy:
                         "remaining_s": round(c.remaining_s),
                         "cost_s": round(cost_s),
                         "throughput_now": c.rate(c.gpus),
-                        "throughput_after": c.rate(to),
+                        "throughput_after": after,
                         "idle_gpus": free.total,
+                        **type_numbers,
                         **limit_numbers,
                     },
-                    fields=limit_fields,
+                    fields={**limit_fields, **type_fields},
                 )
             )
         return actions
 
+    def _current_types(self, c: _Running, free: _Free) -> set[str]:
+        return {free.types.get(a.node, "") for a in c.job.gpu_allocations}
+
+    def _type_gain(self, c: _Running, gpu_type: str, free: _Free) -> float:
+        """Its speed on ``gpu_type`` over its speed where it runs now (1 if unknown)."""
+        speeds = self._type_speeds(c.job, free) or {}
+        now = slowest(speeds, self._current_types(c, free))
+        there = speeds.get(gpu_type)
+        if now is None or there is None or now <= 0:
+            return 1.0
+        return there / now
+
+    @staticmethod
+    def _take_of_type(free: _Free, gpu_type: str, count: int) -> None:
+        for node, f in sorted(free.of_type(gpu_type).items(), key=lambda x: -x[1]):
+            if count <= 0:
+                break
+            got = min(f, count)
+            free.add(node, -got)
+            count -= got
+
     def _best_growth(
+        self, c: _Running, pool: int, free: _Free, cost_s: float
+    ) -> tuple[int, float, str | None, int] | None:
+        """The best size to grow ``c`` to, its saving, the GPU type it moves to (None:
+        type-blind, wherever Slurm puts it) and how many free GPUs it takes."""
+        blind = self._best_growth_blind(c, pool, free, cost_s)
+        speeds = self._type_speeds(c.job, free)
+        if speeds is None:
+            return None if blind is None else (*blind, None, blind[0] - c.gpus)
+        s = self.settings
+        now_speed = slowest(speeds, self._current_types(c, free))
+        if now_speed is None:
+            return None if blind is None else (*blind, None, blind[0] - c.gpus)
+        own: dict[str, int] = {}
+        for a in c.job.gpu_allocations:
+            own[a.node] = own.get(a.node, 0) + len(a.gpu_indices)
+        now = c.rate(c.gpus)
+        best: tuple[int, float, str | None, int] | None = None
+        for gpu_type, speed in sorted(speeds.items()):
+            nodes = free.of_type(gpu_type)
+            own_here = sum(g for n, g in own.items() if free.types.get(n) == gpu_type)
+            if c.single_node:
+                room = max((f + own.get(n, 0) for n, f in nodes.items()), default=0)
+            else:
+                room = sum(nodes.values()) + own_here
+            top = min(
+                c.spec.max_gpus, room, math.floor(c.gpus * s.max_growth + _TINY), own_here + pool
+            )
+            gain = speed / now_speed
+            for to in range(c.gpus + 1, top + 1):
+                saving = c.remaining_s * (1.0 - now / max(_TINY, c.rate(to) * gain)) - cost_s
+                enough = saving > 0 and saving >= s.min_gain * c.remaining_s
+                if enough and (best is None or saving > best[1] * (1 + 1e-9)):
+                    best = (to, saving, gpu_type, max(0, to - own_here))
+        return best
+
+    def _best_growth_blind(
         self, c: _Running, pool: int, free: _Free, cost_s: float
     ) -> tuple[int, float] | None:
         s = self.settings

@@ -473,9 +473,18 @@ class MalleableSettings:
     - ``scale_time_limit`` (true): a resize (and a start smaller) also sets the job's
       ``TimeLimit`` for its new size (:mod:`slurmgpu.policy.resize_limit`), with
       ``time_limit_headroom`` (1.1) for the speedup curve's error.
+    - ``type_aware`` (false): on a cluster of several GPU types, place and grow jobs
+      that did not ask for a type on the type where they run fastest (Gavel's idea,
+      OSDI'20), from ``type_speed``: per job-name pattern (fnmatch; ``"*"`` is the
+      fallback), each type's relative speed, e.g.
+      ``type_speed = {"ncf*" = {v100 = 1.0, p100 = 2.17}, "*" = {v100 = 1.0, p100 = 0.8}}``.
+      A job that asked for a type is never moved off it.
 
     >>> MalleableSettings.from_mapping({"min_gain": 0.3}, "policy.malleable").min_gain
     0.3
+    >>> s = MalleableSettings.from_mapping({"type_speed": {"*": {"V100": 1, "p100": 0.8}}})
+    >>> s.type_speed
+    (('*', (('p100', 0.8), ('v100', 1.0))),)
     """
 
     mode: Mode = Mode.ADVISE
@@ -495,6 +504,8 @@ class MalleableSettings:
     min_history: int = 3
     scale_time_limit: bool = True
     time_limit_headroom: float = 1.1
+    type_aware: bool = False
+    type_speed: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
     @property
     def default_cost(self) -> timedelta:
@@ -525,9 +536,36 @@ class MalleableSettings:
             min_history=t.integer("min_history", 3, minimum=1),
             scale_time_limit=t.boolean("scale_time_limit", True),
             time_limit_headroom=t.number("time_limit_headroom", 1.1, minimum=1.0),
+            type_aware=t.boolean("type_aware", False),
+            type_speed=_type_speed_table(t),
         )
         t.finish()
         return s
+
+
+def _type_speed_table(t: _Table) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """``type_speed``: ``{pattern = {type = speed, ...}, ...}`` (see MalleableSettings)."""
+    raw = t.raw.pop("type_speed", None)
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise t.fail("type_speed", "must be a table of job-name patterns")
+    out: list[tuple[str, tuple[tuple[str, float], ...]]] = []
+    for pattern, speeds in raw.items():
+        if not isinstance(speeds, Mapping) or not speeds:
+            raise t.fail(
+                "type_speed", f"{pattern!r} must map GPU types to speeds, like {{v100 = 1.0}}"
+            )
+        row: list[tuple[str, float]] = []
+        for gpu_type, value in speeds.items():
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not ok or not math.isfinite(float(value)) or float(value) <= 0:
+                raise t.fail(
+                    "type_speed", f"{pattern}.{gpu_type} must be a number > 0, not {value!r}"
+                )
+            row.append((str(gpu_type).lower(), float(value)))
+        out.append((str(pattern), tuple(sorted(row))))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,10 @@
   Pollux's testbed): every GPU draws its idle power the whole makespan, plus
   (busy - idle) power times the used (util-weighted) GPU-time. Idle GPUs count: a
   policy set that finishes sooner also spends less on idle hardware. kWh per job: that
-  over the trace's jobs.
+  over the trace's jobs. On a heterogeneous cluster (``--cluster 8xa100:4,8xv100:4``)
+  each type's GPUs draw that model's power (``gpupower.power_model``): idle over the
+  makespan, plus busy - idle over the used GPU-time on that type.
+- Per GPU type (:func:`type_use`): GPU-hours held, used GPU-hours, and energy as above.
 - Finish-time fairness (Themis, NSDI'20): ``rho = JCT / T_id``, where ``T_id`` is the
   job's run time alone on a 1/N share of the cluster, N the time-averaged number of jobs
   in the system (submitted, not finished) over the job's life: at its requested size when
@@ -38,16 +41,18 @@ from dataclasses import asdict, dataclass
 
 from slurmgpu.model import JobState
 from slurmgpu.sim.run import SimRun
-from slurmgpu.telemetry.gpupower import GPU_POWER, GpuPowerModel
+from slurmgpu.telemetry.gpupower import GPU_POWER, GpuPowerModel, power_model
 
 __all__ = [
     "SIM_GPU_POWER",
     "RunSummary",
+    "TypeUse",
     "ci95",
     "finish_time_fairness",
     "mean_summary",
     "percentile",
     "summarise",
+    "type_use",
 ]
 
 # Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval)
@@ -120,8 +125,11 @@ def summarise(run: SimRun, sim_seconds: float = 0.0) -> RunSummary:
     last = max((j.end_s for j in jobs), default=0.0)
     makespan = max(0.0, last - first)
     capacity = run.shape.gpus * makespan
-    power = SIM_GPU_POWER
-    energy_j = power.idle_w * capacity + (power.busy_w - power.idle_w) * used_s
+    if run.shape.types:
+        energy_j = sum(u.energy_kwh for u in type_use(run).values()) * 3.6e6
+    else:
+        power = SIM_GPU_POWER
+        energy_j = power.idle_w * capacity + (power.busy_w - power.idle_w) * used_s
     return RunSummary(
         policy_set=run.policy_set,
         jobs=len(jobs),
@@ -151,6 +159,60 @@ def summarise(run: SimRun, sim_seconds: float = 0.0) -> RunSummary:
         rho_max=max(rho) if rho else math.nan,
         rho_over_pct=100.0 * sum(1 for r in rho if r > 1.05) / len(rho) if rho else math.nan,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TypeUse:
+    """What one GPU type of a heterogeneous cluster did over a run."""
+
+    gpu_type: str
+    gpus: int
+    gpu_hours: float
+    used_gpu_hours: float
+    energy_kwh: float
+
+    @property
+    def allocated_pct(self) -> float:
+        return 100.0 * self.gpu_hours / self.capacity_h if self.capacity_h else math.nan
+
+    capacity_h: float = 0.0
+
+
+def type_use(run: SimRun) -> dict[str, TypeUse]:
+    """Per GPU type: GPU-hours held and used, and kWh (see the module docstring).
+
+    Empty for an untyped cluster. A run over several types splits its GPU time and its
+    used time by the GPUs it held on each.
+    """
+    if not run.shape.types:
+        return {}
+    held: dict[str, float] = {}
+    used: dict[str, float] = {}
+    for j in run.all_jobs:
+        for r in j.runs:
+            total = sum(r.by_type.values())
+            if total <= 0:
+                continue
+            end = r.end_s if not math.isnan(r.end_s) else run.end_s
+            for t, g in r.by_type.items():
+                held[t] = held.get(t, 0.0) + (end - r.start_s) * g
+                used[t] = used.get(t, 0.0) + r.used_gpu_s * g / total
+    first = min((j.origin_s for j in run.jobs), default=0.0)
+    last = max((j.end_s for j in run.jobs), default=0.0)
+    makespan = max(0.0, last - first)
+    out: dict[str, TypeUse] = {}
+    for t, gpus in run.shape.gpus_by_type().items():
+        p = power_model(t)
+        energy_j = p.idle_w * gpus * makespan + (p.busy_w - p.idle_w) * used.get(t, 0.0)
+        out[t] = TypeUse(
+            gpu_type=t,
+            gpus=gpus,
+            gpu_hours=held.get(t, 0.0) / 3600.0,
+            used_gpu_hours=used.get(t, 0.0) / 3600.0,
+            energy_kwh=energy_j / 3.6e6,
+            capacity_h=gpus * makespan / 3600.0,
+        )
+    return out
 
 
 def finish_time_fairness(run: SimRun) -> list[float]:

@@ -12,7 +12,10 @@ set            what runs
 ``slurm``      no policy: Slurm's priority order and EASY backfill on user limits
 ``rightsize``  :class:`~slurmgpu.policy.rightsize.RightsizePolicy` (every job opted in)
 ``colocate``   ``slurmgpu.policy.colocate`` (shard requests for light 1-GPU jobs)
-``malleable``  ``slurmgpu.policy.malleable`` (shrink and expand opted-in jobs)
+``malleable``  ``slurmgpu.policy.malleable`` (shrink and expand opted-in jobs), type-blind
+``malleable-types``  the same with ``type_aware`` on: untyped jobs grow (and start
+               smaller) on the GPU type where they run fastest, from the speeds the
+               simulator runs them at (``sim.gputypes``, Sia's measurements)
 ``las``        :class:`~slurmgpu.policy.las.AttainedServicePolicy` (attained-service
                queues through ``Nice``, preemption by the resize transaction)
 ``all``        idle-GPU, rightsize, colocate, LAS and malleable together
@@ -46,6 +49,7 @@ __all__ = [
     "SimPolicies",
     "build_engine",
     "known_sets",
+    "measured_speed_table",
 ]
 
 BASELINES = ("tiresias", "qssf")
@@ -119,6 +123,23 @@ def _malleable(s: SimPolicies) -> Policy:
     )
 
 
+def measured_speed_table() -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """``MalleableSettings.type_speed`` for the Pollux applications (job name = app)."""
+    from slurmgpu.sim.gputypes import SPEED, known_types, type_speeds
+
+    rows = [(app, type_speeds(app, known_types())) for app in sorted(SPEED)]
+    rows.append(("*", type_speeds(None, known_types())))
+    return tuple(rows)
+
+
+def _malleable_types(s: SimPolicies) -> Policy:
+    from slurmgpu.policy.settings import MalleableSettings
+
+    base = s.extra_for("malleable") or MalleableSettings(mode=Mode.ENFORCE)
+    settings = replace(base, type_aware=True, type_speed=base.type_speed or measured_speed_table())
+    return _from_module("slurmgpu.policy.malleable", ("MalleablePolicy",), "malleable", settings)
+
+
 def _las(s: SimPolicies) -> Policy:
     from slurmgpu.policy.las import AttainedServicePolicy
     from slurmgpu.policy.settings import AttainedServiceSettings
@@ -135,6 +156,7 @@ POLICY_SETS: dict[str, tuple[Builder, ...]] = {
     "rightsize": (_rightsize,),
     "colocate": (_colocate,),
     "malleable": (_malleable,),
+    "malleable-types": (_malleable_types,),
     "las": (_las,),
     "all": (_idle, _rightsize, _colocate, _las, _malleable),
 }

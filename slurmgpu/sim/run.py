@@ -53,9 +53,10 @@ from slurmgpu.policy.base import (
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
 from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
+from slurmgpu.sim.gputypes import speed_factor
 from slurmgpu.sim.policysets import BASELINES, SimPolicies, build_engine
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
-from slurmgpu.sim.workload import TraceJob, packed
+from slurmgpu.sim.workload import ProfiledJob, TraceJob, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.parse import parse_gres
 
@@ -75,25 +76,80 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ClusterShape:
-    """``16x4``: 16 nodes with 4 GPUs each (and ``shards_per_gpu`` shards per GPU)."""
+    """``16x4``: 16 nodes with 4 GPUs each (and ``shards_per_gpu`` shards per GPU).
+
+    Heterogeneous: ``8xa100:4,8xv100:4`` -- groups of ``NODESxTYPE:GPUS``, the nodes of
+    each group carrying that GPU type (``types``: ``(nodes, type)`` per group, in order).
+    Every group has the same GPUs per node (SimSlurm's nodes are alike in size).
+    """
 
     nodes: int = 16
     gpus_per_node: int = 4
     shards_per_gpu: int = 4
+    types: tuple[tuple[int, str], ...] = ()
 
     @classmethod
     def parse(cls, text: str, shards_per_gpu: int = 4) -> ClusterShape:
+        if ":" in text or "," in text:
+            return cls._parse_typed(text, shards_per_gpu)
         nodes, sep, gpus = text.lower().partition("x")
         if not sep or not nodes.strip().isdigit() or not gpus.strip().isdigit():
-            raise ValueError(f"cluster must look like 16x4 (nodes x GPUs per node), not {text!r}")
+            raise ValueError(
+                f"cluster must look like 16x4 (nodes x GPUs per node) or 8xa100:4,8xv100:4"
+                f" (nodes x type:GPUs per node, per group), not {text!r}"
+            )
         shape = cls(int(nodes), int(gpus), shards_per_gpu)
         if shape.nodes < 1 or shape.gpus_per_node < 1:
             raise ValueError(f"cluster {text!r} has no GPU")
         return shape
 
+    @classmethod
+    def _parse_typed(cls, text: str, shards_per_gpu: int) -> ClusterShape:
+        groups: list[tuple[int, str]] = []
+        per_node: set[int] = set()
+        for part in text.lower().split(","):
+            nodes, sep, rest = part.strip().partition("x")
+            gpu_type, colon, gpus = rest.partition(":")
+            gpu_type = gpu_type.strip()
+            if (
+                not sep
+                or not colon
+                or not nodes.strip().isdigit()
+                or not gpus.strip().isdigit()
+                or not gpu_type
+                or not gpu_type.replace("_", "").replace("-", "").isalnum()
+            ):
+                raise ValueError(
+                    f"cluster group {part.strip()!r} must look like 8xv100:4 "
+                    f"(nodes x GPU type : GPUs per node)"
+                )
+            if int(nodes) < 1 or int(gpus) < 1:
+                raise ValueError(f"cluster group {part.strip()!r} has no GPU")
+            speed_factor(None, gpu_type)  # a type without measured speeds: refused here
+            groups.append((int(nodes), gpu_type))
+            per_node.add(int(gpus))
+        if len(per_node) > 1:
+            raise ValueError(
+                f"cluster {text!r}: every group needs the same GPUs per node "
+                f"(got {', '.join(map(str, sorted(per_node)))})"
+            )
+        return cls(sum(n for n, _ in groups), per_node.pop(), shards_per_gpu, tuple(groups))
+
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def node_types(self) -> tuple[str, ...] | None:
+        """Each node's GPU type, in node order; None for an untyped cluster."""
+        if not self.types:
+            return None
+        return tuple(t for n, t in self.types for _ in range(n))
+
+    def gpus_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n, t in self.types:
+            out[t] = out.get(t, 0) + n * self.gpus_per_node
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,18 +247,27 @@ def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
     )
 
 
-def _target_gpus(action: Action) -> tuple[int, dict[str, str]] | None:
+def _type_speed(job: SimJob, gpu_type: str) -> float:
+    app = job.model.app.name if isinstance(job.model, ProfiledJob) else None
+    return speed_factor(app, gpu_type)
+
+
+def _target_gpus(action: Action, gpu_type: str | None = None) -> tuple[int, dict[str, str]] | None:
     """The GPU count a resize asks for, and the scontrol fields that set it.
 
-    A ``TimeLimit`` the policy set for the new size goes in the same update.
+    A ``TimeLimit`` the policy set for the new size goes in the same update. The job's
+    GPU type (``gpu_type``) is kept, unless the action moves it to another
+    (``fields["gpu_type"]``, the type-aware malleable policy's growth).
     """
     f = dict(action.fields)
     limit: dict[str, str] = {k: f[k] for k in ("TimeLimit", "Nice") if k in f}
+    gpu_type = f.get("gpu_type") or gpu_type
+    gpu = f"gres:gpu:{gpu_type}:" if gpu_type else "gres:gpu:"
     for key in ("to_gpus", "gpus"):
         if key not in f:
             continue
         k = int(f[key])
-        return k, {"TresPerJob": f"gres:gpu:{k}", **limit}
+        return k, {"TresPerJob": f"{gpu}{k}", **limit}
     for key in ("TresPerJob", "TresPerNode"):
         if key in f:
             count = sum(i.count for i in parse_gres(f[key].replace("gres/", "gres:")))
@@ -236,6 +301,8 @@ class _Runner:
             requeue_delay_s=options.requeue_delay_s,
             runtime=options.runtime,
             interference=options.interference,
+            node_types=shape.node_types(),
+            type_speed=_type_speed if shape.types else None,
         )
         self.shape = shape
         self.engine: PolicyEngine = engine or build_engine(policy_set, options.policies)
@@ -535,8 +602,10 @@ class _Runner:
             specs[job.job_id] = MalleableSpec(job.job_id, m.min_gpus, m.max_gpus)
             sizes = {int(r.gpus) for r in job.runs if r.gpus >= 1}
             if job.state is JobState.RUNNING and job.runs:
+                # measured on the GPU type it runs on now (a typed cluster)
+                factor = sim.type_factor(job)
                 rates[job.job_id] = {
-                    g: job.model.rate(packed(g, sim.gpus_per_node)) for g in sorted(sizes)
+                    g: job.model.rate(packed(g, sim.gpus_per_node)) * factor for g in sorted(sizes)
                 }
         return specs, rates
 
@@ -604,7 +673,7 @@ def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None)
     more happens and the job keeps running at its old size.
     """
     job = sim.job(action.job_id)
-    target = _target_gpus(action)
+    target = _target_gpus(action, job.gpu_type)
     if target is None:
         raise ValueError("resize names no GPU count (gpus, TresPerJob or TresPerNode)")
     if job.state is not JobState.RUNNING:

@@ -15,6 +15,11 @@ What it models, and how faithfully:
 - **Placement**: ``--gpus=N`` best fit on one node when it fits, else the nodes with the
   most free GPUs first (a job's speed depends on it); ``--gpus-per-node=K --nodes=M``
   on M nodes. Shard jobs pack onto GPUs that already carry shard jobs first.
+- **GPU types** (``node_types``, one per node): a job that asked for a type
+  (``gpu:v100:4``) is placed only on nodes of that type, as Slurm's gres matching does;
+  an untyped job goes anywhere, spanning types if it must. ``type_speed(job, type)``
+  scales its speed on a type (a job over several types runs at its slowest one, as
+  synchronous data-parallel training does); without it every type runs alike.
 - **Time limits**: a run that reaches its limit ends ``TIMEOUT``.
 - **Requeue**: the job goes back to PENDING with ``restart_count + 1`` and a BeginTime
   ``requeue_delay_s`` (121 s, cred_expire + 1 on 22.05-25.x) later; ``requeue(hold=True)``
@@ -53,7 +58,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
@@ -68,10 +73,12 @@ __all__ = [
     "PriorityKey",
     "SimJob",
     "SimSlurm",
+    "TypeSpeed",
 ]
 
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 InterferenceModel = Callable[[float, float, float, float], tuple[float, float]]
+TypeSpeed = Callable[["SimJob", str], float]
 PriorityKey = Callable[["SimJob", float], tuple[float, ...]]
 _CHECKPOINT_SIGNALS = frozenset({"USR2", "SIGUSR2", "TERM", "SIGTERM", "12", "15"})
 _ID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
@@ -96,6 +103,9 @@ class _Run:
     # GPUs the job's kernels run on: its whole GPUs, or the one GPU its shards are on
     # (a light job on half a GPU's shards still keeps that GPU busy at its own util).
     compute_gpus: float = 0.0
+    # GPUs held per GPU type (heterogeneous clusters; empty when untyped): the run's
+    # ``gpus`` and ``used_gpu_s`` split in these proportions.
+    by_type: dict[str, float] = field(default_factory=dict)
 
 
 class SimJob:
@@ -118,6 +128,7 @@ class SimJob:
         "fields",
         "first_start_s",
         "fixed_nodes",
+        "gpu_type",
         "gpus",
         "gpus_per_node",
         "held",
@@ -170,6 +181,7 @@ class SimJob:
         self.gpus = spec.gpus if not spec.shards else 0
         self.shards = spec.shards
         self.gpus_per_node: int | None = spec.gpus_per_node if self.gpus else None
+        self.gpu_type: str | None = spec.gpu_type.lower() if spec.gpu_type else None
         self.fixed_nodes = self.gpus // self.gpus_per_node if self.gpus_per_node else 0
         self.time_limit_s = spec.time_limit_s
         self.fields: dict[str, str] = {}
@@ -209,11 +221,14 @@ class SimJob:
 
 
 class _Node:
-    __slots__ = ("gpu_owner", "gpu_shards", "index", "name", "shards_per_gpu")
+    __slots__ = ("gpu_owner", "gpu_shards", "gpu_type", "index", "name", "shards_per_gpu")
 
-    def __init__(self, index: int, name: str, gpus: int, shards_per_gpu: int) -> None:
+    def __init__(
+        self, index: int, name: str, gpus: int, shards_per_gpu: int, gpu_type: str | None = None
+    ) -> None:
         self.index = index
         self.name = name
+        self.gpu_type = gpu_type
         self.shards_per_gpu = shards_per_gpu
         self.gpu_owner: list[int | None] = [None] * gpus
         self.gpu_shards: list[dict[int, int]] = [{} for _ in range(gpus)]
@@ -241,9 +256,19 @@ class SimSlurm:
         min_job_age_s: float = 300.0,
         kill_wait_s: float = 30.0,
         slurm_version: str = "22.05.8",
+        node_types: Sequence[str] | None = None,
+        type_speed: TypeSpeed | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("a cluster needs at least one node with one GPU")
+        if node_types is not None and len(node_types) != nodes:
+            raise ValueError(f"node_types names {len(node_types)} types for {nodes} nodes")
+        types = [t.lower() for t in node_types] if node_types is not None else [None] * nodes
+        self.type_speed = type_speed
+        self.gpus_by_type: dict[str, int] = {}
+        for t in types:
+            if t is not None:
+                self.gpus_by_type[t] = self.gpus_by_type.get(t, 0) + gpus_per_node
         self.gpus_per_node = gpus_per_node
         self.shards_per_gpu = shards_per_gpu
         self.requeue_delay_s = requeue_delay_s
@@ -256,7 +281,8 @@ class SimSlurm:
         self.slurm_version = slurm_version
         width = max(2, len(str(nodes)))
         self._nodes = [
-            _Node(i, f"gpu{i + 1:0{width}d}", gpus_per_node, shards_per_gpu) for i in range(nodes)
+            _Node(i, f"gpu{i + 1:0{width}d}", gpus_per_node, shards_per_gpu, types[i])
+            for i in range(nodes)
         ]
         self.total_gpus = nodes * gpus_per_node
         self._free_counts = [gpus_per_node] * nodes  # whole GPUs free, per node
@@ -351,6 +377,13 @@ class SimSlurm:
             raise SlurmCommandError(
                 f"job {spec.name}: {spec.gpus} GPUs but the cluster has {self.total_gpus}"
             )
+        if spec.gpu_type is not None:
+            have = self.gpus_by_type.get(spec.gpu_type.lower(), 0)
+            if spec.gpus > have or (spec.shards and not have):
+                raise SlurmCommandError(
+                    f"job {spec.name}: Invalid generic resource (gres) specification "
+                    f"(gpu:{spec.gpu_type}: the cluster has {have} such GPUs)"
+                )
         per_node = spec.gpus_per_node
         if (
             spec.gpus
@@ -425,6 +458,7 @@ class SimSlurm:
                     gpu_indices_used=tuple(used),
                     shards_used=shards_used,
                     partitions=("gpu",),
+                    gpu_type=n.gpu_type,
                 )
             )
         return out
@@ -612,10 +646,19 @@ class SimSlurm:
             raise SlurmCommandError(f"Invalid {key} {value!r}") from None
         gpus = sum(i.count for i in items if i.name == "gpu")
         shards = sum(i.count for i in items if i.name == "shard")
+        typed = {i.type.lower() for i in items if i.name in ("gpu", "shard") and i.type}
+        if len(typed) > 1:
+            raise SlurmCommandError(f"Invalid {key} {value!r}: more than one GPU type")
+        gpu_type = typed.pop() if typed else None
+        if gpu_type is not None and gpu_type not in self.gpus_by_type:
+            raise SlurmCommandError(
+                f"Invalid generic resource (gres) specification: no gpu:{gpu_type} here"
+            )
         if shards:
             if shards > self.shards_per_gpu:
                 raise SlurmCommandError(f"job {job.job_id}: no GPU has {shards} shards")
             job.gpus, job.shards, job.gpus_per_node = 0, shards, None
+            job.gpu_type = gpu_type
         elif gpus:
             if key == "TresPerNode":
                 nodes = max(1, job.fixed_nodes)
@@ -623,7 +666,9 @@ class SimSlurm:
             else:
                 job.gpus, job.gpus_per_node = gpus, None
             job.shards = 0
-            if job.gpus > self.total_gpus:
+            job.gpu_type = gpu_type
+            have = self.gpus_by_type.get(gpu_type, 0) if gpu_type else self.total_gpus
+            if job.gpus > have:
                 raise SlurmCommandError(f"job {job.job_id}: more GPUs than the cluster has")
         else:
             raise SlurmCommandError(f"Invalid {key} {value!r}: no gpu or shard count")
@@ -643,7 +688,15 @@ class SimSlurm:
         self._close_run(job)
         job.alloc = keep
         job.gpus = sum(len(g) for _, g in keep)
-        job.runs.append(_Run(self.now, math.nan, float(job.gpus), compute_gpus=float(job.gpus)))
+        job.runs.append(
+            _Run(
+                self.now,
+                math.nan,
+                float(job.gpus),
+                compute_gpus=float(job.gpus),
+                by_type=self._by_type(job, float(job.gpus)),
+            )
+        )
         job.busy_from = max(job.busy_from, self.now) + self.runtime.reform_s
         self._rates_for([job])
         self._dirty = True
@@ -679,12 +732,22 @@ class SimSlurm:
                 flags = frozenset({"REQUEUED"})
         if job.shards:
             gpus = GpuRequest(
-                shards=job.shards, shards_per_node=job.shards, sources=("tres_per_node",)
+                shards=job.shards,
+                shards_per_node=job.shards,
+                gpu_type=job.gpu_type,
+                sources=("tres_per_node",),
             )
         elif job.gpus_per_node:
-            gpus = GpuRequest(gpus=job.gpus, per_node=job.gpus_per_node, sources=("tres_per_node",))
+            gpus = GpuRequest(
+                gpus=job.gpus,
+                per_node=job.gpus_per_node,
+                gpu_type=job.gpu_type,
+                sources=("tres_per_node",),
+            )
         else:
-            gpus = GpuRequest(gpus=job.gpus, per_job=job.gpus, sources=("tres_per_job",))
+            gpus = GpuRequest(
+                gpus=job.gpus, per_job=job.gpus, gpu_type=job.gpu_type, sources=("tres_per_job",)
+            )
         allocs: tuple[NodeGpuAllocation, ...] = ()
         nodes: tuple[str, ...] = ()
         if state is JobState.RUNNING or (state.is_terminal and job.alloc):
@@ -805,8 +868,34 @@ class SimSlurm:
             self._fold(job)
             placement = job.placement if job.alloc else (1,)
             job.speed = self._speed(job)
-            job.rate = job.model.rate(placement) * job.speed
+            job.rate = job.model.rate(placement) * job.speed * self.type_factor(job)
             self._reschedule_end(job)
+
+    def _job_nodes(self, job: SimJob) -> list[int]:
+        if job.shard_alloc is not None:
+            return [job.shard_alloc[0]]
+        return [n for n, _ in job.alloc]
+
+    def type_factor(self, job: SimJob) -> float:
+        """Speed on the GPU types it holds: its slowest type's (1 without a speed model)."""
+        if self.type_speed is None:
+            return 1.0
+        types = {self._nodes[n].gpu_type for n in self._job_nodes(job)}
+        speeds = [self.type_speed(job, t) for t in types if t is not None]
+        return min(speeds) if speeds else 1.0
+
+    def _by_type(self, job: SimJob, share: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if job.shard_alloc is not None:
+            t = self._nodes[job.shard_alloc[0]].gpu_type
+            if t is not None:
+                out[t] = share
+            return out
+        for n, gpus in job.alloc:
+            t = self._nodes[n].gpu_type
+            if t is not None:
+                out[t] = out.get(t, 0.0) + len(gpus)
+        return out
 
     def _sharers(self, job: SimJob) -> list[SimJob]:
         if job.shard_alloc is None:
@@ -842,7 +931,15 @@ class SimSlurm:
             self._nodes[n].gpu_shards[g][job.job_id] = s
         share = job.allocated_gpus if shard is None else shard[2] / max(1, self.shards_per_gpu)
         compute = float(job.allocated_gpus if shard is None else 1)
-        job.runs.append(_Run(self.now, math.nan, float(share), compute_gpus=compute))
+        job.runs.append(
+            _Run(
+                self.now,
+                math.nan,
+                float(share),
+                compute_gpus=compute,
+                by_type=self._by_type(job, float(share)),
+            )
+        )
         startup = self.runtime.startup_s if job.restarts else 0.0
         job.base_work = min(job.base_work, job.model.work)
         job.busy_from = self.now + startup
@@ -926,6 +1023,11 @@ class SimSlurm:
     def _fit(self, job: SimJob, free: list[int]) -> list[tuple[int, int]] | None:
         """Return (node, count) pairs for a whole-GPU job on ``free``, or None."""
         need = job.gpus
+        if job.gpu_type is not None:  # only the nodes of the type it asked for
+            free = [
+                f if n.gpu_type == job.gpu_type else 0
+                for f, n in zip(free, self._nodes, strict=True)
+            ]
         if job.gpus_per_node:
             k = job.gpus_per_node
             m = max(1, need // k)
@@ -960,6 +1062,8 @@ class SimSlurm:
         s = job.shards
         fresh: tuple[int, int, int] | None = None
         for n in self._nodes:
+            if job.gpu_type is not None and n.gpu_type != job.gpu_type:
+                continue
             for g, owner in enumerate(n.gpu_owner):
                 if owner is not None:
                     continue
@@ -1005,7 +1109,7 @@ class SimSlurm:
         shadow: float | None = None
         reserved: list[int] | None = None
         spare: list[int] | None = None  # free GPUs the reservation leaves, per node
-        failed: dict[tuple[bool, int], float] = {}
+        failed: dict[tuple[bool, int, str], float] = {}
         tested = 0
         for job in queue:
             if not any(free) and not self.shards_per_gpu:
@@ -1045,7 +1149,7 @@ class SimSlurm:
             # A job of N GPUs that did not fit on a vector that has not changed since
             # means no job of N or more fits either (--gpus=N fits are monotone in N):
             # this keeps a long backfill queue at O(1) per job.
-            key = (beyond, job.gpus_per_node or 0)
+            key = (beyond, job.gpus_per_node or 0, job.gpu_type or "")
             if job.gpus >= failed.get(key, math.inf):
                 continue
             if beyond:

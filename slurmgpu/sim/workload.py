@@ -132,7 +132,8 @@ class TraceJob:
     ``gpus`` is the whole-GPU request (``--gpus=N``, Slurm places it on any nodes), or
     with ``gpus_per_node`` K the ``--gres=gpu:K`` form (``gpus / K`` nodes of K GPUs;
     what co-location can turn into shards); ``shards`` a ``gres/shard`` request instead.
-    ``time_limit_s`` None means no limit.
+    ``time_limit_s`` None means no limit. ``gpu_type`` (None: any) is the GPU type the
+    job asked for; on a heterogeneous cluster it runs only on nodes of that type.
     """
 
     submit_s: float
@@ -151,6 +152,7 @@ class TraceJob:
     array_tasks: int = 0  # > 0: an array of this many identical tasks
     array_throttle: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    gpu_type: str | None = None  # ``--gres=gpu:TYPE:N``: only nodes of that type
 
 
 _ROUND_S = (

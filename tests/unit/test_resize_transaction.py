@@ -362,3 +362,13 @@ def test_a_preemption_is_the_same_transaction_at_the_same_size_with_its_nice(
     plain = msgspec.structs.replace(action, fields={"from_gpus": "4", "to_gpus": "4"})
     with pytest.raises(ResizeError, match="already has"):
         w.executor.start(plain, job, w.spec, at=w.now, slurm_version="22.05.8", to_gpus=4)
+
+
+def test_a_type_aware_resize_puts_the_named_gpu_type_in_the_update(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.start(fields={"gpu_type": "p100"})
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    assert w.cycle().state == "updated"
+    assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:p100:2", "StartTime": "now+1"})]
