@@ -37,7 +37,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from slurmgpu.report.report import build_report
+from slurmgpu.report.build import build_report
 from slurmgpu.store import open_store
 
 JOB_COLUMNS = (

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from sqlalchemy import Engine, and_, case, func, insert, literal, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from slurmgpu.report.report_sql import epoch_s
+from slurmgpu.report.sql_dialect import epoch_s
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
