@@ -177,3 +177,10 @@ def test_policy_imports_nothing_that_does_io() -> None:
     assert unexpected == [], f"policy/ imports I/O modules: {unexpected}"
     stale = sorted(POLICY_IO_ALLOWANCES.keys() - found)
     assert stale == [], f"allowances no longer needed, remove them: {stale}"
+
+
+def test_units_and_settings_table_are_leaves() -> None:
+    """What every layer reads (durations, time limits, the table reader) depends on nothing."""
+    graph = import_graph()
+    assert graph["slurmgpu.units"] == set()
+    assert graph["slurmgpu.settings_table"] == {"slurmgpu.units"}
