@@ -40,8 +40,8 @@ from pathlib import Path
 import psutil
 
 from slurmgpu.benchrun import BenchRun, add_arguments
-from slurmgpu.config import parse_duration
 from slurmgpu.telemetry.simgpu import LoadDeclaration, write_declaration
+from slurmgpu.units import parse_duration
 from slurmgpu.wire import (
     AuthError,
     NodeJob,

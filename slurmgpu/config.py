@@ -32,11 +32,15 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+# ConfigError and parse_duration stay importable from here: they are this module's API
+# (cli/submit.py and the tests read them from config).
+from slurmgpu.settings_table import ConfigError, TableReader
+from slurmgpu.units import parse_duration
 
 if TYPE_CHECKING:
     from slurmgpu.actuate.resize import ResizeSettings
@@ -50,91 +54,29 @@ if TYPE_CHECKING:
         RightsizeSettings,
     )
 
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_CONFIG_PATH",
+    "MODES",
+    "ConfigError",
+    "DaemonSettings",
+    "PolicySettings",
+    "Settings",
+    "SlurmSettings",
+    "default_database_url",
+    "default_secret_file",
+    "load_settings",
+    "parse_duration",
+    "parse_settings",
+]
+
 DEFAULT_CONFIG_PATH = Path("/etc/slurmgpu/config.toml")
 MODES = ("observe", "advise", "enforce")
 BACKENDS = ("auto", "cli", "pyslurm")
 
-# The longest duration and the largest integer any setting accepts: beyond them a value is
-# a typo, and date arithmetic on it would overflow (``history_days = 1000000`` once
-# passed ``sgpu policy check`` and then killed the daemon with an OverflowError).
-MAX_DURATION = timedelta(days=3650)
-MAX_INTEGER = 2**31 - 1
 MAX_HISTORY_DAYS = 3650
 # A file with more bad keys than this is reported up to here (each on its own line).
 _MAX_REPORTED = 50
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-class ConfigError(Exception):
-    """A configuration problem, phrased as one line a user can act on."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: Path | None = None,
-        line: int | None = None,
-        table: str | None = None,
-        key: str | None = None,
-    ) -> None:
-        if len(message) > 300:  # a pasted megabyte must still give one readable line
-            message = message[:297] + "..."
-        self.path = path
-        self.line = line
-        self.reason = message
-        # Where the bad key is (``table`` dotted, e.g. "policy.idle_gpu"), when one key is
-        # to blame: parse_settings then drops it and reads on, to report every bad key.
-        self.table = table
-        if key is not None or not hasattr(self, "key"):  # a subclass may have set its own
-            self.key = key
-        self.others: tuple[ConfigError, ...] = ()
-        where = ""
-        if path is not None:
-            where = f" in {path}" + (f", line {line}" if line else "")
-        super().__init__(f"config error{where}: {message}")
-
-    def __str__(self) -> str:
-        """One line per bad key: this one first, then the others found in the same file."""
-        first = super().__str__()
-        return "\n".join([first, *(ConfigError.__str__(o) for o in self.others)])
-
-
-def parse_duration(text: str | int | float) -> timedelta:
-    """Return the timedelta of ``"30s"``, ``"5m"``, ``"1h30m"``, ``"2d"`` or a number of seconds.
-
-    >>> parse_duration("1h30m")
-    datetime.timedelta(seconds=5400)
-    """
-    if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a duration")
-    if isinstance(text, int | float):
-        if text < 0:
-            raise ValueError(f"{text!r} is negative")
-        return _seconds(text, text)
-    s = text.strip().lower()
-    if not s:
-        raise ValueError("empty duration")
-    if re.fullmatch(r"\d+(?:\.\d+)?", s):
-        return _seconds(float(s), text)
-    pos = 0
-    total = 0.0
-    for m in _DURATION_PART.finditer(s):
-        if m.start() != pos and s[pos : m.start()].strip():
-            break
-        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-        pos = m.end()
-    if pos == 0 or s[pos:].strip():
-        raise ValueError(f'{text!r} is not a duration like "30s", "5m" or "1h30m"')
-    return _seconds(total, text)
-
-
-def _seconds(seconds: float, text: object) -> timedelta:
-    try:
-        return timedelta(seconds=seconds)
-    except OverflowError:
-        raise ValueError(f"{str(text)[:40]!r} is too long a duration") from None
 
 
 def _user_state_dir() -> Path:
@@ -281,72 +223,6 @@ def _key_line(text: str, table: str, key: str) -> int | None:
         if h and h.group(1) == table:
             return number
     return None
-
-
-class TableReader:
-    """Typed, validated reads of one TOML table's keys.
-
-    Keys are popped as they are read, so whatever is left at ``finish()`` is an unknown key
-    (a misspelt setting must not be silently ignored). Subclasses say how a bad key is
-    reported (``fail``), so each section's errors name it the way its users write it.
-    """
-
-    duration_example = '"30s"'
-
-    def __init__(self, raw: Mapping[str, Any]) -> None:
-        self.raw: dict[str, Any] = dict(raw)
-
-    def fail(self, key: str, message: str) -> Exception:
-        """The exception that reports ``key`` as bad (raised by the caller)."""
-        raise NotImplementedError
-
-    def boolean(self, key: str, default: bool) -> bool:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, not {value!r}")
-        return value
-
-    def integer(
-        self, key: str, default: int, *, minimum: int = 0, maximum: int = MAX_INTEGER
-    ) -> int:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise self.fail(key, f"must be an integer >= {minimum}, not {value!r}")
-        if value > maximum:
-            raise self.fail(key, f"must be at most {maximum}, not {value!r}")
-        return value
-
-    def duration(
-        self,
-        key: str,
-        default: timedelta,
-        *,
-        minimum: timedelta | None = None,
-        maximum: timedelta = MAX_DURATION,
-    ) -> timedelta:
-        if key not in self.raw:
-            return default
-        value = self.raw.pop(key)
-        try:
-            d = parse_duration(value)
-        except (ValueError, TypeError, AttributeError):
-            raise self.fail(
-                key, f"must be a duration like {self.duration_example}, not {value!r}"
-            ) from None
-        if minimum is not None and d < minimum:
-            raise self.fail(key, f"must be at least {minimum.total_seconds():g}s")
-        if d > maximum:
-            raise self.fail(key, f"must be at most {maximum.days}d, not {value!r}")
-        return d
-
-    def finish(self) -> None:
-        if self.raw:
-            key = sorted(map(str, self.raw))[0]
-            raise self.fail(key, "is not a known setting (check the spelling)")
 
 
 class _Reader(TableReader):

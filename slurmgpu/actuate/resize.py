@@ -68,8 +68,8 @@ from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import PREEMPT_FIELD, Action, slurm_job_ref
 from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
-from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.store.transactions import TransactionRow, TransactionStore
+from slurmgpu.units import format_time_limit
 
 log = logging.getLogger("slurmgpu.actuate.resize")
 

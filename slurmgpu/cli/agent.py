@@ -36,11 +36,11 @@ from slurmgpu.agent.sender import (
     choose_auth,
 )
 from slurmgpu.agent.spool import DEFAULT_MAX_BYTES, DEFAULT_SPOOL_DIR, BatchSpool, SpoolError
-from slurmgpu.config import parse_duration
 from slurmgpu.telemetry.gpupower import DEFAULT_MODEL, GPU_POWER
 from slurmgpu.telemetry.gresconf import GresConfError, minors_by_index, read_gres_conf
 from slurmgpu.telemetry.probe import GpuProbe, ProbeUnavailableError
 from slurmgpu.telemetry.simgpu import SimulatedGpuProbe, default_state_dir
+from slurmgpu.units import parse_duration
 from slurmgpu.wire import NODE_NAME
 
 log = logging.getLogger("slurmgpu.agent")

@@ -12,9 +12,10 @@ from typing import Any, NoReturn
 
 import click
 
-from slurmgpu.config import ConfigError, Settings, load_settings, parse_duration
+from slurmgpu.config import ConfigError, Settings, load_settings
 from slurmgpu.slurm.client import SlurmClient, SlurmError
 from slurmgpu.store import JobStore, StoreError, open_store
+from slurmgpu.units import parse_duration
 
 EXIT_CONFIG = 3
 EXIT_STORE = 4

@@ -17,8 +17,8 @@ from slurmgpu.cli.context import AppContext, duration_option, fail, pass_app
 from slurmgpu.model import Job, JobState
 from slurmgpu.plaintext import plain
 from slurmgpu.report.eff import elapsed_of
-from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.store import JobStore, StoredJob, StoreError
+from slurmgpu.units import format_time_limit
 
 if TYPE_CHECKING:
     from slurmgpu.store.audit import AuditRecord

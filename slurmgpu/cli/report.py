@@ -12,11 +12,11 @@ from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
-from slurmgpu.config import parse_duration
-from slurmgpu.report.report import GROUP_BY, GroupBy, build_report
-from slurmgpu.report.report_html import render_html
-from slurmgpu.report.report_render import render_table, to_csv, to_json
+from slurmgpu.report.build import GROUP_BY, GroupBy, build_report
+from slurmgpu.report.html_page import render_html
+from slurmgpu.report.render import render_table, to_csv, to_json
 from slurmgpu.store import StoreError
+from slurmgpu.units import parse_duration
 
 
 def parse_moment(value: str, now: datetime, option: str) -> datetime:

@@ -36,7 +36,8 @@ from email.utils import parseaddr
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.config import ConfigError, TableReader, parse_duration
+from slurmgpu.settings_table import ConfigError, TableReader
+from slurmgpu.units import parse_duration
 
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _ALERT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")

@@ -91,7 +91,7 @@ from slurmgpu.policy.resize_limit import resized_time_limit
 from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.policy.settings import MalleableSettings
 from slurmgpu.policy.speedup import DEFAULT_PRIOR, SpeedupCurve, SpeedupPrior, fit_speedup
-from slurmgpu.slurm.parse import format_time_limit
+from slurmgpu.units import format_time_limit
 
 __all__ = ["MAX_BLOCKED_CONSIDERED", "MalleablePolicy"]
 

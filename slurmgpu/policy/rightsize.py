@@ -55,7 +55,7 @@ from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.priors import LEVELS, Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
-from slurmgpu.slurm.parse import format_time_limit
+from slurmgpu.units import format_time_limit
 
 __all__ = ["PriorsFactory", "RightsizePolicy", "gres_prefix"]
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, cast
 
-from slurmgpu.config import TableReader
 from slurmgpu.policy.base import Mode
+from slurmgpu.settings_table import TableReader
 
 __all__ = [
     "GPU_CONVERSIONS",

@@ -50,8 +50,8 @@ from typing import Any, Literal
 
 from slurmgpu.model import Job, JobState
 from slurmgpu.report.energy import JobEnergy, energy_sentence, energy_to_json
-from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.store.usage import GpuUsage, HostUsage
+from slurmgpu.units import format_time_limit
 
 GpuStatus = Literal["ok", "low", "idle", "no-process", "no-data", "error"]
 GpuRole = Literal["gpu", "shard", "unallocated"]

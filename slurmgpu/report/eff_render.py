@@ -15,7 +15,7 @@ from slurmgpu.model import Job
 from slurmgpu.plaintext import plain, shown
 from slurmgpu.report.eff import EffThresholds, GpuEfficiency, JobEfficiency, Note
 from slurmgpu.report.energy import format_energy
-from slurmgpu.slurm.parse import format_time_limit
+from slurmgpu.units import format_time_limit
 
 BAR_WIDTH = 30
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Final
@@ -40,6 +38,7 @@ from slurmgpu.slurm.client import (
 )
 from slurmgpu.slurm.jsonformat import JobRecord, decode_sinfo, decode_squeue
 from slurmgpu.slurm.parse import SlurmValueError, format_time_limit
+from slurmgpu.slurm.runner import CommandResult, CommandRunner, CommandTimeout, SubprocessRunner
 from slurmgpu.slurm.sacct import decode_sacct
 
 __all__ = [
@@ -123,6 +122,7 @@ class CliSlurmClient:
             ``MinJobAge`` are listed too.
         data_parser: ask for this data_parser version (``"v0.0.42"``: ``--json=v0.0.42``)
             instead of Slurm's default; dropped (one warning) if this Slurm lacks it.
+        runner: runs each command (:mod:`slurmgpu.slurm.runner`); default: subprocess.
     """
 
     def __init__(
@@ -133,6 +133,7 @@ class CliSlurmClient:
         bin_dir: str | None = None,
         all_states: bool = True,
         data_parser: str | None = None,
+        runner: CommandRunner | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
@@ -143,6 +144,7 @@ class CliSlurmClient:
         self.slurm_conf = slurm_conf
         self.bin_dir = bin_dir
         self.all_states = all_states
+        self.runner: CommandRunner = runner if runner is not None else SubprocessRunner()
         self._version: str | None = None
         # The previous listing's records and jobs: unchanged jobs are not normalised again.
         self._memo: dict[int, tuple[JobRecord, Job]] = {}
@@ -169,46 +171,29 @@ class CliSlurmClient:
         cwd: str | None = None,
         check: bool = True,
         big_output: bool = False,
-    ) -> subprocess.CompletedProcess[bytes]:
+    ) -> CommandResult:
         """Run one Slurm command (argument list, no shell); every call goes through here.
 
         Raises SlurmUnavailableError on timeout, a missing command, or when stderr says
         the controller did not answer; SlurmCommandError on any other non-zero exit
-        (when ``check``), with stderr's first line. ``big_output`` sends stdout to a
-        temporary file read back in one piece, so a listing of hundreds of MiB is held
-        once in memory rather than as pipe chunks plus their join.
+        (when ``check``), with stderr's first line. ``big_output`` asks the runner to hold
+        stdout once (the subprocess runner reads it back from a temporary file), so a
+        listing of hundreds of MiB is not kept as pipe chunks plus their join. The runner
+        (``runner=``, default subprocess) only runs; all mapping to SlurmError is here.
         """
         args = list(argv)
         if self.bin_dir:
             args[0] = os.path.join(self.bin_dir, args[0])
         try:
-            if big_output:
-                with tempfile.TemporaryFile(prefix="slurmgpu-") as out:
-                    proc = subprocess.run(
-                        args,
-                        input=stdin,
-                        stdin=None if stdin is not None else subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.PIPE,
-                        env=self._env(env),
-                        cwd=cwd,
-                        timeout=self.timeout_s,
-                        check=False,
-                    )
-                    out.seek(0)
-                    proc.stdout = out.read()
-            else:
-                proc = subprocess.run(
-                    args,
-                    input=stdin,
-                    stdin=None if stdin is not None else subprocess.DEVNULL,
-                    capture_output=True,
-                    env=self._env(env),
-                    cwd=cwd,
-                    timeout=self.timeout_s,
-                    check=False,
-                )
-        except subprocess.TimeoutExpired:
+            proc = self.runner(
+                args,
+                input=stdin,
+                timeout=self.timeout_s,
+                env=self._env(env),
+                cwd=cwd,
+                big_output=big_output,
+            )
+        except CommandTimeout:
             raise SlurmUnavailableError(
                 f"{argv[0]} did not finish within {self.timeout_s:g} s"
             ) from None
@@ -225,7 +210,7 @@ class CliSlurmClient:
         return proc
 
     @staticmethod
-    def _failure(cmd: str, proc: subprocess.CompletedProcess[bytes]) -> SlurmError:
+    def _failure(cmd: str, proc: CommandResult) -> SlurmError:
         line = _first_line(proc.stderr, proc.stdout) or f"exit status {proc.returncode}"
         msg = line if line.startswith(cmd) else f"{cmd}: {line}"
         err = proc.stderr.decode("utf-8", "replace") if proc.stderr else ""
@@ -236,7 +221,7 @@ class CliSlurmClient:
     def _json_flag(self) -> str:
         return f"--json={self.data_parser}" if self.data_parser else "--json"
 
-    def _json_run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
+    def _json_run(self, argv: Sequence[str]) -> CommandResult:
         """Run a ``--json`` command (``--json`` in ``argv`` stands for :meth:`_json_flag`).
 
         Exit 0 with nothing on stdout is Slurm lacking the data_parser asked for: drop

@@ -28,13 +28,21 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import lru_cache
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 from ClusterShell.RangeSet import RangeSetException
 
 from slurmgpu.model import JobState
+
+# Time limits live in the leaf module units (pure policies use them too); re-exported here
+# with the other Slurm string parsers.
+from slurmgpu.units import (
+    SlurmValueError,
+    TimeStringError,
+    format_time_limit,
+    parse_time_limit,
+)
 
 __all__ = [
     "GresItem",
@@ -64,16 +72,8 @@ __all__ = [
 # --------------------------------------------------------------------------- errors
 
 
-class SlurmValueError(ValueError):
-    """Base class: a Slurm string that does not parse."""
-
-
 class HostlistError(SlurmValueError):
     """A hostlist expression such as ``gpu[1-4`` that does not parse."""
-
-
-class TimeStringError(SlurmValueError):
-    """A time limit that is not one of Slurm's time formats."""
 
 
 class MemoryStringError(SlurmValueError):
@@ -252,75 +252,6 @@ def _split_top_level(text: str, sep: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- times
-
-_UNLIMITED = frozenset({"UNLIMITED", "INFINITE", "INFINITY"})
-_TIME_RE = re.compile(r"(?:(\d{1,12})-)?(\d{1,15})(?::(\d{1,15}))?(?::(\d{1,15}))?")
-
-
-def parse_time_limit(value: str | int | None) -> timedelta | None:
-    """Parse a Slurm time limit; ``None`` means no limit.
-
-    Accepts ``UNLIMITED`` / ``INFINITE`` (and ``None``), an integer number of minutes,
-    and the strings ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
-    ``D-HH:MM:SS`` (as sbatch ``--time`` does).
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise TimeStringError(f"invalid time limit {_show(value)}")
-    if isinstance(value, int):
-        if value < 0:
-            raise TimeStringError(f"invalid time limit {_show(value)}: negative")
-        try:
-            return timedelta(minutes=value)
-        except OverflowError:
-            raise TimeStringError(f"invalid time limit {_show(value)}: too large") from None
-    if not isinstance(value, str):
-        raise TimeStringError(f"invalid time limit {_show(value)}: not a string")
-    text = value.strip()
-    if text.upper() in _UNLIMITED:
-        return None
-    m = _TIME_RE.fullmatch(text)
-    if not m:
-        raise TimeStringError(f"invalid time limit {_show(value)}")
-    days_s, a, b, c = m.groups()
-    x, y, z = int(a), (int(b) if b is not None else None), (int(c) if c is not None else None)
-    if days_s is not None:
-        # D-HH, D-HH:MM, D-HH:MM:SS
-        days = int(days_s)
-        hours, minutes, seconds = x, (y or 0), (z or 0)
-    elif z is not None:  # HH:MM:SS
-        days, hours, minutes, seconds = 0, x, y or 0, z
-    elif y is not None:  # MM:SS
-        days, hours, minutes, seconds = 0, 0, x, y
-    else:  # MM
-        days, hours, minutes, seconds = 0, 0, x, 0
-    try:
-        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    except OverflowError:
-        raise TimeStringError(f"invalid time limit {_show(value)}: too large") from None
-
-
-def format_time_limit(limit: timedelta | None) -> str:
-    """Format a limit the way Slurm prints and accepts it: ``D-HH:MM:SS`` / ``HH:MM:SS``.
-
-    ``None`` gives ``UNLIMITED``. Fractions of a second are rounded up (a limit is never
-    shortened). ``parse_time_limit(format_time_limit(x)) == x`` for whole seconds.
-    """
-    if limit is None:
-        return "UNLIMITED"
-    if not isinstance(limit, timedelta):
-        raise TimeStringError(f"invalid time limit {_show(limit)}: not a timedelta")
-    if limit < timedelta(0):
-        raise TimeStringError(f"invalid time limit {_show(limit)}: negative")
-    total = limit.days * 86400 + limit.seconds + (1 if limit.microseconds else 0)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{seconds:02d}"
-    return f"{hours:02d}:{minutes:02d}:{seconds:02d}"
-
 
 # --------------------------------------------------------------------------- memory
 

@@ -394,7 +394,7 @@ notifications = Table(
     Index(None, "cluster", "user", "alert", "sent_at"),
 )
 
-# -- report rollups (slurmgpu/report/report_rollup.py) ------------------------------------
+# -- report rollups (slurmgpu/report/rollup.py) ------------------------------------
 # Per UTC day and per hour (``span`` = 86400 or 3600 s, ``bucket`` = seconds since 1970 //
 # span of the jobs' end): what ``sgpu report`` would compute from the jobs that ended in
 # that bucket, so a 30-day report reads a few thousand rows instead of every job. A cache,

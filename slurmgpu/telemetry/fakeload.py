@@ -41,8 +41,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal
 
-from slurmgpu.config import parse_duration
 from slurmgpu.telemetry.simgpu import LoadDeclaration, remove_declaration, write_declaration
+from slurmgpu.units import parse_duration
 
 PatternKind = Literal["constant", "idle-after", "bursty", "mem-growth"]
 

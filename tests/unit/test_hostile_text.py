@@ -29,11 +29,11 @@ from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.notify import AlertTemplates, JobFacts, alert_context
 from slurmgpu.plaintext import EscapingLogFilter, csv_cell, shown
 from slurmgpu.policy.base import Action
+from slurmgpu.report.build import build_report
 from slurmgpu.report.eff import job_efficiency, notes
 from slurmgpu.report.eff_render import render_report
-from slurmgpu.report.report import build_report
-from slurmgpu.report.report_html import render_html
-from slurmgpu.report.report_render import render_table, to_csv
+from slurmgpu.report.html_page import render_html
+from slurmgpu.report.render import render_table, to_csv
 from slurmgpu.store import open_store, schema
 from tests.unit import report_store
 from tests.unit.report_store import SINCE, UNTIL

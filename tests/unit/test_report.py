@@ -16,8 +16,8 @@ from sqlalchemy import Engine, create_engine, insert, text
 
 from slurmgpu.cli.main import main
 from slurmgpu.cli.report import parse_moment
-from slurmgpu.report.report import GroupBy, Report, build_report
-from slurmgpu.report.report_render import render_table, to_csv, to_json
+from slurmgpu.report.build import GroupBy, Report, build_report
+from slurmgpu.report.render import render_table, to_csv, to_json
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.summary_columns import summary_columns
 from tests.unit import report_store

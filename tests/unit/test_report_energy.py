@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console, RenderableType
 from sqlalchemy import Engine, create_engine, text, update
 
-from slurmgpu.report.report import GroupBy, Report, build_report
-from slurmgpu.report.report_html import render_html
-from slurmgpu.report.report_render import render_table, to_csv, to_json
+from slurmgpu.report.build import GroupBy, Report, build_report
+from slurmgpu.report.html_page import render_html
+from slurmgpu.report.render import render_table, to_csv, to_json
 from slurmgpu.store import open_store, schema
 from tests.unit import report_store
 from tests.unit.report_store import SINCE, UNTIL

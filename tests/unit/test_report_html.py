@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from slurmgpu.report.report import build_report
-from slurmgpu.report.report_html import render_html
+from slurmgpu.report.build import build_report
+from slurmgpu.report.html_page import render_html
 from slurmgpu.store import open_store
 from tests.unit import report_store
 from tests.unit.report_store import EXPECTED, SINCE, UNTIL

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, delete, func, insert, select, text, update
 
-from slurmgpu.report.report import GroupBy, Report, ReportThresholds, build_report
-from slurmgpu.report.report_rollup import DAY_S, HOUR_S, split_window
+from slurmgpu.report.build import GroupBy, Report, ReportThresholds, build_report
+from slurmgpu.report.rollup import DAY_S, HOUR_S, split_window
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.usage import UsageStore
 from tests.unit import report_store
@@ -281,20 +281,20 @@ def test_the_table_lists_the_biggest_groups_and_says_how_many_more(
 
     from rich.console import Console
 
-    from slurmgpu.report import report_render
+    from slurmgpu.report import render
 
     start = datetime(2026, 2, 1, tzinfo=UTC)
     _generated(engine, 300, start, 3)
     r = build_report(engine, since=start, until=start + timedelta(days=4), now=start)
     assert len(r.groups) == 12
-    monkeypatch.setattr(report_render, "TABLE_GROUPS", 5)
+    monkeypatch.setattr(render, "TABLE_GROUPS", 5)
     console = Console(file=io.StringIO(), width=200)
-    console.print(report_render.render_table(r))
+    console.print(render.render_table(r))
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert "(the 5 with most GPU-hours)" in out and "and 7 more" in out
     by_user = out.split("Top wasters")[0]
     assert f"│ {r.groups[4].name} " in by_user and f"│ {r.groups[5].name} " not in by_user
-    assert len(list(report_render.to_csv(r).splitlines())) == 1 + 12 + 1  # CSV: all of them
+    assert len(list(render.to_csv(r).splitlines())) == 1 + 12 + 1  # CSV: all of them
 
 
 def _read_only(engine: Engine, tmp_path: Path) -> Engine:

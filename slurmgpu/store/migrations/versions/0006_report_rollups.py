@@ -7,7 +7,7 @@ Also replaces the (cluster, job_id) index of job_summaries with one that covers 
 report's join.
 
 The rollup tables are a cache of what ``sgpu report`` computes from the jobs of one UTC
-day or hour (slurmgpu/report/report_rollup.py). Triggers on ``jobs`` and
+day or hour (slurmgpu/report/rollup.py). Triggers on ``jobs`` and
 ``job_summaries`` mark the day and the hour of every finished job whose report figures
 may have changed in ``report_dirty``; the report rebuilds those before it reads. Buckets
 never built have no ``report_built`` row and are built on first use, so no backfill is

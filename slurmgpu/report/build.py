@@ -2,10 +2,10 @@
 
 Everything is aggregated in SQL (SQLite and PostgreSQL), never in Python loops over job
 rows. The report gathers one row per finished GPU job of the window into a temporary
-table (slurmgpu/report/report_jobs.py: the job row joined with its end-of-job summary,
+table (slurmgpu/report/job_rows.py: the job row joined with its end-of-job summary,
 with per-job GPU-hours and flags computed in the SELECT), then runs each section's
 GROUP BY over that table. The whole UTC days (day-bucketed windows) and whole hours of a
-window are read from rollups instead (slurmgpu/report/report_rollup.py: a few rows per
+window are read from rollups instead (slurmgpu/report/rollup.py: a few rows per
 bucket, rebuilt from the jobs when a trigger marked the bucket changed), and only the
 partial hours at the two ends from the jobs: the figures are the same, a 30-day report
 on a million jobs reads a few thousand rows instead of every job.
@@ -55,9 +55,9 @@ from sqlalchemy import (
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
-from slurmgpu.report import report_rollup as rollup
-from slurmgpu.report.report_energy import EnergySection, energy_section
-from slurmgpu.report.report_jobs import (
+from slurmgpu.report import rollup
+from slurmgpu.report.energy_section import EnergySection, energy_section
+from slurmgpu.report.job_rows import (
     FLAG_COLUMNS,
     FLAGS,
     GROUP_BY,
@@ -73,7 +73,7 @@ from slurmgpu.report.report_jobs import (
     origin_of,
     positive,
 )
-from slurmgpu.report.report_sql import epoch_s, floor_div
+from slurmgpu.report.sql_dialect import epoch_s, floor_div
 from slurmgpu.store import schema
 
 __all__ = [
@@ -250,7 +250,7 @@ class Report:
     action_series: tuple[ActionPoint, ...]
     reclaimed: tuple[Reclaim, ...]
     notes: tuple[str, ...] = field(default=())
-    energy: EnergySection | None = None  # GPU energy per group (report_energy.py)
+    energy: EnergySection | None = None  # GPU energy per group (energy_section.py)
 
 
 # -- the window's aggregates ------------------------------------------------------------

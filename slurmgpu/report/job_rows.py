@@ -2,10 +2,10 @@
 
 :func:`fill_select` reads the jobs that ended in some time ranges, joined with their
 end-of-job summaries, and computes everything the report needs per job (see
-:mod:`slurmgpu.report.report` for the definitions). Its rows go into the temporary
+:mod:`slurmgpu.report.build` for the definitions). Its rows go into the temporary
 :func:`job_table`; :func:`group_select` and :func:`cells_select` aggregate that table, for
-a report's window (slurmgpu/report/report.py) or for the per-day rollups
-(slurmgpu/report/report_rollup.py).
+a report's window (slurmgpu/report/build.py) or for the per-day rollups
+(slurmgpu/report/rollup.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.model import JobState
-from slurmgpu.report.report_sql import epoch_s, floor_div, unindexed
+from slurmgpu.report.sql_dialect import epoch_s, floor_div, unindexed
 from slurmgpu.store import schema
 
 __all__ = [

@@ -19,7 +19,7 @@ finished job of theirs or its summary is written, changed or deleted, and
 :func:`refresh` rebuilds marked buckets, buckets never built and buckets built with
 other settings (the nodes' shard ratio, the flag thresholds:
 ``report_built.fingerprint``) before the report reads them, with the same SQL that reads
-the jobs (:func:`~slurmgpu.report.report_jobs.fill_select`). In steady state only the
+the jobs (:func:`~slurmgpu.report.job_rows.fill_select`). In steady state only the
 last hour or so is rebuilt (jobs ending now, summaries arriving).
 """
 
@@ -49,7 +49,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from slurmgpu.report.report_jobs import (
+from slurmgpu.report.job_rows import (
     GROUP_BY,
     GroupBy,
     ReportThresholds,

@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import Connection, and_, func, or_, select
 
 from slurmgpu.report.energy import J_PER_KWH
-from slurmgpu.report.report_jobs import TERMINAL_STATES, GroupBy
+from slurmgpu.report.job_rows import TERMINAL_STATES, GroupBy
 from slurmgpu.store import schema
 
 __all__ = ["EnergyFigures", "EnergyRow", "EnergySection", "energy_section"]
@@ -60,7 +60,7 @@ def energy_section(
 ) -> EnergySection:
     """The energy of the jobs that ended in ``[since, until)``, grouped by ``by``."""
     j, s = schema.jobs, schema.job_summaries
-    summary_of_run = and_(  # the summary written after this run started (report_jobs)
+    summary_of_run = and_(  # the summary written after this run started (job_rows)
         s.c.cluster == j.c.cluster,
         s.c.job_id == j.c.job_id,
         s.c.created_at >= j.c.start_time,

@@ -16,8 +16,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup, escape
 
 from slurmgpu.plaintext import shown, template_finalize
-from slurmgpu.report.report import Report
-from slurmgpu.report.report_render import duration_text, header_text, wait_bin_label
+from slurmgpu.report.build import Report
+from slurmgpu.report.render import duration_text, header_text, wait_bin_label
 
 __all__ = ["render_html"]
 

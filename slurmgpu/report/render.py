@@ -1,6 +1,6 @@
-"""The efficiency report as terminal tables, CSV and JSON (HTML: report_html.py).
+"""The efficiency report as terminal tables, CSV and JSON (HTML: html_page.py).
 
-Renderers only format what :func:`~slurmgpu.report.report.build_report` computed; they
+Renderers only format what :func:`~slurmgpu.report.build.build_report` computed; they
 never aggregate.
 """
 
@@ -17,8 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmgpu.plaintext import csv_cell, plain
-from slurmgpu.report.report import FLAGS, Figures, JobRow, Report
-from slurmgpu.report.report_energy import EnergyFigures, EnergySection
+from slurmgpu.report.build import FLAGS, Figures, JobRow, Report
+from slurmgpu.report.energy_section import EnergyFigures, EnergySection
 
 JSON_VERSION = 1
 HIST_BAR_WIDTH = 30

@@ -1,0 +1,237 @@
+"""The daemon's wiring: observer, store, usage ingest, policies, metrics, retention, API, lease.
+
+``sgpu daemon`` (cli/daemon.py) only reads its options and turns :class:`DaemonError` into
+an exit status; everything that builds and runs the daemon's parts lives here, so a test or
+another front end can start the same daemon without going through click.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+from slurmgpu.config import Settings
+from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
+from slurmgpu.daemon.lease import DaemonLease, LeaseKeeper
+from slurmgpu.daemon.loop import DaemonLoop
+from slurmgpu.daemon.metrics import DaemonMetrics
+from slurmgpu.daemon.munge_watch import MungeWatch
+from slurmgpu.daemon.observer import CycleResult, Observer
+from slurmgpu.daemon.placement import SnapshotPlacement
+from slurmgpu.daemon.policy_cycle import build_policy_cycle
+from slurmgpu.daemon.summary import Summarizer
+from slurmgpu.slurm.client import SlurmClient
+from slurmgpu.store import JobStore
+from slurmgpu.store.retention import Retention
+from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
+from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
+
+log = logging.getLogger("slurmgpu.daemon")
+
+# What went wrong, for the front end's exit status: a bad option, the store, Slurm, or
+# anything else that stops the daemon from starting or running.
+ErrorKind = Literal["usage", "store", "slurm", "other"]
+
+
+class DaemonError(Exception):
+    """The daemon cannot start or had to stop; one line, with the kind of problem."""
+
+    def __init__(self, message: str, kind: ErrorKind = "other") -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+
+
+def wait_for_lease(lease: DaemonLease) -> bool:
+    """Standby: block until the lease is ours (True) or SIGTERM/SIGINT came (False)."""
+    stop = threading.Event()
+
+    def _stop(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return lease.wait_acquire(stop)
+
+
+class Daemon:
+    """The daemon's parts, wired: one observe → summarise → decide → prune cycle per poll."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        slurm: SlurmClient,
+        lease: DaemonLease,
+        *,
+        poll: timedelta,
+        policies: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.lease = lease
+        self.poll = poll
+        self.usage = usage = UsageStore(store.engine, store.cluster)
+        try:
+            observer = Observer(
+                slurm, store, vanish_after_cycles=settings.daemon.vanish_after_cycles
+            )
+        except Exception as exc:  # the store could not be read back
+            raise DaemonError(
+                f"cannot load state from {settings.daemon.database}: {exc}", "store"
+            ) from None
+        self.observer = observer
+        # Samples are kept only for jobs that ran on the posting node, on that node's GPUs.
+        usage.placement = SnapshotPlacement(lambda: observer.latest, store.engine, store.cluster)
+        summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
+        cycle = build_policy_cycle(settings, store, slurm) if policies else None
+        self.metrics = metrics = DaemonMetrics(
+            store.engine, store.cluster, snapshot=lambda: observer.latest
+        )
+        retention = Retention(
+            store.engine,
+            store.cluster,
+            sample_retention=settings.daemon.sample_retention,
+            rollup_retention=settings.daemon.rollup_retention,
+        )
+        metrics.watch(
+            "sgpu_samples_pruned",
+            "Raw samples deleted by the retention (rolled up per job and hour first).",
+            lambda: float(retention.deleted_total),
+        )
+        metrics.watch(
+            "sgpu_samples_refused",
+            "Agent samples left out: job not on the posting node, unknown job, no such GPU.",
+            lambda: dict(usage.refused),
+            label="reason",
+        )
+        metrics.watch(
+            "sgpu_samples_skewed",
+            f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (stored), by node.",
+            lambda: dict(usage.skewed),
+            label="node",
+        )
+        metrics.watch(
+            "sgpu_agent_spool_dropped_samples",
+            "Samples an agent's spool dropped so far (as the agent last reported), by node.",
+            lambda: dict(usage.spool_dropped),
+            label="node",
+        )
+        if cycle is not None:
+            errors = cycle.errors
+            metrics.watch(
+                "sgpu_policy_errors",
+                "Exceptions a policy raised (on one job, or for a whole cycle), by policy.",
+                lambda: dict(errors),
+                label="policy",
+            )
+
+        def on_cycle(result: CycleResult) -> None:
+            if result.snapshot is None:
+                return
+            ended = set(result.ended)
+            for job in result.snapshot.jobs:
+                if job.job_id in ended:
+                    try:
+                        summarizer.job_ended(job, result.at)
+                    except Exception:  # one job's summary must not cost the others theirs
+                        log.exception("summary of job %d failed; other jobs go on", job.job_id)
+            # No lease (lapsed while the database refused writes, or taken over): no action.
+            if cycle is not None and lease.valid():
+                cycle.run(result.snapshot, result.at)
+            if lease.valid():
+                retention.maybe_run(result.at)
+
+        self.loop = DaemonLoop(
+            observer,
+            interval=poll,
+            max_backoff=settings.daemon.max_backoff,
+            on_cycle=on_cycle,
+            busy=cycle.busy if cycle is not None else None,
+            busy_interval=settings.policy.resize.cycle_interval,
+            metrics=metrics,
+        )
+
+    def run_once(self) -> CycleResult:
+        """One cycle (``sgpu daemon --once``); DaemonError("slurm") if Slurm did not answer."""
+        result = self.loop.run_once()
+        if not result.ok:
+            raise DaemonError(result.error, "slurm")
+        return result
+
+    def serve(self, *, listen: str | None, api: bool, cycles: int | None) -> None:
+        """Serve the agent API (when ``api``) and run cycles until stopped or ``cycles`` ran."""
+        settings = self.settings
+        server = None
+        munge: MungeWatch | None = None
+        if api:
+            server, munge = self._start_api(listen or settings.daemon.listen)
+        keeper = LeaseKeeper(self.lease, on_lost=self.loop.stop_event.set)
+        keeper.start()
+        self.loop.install_signal_handlers()
+        log.info(
+            "daemon started: database %s, poll every %gs, mode %s",
+            settings.daemon.database,
+            self.poll.total_seconds(),
+            settings.daemon.mode,
+        )
+        try:
+            self.loop.run(max_cycles=cycles)
+        finally:
+            keeper.stop()
+            if munge is not None:
+                munge.stop()
+            if server is not None:
+                server.stop()
+        if self.lease.lost:
+            raise DaemonError("stopped: another daemon took over the database lease")
+
+    def _start_api(self, listen: str) -> tuple[ApiServer, MungeWatch]:
+        settings, metrics, observer = self.settings, self.metrics, self.observer
+        try:
+            host, port = parse_listen(listen)
+        except ValueError as exc:
+            raise DaemonError(str(exc), "usage") from None
+        try:
+            secret = load_or_create_site_secret(Path(settings.daemon.secret_file))
+        except (AuthError, OSError) as exc:
+            raise DaemonError(f"site secret: {exc}") from None
+        directory = NodeDirectory(lambda: observer.latest)
+        auth = Authenticator(
+            site_secret=secret,
+            allow_munge=munge_available(),
+            node_addresses=directory.addresses,
+            admin_uids=frozenset(settings.daemon.admin_uids),
+        )
+        # Re-checked every poll interval: a munged that dies or comes back is said once.
+        munge = MungeWatch(
+            up=auth.allow_munge,
+            on_change=lambda up: setattr(auth, "allow_munge", up),
+            interval_s=self.poll.total_seconds(),
+        )
+        metrics.watch(
+            "sgpu_munge_up",
+            "1 while the local munged answers (agents' MUNGE credentials can be checked).",
+            lambda: 1.0 if munge.up else 0.0,
+            kind="gauge",
+        )
+        if not auth.allow_munge:
+            log.warning("MUNGE is not available at start: agents need node tokens until it is")
+        munge.start()
+        service = IngestService(self.usage, auth, directory, metrics=metrics.exposition)
+        metrics.watch_ingest(lambda: (service.accepted, service.rejected))
+        try:
+            server = ApiServer(service, host, port)
+        except OSError as exc:
+            raise DaemonError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        server.export_metrics(metrics.registry)
+        server.start()
+        log.info(
+            "API listening on http://%s:%d (MUNGE auth %s)",
+            host,
+            server.address[1],
+            "on" if auth.allow_munge else "off",
+        )
+        return server, munge

@@ -1,0 +1,186 @@
+"""The import graph of slurmgpu/: no circle anywhere, and policy/ is pure by import.
+
+Built from the source with ``ast`` (nothing is imported): module-level imports only, the
+ones that run when a module is loaded; imports inside ``if TYPE_CHECKING:`` and inside
+functions (deliberately lazy ones) are left out. Importing ``a.b.c`` also runs the
+``__init__`` of ``a`` and ``a.b``, so those count as edges too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import slurmgpu
+
+PACKAGE = Path(slurmgpu.__file__).parent
+
+# policy/ decides; these packages talk to the world. Issue 21, item 2.
+IO_PACKAGES = ("slurm", "store", "daemon", "actuate", "cli", "telemetry", "agent", "notify")
+
+# Known policy → I/O imports not yet removed, each with the reason. Empty is the goal; an
+# entry here is a debt the test names, not a silent pass (it fails if the import is gone).
+POLICY_IO_ALLOWANCES: dict[tuple[str, str], str] = {}
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ("slurmgpu", *path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported_names(name: str, path: Path) -> set[str]:
+    """Dotted names imported when ``name`` is loaded (module level, not TYPE_CHECKING)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                names.add(module)
+                names.update(f"{module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If):
+                if not _is_type_checking(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body)  # a class body runs at import time
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the slurmgpu modules loading it loads first (directly)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for dotted in _imported_names(name, path):
+            target = dotted
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if not target.startswith("slurmgpu"):
+                continue
+            # the packages above the target run their __init__ first; one's own are
+            # already loading, so they are not edges of this module
+            parts = target.split(".")
+            for i in range(2, len(parts) + 1):
+                step = ".".join(parts[:i])
+                if step != name and not name.startswith(step + "."):
+                    edges.add(step)
+        graph[name] = edges
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm (iterative): the components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, todo = work[-1]
+            if todo:
+                nxt = todo.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, sorted(graph.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_graph_sees_known_edges() -> None:
+    """The builder itself works: edges every reader can check by eye are there."""
+    graph = import_graph()
+    assert "slurmgpu.policy.base" in graph["slurmgpu.policy"]
+    assert "slurmgpu.config" in graph["slurmgpu.cli.context"]
+    assert len(graph) > 100
+
+
+def test_cycle_detection_finds_a_planted_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_in_slurmgpu() -> None:
+    circles = strongly_connected(import_graph())
+    assert circles == [], "import circles (module-level imports):\n" + "\n".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
+def test_policy_imports_nothing_that_does_io() -> None:
+    graph = import_graph()
+    found: set[tuple[str, str]] = set()
+    for module, targets in graph.items():
+        if not module.startswith("slurmgpu.policy"):
+            continue
+        for target in targets:
+            if target.split(".")[1] in IO_PACKAGES:
+                found.add((module, target))
+    unexpected = sorted(found - POLICY_IO_ALLOWANCES.keys())
+    assert unexpected == [], f"policy/ imports I/O modules: {unexpected}"
+    stale = sorted(POLICY_IO_ALLOWANCES.keys() - found)
+    assert stale == [], f"allowances no longer needed, remove them: {stale}"
+
+
+def test_units_and_settings_table_are_leaves() -> None:
+    """What every layer reads (durations, time limits, the table reader) depends on nothing."""
+    graph = import_graph()
+    assert graph["slurmgpu.units"] == set()
+    assert graph["slurmgpu.settings_table"] == {"slurmgpu.units"}
