@@ -16,8 +16,10 @@
   ``preemptions`` and ``resizes`` count the transactions a policy (or the Tiresias
   baseline) started, per job in ``*_per_job``.
 - Energy (kWh): the cluster's GPUs over the makespan under the simulated probe's linear
-  power model (``telemetry.gpupower``; the simulated GPUs are V100-32GB-like, as in
-  Pollux's testbed): every GPU draws its idle power the whole makespan, plus
+  power model (``telemetry.gpupower``; an untyped cluster's GPUs draw a T4's power:
+  the Pollux throughput profiles were measured on T4s, AWS g4dn.12xlarge, as Sia's
+  artifact shows; the co-location model keeps its 32 GiB device memory): every GPU
+  draws its idle power the whole makespan, plus
   (busy - idle) power times the used (util-weighted) GPU-time. Idle GPUs count: a
   policy set that finishes sooner also spends less on idle hardware. kWh per job: that
   over the trace's jobs. On a heterogeneous cluster (``--cluster 8xa100:4,8xv100:4``)
@@ -58,7 +60,8 @@ __all__ = [
 # Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval)
 _T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
-SIM_GPU_POWER: GpuPowerModel = GPU_POWER["v100"]  # sim/run.py's DEVICE_MEMORY_MIB: V100-32GB
+# The Pollux profiles' GPU (T4, g4dn.12xlarge); not DEVICE_MEMORY_MIB's V100-32GB-like memory
+SIM_GPU_POWER: GpuPowerModel = GPU_POWER["t4"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
