@@ -147,6 +147,7 @@ class _Agg:
     """Mergeable statistics of one group of history records."""
 
     __slots__ = (
+        "_sorted",
         "cpu_max",
         "cpu_n",
         "cpu_saturated",
@@ -166,6 +167,7 @@ class _Agg:
     )
 
     def __init__(self) -> None:
+        self._sorted: list[float] | None = None  # run_times sorted, once built
         self.run_times: list[float] = []
         self.run_gpus: list[int] = []  # GPUs each sample asked for, parallel to run_times
         self.timeouts = 0
@@ -239,11 +241,18 @@ class _Agg:
         self.gpus_used_n += other.gpus_used_n
         self.gpus_requested = max(self.gpus_requested, other.gpus_requested)
 
+    def sorted_times(self) -> list[float]:
+        """``run_times`` sorted (shared: not to be changed), once the group is complete."""
+        done = self._sorted
+        if done is None:
+            done = self._sorted = sorted(self.run_times)
+        return done
+
     def times_for(self, gpus: int | None, min_samples: int) -> tuple[list[float], int, bool]:
         """Run times for a job of ``gpus`` GPUs (see the module docstring), sorted; how
         many runs had exactly that count; whether other counts were scaled."""
         if gpus is None or gpus <= 0:
-            return sorted(self.run_times), 0, False
+            return self.sorted_times(), 0, False
         run_times, run_gpus = self.run_times, self.run_gpus
         if gpus not in run_gpus:  # a C-level scan: no run asked for this many
             if not run_times or min_samples <= 0:
@@ -255,6 +264,8 @@ class _Agg:
             if same_n >= min_samples or same_n == len(run_times):
                 same.sort()
                 return same, same_n, False
+        if self.gpus_requested <= gpus:  # no run asked for more: none is scaled
+            return self.sorted_times(), same_n, True
         scaled = [t * g / gpus if g > gpus else t for t, g in zip(run_times, run_gpus, strict=True)]
         scaled.sort()
         return scaled, same_n, True
@@ -342,6 +353,8 @@ class Priors:
         # share walks the fallback chain once.
         self._resolved: dict[tuple[str, str, str, str | None, int | None], Estimate | None]
         self._resolved = {}
+        # (user, name, partition) -> the finest key with enough samples (``answer``)
+        self._answers: dict[tuple[str, str, str], _Key | None] = {}
 
     @classmethod
     def from_history(
@@ -423,7 +436,8 @@ class Priors:
         # computed here already. ``old`` is left with empty caches: still correct, it
         # computes again what it is asked.
         aggs, estimates, resolved = old._aggs, old._estimates, old._resolved
-        old._aggs, old._estimates, old._resolved = {}, {}, {}
+        answers = old._answers
+        old._aggs, old._estimates, old._resolved, old._answers = {}, {}, {}, {}
         if changed:
             for key in [k for k in aggs if k[1] in changed]:
                 del aggs[key]
@@ -431,10 +445,14 @@ class Priors:
                 del estimates[memo]
             for job_key in [k for k in resolved if k[0] in changed]:
                 del resolved[job_key]
+            for name_key in [k for k in answers if k[0] in changed]:
+                del answers[name_key]
         aggs.update(self._aggs)
         estimates.update(self._estimates)
         resolved.update(self._resolved)
+        answers.update(self._answers)
         self._aggs, self._estimates, self._resolved = aggs, estimates, resolved
+        self._answers = answers
         return frozenset(changed)
 
     def key_estimates(self) -> Iterable[tuple[tuple[str, str, str], Estimate]]:
@@ -492,6 +510,52 @@ class Priors:
             )
         self._estimates[memo] = est
         return est
+
+    def answer(self, user: str, name: str, partition: str) -> _Key | None:
+        """Return the finest key (script levels aside) that answers for jobs of ``user``,
+        ``name`` and ``partition``, or None: the key :meth:`estimate` answers from for such
+        a job without a script hash, whatever its GPU count (a key answers when it has
+        ``min_samples`` samples; the GPU count changes only the run times it gives).
+
+        With :meth:`key_estimate` and :meth:`run_time`, what :meth:`estimate` gives, in
+        parts: a queue holds many GPU counts of each key, and only the run time differs
+        between them, so a caller that needs no ``Estimate`` per GPU count builds none.
+        """
+        memo = (user, name, partition)
+        answers = self._answers
+        if memo in answers:
+            return answers[memo]
+        min_samples = self.min_samples
+        one_partition = bool(partition) and "," not in partition
+        found: _Key | None = None
+        keys: tuple[_Key, ...] = (
+            ((2, user, name, partition), (3, user, name), (4, user, partition), (5, user))
+            if one_partition
+            else ((3, user, name), (5, user))
+        )
+        for key in keys:
+            agg = self._aggs.get(key) or self._agg(key)
+            if agg is not None and len(agg.run_times) >= min_samples:
+                found = key
+                break
+        answers[memo] = found
+        return found
+
+    def key_estimate(self, key: _Key) -> Estimate | None:
+        """Return the estimate at ``key`` over every GPU count (as :meth:`prepare` computes
+        it), or None when the key has too few samples. Its figures other than the run
+        times are those of the key's estimate for any GPU count."""
+        return self._at(key)
+
+    def run_time(self, key: _Key, gpus: int | None) -> tuple[float, int, int, bool]:
+        """Return the run-time part of the estimate at ``key`` (which must answer) for a
+        job of ``gpus`` GPUs (None: any): ``run_time`` in seconds (as the ``Estimate``'s
+        timedelta holds it), ``samples``, ``gpu_samples`` and ``gpu_scaled``."""
+        agg = self._aggs.get(key) or self._agg(key)
+        assert agg is not None  # the caller's key answers
+        times, same_n, scaled = agg.times_for(gpus, self.min_samples)
+        q = timedelta(seconds=quantile_nearest_rank(times, self.quantile)).total_seconds()
+        return q, len(times), same_n, scaled
 
     def estimate(self, job: Job, *, script_hash: str | None = None) -> Estimate | None:
         """Return the estimate for ``job``'s GPU count from the finest key with enough

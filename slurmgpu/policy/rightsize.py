@@ -147,21 +147,25 @@ class _Seconds(NamedTuple):
     round_s: float
 
 
-class _Derived:
-    """What one estimate implies under the settings, computed once per estimate.
+class _KeyDerived:
+    """What one history key's figures other than run times imply under the settings,
+    computed once per key (every GPU count of the key shares them)."""
 
-    The numbers and reason text are made on first use: only estimates that lead to an
-    action need them, and the first cycle after a history reload derives one per key."""
+    __slots__ = (
+        "cpus_needed",
+        "est",
+        "gpus_used",
+        "history_key",
+        "memory_mib",
+        "own_level",
+        "user",
+    )
 
-    __slots__ = ("_numbers", "cpus_needed", "est", "gpus_used", "memory_mib", "time_s")
-
-    def __init__(self, est: Estimate, s: RightsizeSettings, c: _Seconds) -> None:
+    def __init__(self, est: Estimate, s: RightsizeSettings) -> None:
         self.est = est
-        self._numbers: Numbers | None = None
-        self.time_s: int | None = None
-        if s.time_limit and (s.time_from_other_jobs or est.level in _OWN_LEVELS):
-            history_s = est.run_time.total_seconds() * s.time_headroom
-            self.time_s = int(_round_up(max(history_s, c.min_time_s), c.round_s))
+        self.user = est.key[0]
+        self.history_key = "/".join(est.key)
+        self.own_level = s.time_from_other_jobs or est.level in _OWN_LEVELS
         # Never total / nodes for memory: an uneven job would starve its busiest node.
         # Runs without a per-node figure count with their total, which only errs high.
         peak = est.peak_node_memory_mib
@@ -176,28 +180,66 @@ class _Derived:
         if s.gpus and est.gpus_used is not None and est.gpus_used_samples >= s.min_history:
             self.gpus_used = max(1, est.gpus_used)
 
+
+class _Derived:
+    """What one key's estimate for one GPU count implies: the key's figures
+    (:class:`_KeyDerived`, shared) and the run-time part, which alone depends on the GPU
+    count. The same figures as the ``Estimate`` that ``Priors.estimate`` gives for such a
+    job, without building one per GPU count (a first cycle meets tens of thousands).
+
+    The numbers and reason text are made on first use: only estimates that lead to an
+    action need them."""
+
+    __slots__ = (
+        "_numbers",
+        "gpu_samples",
+        "gpu_scaled",
+        "gpus",
+        "k",
+        "run_time_s",
+        "samples",
+        "time_s",
+    )
+
+    def __init__(
+        self,
+        k: _KeyDerived,
+        run: tuple[float, int, int, bool],
+        gpus: int | None,
+        s: RightsizeSettings,
+        c: _Seconds,
+    ) -> None:
+        self.k = k
+        self.run_time_s, self.samples, self.gpu_samples, self.gpu_scaled = run
+        self.gpus = gpus if gpus is not None and gpus > 0 else None
+        self._numbers: Numbers | None = None
+        self.time_s: int | None = None
+        if s.time_limit and k.own_level:
+            history_s = self.run_time_s * s.time_headroom
+            self.time_s = int(_round_up(max(history_s, c.min_time_s), c.round_s))
+
     @property
     def history_numbers(self) -> Numbers:
         """The history figures every action from this estimate records."""
         numbers = self._numbers
         if numbers is None:
-            est = self.est
+            est = self.k.est
             numbers = self._numbers = {
-                "history_samples": est.samples,
+                "history_samples": self.samples,
                 "history_level": est.level,
-                "history_key": "/".join(est.key),
+                "history_key": self.k.history_key,
                 "time_quantile": est.quantile,
                 # the run time is for this many GPUs: from runs with as many, or scaled
-                "history_gpus": est.gpus,
-                "history_gpu_samples": est.gpu_samples,
-                "history_gpu_scaled": int(est.gpu_scaled),
+                "history_gpus": self.gpus,
+                "history_gpu_samples": self.gpu_samples,
+                "history_gpu_scaled": int(self.gpu_scaled),
             }
         return numbers
 
     @property
     def reason(self) -> str:
         """The start of every reason an action from this estimate gives."""
-        return f"{self.est.samples} past runs ({self.est.level}) suggest "
+        return f"{self.samples} past runs ({self.k.est.level}) suggest "
 
 
 class RightsizePolicy:
@@ -224,12 +266,14 @@ class RightsizePolicy:
             )
         )
         self._cached: tuple[Sequence[HistoryRecord], Priors] | None = None
-        # Keyed by id(): the estimates live as long as the cached priors.
-        self._derived: dict[int, _Derived] = {}
-        # (user, name, partition, GPUs) -> estimate and what it implies ((None, None):
-        # none), as long as the cached priors: most pending jobs are still pending next
-        # cycle, so a key costs one look-up after its first cycle.
-        self._keyed: dict[_JobKey, tuple[Estimate | None, _Derived | None]] = {}
+        # Per history key (Priors.answer), and per key and GPU count: what the key's
+        # estimate implies, as long as the cached priors.
+        self._derived: dict[tuple[int | str, ...], _KeyDerived] = {}
+        self._timed: dict[tuple[tuple[int | str, ...], int | None], _Derived] = {}
+        # (user, name, partition, GPUs) -> what its estimate implies (None: no estimate),
+        # as long as the cached priors: most pending jobs are still pending next cycle,
+        # so a key costs one look-up after its first cycle.
+        self._keyed: dict[_JobKey, _Derived | None] = {}
         # job id -> (what its verdict depends on besides the priors, that verdict), from
         # the last cycle; as long as the cached priors and the snapshots' GRES prefix.
         self._memo: dict[int, _Verdict] = {}
@@ -252,12 +296,12 @@ class RightsizePolicy:
             changed = None if cached is None else priors.carry_over(cached[1])
             self._cached = (history, priors)
             if changed is None:
-                self._derived, self._keyed, self._memo = {}, {}, {}
+                self._derived, self._timed, self._keyed, self._memo = {}, {}, {}, {}
             elif changed:
-                # Estimates are per user (Estimate.key[0]); a verdict is its job's user's.
-                self._derived = {
-                    i: d for i, d in self._derived.items() if d.est.key[0] not in changed
-                }
+                # Estimates are per user (key[1], past the level tag); a verdict is its
+                # job's user's.
+                self._derived = {k: d for k, d in self._derived.items() if k[1] not in changed}
+                self._timed = {k: d for k, d in self._timed.items() if k[0][1] not in changed}
                 self._keyed = {k: v for k, v in self._keyed.items() if k[0] not in changed}
                 self._memo = {j: v for j, v in self._memo.items() if v.job.user not in changed}
             return priors
@@ -365,17 +409,17 @@ class RightsizePolicy:
                     actions.append(last.action)
                 continue
             job_key = (job.user, job.name, job.partition, job.gpus.gpus)
-            known = keyed.get(job_key)
-            if known is None:
-                known = keyed[job_key] = self._resolve(job, priors)
-            est, d = known
+            if job_key in keyed:
+                d = keyed[job_key]
+            else:
+                d = keyed[job_key] = self._resolve(job, priors)
             action: Action | None = None
             history_s: int | None = None
-            if est is not None and d is not None:
+            if d is not None:
                 time_s = history_s = d.time_s
                 if time_s is not None and floor is not None:
                     time_s = max(time_s, floor)
-                action = self._propose_one(job, est, d, time_s, sibling, prefix, is_opted)
+                action = self._propose_one(job, d, time_s, sibling, prefix, is_opted)
                 if action is not None:
                     actions.append(action)
             binds = floor is not None and history_s is not None and floor > history_s
@@ -386,20 +430,30 @@ class RightsizePolicy:
         self._memo = seen  # jobs no longer pending drop out
         return actions
 
-    def _resolve(self, job: Job, priors: Priors) -> tuple[Estimate | None, _Derived | None]:
-        """Return the job's estimate and what it implies, or (None, None)."""
-        est = priors.estimate(job)
-        if est is None:
-            return None, None
-        d = self._derived.get(id(est))
-        if d is None:
-            d = self._derived[id(est)] = _Derived(est, self.settings, self._seconds)
-        return est, d
+    def _resolve(self, job: Job, priors: Priors) -> _Derived | None:
+        """Return what the job's estimate (``priors.estimate(job)``) implies, or None.
+
+        Built from its parts (``Priors.answer``, ``key_estimate``, ``run_time``): the
+        key's figures once per key, the run time once per key and GPU count."""
+        key = priors.answer(job.user, job.name, job.partition)
+        if key is None:
+            return None
+        gpus = (job.gpus.gpus or None) if priors.by_gpus else None
+        timed = self._timed.get((key, gpus))
+        if timed is None:
+            k = self._derived.get(key)
+            if k is None:
+                est = priors.key_estimate(key)
+                assert est is not None  # an answering key has an estimate
+                k = self._derived[key] = _KeyDerived(est, self.settings)
+            timed = self._timed[key, gpus] = _Derived(
+                k, priors.run_time(key, gpus), gpus, self.settings, self._seconds
+            )
+        return timed
 
     def _propose_one(
         self,
         job: Job,
-        est: Estimate,
         d: _Derived,
         time_s: int | None,
         sibling_s: float | None,
@@ -407,6 +461,8 @@ class RightsizePolicy:
         is_opted: bool,
     ) -> Action | None:
         s = self.settings
+        k = d.k  # the key's figures (run times aside: those are d's)
+        est = k.est
         keep = self._keep  # a change must leave at most this share of the request
         nodes = job.node_count if job.node_count > 1 else 1
 
@@ -424,15 +480,15 @@ class RightsizePolicy:
                     new_time = time_s
         new_memory: int | None = None
         current_memory = 0
-        if d.memory_mib is not None and job.memory_mib:
+        if k.memory_mib is not None and job.memory_mib:
             current_memory = -(-job.memory_mib // nodes)
-            if d.memory_mib < current_memory and d.memory_mib <= keep * current_memory + 1e-6:
-                new_memory = d.memory_mib
+            if k.memory_mib < current_memory and k.memory_mib <= keep * current_memory + 1e-6:
+                new_memory = k.memory_mib
         request = job.gpus
         gpus_after = request.gpus
         new_gpus: int | None = None  # per node, or per job for --gpus
         gpu_field = ""
-        used = d.gpus_used
+        used = k.gpus_used
         if (
             used is not None
             and gpus_after > 0
@@ -451,9 +507,9 @@ class RightsizePolicy:
                 new_gpus, gpu_field, gpus_after = used, "TresPerJob", used
         new_cpus: int | None = None
         cpus = job.cpus
-        if d.cpus_needed is not None and gpus_after > 0 and cpus > 0:
+        if k.cpus_needed is not None and gpus_after > 0 and cpus > 0:
             proposed_cpus = max(
-                d.cpus_needed, s.target_cores_per_gpu * gpus_after, job.tasks, nodes
+                k.cpus_needed, s.target_cores_per_gpu * gpus_after, job.tasks, nodes
             )
             if proposed_cpus < cpus and proposed_cpus <= keep * cpus + 1e-6:
                 new_cpus = proposed_cpus
@@ -471,7 +527,7 @@ class RightsizePolicy:
             # the names the notification template reads
             numbers["time_limit_s"] = numbers["time_limit_current_s"]
             numbers["proposed_time_limit_s"] = new_time
-            numbers["run_time_quantile_s"] = est.run_time.total_seconds()
+            numbers["run_time_quantile_s"] = d.run_time_s
             numbers["sibling_elapsed_s"] = sibling_s
             was = "UNLIMITED" if limit is None else _limit_text(limit.total_seconds())
             changes.append(f"TimeLimit {text} (was {was})")

@@ -228,3 +228,58 @@ def test_priors_with_other_settings_take_nothing_over() -> None:
     assert new.carry_over(old) is None
     est = new.estimate(pending_job())
     assert est is not None and est.quantile == 0.95
+
+
+def test_answer_key_estimate_and_run_time_are_estimate_in_parts() -> None:
+    """What rightsizing builds from the parts equals the Estimate for every job shape."""
+    import random
+
+    rng = random.Random(7)
+    history = [
+        record(
+            user=rng.choice(["ann", "bob"]),
+            name=rng.choice(["a", "b", "c"]),
+            partition=rng.choice(["gpu", "a100"]),
+            run_time=timedelta(seconds=rng.randrange(60, 90_000)),
+            state=rng.choice(["COMPLETED", "COMPLETED", "TIMEOUT", "FAILED"]),
+            gpus_requested=rng.choice([1, 2, 3, 4, 8]),
+        )
+        for _ in range(60)
+    ]
+    priors = Priors.from_history(history)
+    answered = 0
+    for user in ("ann", "bob", "eve"):
+        for name in ("a", "b", "c", "d"):
+            for partition in ("gpu", "a100", "gpu,a100", ""):
+                for gpus in (0, 1, 2, 3, 4, 8, 16):
+                    job = pending_job(user=user, name=name, partition=partition, gpus_per_node=gpus)
+                    est = priors.estimate(job)
+                    key = priors.answer(user, name, partition)
+                    if est is None:
+                        assert key is None
+                        continue
+                    answered += 1
+                    assert key is not None
+                    whole = priors.key_estimate(key)
+                    assert whole is not None
+                    assert (whole.level, whole.key) == (est.level, est.key)
+                    assert (
+                        msgspec.structs.replace(
+                            whole,
+                            samples=est.samples,
+                            run_time=est.run_time,
+                            max_run_time=est.max_run_time,
+                            gpus=est.gpus,
+                            gpu_samples=est.gpu_samples,
+                            gpu_scaled=est.gpu_scaled,
+                        )
+                        == est
+                    )
+                    run_s, samples, gpu_samples, scaled = priors.run_time(key, gpus or None)
+                    assert run_s == est.run_time.total_seconds()
+                    assert (samples, gpu_samples, scaled) == (
+                        est.samples,
+                        est.gpu_samples,
+                        est.gpu_scaled,
+                    )
+    assert answered > 100
