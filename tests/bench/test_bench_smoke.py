@@ -35,6 +35,7 @@ NEEDS: dict[str, Path | None] = {
     "policy": None,
     "report": None,
     "sim_pollux": DATA / "pollux" / "profiles",
+    "sim_hetero": DATA / "pollux" / "profiles",
     "speedup_fit": DATA / "pollux" / "profiles",
     "decode_records": None,
     "energy_query": None,
