@@ -26,7 +26,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "cluster down": ("sgpu cluster down", "sgpu cluster down --keep-jobs"),
     "cluster env": ('eval "$(sgpu cluster env)"',),
     "cluster status": ("sgpu cluster status", "sgpu cluster status --json"),
-    "cluster up": ("sgpu cluster up", "sgpu cluster up --nodes 2 --port 7300"),
+    "cluster up": (
+        "sgpu cluster up",
+        "sgpu cluster up --nodes 2 --port 7300",
+        "sgpu cluster up --slurm-root /srv/slurmgpu-chroot-sid --accounting",
+    ),
     "daemon": (
         "sgpu daemon",
         "sgpu daemon --once --no-policies",
@@ -36,6 +40,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "db current": ("sgpu db current",),
     "db upgrade": ("sgpu db upgrade", "sgpu --db postgresql+psycopg://sgpu@db/sgpu db upgrade"),
     "eff": ("sgpu eff 1234", "sgpu eff 120_3 --json"),
+    "launch": (
+        "exec sgpu launch -- torchrun --standalone --nproc-per-node=$SGPU_GPUS train.py",
+        "exec sgpu launch -- srun python train.py",
+    ),
     "fakeload": (
         "sgpu fakeload --util 30 --mem 4G --duration 10m",
         "sgpu fakeload --pattern idle-after:60s --duration 1h",

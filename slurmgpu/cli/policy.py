@@ -55,6 +55,8 @@ def _table(obj: Any) -> dict[str, Any]:
             out[key] = _table(v)
         elif f.name == "alert_intervals":  # (alert, window) pairs: a table in the file
             out[key] = {alert: _duration(window) for alert, window in v}
+        elif f.name == "type_speed":  # (pattern, ((type, speed), ...)) pairs: nested tables
+            out[key] = {pattern: dict(speeds) for pattern, speeds in v}
         elif v is None:
             if key in _NONE:
                 out[key] = _NONE[key]
