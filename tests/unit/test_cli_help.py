@@ -42,7 +42,9 @@ def test_every_command_help_ends_with_examples_of_that_command(path: list[str]) 
     assert result.exit_code == 0, result.output
     assert "Examples:" in result.output
     examples = result.output.split("Examples:", 1)[1].splitlines()
-    runs = [line.strip() for line in examples if line.strip().startswith(("sgpu", "eval", "exec sgpu"))]
+    runs = [
+        line.strip() for line in examples if line.strip().startswith(("sgpu", "eval", "exec sgpu"))
+    ]
     assert runs, result.output
     if path:  # each example runs this very command (sgpu's own shows several)
         assert all(" ".join(path) in run for run in runs), runs
