@@ -6,7 +6,9 @@ indices its node does not have, and so make a busy job look idle (or an idle one
 to the idle-GPU and rightsizing policies. The ingest keeps a sample only when its job
 ran on the posting node (the daemon's latest snapshot, else the job's stored node list,
 so samples spooled while the daemon was away still count) and its GPU index is one of
-the node's GPUs.
+the node's GPUs. A job not known to have run anywhere (pending in the last snapshot,
+or started since the daemon's last good cycle, during a Slurm or store outage) is no
+proof of anything: its samples are kept, and only a job placed elsewhere is refused.
 """
 
 from __future__ import annotations
@@ -49,12 +51,17 @@ class SnapshotPlacement:
         return None if match is None else match.gpus
 
     def job_nodes(self, job_id: int) -> frozenset[str] | None:
-        """Nodes ``job_id`` ran on (None: a job the daemon never saw)."""
+        """Nodes ``job_id`` ran on (None: not known, a job never seen or not placed yet).
+
+        A job the snapshot lists without nodes was pending when it was taken: it may
+        have started since (the snapshot is stale while Slurm or the store is away), so
+        that says nothing; nor does a stored row without nodes, which is not cached.
+        """
         snap = self.snapshot()
         if snap is not None:
             job = snap.jobs_by_id().get(job_id)
-            if job is not None and job.nodes:
-                return frozenset(job.nodes)
+            if job is not None:
+                return frozenset(job.nodes) if job.nodes else None
         with self._lock:
             if job_id in self._stored:
                 return self._stored[job_id]
@@ -76,4 +83,4 @@ class SnapshotPlacement:
         except SQLAlchemyError:
             return None  # the store's trouble is reported by the ingest itself
         names = {n for (value,) in rows for n in (value or "").split(",") if n}
-        return frozenset(names) if rows else None
+        return frozenset(names) if names else None

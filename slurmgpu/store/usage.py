@@ -135,9 +135,11 @@ class UsageStore:
         # Set by the daemon: samples are then checked against where jobs ran.
         self.placement = placement
         self.clock = clock
-        # Samples left out, by reason ("job not on node", "unknown job", "no such GPU");
-        # samples from a node whose clock is off by more than SKEW_LIMIT_S, by node.
+        # Samples left out, by reason ("job not on node", "no such GPU"); samples from a
+        # node whose clock is off by more than SKEW_LIMIT_S, by node; jobs of kept
+        # samples the daemon did not know yet (stored unchecked), by node.
         self.refused: Counter[str] = Counter()
+        self.unverified: Counter[str] = Counter()
         self.skewed: Counter[str] = Counter()
         self.spool_dropped: Counter[str] = Counter()
         self._told: set[tuple[str, str]] = set()
@@ -157,14 +159,29 @@ class UsageStore:
         if placement is None:
             return gpu, host
         verdict: dict[int, str] = {}
+        unverified: list[int] = []
         for job_id in {s.job_id for s in gpu if s.job_id is not None} | {
             h.job_id for h in host if h.job_id is not None
         }:
             nodes = placement.job_nodes(job_id)
             if nodes is None:
-                verdict[job_id] = "unknown job"
+                # Not known (yet): a job that started since the daemon's last good cycle,
+                # while Slurm or the store was away, or the store could not be read. The
+                # agent's samples are kept: refusing them would lose them for good (the
+                # batch is acknowledged). Only a job positively elsewhere is refused.
+                unverified.append(job_id)
             elif node not in nodes:
                 verdict[job_id] = "job not on node"
+        if unverified:
+            with self._lock:
+                self.unverified[node] += len(unverified)
+            self._tell_once(
+                node,
+                "unverified",
+                "node %s: sample(s) for job(s) %s the daemon has not seen (yet) kept unchecked",
+                node,
+                sorted(unverified)[:5],
+            )
         gpus = placement.node_gpus(node)
         refused: Counter[str] = Counter()
 
@@ -248,8 +265,9 @@ class UsageStore:
         second the per-row parameter processing of a Core insert is the bottleneck.
         The ON CONFLICT clause makes a resent sample a no-op (idempotent ingest); ids are
         unique per node (:func:`node_scoped_uid`). With a ``placement``, samples whose job
-        did not run on the node or whose GPU the node lacks are left out and counted
-        (``refused``); samples stamped far from the daemon's clock are stored and counted
+        ran on other nodes or whose GPU the node lacks are left out and counted
+        (``refused``); those of a job the daemon does not know (yet) are kept
+        (``unverified``); samples stamped far from the daemon's clock are stored and counted
         (``skewed``).
         """
         sqlite = self.engine.dialect.name == "sqlite"

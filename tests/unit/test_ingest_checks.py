@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -91,11 +92,32 @@ def test_a_gpu_the_node_does_not_have_is_refused(tmp_path: Path) -> None:
     assert w.gpu("gpu1", "gpu1:r:1:3:-", None, index=3) == 1
 
 
-def test_a_job_the_daemon_never_saw_is_refused(tmp_path: Path) -> None:
+def test_a_job_the_daemon_has_not_seen_yet_is_kept(tmp_path: Path) -> None:
+    # It started since the daemon's last good cycle (Slurm or the store away): the
+    # batch is acknowledged, so refusing its samples would lose them for good.
     w = World(tmp_path)
     w.observe([_job(5, "gpu1")])
-    assert w.gpu("gpu1", "gpu1:r:1:0:999", 999) == 0
-    assert w.usage.refused["unknown job"] == 1
+    assert w.gpu("gpu1", "gpu1:r:1:0:999", 999) == 1
+    assert not w.usage.refused
+    assert w.usage.unverified["gpu1"] == 1
+    w.snapshot = None  # the daemon has no snapshot at all
+    assert w.gpu("gpu1", "gpu1:r:2:0:998", 998) == 1
+    assert w.gpu("gpu2", "gpu2:r:1:0:5", 5) == 0  # a job positively elsewhere still is not
+
+
+def test_a_job_pending_in_a_stale_snapshot_is_not_refused(tmp_path: Path) -> None:
+    # The snapshot (and the store) still show the job pending, without nodes: Slurm or
+    # the store is away and the job has started since. Its samples are kept.
+    w = World(tmp_path)
+    pending = replace(_job(7, "gpu1", JobState.PENDING), nodes=(), gpu_allocations=())
+    w.observe([pending])
+    assert w.gpu("gpu1", "gpu1:r:1:0:7", 7) == 1
+    w.snapshot = ClusterSnapshot(taken_at=T0, jobs=(), nodes=NODES)  # left the listing
+    assert w.gpu("gpu1", "gpu1:r:2:0:7", 7) == 1
+    assert not w.usage.refused
+    w.observe([_job(7, "gpu1")])  # once placed, another node is refused again
+    assert w.gpu("gpu2", "gpu2:r:1:0:7", 7) == 0
+    assert w.gpu("gpu1", "gpu1:r:3:0:7", 7) == 1
 
 
 def test_samples_of_a_job_that_has_left_the_listing_still_count(tmp_path: Path) -> None:
