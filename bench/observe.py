@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "slurm-22.05"
 T_NOW = 1796217365

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import PolicySetUnavailable

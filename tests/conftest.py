@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NoReturn
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from slurmgpu.labcluster import LabCluster, LabClusterError, ensure_packages
+from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

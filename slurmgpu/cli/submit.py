@@ -42,6 +42,7 @@ from slurmgpu.cli.launchwrap import check_script, wrap_command
 from slurmgpu.policy.colocate import GPU_MEM_MARK, SHAREABLE_MARK
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 from slurmgpu.store import StoreError, open_store
+from slurmgpu.units import parse_size_mib
 
 RIGHTSIZE_OPT_IN = "sgpu:rightsize"
 SGPU_FLAGS = frozenset({"--rightsize", "--shareable", "--pool"})
@@ -54,8 +55,6 @@ def take_gpu_mem(args: tuple[str, ...]) -> tuple[int | None, tuple[str, ...]]:
 
     Raises ValueError for a missing or malformed size.
     """
-    from slurmgpu.telemetry.fakeload import parse_size_mib
-
     mib: int | None = None
     rest: list[str] = []
     i = 0

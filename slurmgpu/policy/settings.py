@@ -409,7 +409,7 @@ class ColocateSettings:
             value = t.raw.pop(key)
             if isinstance(value, str) and value.strip().lower() == "auto":
                 return None
-            from slurmgpu.telemetry.fakeload import parse_size_mib
+            from slurmgpu.units import parse_size_mib
 
             try:
                 if isinstance(value, bool) or not isinstance(value, str | int):

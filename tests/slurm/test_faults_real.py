@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store, schema

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.slurm.cli import CliSlurmClient

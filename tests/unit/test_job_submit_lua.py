@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from slurmgpu.daemon.recommend import Recommendation, RecommendationExport
-from slurmgpu.labcluster.render import install_job_submit
+from slurmgpu.lab.cluster.render import install_job_submit
 
 PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "job_submit.lua"
 NO_VAL = 4294967294
