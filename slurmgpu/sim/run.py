@@ -735,9 +735,7 @@ def simulate(
     """Run ``trace`` on a ``shape`` cluster under ``policy_set``; deterministic.
 
     ``engine`` replaces the set's engine (tests drive a test-only policy through the
-    real engine this way). Raises
-    :class:`~slurmgpu.sim.policysets.PolicySetUnavailable` when the set's policies are
-    not installed, ``KeyError`` for an unknown set.
+    real engine this way). Raises ``KeyError`` for an unknown set.
     """
     return _Runner(trace, shape, policy_set, options or SimOptions(), progress, engine).run()
 
