@@ -16,7 +16,7 @@ from typing import Literal
 
 from slurmgpu.config import Settings
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
-from slurmgpu.daemon.lease import DaemonLease, LeaseKeeper
+from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
 from slurmgpu.daemon.munge_watch import MungeWatch
@@ -235,3 +235,40 @@ class Daemon:
             "on" if auth.allow_munge else "off",
         )
         return server, munge
+
+
+def run_daemon(
+    settings: Settings,
+    store: JobStore,
+    slurm: SlurmClient,
+    *,
+    poll: timedelta,
+    policies: bool = True,
+    standby: bool = False,
+    once: bool = False,
+    listen: str | None = None,
+    api: bool = True,
+    cycles: int | None = None,
+) -> CycleResult | None:
+    """Hold the database lease, build the daemon and run it: one cycle (``once``, its
+    result returned) or until stopped. ``standby`` waits for the lease instead of failing
+    when another daemon holds it (None: stopped while waiting). The lease comes before
+    any state is read or recovered, so a second daemon never marks the first one's
+    in-flight decisions as interrupted; it is released however the run ends."""
+    lease = DaemonLease(store.engine, ttl=settings.daemon.lease_ttl)
+    if standby:
+        if not wait_for_lease(lease):
+            return None
+    else:
+        try:
+            lease.acquire()
+        except LeaseError as exc:
+            raise DaemonError(str(exc)) from None
+    try:
+        running = Daemon(settings, store, slurm, lease, poll=poll, policies=policies)
+        if once:
+            return running.run_once()
+        running.serve(listen=listen, api=api, cycles=cycles)
+        return None
+    finally:
+        lease.release()
