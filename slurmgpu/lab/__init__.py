@@ -7,5 +7,5 @@
 - :mod:`slurmgpu.lab.benchrun`: the JSON record every script in ``bench/`` writes.
 
 Nothing outside ``slurmgpu.lab`` and the commands that front it (``cli/cluster.py``,
-``cli/fakeload.py``) imports from here (tests/unit/test_import_graph.py checks it).
+``cli/fakeload.py``) imports from here (tests/unit/test_lab_boundary.py checks it).
 """
