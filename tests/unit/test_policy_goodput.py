@@ -103,3 +103,20 @@ def test_a_batch_adaptive_pollux_job_is_the_fixed_one_at_its_batch_and_never_slo
     # on one GPU a large batch only accumulates gradients: the runtime picks a smaller one
     img = ProfiledJob(APPLICATIONS["imagenet"], profiles["imagenet"], 3200).adaptive()
     assert img.best(packed(1, 4)).batch < img.best(packed(16, 4)).batch
+
+
+@needs_data
+def test_only_the_sets_with_the_goodput_allocator_retune_batches() -> None:
+    from slurmgpu.sim.loaders import load_trace
+    from slurmgpu.sim.policysets import BATCH_ADAPTIVE
+    from slurmgpu.sim.run import ClusterShape, simulate
+
+    profiles = load_profiles(DATA / "profiles")
+    trace = load_trace(DATA / "workloads" / "workload-1.csv", profiles, seed=1)[:20]
+    for name in ("slurm", "tiresias", "las", "malleable", "all"):
+        run = simulate(trace, ClusterShape(16, 4), name)
+        limits = {
+            j.model.batch_limits is not None for j in run.jobs if isinstance(j.model, ProfiledJob)
+        }
+        assert limits == {name in BATCH_ADAPTIVE}, name
+    assert all(j.model.batch_limits is None for j in trace if isinstance(j.model, ProfiledJob))
