@@ -57,6 +57,8 @@ def efficiency(batch: float, init_batch: float, noise_scale: float) -> float:
     if init_batch <= 0 or batch <= 0:
         raise ValueError("batch sizes must be positive")
     phi = max(0.0, noise_scale)
+    if math.isinf(phi):  # pure noise: every sample counts fully
+        return 1.0
     b = max(batch, init_batch)
     return (phi + init_batch) / (phi + b)
 
