@@ -37,7 +37,9 @@ Rules (defaults in :class:`~slurmgpu.policy.settings.RightsizeSettings`):
 A field is proposed only when it shrinks the request by at least
 ``min_change_fraction`` (20 %); no field ever grows. Whether the action runs is the
 engine's call: ``requires_opt_in`` is set unless ``apply_to_all``, and the engine then
-suppresses it for jobs not in ``PolicySnapshot.opted_in``. The figures come from
+suppresses it for jobs not in ``PolicySnapshot.opted_in``. A job whose comment carries
+``sgpu:norightsize`` (:mod:`slurmgpu.tokens`) gets no proposal at all, even under
+``apply_to_all``: plugins/job_submit.lua leaves it alone too. The figures come from
 :mod:`slurmgpu.policy.sizing`, as the export's and ``sgpu eff``'s do. ``numbers`` carry,
 for each field, the current and proposed value, plus the history count, key level and
 quantile.
@@ -58,6 +60,7 @@ from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_jo
 from slurmgpu.policy.priors import LEVELS, Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.policy.sizing import key_sizes, time_limit_s
+from slurmgpu.tokens import NORIGHTSIZE, rightsize_opted_out
 from slurmgpu.units import format_time_limit
 
 __all__ = ["PriorsFactory", "RightsizePolicy", "gres_prefix"]
@@ -300,7 +303,14 @@ class RightsizePolicy:
         """Return one ``update`` action per pending job whose requests history can shrink."""
         s = self.settings
         jobs = snapshot.cluster.jobs
-        pending = [j for j in jobs if j.state is JobState.PENDING]
+        # A job carrying sgpu:norightsize is no candidate, opted in or not (as in
+        # job_submit.lua); the substring test spares the parse for nearly every job.
+        pending = [
+            j
+            for j in jobs
+            if j.state is JobState.PENDING
+            and not (NORIGHTSIZE in j.comment and rightsize_opted_out(j.comment))
+        ]
         if not pending:
             return []
         priors = self.priors(snapshot.history)
