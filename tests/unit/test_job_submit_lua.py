@@ -29,15 +29,22 @@ INFINITE = 4294967295
 _INTERPRETERS = [name for name in ("lua5.1", "lua5.4") if shutil.which(name)]
 _COMPILERS = [name for name in ("luac5.1", "luac5.4", "luac") if shutil.which(name)]
 
-_HARNESS = r"""
-local plugin, case_file = arg[1], arg[2]
+# A stand-in for slurmctld's ``slurm`` table that collects the log lines, then the plugin.
+_LOAD_PLUGIN = r"""
 local logs = {}
 slurm = {
    SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294,
    log_info = function(fmt, ...) logs[#logs + 1] = string.format(fmt, ...) end,
 }
 dofile(plugin)
-local case = dofile(case_file)
+"""
+
+_HARNESS = (
+    r"""
+local plugin, case_file = arg[1], arg[2]
+"""
+    + _LOAD_PLUGIN
+    + r"""local case = dofile(case_file)
 local store = case.job_desc
 local job_desc = store
 if case.refuse then  -- a job_desc whose setter refuses one field, like Slurm's C setter
@@ -64,6 +71,7 @@ for _, k in ipairs(keys) do
    end
 end
 """
+)
 
 
 def _lua(value: object) -> str:
@@ -418,15 +426,12 @@ TOKEN_VECTORS: list[dict[str, Any]] = json.loads(
     (Path(__file__).resolve().parents[1] / "vectors" / "sgpu_tokens.json").read_text("utf-8")
 )["vectors"]
 
-_VECTOR_HARNESS = r"""
+_VECTOR_HARNESS = (
+    r"""
 local plugin, cases_file = arg[1], arg[2]
-local logs = {}
-slurm = {
-   SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294,
-   log_info = function(fmt, ...) logs[#logs + 1] = string.format(fmt, ...) end,
-}
-dofile(plugin)
-for i, case in ipairs(dofile(cases_file)) do
+"""
+    + _LOAD_PLUGIN
+    + r"""for i, case in ipairs(dofile(cases_file)) do
    logs = {}
    local rc = slurm_job_submit(case.job_desc, case.part_list, 0)
    local limit = string.format("%d", case.job_desc.time_limit)
@@ -434,6 +439,7 @@ for i, case in ipairs(dofile(cases_file)) do
    for _, line in ipairs(logs) do io.write("LOG\t", i, "\t", line, "\n") end
 end
 """
+)
 
 
 def _run_vectors(plugin: Plugin) -> list[tuple[int, list[str]]]:
