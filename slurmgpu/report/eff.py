@@ -38,8 +38,10 @@ The rules, in the order :func:`notes` applies them (then sorted alert → warn �
   limit.
 
 The ``-c``, ``--mem`` and ``--time`` figures are :mod:`slurmgpu.policy.sizing`'s: what
-rightsizing and the job_submit.lua export would set for runs like this one (until
-issue 21 the time was rounded to 15 min and the memory to whole GiB here).
+rightsizing and the job_submit.lua export would set for runs like this one; ``sgpu eff``
+sizes with the site's ``[policy.rightsize]`` headroom and rounding
+(:meth:`EffThresholds.sized_as`). Until issue 21 the time was rounded to 15 min and the
+memory to whole GiB here, whatever the site set.
 - ``energy`` (info; warn when ≥ 50 % of ≥ 0.1 kWh went to idle GPUs): the job's GPU
   energy and its idle share, and whether a counter measured it or power samples estimate it.
 
@@ -55,6 +57,7 @@ from typing import Any, Literal
 
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy import sizing
+from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.report.energy import JobEnergy, energy_sentence, energy_to_json
 from slurmgpu.store.usage import GpuUsage, HostUsage
 from slurmgpu.units import format_time_limit
@@ -101,6 +104,19 @@ class EffThresholds:
     energy_idle_warn_pct: float = 50.0  # at or above: the energy note is a warning
     input_cpu_busy_pct: float = 80.0  # GPUs under-used while the cores are this busy
     input_iowait_pct: float = 30.0  # ... or while the processes wait this much on I/O
+
+    @classmethod
+    def sized_as(cls, rs: RightsizeSettings) -> EffThresholds:
+        """The defaults, sizing by the site's ``[policy.rightsize]`` (headroom, rounding,
+        minimum): ``sgpu eff`` then suggests what rightsizing would set on that site."""
+        return cls(
+            cpu_headroom=rs.cpu_headroom,
+            memory_headroom=rs.memory_headroom,
+            memory_round_mib=rs.memory_round_mib,
+            time_headroom=rs.time_headroom,
+            time_round=rs.time_round,
+            min_time_limit=rs.min_time_limit,
+        )
 
 
 DEFAULT_THRESHOLDS = EffThresholds()

@@ -3,6 +3,7 @@ suggest the same size for the same usage."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -72,6 +73,23 @@ def test_rightsize_settings_and_eff_thresholds_share_the_sizing_defaults() -> No
         th.memory_round_mib,
         th.cpu_headroom,
     )
+
+
+def test_eff_sizes_by_the_sites_rightsize_settings() -> None:
+    site = RightsizeSettings(time_round=timedelta(minutes=10), memory_round_mib=1024)
+    done = make_job(elapsed=timedelta(seconds=7000), time_limit=30 * DAY, memory_mib=1_000_000)
+    report = job_efficiency(
+        done,
+        [gpu_usage(0, 70.0)],
+        [host("gpu1", 380.0, 4, memory_mib=8192.0)],
+        ended(done),
+        thresholds=EffThresholds.sized_as(site),
+    )
+    options = {n.kind: n.option for n in notes(report)}
+    # 1.3 * 7000 s = 9100 s -> 16 * 600 s; ceil(1.2 * 8192) = 9831 MiB -> 10 * 1024 MiB
+    assert options["time"] == "--time=02:40:00" and options["memory"] == "--mem=10G"
+    defaults = {n.kind: n.option for n in notes(replace(report, thresholds=EffThresholds()))}
+    assert defaults["time"] == "--time=02:35:00" and defaults["memory"] == "--mem=9984M"
 
 
 def _three_sizes(run_s: int, peak_mib: int, busy_cores: float) -> dict[str, dict[str, object]]:
