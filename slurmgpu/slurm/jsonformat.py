@@ -27,9 +27,11 @@ Versions covered (Slurm's ``data_parser`` plugin, named in ``meta``):
   prints a node's shard usage on a GPU held by a whole-GPU job as ``-/4``
   (``shard:6(-/4,-/4,2/4,4/4)``), read by :func:`slurmgpu.slurm.parse.parse_gres`.
 
-Decoding is per record: the document is first decoded in one pass (fast); if that
-fails on a record's shape or bytes, it is decoded again with each job/node record on its
-own, and a bad record is skipped with a counted warning
+Decoding is per record. ``squeue``: the document is scanned with each job record kept
+as raw bytes, then each record is decoded on its own (with a memo, only those whose bytes
+changed since the last listing: :func:`decode_squeue`). ``sinfo``: the document is first
+decoded in one pass; if that fails on a record's shape or bytes, it is decoded again with
+each node record on its own. A bad record is skipped with a counted warning
 (:mod:`slurmgpu.slurm.decode_stats`, ``/metrics``) while the rest of the listing is
 used. Invalid UTF-8 in a string (a job name any user can set) is decoded with U+FFFD in
 its place, as are lone UTF-16 surrogate escapes. A data_parser version outside
