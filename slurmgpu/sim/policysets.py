@@ -51,6 +51,7 @@ from slurmgpu.sim.gputypes import SPEED, known_types, type_speeds
 
 __all__ = [
     "BASELINES",
+    "BATCH_ADAPTIVE",
     "POLICY_SETS",
     "SimPolicies",
     "build_engine",
@@ -59,6 +60,10 @@ __all__ = [
 ]
 
 BASELINES = ("tiresias", "qssf")
+# Sets with the goodput allocator (the malleable policy): their jobs on the elastic
+# runtime retune the global batch at every restart (sim.workload.elastic_batch), as
+# Pollux's do; every other set runs the batch each job was submitted with.
+BATCH_ADAPTIVE = frozenset({"malleable", "malleable-types", "all"})
 
 
 @dataclass(frozen=True, slots=True)
