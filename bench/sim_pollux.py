@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.metrics import summarise
-from slurmgpu.sim.policysets import PolicySetUnavailable
+from slurmgpu.sim.policysets import POLICY_SETS, PolicySetUnavailable
 from slurmgpu.sim.profiles import ThroughputProfile, load_profiles
 from slurmgpu.sim.published import PUBLISHED, published_for
 from slurmgpu.sim.run import ClusterShape, simulate
@@ -134,6 +134,9 @@ def main() -> int:
             for seed in seeds:
                 for s in sets:
                     tasks.append((load, n, seed, s, str(folder / f"workload-{n}.csv")))
+    # Longest first (the heavier load, then the sets that run policies), so two workers
+    # do not end with one long run left on one of them.
+    tasks.sort(key=lambda t: (-t[0], not POLICY_SETS.get(t[3])))
     # results[load][set][(workload, seed)] = figures
     results: dict[float, dict[str, dict[tuple[int, int], dict[str, float]]]] = defaultdict(
         lambda: defaultdict(dict)

@@ -27,7 +27,7 @@ from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store import JobStore
 from slurmgpu.store.retention import Retention
-from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
+from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
 log = logging.getLogger("slurmgpu.daemon")
@@ -101,24 +101,7 @@ class Daemon:
             "Raw samples deleted by the retention (rolled up per job and hour first).",
             lambda: float(retention.deleted_total),
         )
-        metrics.watch(
-            "sgpu_samples_refused",
-            "Agent samples left out: job not on the posting node, unknown job, no such GPU.",
-            lambda: dict(usage.refused),
-            label="reason",
-        )
-        metrics.watch(
-            "sgpu_samples_skewed",
-            f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (stored), by node.",
-            lambda: dict(usage.skewed),
-            label="node",
-        )
-        metrics.watch(
-            "sgpu_agent_spool_dropped_samples",
-            "Samples an agent's spool dropped so far (as the agent last reported), by node.",
-            lambda: dict(usage.spool_dropped),
-            label="node",
-        )
+        metrics.watch_usage(usage)
         if cycle is not None:
             errors = cycle.errors
             metrics.watch(

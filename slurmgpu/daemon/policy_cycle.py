@@ -53,10 +53,9 @@ from slurmgpu.store.database import StoreError
 from slurmgpu.store.history import load_history
 from slurmgpu.store.transactions import TransactionStore
 from slurmgpu.store.usage import GpuUsage, UsageStore
+from slurmgpu.tokens import rightsize_opted_in
 
 log = logging.getLogger("slurmgpu.daemon")
-
-RIGHTSIZE_OPT_IN = "sgpu:rightsize"
 
 
 def gpu_stats(rows: list[GpuUsage]) -> tuple[GpuStat, ...]:
@@ -78,8 +77,9 @@ def gpu_stats(rows: list[GpuUsage]) -> tuple[GpuStat, ...]:
 
 
 def opted_in(comment: str) -> bool:
-    """True when a job's comment carries the rightsize opt-in token."""
-    return RIGHTSIZE_OPT_IN in comment.replace(",", " ").replace(";", " ").split()
+    """True when a job's comment opts it in to rightsizing (``sgpu:rightsize``) and does
+    not opt it out (``sgpu:norightsize``): :func:`slurmgpu.tokens.rightsize_opted_in`."""
+    return rightsize_opted_in(comment)
 
 
 @dataclass

@@ -44,6 +44,7 @@ from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings, RightsizeS
 
 __all__ = [
     "BASELINES",
+    "BATCH_ADAPTIVE",
     "POLICY_SETS",
     "PolicySetUnavailable",
     "SimPolicies",
@@ -53,6 +54,10 @@ __all__ = [
 ]
 
 BASELINES = ("tiresias", "qssf")
+# Sets with the goodput allocator (the malleable policy): their jobs on the elastic
+# runtime retune the global batch at every restart (sim.workload.elastic_batch), as
+# Pollux's do; every other set runs the batch each job was submitted with.
+BATCH_ADAPTIVE = frozenset({"malleable", "malleable-types", "all"})
 
 
 class PolicySetUnavailable(RuntimeError):

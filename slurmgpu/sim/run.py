@@ -55,9 +55,9 @@ from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
 from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
 from slurmgpu.sim.gputypes import speed_factor
-from slurmgpu.sim.policysets import BASELINES, SimPolicies, build_engine
+from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, build_engine
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
-from slurmgpu.sim.workload import ProfiledJob, TraceJob, packed
+from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.parse import parse_gres
 
@@ -744,6 +744,8 @@ def simulate(
     :class:`~slurmgpu.sim.policysets.PolicySetUnavailable` when the set's policies are
     not installed, ``KeyError`` for an unknown set.
     """
+    if policy_set in BATCH_ADAPTIVE:  # its jobs retune their batch (sim.workload)
+        trace = elastic_batch(trace)
     return _Runner(trace, shape, policy_set, options or SimOptions(), progress, engine).run()
 
 

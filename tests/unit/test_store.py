@@ -125,3 +125,16 @@ def test_job_survives_a_database_round_trip(
     store.apply_cycle(diff_jobs({}, [job]), ids, [], datetime(2026, 1, 1, tzinfo=UTC))
     (stored,) = store.jobs(job_ids=[job.job_id])
     assert stored.job == job
+
+
+def test_an_sqlite_uri_is_opened_as_a_uri_not_created_as_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "uri.db"
+    open_store(f"sqlite:///{db}").engine.dispose()  # made and migrated as a plain path
+    monkeypatch.chdir(tmp_path)
+    store = open_store(f"sqlite:///file:{db}?mode=ro&uri=true", migrate=False)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("select count(*) from jobs").scalar() == 0
+    store.engine.dispose()
+    assert not (tmp_path / "file:").exists(), "a URI must not become a relative directory"
