@@ -63,12 +63,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from slurmgpu.cycle.transactions import AckReader, Transactions
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, read_ack
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import PREEMPT_FIELD, Action, slurm_job_ref
 from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
-from slurmgpu.store.transactions import TransactionRow, TransactionStore
+from slurmgpu.store.transactions import TransactionRow
 from slurmgpu.units import format_time_limit
 
 log = logging.getLogger("slurmgpu.actuate.resize")
@@ -192,12 +193,15 @@ class ResizeExecutor:
     def __init__(
         self,
         slurm: SlurmClient,
-        store: TransactionStore,
+        store: Transactions,
         settings: ResizeSettings | None = None,
+        acks: AckReader | None = None,
     ) -> None:
         self.slurm = slurm
         self.store = store
         self.settings = settings or ResizeSettings()
+        # ack.json in the job's state directory; the simulator reads SimSlurm's record.
+        self.read_ack: AckReader = acks or read_ack
 
     # ------------------------------------------------------------------ start
 
@@ -243,7 +247,7 @@ class ResizeExecutor:
             fields["TimeLimit"] = action.fields["TimeLimit"]
             old_fields["TimeLimit"] = format_time_limit(job.time_limit)
         state_dir = state_dir_of(spec, job)
-        ack = read_ack(state_dir, job.job_id)
+        ack = self.read_ack(state_dir, job.job_id)
         grace = self.settings.ack_timeout or spec.checkpoint_grace
         payload: dict[str, Any] = {
             "ref": slurm_job_ref(job),
@@ -384,7 +388,7 @@ class ResizeExecutor:
     ) -> TransactionRow | None:
         if not self._running_at_old_size(row, job):
             return self._close(row, ABORTED, at, "the job stopped before it acknowledged")
-        ack = read_ack(row.payload["state_dir"], row.job_id)
+        ack = self.read_ack(row.payload["state_dir"], row.job_id)
         fresh = (
             ack is not None
             and ack.acks > row.payload["acks_before"]
