@@ -118,6 +118,8 @@ class _Running:
     single_node: bool
     busy: bool
     rates: dict[int, float] = field(default_factory=dict)
+    # Sizes it ran at and its measured throughput there (PolicySnapshot.throughput).
+    measured: dict[int, float] = field(default_factory=dict)
 
     def rate(self, gpus: int) -> float:
         r = self.rates.get(gpus)
@@ -236,6 +238,18 @@ def _eligible_order(job: Job) -> tuple[int, float, float, int]:
     eligible = job.eligible_time.timestamp() if job.eligible_time else math.inf
     submitted = job.submit_time.timestamp() if job.submit_time else math.inf
     return (job.nice, eligible if eligible != math.inf else submitted, submitted, job.job_id)
+
+
+def _donor_cost_s(c: _Running, job: Job, cost_s: float) -> float:
+    """A donor's restart priced for a waiting job of ``g_w`` GPUs: ``cost * g_d / g_w``.
+
+    A restart holds all the donor's ``g_d`` GPUs idle for ``cost`` seconds, GPU time the
+    waiting job's wait (on its ``g_w`` GPUs) must pay for; at least one restart of the
+    donor's own time. A 24-GPU job is not restarted to give one GPU to a one-GPU job
+    unless that job would wait 24 restarts, which ended the one-GPU-at-a-time shrink
+    chains of large jobs (bench/README.md).
+    """
+    return cost_s * max(1.0, c.gpus / max(1, _wants_gpus(job)))
 
 
 class MalleablePolicy:
@@ -374,7 +388,8 @@ class MalleablePolicy:
             [g.mean_util_pct for g in usage.gpus if g.mean_util_pct is not None] if usage else []
         )
         busy = not utils or sum(utils) / len(utils) >= self.settings.min_busy_util_pct
-        return _Running(job, spec, gpus, curve, rem, single, busy)
+        clean = {g: r for g, r in measured.items() if g >= 1 and r > 0 and math.isfinite(r)}
+        return _Running(job, spec, gpus, curve, rem, single, busy, measured=clean)
 
     def _type_speeds(self, job: Job, free: _Free) -> dict[str, float] | None:
         """Speeds per present GPU type when ``job`` may be placed by type, else None."""
@@ -588,7 +603,7 @@ class MalleablePolicy:
                 give = self._useful_give(c, job, free, extra)
                 if give <= 0:
                     continue
-                loss = self._shrink_loss(c, c.gpus - give, run_s, cost_s)
+                loss = self._shrink_loss(c, c.gpus - give, run_s, _donor_cost_s(c, job, cost_s))
                 key = loss / give
                 if best is None or key < best[0]:
                     best = (key, c, give, loss)
@@ -820,7 +835,11 @@ class MalleablePolicy:
             else:
                 room = sum(nodes.values()) + own_here
             top = min(
-                c.spec.max_gpus, room, math.floor(c.gpus * s.max_growth + _TINY), own_here + pool
+                c.spec.max_gpus,
+                room,
+                math.floor(c.gpus * s.max_growth + _TINY),
+                own_here + pool,
+                self._measured_ceiling(c),
             )
             gain = speed / now_speed
             for to in range(c.gpus + 1, top + 1):
@@ -830,11 +849,35 @@ class MalleablePolicy:
                     best = (to, saving, gpu_type, max(0, to - own_here))
         return best
 
+    def _measured_ceiling(self, c: _Running) -> int:
+        """The largest size ``c`` may grow to by its own measurements (``max_gpus``: none).
+
+        The sizes it ran at above its current size ``g`` are walked up from ``g``: the
+        step from the last size kept, ``k``, to the next measured one, ``m``, has a
+        measured marginal efficiency -- the relative speed gained over the relative
+        GPUs added, ``(x(m) / x(k) - 1) / (m / k - 1)``, 1 for linear scaling. The first
+        step below ``min_gain`` was measured not to pay: the job grows no further than
+        ``k`` (the prior curve's prediction past ``k`` is overruled by the measurement).
+        This is also the hysteresis after a shrink from such a size: the job is not
+        grown back to where it was measured to waste GPUs.
+        """
+        kept = c.gpus
+        rate = c.measured.get(kept)
+        if rate is None:
+            return c.spec.max_gpus
+        for m in sorted(g for g in c.measured if g > c.gpus):
+            efficiency = (c.measured[m] / rate - 1.0) / (m / kept - 1.0)
+            if efficiency < self.settings.min_gain:
+                return kept
+            kept, rate = m, c.measured[m]
+        return c.spec.max_gpus
+
     def _best_growth_blind(
         self, c: _Running, pool: int, free: _Free, cost_s: float
     ) -> tuple[int, float] | None:
         s = self.settings
         top = min(c.spec.max_gpus, c.gpus + pool, math.floor(c.gpus * s.max_growth + _TINY))
+        top = min(top, self._measured_ceiling(c))
         if c.job.gpus.gpu_type:  # it grows only into free GPUs of the type it asked for
             top = min(top, c.gpus + free.total_for(c.job))
         if c.single_node:
