@@ -83,7 +83,6 @@ from slurmgpu.policy.base import (
     HistoryRecord,
     PolicySnapshot,
     resize_action,
-    resize_sizes,
 )
 from slurmgpu.policy.gputype import slowest, speeds_for
 from slurmgpu.policy.priors import Priors
@@ -126,6 +125,31 @@ class _Running:
         if r is None:
             r = self.rates[gpus] = self.curve.throughput(gpus)
         return r
+
+
+@dataclass(slots=True)
+class _Shrink:
+    """A donor shrunk this cycle: as it was, as planned now, and for which jobs."""
+
+    was: _Running
+    now: _Running
+    for_jobs: list[tuple[Job, float]]  # (waiting job, its wait avoided)
+    loss_s: float
+
+
+def _without(c: _Running, give: int) -> _Running:
+    """``c`` after giving back ``give`` GPUs from its last nodes (as ``_release``)."""
+    allocations = []
+    left = give
+    for a in reversed(c.job.gpu_allocations):
+        n = len(a.gpu_indices)
+        if left >= n:
+            left -= n
+            continue
+        allocations.append(dataclasses.replace(a, gpu_indices=a.gpu_indices[: n - left]))
+        left = 0
+    job = dataclasses.replace(c.job, gpu_allocations=tuple(reversed(allocations)))
+    return dataclasses.replace(c, job=job, gpus=c.gpus - give)
 
 
 def _gpu_type(text: str | None) -> str:
@@ -313,6 +337,7 @@ class MalleablePolicy:
 
         actions: list[Action] = []
         touched: set[int] = set()
+        shrunk: dict[int, _Shrink] = {}
         blocked: list[Job] = []
         slack = sum(c.gpus - c.spec.min_gpus for c in candidates.values())
         for job in sorted(pending, key=_eligible_order):
@@ -331,14 +356,14 @@ class MalleablePolicy:
             ):
                 wait_s = self._wait_s(job, free, ends, freed_by)
                 run_s = self._run_estimate_s(job, priors)
-                plan = self._shrink_plan(
-                    job, wait_s, run_s, free, candidates, touched, cost_s, snapshot
+                given = self._shrink_plan(
+                    job, wait_s, run_s, free, candidates, touched, shrunk, cost_s
                 )
-                if plan is not None:
-                    actions.extend(plan)
-                    slack -= sum(frm - to for frm, to in map(resize_sizes, plan))
+                if given is not None:
+                    slack -= given
                     continue
             blocked.append(job)
+        actions[:0] = [self._shrink_action(sh, cost_s, snapshot) for sh in shrunk.values()]
 
         if s.expand:
             reserve = 0
@@ -581,9 +606,14 @@ class MalleablePolicy:
         free: _Free,
         candidates: dict[int, _Running],
         touched: set[int],
+        shrunk: dict[int, _Shrink],
         cost_s: float,
-        snapshot: PolicySnapshot,
-    ) -> list[Action] | None:
+    ) -> int | None:
+        """Plan donors for ``job`` into ``shrunk``; the GPUs they give, None: no plan.
+
+        A donor already shrunk this cycle (for an earlier waiting job) may give more at
+        no second restart: its one resize goes straight to the smaller size.
+        """
         s = self.settings
         start_delay = s.checkpoint_time.total_seconds()
         if wait_s <= start_delay:
@@ -594,6 +624,7 @@ class MalleablePolicy:
             for c in candidates.values()
             if c.job.job_id not in touched and c.gpus > c.spec.min_gpus
         ]
+        donors += [sh.now for sh in shrunk.values() if sh.now.gpus > sh.now.spec.min_gpus]
         extra: dict[str, int] = {}
         chosen: list[tuple[_Running, int, float]] = []
         lost = 0.0
@@ -603,7 +634,9 @@ class MalleablePolicy:
                 give = self._useful_give(c, job, free, extra)
                 if give <= 0:
                     continue
-                loss = self._shrink_loss(c, c.gpus - give, run_s, _donor_cost_s(c, job, cost_s))
+                again = c.job.job_id in shrunk  # its restart is already paid
+                restart = 0.0 if again else _donor_cost_s(c, job, cost_s)
+                loss = self._shrink_loss(c, c.gpus - give, run_s, restart)
                 key = loss / give
                 if best is None or key < best[0]:
                     best = (key, c, give, loss)
@@ -626,43 +659,53 @@ class MalleablePolicy:
                 chosen.remove(entry)
                 extra = trial
                 lost -= entry[2]
-        actions: list[Action] = []
         for c, give, loss in chosen:
-            touched.add(c.job.job_id)
-            to = c.gpus - give
-            limit_fields, limit_numbers = self._time_limit(
-                c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), c.rate(to)), c.remaining_s
-            )
-            actions.append(
-                resize_action(
-                    self.name,
-                    c.job,
-                    c.gpus,
-                    to,
-                    f"shrink {c.gpus} -> {to} GPUs so waiting job {job.display_id} "
-                    f"({_wants_gpus(job)} GPUs) starts about {wait_s / 60:.0f} min sooner; "
-                    f"this job slows to {c.rate(to) / c.rate(c.gpus):.0%} of its speed",
-                    numbers={
-                        "direction": "shrink",
-                        "for_job": job.job_id,
-                        "gpus_given": give,
-                        "wait_avoided_s": round(wait_s),
-                        "loss_s": round(loss),
-                        "all_donors_loss_s": round(lost),
-                        "remaining_s": round(c.remaining_s),
-                        "cost_s": round(cost_s),
-                        "throughput_now": c.rate(c.gpus),
-                        "throughput_after": c.rate(to),
-                        **limit_numbers,
-                    },
-                    fields=limit_fields,
-                )
-            )
+            jid = c.job.job_id
+            sh = shrunk.get(jid)
+            if sh is None:
+                touched.add(jid)
+                shrunk[jid] = _Shrink(c, _without(c, give), [(job, wait_s)], loss)
+            else:
+                sh.now = _without(sh.now, give)
+                sh.for_jobs.append((job, wait_s))
+                sh.loss_s += loss
         # The blocked job now takes what it will start on: free GPUs plus the donors'.
         for node, count in extra.items():
             free.add(node, count)
         free.take(job)
-        return actions
+        return sum(give for _, give, _ in chosen)
+
+    def _shrink_action(self, sh: _Shrink, cost_s: float, snapshot: PolicySnapshot) -> Action:
+        c, to = sh.was, sh.now.gpus
+        first, wait_s = sh.for_jobs[0]
+        others = [j.display_id for j, _ in sh.for_jobs[1:]]
+        also = f" (and {', '.join(others)})" if others else ""
+        limit_fields, limit_numbers = self._time_limit(
+            c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), c.rate(to)), c.remaining_s
+        )
+        return resize_action(
+            self.name,
+            c.job,
+            c.gpus,
+            to,
+            f"shrink {c.gpus} -> {to} GPUs so waiting job {first.display_id}{also} "
+            f"({_wants_gpus(first)} GPUs) starts about {wait_s / 60:.0f} min sooner; "
+            f"this job slows to {c.rate(to) / c.rate(c.gpus):.0%} of its speed",
+            numbers={
+                "direction": "shrink",
+                "for_job": first.job_id,
+                "also_for": ",".join(str(j.job_id) for j, _ in sh.for_jobs[1:]) or None,
+                "gpus_given": c.gpus - to,
+                "wait_avoided_s": round(wait_s),
+                "loss_s": round(sh.loss_s),
+                "remaining_s": round(c.remaining_s),
+                "cost_s": round(cost_s),
+                "throughput_now": c.rate(c.gpus),
+                "throughput_after": c.rate(to),
+                **limit_numbers,
+            },
+            fields=limit_fields,
+        )
 
     def _useful_give(self, c: _Running, job: Job, free: _Free, extra: dict[str, int]) -> int:
         """How many GPUs ``c`` should give back towards ``job`` (0: it cannot help)."""

@@ -535,3 +535,17 @@ def test_a_large_donor_is_not_restarted_for_a_small_waiting_job() -> None:
         resize_cost=timedelta(minutes=5),
     )
     assert sizes(MalleablePolicy().propose(s2)) == {1: (2, 1)}
+
+
+def test_one_donor_shrinks_once_for_several_waiting_jobs() -> None:
+    # Two waiting 1-GPU jobs and one donor: one resize 4 -> 2 (its restart paid once),
+    # not 4 -> 3 now and 3 -> 2 at a second restart later.
+    mall = running_job(1, gpus=four("gpu1"), started=HOUR)
+    rigid = running_job(2, gpus=four("gpu2"), started=10 * HOUR, user="bob")
+    first = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=1, time_limit=HOUR)
+    second = pending_job(4, user="dan", gpus_per_node=None, gpus_per_job=1, time_limit=HOUR)
+    s = snap([mall, rigid, first, second], malleable={1: (1, 4)}, throughput={1: POOR})
+    actions = MalleablePolicy().propose(s)
+    assert sizes(actions) == {1: (4, 2)}
+    assert actions[0].numbers["for_job"] == 3 and actions[0].numbers["also_for"] == "4"
+    assert "waiting job 3 (and 4)" in actions[0].reason
