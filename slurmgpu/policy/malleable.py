@@ -119,6 +119,8 @@ class _Running:
     rates: dict[int, float] = field(default_factory=dict)
     # Sizes it ran at and its measured throughput there (PolicySnapshot.throughput).
     measured: dict[int, float] = field(default_factory=dict)
+    # Pollux's re-allocation factor: its speed at any new size counts this much.
+    realloc: float = 1.0
 
     def rate(self, gpus: int) -> float:
         r = self.rates.get(gpus)
@@ -414,7 +416,10 @@ class MalleablePolicy:
         )
         busy = not utils or sum(utils) / len(utils) >= self.settings.min_busy_util_pct
         clean = {g: r for g, r in measured.items() if g >= 1 and r > 0 and math.isfinite(r)}
-        return _Running(job, spec, gpus, curve, rem, single, busy, measured=clean)
+        cost_s = self._cost_s(snapshot)
+        age = (snapshot.at - job.submit_time).total_seconds() if job.submit_time else 0.0
+        realloc = max(0.0, age - job.restart_count * cost_s) / max(_TINY, age + cost_s)
+        return _Running(job, spec, gpus, curve, rem, single, busy, measured=clean, realloc=realloc)
 
     def _type_speeds(self, job: Job, free: _Free) -> dict[str, float] | None:
         """Speeds per present GPU type when ``job`` may be placed by type, else None."""
@@ -744,7 +749,7 @@ class MalleablePolicy:
     @staticmethod
     def _shrink_loss(c: _Running, to: int, run_s: float, cost_s: float) -> float:
         """The donor's delay: slower while the waiting job runs, then grown back."""
-        slower = c.rate(c.gpus) / max(_TINY, c.rate(to))
+        slower = c.rate(c.gpus) / max(_TINY, c.rate(to) * c.realloc)
         if run_s < c.remaining_s:
             return run_s * max(0.0, slower - 1.0) + 2 * cost_s
         return c.remaining_s * max(0.0, slower - 1.0) + cost_s
@@ -886,7 +891,9 @@ class MalleablePolicy:
             )
             gain = speed / now_speed
             for to in range(c.gpus + 1, top + 1):
-                saving = c.remaining_s * (1.0 - now / max(_TINY, c.rate(to) * gain)) - cost_s
+                saving = (
+                    c.remaining_s * (1.0 - now / max(_TINY, c.rate(to) * gain * c.realloc)) - cost_s
+                )
                 enough = saving > 0 and saving >= s.min_gain * c.remaining_s
                 if enough and (best is None or saving > best[1] * (1 + 1e-9)):
                     best = (to, saving, gpu_type, max(0, to - own_here))
@@ -937,7 +944,7 @@ class MalleablePolicy:
         now = c.rate(c.gpus)
         best: tuple[int, float] | None = None
         for to in range(c.gpus + 1, top + 1):
-            saving = c.remaining_s * (1.0 - now / max(_TINY, c.rate(to))) - cost_s
+            saving = c.remaining_s * (1.0 - now / max(_TINY, c.rate(to) * c.realloc)) - cost_s
             enough = saving > 0 and saving >= s.min_gain * c.remaining_s
             if enough and (best is None or saving > best[1] * (1 + 1e-9)):
                 best = (to, saving)

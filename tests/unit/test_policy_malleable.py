@@ -549,3 +549,13 @@ def test_one_donor_shrinks_once_for_several_waiting_jobs() -> None:
     assert sizes(actions) == {1: (4, 2)}
     assert actions[0].numbers["for_job"] == 3 and actions[0].numbers["also_for"] == "4"
     assert "waiting job 3 (and 4)" in actions[0].reason
+
+
+def test_a_job_restarted_often_for_its_age_is_not_resized_again() -> None:
+    # Pollux's re-allocation factor (T - S * delay) / (T + delay): a job 3 h old that
+    # has restarted 30 times (181 s each) counts its speed at a new size at ~0.5x.
+    fresh = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    base = dict(malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1)
+    assert sizes(MalleablePolicy().propose(snap([fresh], **base))) == {1: (2, 4)}  # type: ignore[arg-type]
+    churned = replace(fresh, restart_count=30)
+    assert MalleablePolicy().propose(snap([churned], **base)) == []  # type: ignore[arg-type]
