@@ -32,7 +32,11 @@ least ``min_remaining`` and never past its time limit.
    history's median run time ``R``, else its time limit) and is grown back after:
    ``loss = min(rem, R) * (x(g) / x(g - d) - 1) + cost`` (twice the cost when
    ``R < rem``). The plan is proposed when ``W - checkpoint_time - sum(loss) >=
-   min_gain * W``.
+   min_gain * W``. A donor's restart holds all its ``g`` GPUs idle, so its ``cost``
+   counts ``g / g_w`` times for a waiting job of ``g_w`` GPUs: a large job is not
+   restarted to hand one GPU to a small one. A donor shrunk for an earlier
+   waiting job in the same cycle may give more for the next ones with no second
+   restart: it is resized once, to the smaller size (no one-GPU-at-a-time chains).
 3. **Start smaller** (while ``start_smaller``): a blocked *pending* malleable job that
    fits the free GPUs left at a smaller size (never below ``min_gpus``) has its request
    lowered to the largest that fits (an ``update`` of ``TresPerNode``/``TresPerJob``; it
@@ -44,7 +48,15 @@ least ``min_remaining`` and never past its time limit.
    malleable jobs whose GPUs are busy (``min_busy_util_pct``), each to its best size up
    to ``max_gpus`` and ``max_growth`` times its GPUs, when
    ``rem * (1 - x(g) / x(g')) - cost >= min_gain * rem``. The largest saving per added
-   GPU goes first.
+   GPU goes first. A job grows no further than its own measurements allow: walking up
+   the sizes it ran at, the first step whose measured marginal efficiency
+   ``(x(m) / x(k) - 1) / (m / k - 1)`` is below ``min_gain`` caps it at ``k`` (the prior
+   curve is overruled there; also after a shrink from such a size).
+
+**Re-allocation factor** (Pollux, OSDI'21 §4.2): a job's speed at any new size, grown
+or shrunk, counts ``(T - S * cost) / (T + cost)``, ``T`` its age since submission and
+``S`` its restarts (``Job.restart_count``): a job restarted often for its age is resized
+again only for a larger gain.
 
 Every resize and start smaller also sets the job's ``TimeLimit`` for its new size in the
 same update (:mod:`slurmgpu.policy.resize_limit`; ``scale_time_limit``), shown in the
@@ -269,13 +281,13 @@ def _eligible_order(job: Job) -> tuple[int, float, float, int]:
 def _donor_cost_s(c: _Running, job: Job, cost_s: float) -> float:
     """A donor's restart priced for a waiting job of ``g_w`` GPUs: ``cost * g_d / g_w``.
 
-    A restart holds all the donor's ``g_d`` GPUs idle for ``cost`` seconds, GPU time the
-    waiting job's wait (on its ``g_w`` GPUs) must pay for; at least one restart of the
-    donor's own time. A 24-GPU job is not restarted to give one GPU to a one-GPU job
-    unless that job would wait 24 restarts, which ended the one-GPU-at-a-time shrink
-    chains of large jobs (bench/README.md).
+    A restart holds all the donor's ``g_d`` GPUs idle for ``cost`` seconds: GPU time,
+    weighed against the waiting job's wait, which holds back its ``g_w`` GPUs of work.
+    A 24-GPU job is not restarted to give one GPU to a one-GPU job unless that job would
+    wait about 24 restarts; a 1-GPU donor's restart weighs an eighth for an 8-GPU job
+    (figures in docs/simulator.md).
     """
-    return cost_s * max(1.0, c.gpus / max(1, _wants_gpus(job)))
+    return cost_s * c.gpus / max(1, _wants_gpus(job))
 
 
 class MalleablePolicy:
