@@ -559,3 +559,22 @@ def test_a_job_restarted_often_for_its_age_is_not_resized_again() -> None:
     assert sizes(MalleablePolicy().propose(snap([fresh], **base))) == {1: (2, 4)}  # type: ignore[arg-type]
     churned = replace(fresh, restart_count=30)
     assert MalleablePolicy().propose(snap([churned], **base)) == []  # type: ignore[arg-type]
+
+
+def test_a_small_donor_s_restart_weighs_little_for_a_large_waiting_job() -> None:
+    # An 8-GPU job waits ~30 min for one more GPU; a 2-GPU donor's 20-min restart idles
+    # 2 GPUs, a quarter of the 8 the waiting job holds back: 300 s of its loss, which
+    # the wait pays for (a full 1,200 s would not).
+    donor = running_job(1, gpus={"gpu1": (0, 1)}, started=HOUR)
+    rigid = running_job(2, gpus={"gpu2": (0, 1, 2)}, started=30 * MIN, user="bob")
+    big = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=8, time_limit=HOUR)
+    s = snap(
+        [donor, rigid, big],
+        malleable={1: (1, 2)},
+        throughput={1: {1: 100.0, 2: 110.0}},
+        node_count=3,
+        resize_cost=timedelta(minutes=20),
+    )
+    actions = MalleablePolicy().propose(s)
+    assert sizes(actions) == {1: (2, 1)}
+    assert actions[0].numbers["for_job"] == 3
