@@ -80,7 +80,7 @@ def opted_in(comment: str) -> bool:
 
 def _signature(d: Decision) -> tuple[object, ...]:
     a = d.action
-    return (a.kind, tuple(sorted(a.fields.items())), a.alert, d.mode, d.execute, d.suppressed)
+    return (a.kind, a.intents, a.alert, d.mode, d.execute, d.suppressed)
 
 
 @dataclass
