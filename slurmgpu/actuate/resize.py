@@ -84,6 +84,7 @@ __all__ = [
     "job_gpus",
     "median_phases",
     "resize_fields",
+    "resize_intent",
     "state_dir_of",
 ]
 
@@ -482,7 +483,7 @@ class ResizeExecutor:
             log.warning("resize %d of job %d: update refused: %s", row.id, row.job_id, exc)
             if self.settings.fast_start:  # the request is unchanged; only skip the delay
                 with contextlib.suppress(SlurmError):
-                    self.slurm.update_job(ref, {"StartTime": "now+1"})
+                    self.slurm.update_job(ref, update_fields((StartSoon(1),), ""))
             nxt = self.store.advance(
                 row,
                 UPDATED,
