@@ -45,8 +45,8 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.daemon.diff import diff_jobs
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.policy import (
     EngineSettings,

@@ -63,13 +63,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from slurmgpu.cycle.transactions import AckReader, Transactions
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, read_ack
 from slurmgpu.intent import Intent, Resize, SetGpus, SetNodes, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, is_preempt, slurm_job_ref
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
 from slurmgpu.slurm.update import update_fields
-from slurmgpu.store.transactions import TransactionRow, TransactionStore
+from slurmgpu.store.transactions import TransactionRow
 
 log = logging.getLogger("slurmgpu.actuate.resize")
 
@@ -197,12 +198,15 @@ class ResizeExecutor:
     def __init__(
         self,
         slurm: SlurmClient,
-        store: TransactionStore,
+        store: Transactions,
         settings: ResizeSettings | None = None,
+        acks: AckReader | None = None,
     ) -> None:
         self.slurm = slurm
         self.store = store
         self.settings = settings or ResizeSettings()
+        # ack.json in the job's state directory; the simulator reads SimSlurm's record.
+        self.read_ack: AckReader = acks or read_ack
 
     # ------------------------------------------------------------------ start
 
@@ -251,7 +255,7 @@ class ResizeExecutor:
             fields["TimeLimit"] = extra["TimeLimit"]
             old_fields.update(update_fields((SetTimeLimit.of(job.time_limit),), slurm_version))
         state_dir = state_dir_of(spec, job)
-        ack = read_ack(state_dir, job.job_id)
+        ack = self.read_ack(state_dir, job.job_id)
         grace = self.settings.ack_timeout or spec.checkpoint_grace
         payload: dict[str, Any] = {
             "ref": slurm_job_ref(job),
@@ -392,7 +396,7 @@ class ResizeExecutor:
     ) -> TransactionRow | None:
         if not self._running_at_old_size(row, job):
             return self._close(row, ABORTED, at, "the job stopped before it acknowledged")
-        ack = read_ack(row.payload["state_dir"], row.job_id)
+        ack = self.read_ack(row.payload["state_dir"], row.job_id)
         fresh = (
             ack is not None
             and ack.acks > row.payload["acks_before"]

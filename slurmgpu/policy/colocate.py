@@ -60,15 +60,13 @@ from slurmgpu.policy.base import Action, GpuStat, HistoryRecord, PolicySnapshot,
 from slurmgpu.policy.interference import COEFFICIENTS, InterferenceModel, slowdown_with
 from slurmgpu.policy.priors import LEVELS, Priors
 from slurmgpu.policy.settings import ColocateSettings
+from slurmgpu.tokens import SEPARATED, add_to_comment, parse
 
 __all__ = [
     "ALERT_PACK",
     "ALERT_SEPARATE",
     "ALERT_SEPARATE_NOTICE",
-    "GPU_MEM_MARK",
     "JOB_LEVELS",
-    "SEPARATED_MARK",
-    "SHAREABLE_MARK",
     "ColocateHints",
     "ColocatePolicy",
     "converts_gpu_to_shards",
@@ -76,9 +74,6 @@ __all__ = [
     "shards_per_gpu",
 ]
 
-SHAREABLE_MARK = "sgpu:shareable"
-GPU_MEM_MARK = "sgpu:gpu-mem="  # followed by MiB
-SEPARATED_MARK = "sgpu:separated"
 ALERT_PACK = "colocate"
 ALERT_SEPARATE = "colocate_separation"
 ALERT_SEPARATE_NOTICE = "colocate_separation_notice"
@@ -98,25 +93,19 @@ class ColocateHints:
 
 
 def hints_from_comment(comment: str) -> ColocateHints:
-    """Return the co-location tokens in a job comment; malformed ones are ignored.
+    """Return the co-location tokens in a job comment (:mod:`slurmgpu.tokens`); malformed
+    ones are ignored.
 
     >>> hints_from_comment("run 3 sgpu:shareable sgpu:gpu-mem=8192")
     ColocateHints(shareable=True, gpu_memory_mib=8192, separated=False)
     """
     if "sgpu:" not in comment:
-        return ColocateHints()
-    shareable = separated = False
-    memory: int | None = None
-    for token in comment.replace(",", " ").replace(";", " ").split():
-        if token == SHAREABLE_MARK:
-            shareable = True
-        elif token == SEPARATED_MARK:
-            separated = True
-        elif token.startswith(GPU_MEM_MARK):
-            value = token[len(GPU_MEM_MARK) :]
-            if value.isdigit() and len(value) <= 9:
-                memory = int(value)
-    return ColocateHints(shareable, memory, separated)
+        return _NO_HINTS
+    t = parse(comment)
+    return ColocateHints(t.shareable, t.gpu_mem_mib, t.separated)
+
+
+_NO_HINTS = ColocateHints()
 
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)")
@@ -474,7 +463,7 @@ class ColocatePolicy:
                 alert=ALERT_SEPARATE_NOTICE,
                 slurm_id=slurm_job_ref(victim),
             )
-        comment = " ".join(part for part in (victim.comment.strip(), SEPARATED_MARK) if part)
+        comment = add_to_comment(victim.comment.strip(), [SEPARATED])
         whole = shards if shards else max(victim.gpus.shards_per_node or 1, 1)
         return Action(
             policy=self.name,

@@ -38,8 +38,12 @@ Rules (defaults in :class:`~slurmgpu.policy.settings.RightsizeSettings`):
 A field is proposed only when it shrinks the request by at least
 ``min_change_fraction`` (20 %); no field ever grows. Whether the action runs is the
 engine's call: ``requires_opt_in`` is set unless ``apply_to_all``, and the engine then
-suppresses it for jobs not in ``PolicySnapshot.opted_in``. ``numbers`` carry, for each
-field, the current and proposed value, plus the history count, key level and quantile.
+suppresses it for jobs not in ``PolicySnapshot.opted_in``. A job whose comment carries
+``sgpu:norightsize`` (:mod:`slurmgpu.tokens`) gets no proposal at all, even under
+``apply_to_all``: plugins/job_submit.lua leaves it alone too. The figures come from
+:mod:`slurmgpu.policy.sizing`, as the export's and ``sgpu eff``'s do. ``numbers`` carry,
+for each field, the current and proposed value, plus the history count, key level and
+quantile.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.priors import LEVELS, Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
+from slurmgpu.policy.sizing import key_sizes, time_limit_s
+from slurmgpu.tokens import NORIGHTSIZE, rightsize_opted_out
 from slurmgpu.units import format_time_limit
 
 __all__ = ["PriorsFactory", "RightsizePolicy"]
@@ -87,10 +93,6 @@ def _limit_text(seconds: float) -> str:
         if len(_LIMIT_TEXTS) < 4096:
             _LIMIT_TEXTS[seconds] = text
     return text
-
-
-def _round_up(value: float, step: float) -> float:
-    return math.ceil(value / step - 1e-9) * step
 
 
 def _shrinks_enough(current: float, proposed: float, fraction: float) -> bool:
@@ -159,19 +161,10 @@ class _KeyDerived:
         self.user = est.key[0]
         self.history_key = "/".join(est.key)
         self.own_level = s.time_from_other_jobs or est.level in _OWN_LEVELS
-        # Never total / nodes for memory: an uneven job would starve its busiest node.
-        # Runs without a per-node figure count with their total, which only errs high.
-        peak = est.peak_node_memory_mib
-        self.memory_mib: int | None = None
-        if s.memory and peak is not None and not est.oom_runs:
-            step = s.memory_round_mib
-            self.memory_mib = max(step, int(_round_up(math.ceil(s.memory_headroom * peak), step)))
-        self.cpus_needed: int | None = None
-        if s.cpus and est.max_cpu_pct is not None and not est.cpu_saturated:
-            self.cpus_needed = math.ceil(s.cpu_headroom * est.max_cpu_pct / 100.0 - 1e-9)
-        self.gpus_used: int | None = None
-        if s.gpus and est.gpus_used is not None and est.gpus_used_samples >= s.min_history:
-            self.gpus_used = max(1, est.gpus_used)
+        sizes = key_sizes(est, s)
+        self.memory_mib: int | None = sizes.memory_mib
+        self.cpus_needed: int | None = sizes.cores
+        self.gpus_used: int | None = sizes.gpus
 
 
 class _Derived:
@@ -208,8 +201,7 @@ class _Derived:
         self._numbers: Numbers | None = None
         self.time_s: int | None = None
         if s.time_limit and k.own_level:
-            history_s = self.run_time_s * s.time_headroom
-            self.time_s = int(_round_up(max(history_s, c.min_time_s), c.round_s))
+            self.time_s = time_limit_s(self.run_time_s, s.time_headroom, c.round_s, c.min_time_s)
 
     @property
     def history_numbers(self) -> Numbers:
@@ -303,7 +295,14 @@ class RightsizePolicy:
         """Return one ``update`` action per pending job whose requests history can shrink."""
         s = self.settings
         jobs = snapshot.cluster.jobs
-        pending = [j for j in jobs if j.state is JobState.PENDING]
+        # A job carrying sgpu:norightsize is no candidate, opted in or not (as in
+        # job_submit.lua); the substring test spares the parse for nearly every job.
+        pending = [
+            j
+            for j in jobs
+            if j.state is JobState.PENDING
+            and not (NORIGHTSIZE in j.comment and rightsize_opted_out(j.comment))
+        ]
         if not pending:
             return []
         priors = self.priors(snapshot.history)
@@ -322,11 +321,11 @@ class RightsizePolicy:
                         longest[j.user] = {j.name: elapsed}
                     elif elapsed > names.get(j.name, 0.0):
                         names[j.name] = elapsed
-        headroom, round_s = s.time_headroom, self._round_s
+        headroom, round_s, min_s = s.time_headroom, self._round_s, self._seconds.min_time_s
         # (elapsed, the time limit floor it implies), once per user and name
         sibling_s: dict[str, dict[str, tuple[float, int]]] = {
             user: {
-                name: (elapsed, int(_round_up(elapsed * headroom, round_s)))
+                name: (elapsed, time_limit_s(elapsed, headroom, round_s, min_s))
                 for name, elapsed in names.items()
             }
             for user, names in longest.items()

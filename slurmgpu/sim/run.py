@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from slurmgpu.actuate.actuator import execute_action
+from slurmgpu.cycle.core import MalleableView, PolicyCycle
+from slurmgpu.cycle.guardrails import GuardrailRecords
 from slurmgpu.intent import Resize, SetGpus, SetNice, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
@@ -55,9 +56,9 @@ from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
 from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
 from slurmgpu.sim.gputypes import speed_factor
-from slurmgpu.sim.policysets import BASELINES, SimPolicies, build_engine
+from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, build_engine
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
-from slurmgpu.sim.workload import ProfiledJob, TraceJob, packed
+from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.update import audit_fields, update_fields
 
@@ -204,6 +205,14 @@ class DecisionRecord:
     outcome: str
 
 
+@dataclass(frozen=True, slots=True)
+class SimOutcome:
+    """What became of one decision in the simulator (the shared cycle's result)."""
+
+    decision: Decision
+    outcome: str  # done | started | notified | skipped | failed: ...
+
+
 @dataclass
 class SimRun:
     """What one simulation produced: every job as it ended, plus bookkeeping."""
@@ -306,15 +315,14 @@ class _Runner:
             self.qssf = QssfPriority(self.sim)
             self.sim.priority = self.qssf
         self.next_arrival = 0
-        self.history: list[HistoryRecord] = list(options.history)
+        self.history_records: list[HistoryRecord] = list(options.history)
         self.history_tuple: tuple[HistoryRecord, ...] = options.history
         if self.qssf is not None and options.history:
             self.qssf.update(Priors.from_history(options.history))
         self.history_at = -math.inf
         self.alerts: list[PriorAlert] = []
-        self.last_action: dict[int, float] = {}
-        self.last_action_by: dict[int, str] = {}
-        self.user_actions: dict[str, deque[float]] = {}
+        # Cooldown and rate-limit records, as the daemon's (cycle.guardrails).
+        self.guardrails = GuardrailRecords()
         self.last_changes = -1
         self.last_cycle = -math.inf
         self.cycles = self.executed = self.failed = self.resizes = 0
@@ -334,6 +342,8 @@ class _Runner:
         if "colocate" in names:
             min_samples = getattr(getattr(names["colocate"], "settings", None), "min_samples", 3)
             self.colocate_window_s = int(min_samples) * options.sample_interval_s + options.period_s
+        # The daemon's cycle (cycle.core), with this runner as its sources and executor.
+        self.core: PolicyCycle[SimOutcome] = PolicyCycle(self.engine, self, self, self.guardrails)
 
     # ---- arrivals and endings
 
@@ -356,7 +366,7 @@ class _Runner:
             self.sim.call_at(self.trace[self.next_arrival].submit_s, self._arrive)
 
     def _ended(self, job: SimJob) -> None:
-        self.history.append(_history_record(self.sim, job))
+        self.history_records.append(_history_record(self.sim, job))
         if (
             job.state is JobState.TIMEOUT
             and job.array_job_id is None
@@ -407,12 +417,12 @@ class _Runner:
 
     def _refresh_history(self) -> None:
         now = self.sim.now
-        grown = len(self.history) - len(self.history_tuple)
+        grown = len(self.history_records) - len(self.history_tuple)
         if grown <= 0 or now - self.history_at < self.options.history_refresh_s:
             return
         if grown < 0.05 * len(self.history_tuple) and now - self.history_at < 86400.0:
             return
-        self.history_tuple = tuple(self.history)
+        self.history_tuple = tuple(self.history_records)
         self.history_at = now
         if self.qssf is not None:
             self.qssf.update(Priors.from_history(self.history_tuple))
@@ -482,51 +492,49 @@ class _Runner:
         if not self.engine.policies:
             return
         at = sim.at(sim.now)
-        jobs = tuple(sim.jobs())
-        cluster = ClusterSnapshot(at, jobs, tuple(sim.nodes()), sim.version())
-        cooldown = self.engine.settings.job_cooldown.total_seconds()
-        hour_ago = sim.now - 3600.0
-        per_user: dict[str, int] = {}
-        for user, times in self.user_actions.items():
-            while times and times[0] < hour_ago:
-                times.popleft()
-            if times:
-                per_user[user] = len(times)
-        live = {j.job_id for j in jobs}
+        cluster = ClusterSnapshot(at, tuple(sim.jobs()), tuple(sim.nodes()), sim.version())
+        self.core.step(cluster, at)
+
+    # ---- the shared cycle's sources (cycle.core.CycleSources)
+
+    def job_usage(self, cluster: ClusterSnapshot, at: datetime) -> dict[int, JobUsage]:
+        return self._usage()
+
+    def history(self, at: datetime) -> tuple[HistoryRecord, ...]:
+        return self.history_tuple
+
+    def prior_alerts(self, cluster: ClusterSnapshot) -> tuple[PriorAlert, ...]:
+        live = {j.job_id for j in cluster.jobs}
+        return tuple(a for a in self.alerts if a.job_id in live)
+
+    def opted_in(self, job: Job) -> bool:
         opt_in = self.options.opted_in
-        self._resize_progress()
+        return opt_in is None or opt_in(job)
+
+    def malleable_view(self, cluster: ClusterSnapshot, at: datetime) -> MalleableView:
+        sim = self.sim
+        live = {j.job_id for j in cluster.jobs}
         specs, rates = self._malleable_view()
         costs = sorted(self.resize_costs)
-        snap = PolicySnapshot(
-            at=at,
-            cluster=cluster,
-            usage=self._usage(),
-            history=self.history_tuple,
-            alerts=tuple(a for a in self.alerts if a.job_id in live),
-            last_action_at={
-                jid: sim.at(t) for jid, t in self.last_action.items() if sim.now - t < cooldown
-            },
-            last_action_by={
-                jid: self.last_action_by[jid]
-                for jid, t in self.last_action.items()
-                if sim.now - t < cooldown
-            },
-            user_actions_last_hour=per_user,
-            opted_in=frozenset(
-                j.job_id
-                for j in jobs
-                if j.state is JobState.PENDING and (opt_in is None or opt_in(j))
-            ),
-            malleable=specs,
+        return MalleableView(
+            specs=specs,
             resizing=frozenset(self.resizing),
             throughput=rates,
             resize_cost=timedelta(seconds=costs[len(costs) // 2]) if costs else None,
             last_resize_at={j: sim.at(t) for j, t in self.last_resize.items() if j in live},
         )
-        for d in self.engine.decide(snap):
-            self._carry_out(d)
 
-    def _carry_out(self, d: Decision) -> None:
+    # ---- the shared cycle's executor (cycle.core.Executor)
+
+    def confirm(self, cluster: ClusterSnapshot, at: datetime) -> None:
+        self._resize_progress()
+
+    def act(
+        self, decisions: Sequence[Decision], cluster: ClusterSnapshot, snap: PolicySnapshot
+    ) -> list[SimOutcome]:
+        return [SimOutcome(d, self._carry_out(d)) for d in decisions]
+
+    def _carry_out(self, d: Decision) -> str:
         a = d.action
         sim = self.sim
         if not d.suppressed:
@@ -537,7 +545,7 @@ class _Runner:
                 self.records.append(
                     DecisionRecord(sim.now, a.policy, a.kind, a.job_id, fields, "notified")
                 )
-            return
+            return "notified" if d.notify else "skipped"
         outcome = "done"
         try:
             if a.kind == "resize":
@@ -548,12 +556,8 @@ class _Runner:
             outcome = f"failed: {exc}"
         if outcome in {"done", "started"}:
             self.executed += 1
-            if is_ordering(a):
+            if is_ordering(a):  # no change for the guardrails (GuardrailRecords)
                 self.reorders += 1
-            else:  # an ordering update is no change for the cooldown and rate limits
-                self.last_action[a.job_id] = sim.now
-                self.last_action_by[a.job_id] = a.policy
-                self.user_actions.setdefault(a.user, deque()).append(sim.now)
         else:
             self.failed += 1
         if self.options.record_decisions:
@@ -567,6 +571,7 @@ class _Runner:
                     outcome,
                 )
             )
+        return outcome
 
     def _resize(self, action: Action) -> str:
         start_resize(self.sim, action, fast=self.options.resize_path)
@@ -733,10 +738,10 @@ def simulate(
     """Run ``trace`` on a ``shape`` cluster under ``policy_set``; deterministic.
 
     ``engine`` replaces the set's engine (tests drive a test-only policy through the
-    real engine this way). Raises
-    :class:`~slurmgpu.sim.policysets.PolicySetUnavailable` when the set's policies are
-    not installed, ``KeyError`` for an unknown set.
+    real engine this way). Raises ``KeyError`` for an unknown set.
     """
+    if policy_set in BATCH_ADAPTIVE:  # its jobs retune their batch (sim.workload)
+        trace = elastic_batch(trace)
     return _Runner(trace, shape, policy_set, options or SimOptions(), progress, engine).run()
 
 

@@ -38,7 +38,7 @@ import pytest
 
 from slurmgpu.actuate.confirm import check
 from slurmgpu.intent import SetGpus, SetTimeLimit
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.jsonformat import KNOWN_DATA_PARSERS, data_parser_version

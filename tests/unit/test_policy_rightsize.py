@@ -23,6 +23,7 @@ from slurmgpu.policy.priors import Priors
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.units import parse_time_limit
+from tests.hypothesis_profiles import examples
 from tests.unit.policy_builders import (
     HOUR,
     MIN,
@@ -318,7 +319,7 @@ def _history_and_job(draw: st.DrawFn) -> tuple[list[HistoryRecord], Job]:
 
 
 @given(_history_and_job(), st.sampled_from(["22.05.3", "24.11.1"]))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_rightsizing_never_raises_a_request(case: tuple[list[HistoryRecord], Job], v: str) -> None:
     history, job = case
     for a in RightsizePolicy().propose(snapshot([job], history=history, slurm_version=v)):
@@ -438,7 +439,7 @@ _CHANGES = st.sampled_from(
     st.lists(st.tuples(st.integers(0, 5), _CHANGES, st.integers(0, 20)), max_size=40),
     st.integers(1, 12),
 )
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 def test_kept_verdicts_match_a_fresh_policy_every_cycle(
     changes: list[tuple[int, str, int]], cycles: int
 ) -> None:
@@ -523,7 +524,7 @@ _RELOADS = st.lists(
 
 
 @given(_RELOADS)
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 def test_kept_verdicts_match_a_fresh_policy_across_history_reloads(
     reloads: list[tuple[str, str, int]],
 ) -> None:

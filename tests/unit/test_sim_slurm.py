@@ -298,7 +298,7 @@ def _shrink_scenario(scale_time_limit: bool) -> SimRun:
         record_decisions=True,
         history=past,
         max_resubmits=0,
-        policies=SimPolicies(extra=(("malleable", malleable),)),
+        policies=SimPolicies(malleable=malleable),
     )
     return simulate([a, b], ClusterShape(1, 4), "malleable", options)
 
