@@ -110,7 +110,7 @@ class Executor(Protocol[R]):
 
 def _signature(d: Decision) -> tuple[object, ...]:
     a = d.action
-    return (a.kind, tuple(sorted(a.fields.items())), a.alert, d.mode, d.execute, d.suppressed)
+    return (a.kind, a.intents, a.alert, d.mode, d.execute, d.suppressed)
 
 
 @dataclass

@@ -39,7 +39,7 @@ least ``min_remaining`` and never past its time limit.
    restart: it is resized once, to the smaller size (no one-GPU-at-a-time chains).
 3. **Start smaller** (while ``start_smaller``): a blocked *pending* malleable job that
    fits the free GPUs left at a smaller size (never below ``min_gpus``) has its request
-   lowered to the largest that fits (an ``update`` of ``TresPerNode``/``TresPerJob``; it
+   lowered to the largest that fits (an ``update`` with ``SetGpus``; it
    is grown later like any running job) when starting now beats waiting:
    ``W - run * (x(g) / x(g') - 1) >= min_gain * W``, ``run`` its history's median run
    time, else its time limit, else ``min_remaining``. Tried before shrinking others for it.
@@ -58,7 +58,8 @@ or shrunk, counts ``(T - S * cost) / (T + cost)``, ``T`` its age since submissio
 ``S`` its restarts (``Job.restart_count``): a job restarted often for its age is resized
 again only for a larger gain.
 
-Every resize and start smaller also sets the job's ``TimeLimit`` for its new size in the
+Every resize and start smaller also sets the job's time limit (``SetTimeLimit``) for its
+new size in the
 same update (:mod:`slurmgpu.policy.resize_limit`; ``scale_time_limit``), shown in the
 action's ``numbers`` (``time_limit_s``, ``time_limit_was_s``).
 
@@ -67,8 +68,8 @@ action's ``numbers`` (``time_limit_s``, ``time_limit_was_s``).
    GPU type -- or whose type this policy chose -- grows on the type where it gains
    most: every type's sizes are tried, at ``x(g') * speed(type) / speed(now)`` where
    ``speed(now)`` is the slowest type it holds, against the free GPUs of that type (plus
-   its own there); the resize names the type (``fields["gpu_type"]``, kept in the
-   update's gres). A blocked untyped job started smaller is given the type on which it
+   its own there); the resize names the type (``Resize.gpu_type``, kept in the
+   update's GPU request). A blocked untyped job started smaller is given the type on which it
    runs fastest at the size that fits there (Gavel, OSDI'20, places each job on the
    type where its throughput is highest). A job that asked for a type is never moved
    off it; without the option the policy is type-blind.
@@ -89,6 +90,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from slurmgpu.intent import Intent, SetGpus, SetTimeLimit
 from slurmgpu.model import Job, JobState, MalleableSpec, Node
 from slurmgpu.policy.base import (
     Action,
@@ -99,10 +101,8 @@ from slurmgpu.policy.base import (
 from slurmgpu.policy.gputype import slowest, speeds_for
 from slurmgpu.policy.priors import Priors
 from slurmgpu.policy.resize_limit import resized_time_limit
-from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.policy.settings import MalleableSettings
 from slurmgpu.policy.speedup import DEFAULT_PRIOR, SpeedupCurve, SpeedupPrior, fit_speedup
-from slurmgpu.units import format_time_limit
 
 __all__ = ["MAX_BLOCKED_CONSIDERED", "MalleablePolicy"]
 
@@ -527,10 +527,7 @@ class MalleablePolicy:
             )
             self._typed_here.add(job.job_id)
         free.take(placed)
-        prefix = gres_prefix(snapshot.cluster.slurm_version)
-        gpu = f"{prefix}gpu:{gpu_type}:" if gpu_type else f"{prefix}gpu:"
-        key = "TresPerNode" if req.per_node is not None else "TresPerJob"
-        limit_fields, limit_numbers = self._time_limit(
+        limit_intents, limit_numbers = self._time_limit(
             job,
             snapshot,
             (want, fitting),
@@ -547,7 +544,10 @@ class MalleablePolicy:
                 f"{spec.max_gpus}) instead of waiting about {wait_s / 60:.0f} min; "
                 "grown when GPUs free up"
             ),
-            fields={key: f"{gpu}{fitting}", **limit_fields},
+            intents=(
+                SetGpus(fitting, gpu_type or None, per_node=req.per_node is not None),
+                *limit_intents,
+            ),
             numbers={
                 "direction": "start_smaller",
                 "from_gpus": want,
@@ -566,15 +566,15 @@ class MalleablePolicy:
         gpus: tuple[int, int],
         speeds: tuple[float, float],
         remaining_s: float,
-    ) -> tuple[dict[str, str], dict[str, float | int | str | None]]:
-        """The ``TimeLimit`` field (and audit numbers) for ``job`` at its new size.
+    ) -> tuple[tuple[Intent, ...], dict[str, float | int | str | None]]:
+        """The new time limit (and audit numbers) for ``job`` at its new size.
 
         :func:`~slurmgpu.policy.resize_limit.resized_time_limit`; nothing when the limit
         stays, or while ``scale_time_limit`` is off.
         """
         s = self.settings
         if not s.scale_time_limit or job.time_limit is None:
-            return {}, {}
+            return (), {}
         running = job.state is JobState.RUNNING and job.start_time is not None
         elapsed = snapshot.at - job.start_time if running and job.start_time else timedelta(0)
         rem = remaining_s if math.isfinite(remaining_s) else 0.0
@@ -589,12 +589,12 @@ class MalleablePolicy:
             max_time=_partition_max_time(job, snapshot),
         )
         if new is None:
-            return {}, {}
+            return (), {}
         numbers: dict[str, float | int | str | None] = {
             "time_limit_s": round(new.total_seconds()),
             "time_limit_was_s": round(job.time_limit.total_seconds()),
         }
-        return {"TimeLimit": format_time_limit(new)}, numbers
+        return (SetTimeLimit.of(new),), numbers
 
     def _fitting_on_type(self, job: Job, gpu_type: str, top: int, least: int, free: _Free) -> int:
         """The most GPUs (``least`` to ``top``) ``job`` fits on now on ``gpu_type`` (0: none)."""
@@ -697,7 +697,7 @@ class MalleablePolicy:
         first, wait_s = sh.for_jobs[0]
         others = [j.display_id for j, _ in sh.for_jobs[1:]]
         also = f" (and {', '.join(others)})" if others else ""
-        limit_fields, limit_numbers = self._time_limit(
+        limit_intents, limit_numbers = self._time_limit(
             c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), c.rate(to)), c.remaining_s
         )
         return resize_action(
@@ -721,7 +721,7 @@ class MalleablePolicy:
                 "throughput_after": c.rate(to),
                 **limit_numbers,
             },
-            fields=limit_fields,
+            intents=limit_intents,
         )
 
     def _useful_give(self, c: _Running, job: Job, free: _Free, extra: dict[str, int]) -> int:
@@ -810,15 +810,13 @@ class MalleablePolicy:
             pool -= taken
             touched.add(c.job.job_id)
             after = c.rate(to)
-            type_fields: dict[str, str] = {}
             type_numbers: dict[str, float | int | str | None] = {}
             if gpu_type is not None:
                 after = c.rate(to) * self._type_gain(c, gpu_type, free)
                 self._take_of_type(free, gpu_type, taken)
                 self._typed_here.add(c.job.job_id)
-                type_fields = {"gpu_type": gpu_type}
                 type_numbers = {"gpu_type": gpu_type}
-            limit_fields, limit_numbers = self._time_limit(
+            limit_intents, limit_numbers = self._time_limit(
                 c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), after), c.remaining_s
             )
             actions.append(
@@ -843,7 +841,8 @@ class MalleablePolicy:
                         **type_numbers,
                         **limit_numbers,
                     },
-                    fields={**limit_fields, **type_fields},
+                    intents=limit_intents,
+                    gpu_type=gpu_type,
                 )
             )
         return actions

@@ -39,9 +39,9 @@ from datetime import datetime, timedelta
 from slurmgpu.actuate.actuator import execute_action
 from slurmgpu.cycle.core import MalleableView, PolicyCycle
 from slurmgpu.cycle.guardrails import GuardrailRecords
+from slurmgpu.intent import Resize, SetGpus, SetNice, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
-    PREEMPT_FIELD,
     Action,
     Decision,
     GpuStat,
@@ -50,6 +50,7 @@ from slurmgpu.policy.base import (
     PolicySnapshot,
     PriorAlert,
     is_ordering,
+    is_preempt,
 )
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
@@ -59,7 +60,7 @@ from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, buil
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
 from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
-from slurmgpu.slurm.parse import parse_gres
+from slurmgpu.slurm.update import audit_fields, update_fields
 
 DEVICE_MEMORY_MIB = 32_768.0  # the simulated GPUs: V100-32GB-like, as in Pollux's testbed
 
@@ -261,32 +262,24 @@ def _type_speed(job: SimJob, gpu_type: str) -> float:
     return speed_factor(app, gpu_type)
 
 
-def _target_gpus(action: Action, gpu_type: str | None = None) -> tuple[int, dict[str, str]] | None:
+def _target_gpus(
+    action: Action, gpu_type: str | None = None, slurm_version: str = ""
+) -> tuple[int, dict[str, str]] | None:
     """The GPU count a resize asks for, and the scontrol fields that set it.
 
-    A ``TimeLimit`` the policy set for the new size goes in the same update. The job's
-    GPU type (``gpu_type``) is kept, unless the action moves it to another
-    (``fields["gpu_type"]``, the type-aware malleable policy's growth).
+    A time limit (or a preempted job's nice) the policy set for the new size goes in the
+    same update. The job's GPU type (``gpu_type``) is kept, unless the action moves it to
+    another (``Resize.gpu_type``, the type-aware malleable policy's growth).
     """
-    f = dict(action.fields)
-    limit: dict[str, str] = {k: f[k] for k in ("TimeLimit", "Nice") if k in f}
-    gpu_type = f.get("gpu_type") or gpu_type
-    gpu = f"gres:gpu:{gpu_type}:" if gpu_type else "gres:gpu:"
-    for key in ("to_gpus", "gpus"):
-        if key not in f:
-            continue
-        k = int(f[key])
-        return k, {"TresPerJob": f"{gpu}{k}", **limit}
-    for key in ("TresPerJob", "TresPerNode"):
-        if key in f:
-            count = sum(i.count for i in parse_gres(f[key].replace("gres/", "gres:")))
-            nodes = int(f.get("NumNodes", "1")) if key == "TresPerNode" else 1
-            return count * nodes, {
-                k: v
-                for k, v in f.items()
-                if k in ("TresPerJob", "TresPerNode", "NumNodes", "TimeLimit")
-            }
-    return None
+    sized = resize_of(action.intents)
+    if sized is None:
+        return None
+    if isinstance(sized, Resize):
+        k, gpu_type = sized.to_gpus, sized.gpu_type or gpu_type
+    else:
+        k = sized.gpus
+    extra = [i for i in action.intents if isinstance(i, SetTimeLimit | SetNice)]
+    return k, update_fields((SetGpus(k, gpu_type or None, per_node=False), *extra), slurm_version)
 
 
 class _Runner:
@@ -548,7 +541,7 @@ class _Runner:
             self.alerts.append(PriorAlert(a.job_id, a.policy, a.alert or a.kind, sim.at(sim.now)))
         if not d.execute:
             if d.notify and self.options.record_decisions:
-                fields = tuple(sorted(a.fields.items()))
+                fields = tuple(sorted(audit_fields(a.intents, sim.version()).items()))
                 self.records.append(
                     DecisionRecord(sim.now, a.policy, a.kind, a.job_id, fields, "notified")
                 )
@@ -570,14 +563,19 @@ class _Runner:
         if self.options.record_decisions:
             self.records.append(
                 DecisionRecord(
-                    sim.now, a.policy, a.kind, a.job_id, tuple(sorted(a.fields.items())), outcome
+                    sim.now,
+                    a.policy,
+                    a.kind,
+                    a.job_id,
+                    tuple(sorted(audit_fields(a.intents, sim.version()).items())),
+                    outcome,
                 )
             )
         return outcome
 
     def _resize(self, action: Action) -> str:
         start_resize(self.sim, action, fast=self.options.resize_path)
-        if PREEMPT_FIELD in action.fields:
+        if is_preempt(action):
             self.preemptions += 1
         else:
             self.resizes += 1
@@ -678,9 +676,9 @@ def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None)
     more happens and the job keeps running at its old size.
     """
     job = sim.job(action.job_id)
-    target = _target_gpus(action, job.gpu_type)
+    target = _target_gpus(action, job.gpu_type, sim.version())
     if target is None:
-        raise ValueError("resize names no GPU count (gpus, TresPerJob or TresPerNode)")
+        raise ValueError("resize names no GPU count (no Resize or Preempt intent)")
     if job.state is not JobState.RUNNING:
         raise ValueError(f"job {job.job_id} is not running")
     ref = action.slurm_id or str(job.job_id)
@@ -709,7 +707,7 @@ def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None)
         if job.done:
             return
         try:
-            sim.update_job(ref, {**fields, "StartTime": "now+1"})
+            sim.update_job(ref, {**fields, **update_fields((StartSoon(1),), sim.version())})
         finally:
             sim.call_at(sim.now + fast.release_delay_s, lambda: _release(sim, job, ref))
 

@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.cycle.guardrails import Taken
 from slurmgpu.policy.base import ORDERING_ALERT, Decision, PriorAlert
+from slurmgpu.slurm.update import audit_fields
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
@@ -54,8 +55,15 @@ class AuditStore:
         self.engine = engine
         self.cluster = cluster
 
-    def record(self, decisions: Sequence[Decision], at: datetime) -> list[int]:
-        """Store decisions before anything is done about them; return their ids."""
+    def record(
+        self, decisions: Sequence[Decision], at: datetime, *, slurm_version: str = ""
+    ) -> list[int]:
+        """Store decisions before anything is done about them; return their ids.
+
+        ``fields`` holds each action's intents as ``slurm_version`` spells them
+        (:func:`~slurmgpu.slurm.update.audit_fields`: the ``scontrol update`` fields, a
+        resize's ``from_gpus``/``to_gpus``), the format every row has had.
+        """
         if not decisions:
             return []
         a = schema.actions
@@ -73,7 +81,7 @@ class AuditStore:
                 "reason": d.action.reason,
                 "numbers": dict(d.action.numbers),
                 "alert": d.action.alert,
-                "fields": dict(d.action.fields) or None,
+                "fields": audit_fields(d.action.intents, slurm_version) or None,
                 "execute": d.execute,
                 "notify": d.notify,
                 "suppressed": d.suppressed,

@@ -79,7 +79,7 @@ def _key(decisions: Sequence[Decision]) -> list[tuple[object, ...]]:
             d.action.policy,
             d.action.kind,
             d.action.job_id,
-            tuple(sorted(d.action.fields.items())),
+            d.action.intents,
             d.execute,
             d.notify,
             d.suppressed,

@@ -11,14 +11,19 @@ from pathlib import Path
 import pytest
 
 from slurmgpu.config import ConfigError, load_settings
+from slurmgpu.intent import SetGpus, SetTimeLimit
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, MalleableSpec, Node
 from slurmgpu.policy.base import Action, JobUsage, Mode, PolicySnapshot, resize_sizes
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.settings import EngineSettings, MalleableSettings, PolicyConfigError
 from slurmgpu.policy.speedup import DEFAULT_PRIOR, fit_speedup
-from slurmgpu.slurm.parse import parse_time_limit
 from tests.unit.policy_builders import HOUR, MIN, T0, gpu, pending_job, record, running_job, usage
+
+
+def limit_of(action: Action) -> SetTimeLimit | None:
+    """The action's time limit intent, if it has one."""
+    return next((i for i in action.intents if isinstance(i, SetTimeLimit)), None)
 
 
 def nodes(count: int = 2, gpus: int = 4, used: Mapping[str, int] | None = None) -> list[Node]:
@@ -356,27 +361,26 @@ def test_a_waiting_malleable_job_starts_now_at_the_gpus_free() -> None:
     actions = MalleablePolicy().propose(snap(jobs, malleable={3: (2, 4)}))
     (a,) = actions
     assert (a.kind, a.job_id, a.policy) == ("update", 3, "malleable")
-    assert a.fields == {"TresPerNode": "gres/gpu:2", "TimeLimit": a.fields["TimeLimit"]}
+    assert a.intents == (SetGpus(2), limit_of(a))
     assert a.numbers["direction"] == "start_smaller" and a.numbers["to_gpus"] == 2
     # Its 1 h limit was for 4 GPUs: scaled by the prior curve's speed ratio, +10 %, +1 min.
     curve = fit_speedup({4: 1.0}, DEFAULT_PRIOR)
     assert curve is not None
     ratio = curve.throughput(4) / curve.throughput(2)
     want = timedelta(minutes=math.ceil(60 * ratio * 1.1 + 1))
-    assert parse_time_limit(a.fields["TimeLimit"]) == want
+    assert limit_of(a) == SetTimeLimit.of(want)
     assert a.numbers["time_limit_s"] == want.total_seconds()
     assert a.numbers["time_limit_was_s"] == 3600
     assert not a.requires_opt_in  # the malleable spec is the opt-in
 
 
-def test_start_smaller_spells_gres_for_slurm_22_05_and_per_job_requests() -> None:
+def test_start_smaller_keeps_per_job_requests_per_job() -> None:
     rigid = running_job(1, gpus=four("gpu1"), started=HOUR, user="bob")
     half = running_job(2, gpus=two("gpu2"), started=HOUR, user="bob")
     waiting = pending_job(3, gpus_per_node=None, gpus_per_job=4, time_limit=timedelta(hours=1))
     s = snap([rigid, half, waiting], malleable={3: (1, 4)})
-    s = replace(s, cluster=replace(s.cluster, slurm_version="22.05.8"))
     (a,) = MalleablePolicy().propose(s)
-    assert a.fields == {"TresPerJob": "gres:gpu:2", "TimeLimit": "02:03:00"}
+    assert a.intents == (SetGpus(2, per_node=False), SetTimeLimit(2 * 3600 + 3 * 60))
 
 
 def test_start_smaller_never_below_min_nor_for_jobs_that_are_not_malleable() -> None:
@@ -412,7 +416,7 @@ def test_a_shrunk_job_gets_its_time_limit_raised_in_the_same_update() -> None:
     (a,) = MalleablePolicy().propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}))
     assert sizes([a]) == {1: (4, 2)}
     want = timedelta(minutes=math.ceil(23 * 60 * 110 / 100 * 1.1 + 1))
-    assert parse_time_limit(a.fields["TimeLimit"]) == want
+    assert limit_of(a) == SetTimeLimit.of(want)
     assert a.numbers["time_limit_s"] == want.total_seconds()
     assert a.numbers["time_limit_was_s"] == 24 * 3600
 
@@ -424,7 +428,7 @@ def test_a_shrunk_job_s_raised_limit_stops_at_its_partition_s_max_time() -> None
         partition_max_time={"gpu": timedelta(hours=25)},
     )
     (a,) = MalleablePolicy().propose(s)
-    assert a.fields["TimeLimit"] == "1-01:00:00"
+    assert limit_of(a) == SetTimeLimit(25 * 3600)  # 1-01:00:00
 
 
 def test_an_expanded_job_s_limit_is_lowered_to_what_it_had_left() -> None:
@@ -435,7 +439,7 @@ def test_an_expanded_job_s_limit_is_lowered_to_what_it_had_left() -> None:
     assert sizes([a]) == {1: (2, 4)}
     # 2 h used of its 24 h limit: the run at 4 GPUs gets the 22 h left (+1 min restart),
     # not a fresh 24 h, and no less whatever the speed-up.
-    assert parse_time_limit(a.fields["TimeLimit"]) == timedelta(hours=22, minutes=1)
+    assert limit_of(a) == SetTimeLimit.of(timedelta(hours=22, minutes=1))
     assert a.numbers["time_limit_s"] == 22 * 3600 + 60
 
 
@@ -443,7 +447,7 @@ def test_time_limits_stay_when_scaling_is_off() -> None:
     jobs = full_cluster_with_waiting_rigid_job(time_limit=timedelta(hours=1))
     off = MalleablePolicy(MalleableSettings(scale_time_limit=False))
     (a,) = off.propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}))
-    assert "TimeLimit" not in a.fields
+    assert limit_of(a) is None
 
 
 # -- GPU types: a job is planned only onto the type it asked for ---------------------------

@@ -22,6 +22,7 @@ from slurmgpu.policy.sizing import (
     time_limit_s,
 )
 from slurmgpu.report.eff import EffThresholds, job_efficiency, notes
+from slurmgpu.slurm.update import update_fields
 from slurmgpu.units import format_time_limit
 from tests.hypothesis_profiles import examples
 from tests.unit.policy_builders import pending_job, record, snapshot
@@ -132,12 +133,13 @@ def _three_sizes(run_s: int, peak_mib: int, busy_cores: float) -> dict[str, dict
         ended(done),
     )
     eff = {n.kind: n.option for n in notes(report)}
+    fields = update_fields(action.intents, "")  # as the daemon spells them for Slurm
     return {
         "rightsize": {
-            "time": action.fields["TimeLimit"],
-            "mem": mem_text(int(action.fields["MinMemoryNode"])),
-            "cpus": int(action.fields["NumCPUs"]),
-            "gpus": action.fields["TresPerNode"].rpartition(":")[2],
+            "time": fields["TimeLimit"],
+            "mem": mem_text(int(fields["MinMemoryNode"])),
+            "cpus": int(fields["NumCPUs"]),
+            "gpus": fields["TresPerNode"].rpartition(":")[2],
         },
         "recommend": {
             "time": format_time_limit(timedelta(minutes=int(rec["time_limit_min"] or 0))),
