@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from slurmgpu.model import JobState
+from slurmgpu.model import JobState, Node
 from slurmgpu.sim.progress import ElasticRuntime, ProgressModel
 from slurmgpu.sim.state import JobRun, SimJob
 
@@ -33,6 +33,7 @@ class SchedulerModel(ProgressModel):
     bf_max_job_test: int
     kill_wait_s: float
     _free_counts: list[int]  # whole GPUs free, per node
+    _node_list: list[Node] | None  # nodes() as of the last GPU (or shard) change
     _pending: dict[int, SimJob]
     _running: dict[int, SimJob]
     _throttle: dict[int, int]
@@ -71,6 +72,7 @@ class SchedulerModel(ProgressModel):
         job.end_s = math.nan
         job.alloc = alloc
         job.shard_alloc = shard
+        self._node_list = None
         for n, gpus in alloc:
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = job.job_id
@@ -109,6 +111,7 @@ class SchedulerModel(ProgressModel):
         self._fold(job)
         self._close_run(job)
         sharers = self._sharers(job)
+        self._node_list = None
         for n, gpus in job.alloc:
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = None

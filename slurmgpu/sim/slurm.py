@@ -149,6 +149,7 @@ class SimSlurm(SchedulerModel):
         self.finished: list[SimJob] = []
         self.listeners: list[Callable[[SimJob], None]] = []  # called when a job ends
         self.changes = 0  # state changes so far (callers skip idle policy cycles)
+        self._node_list = None
 
     def submit_job(self, spec: TraceJob, *, resume: SimJob | None = None) -> int:
         """Submit one trace job now; returns its job id (the array id for an array).
@@ -229,6 +230,12 @@ class SimSlurm(SchedulerModel):
         return out
 
     def nodes(self) -> list[Node]:
+        # Rebuilt only after a job took or left GPUs (cycles far outnumber those).
+        if self._node_list is None:
+            self._node_list = self._build_nodes()
+        return list(self._node_list)
+
+    def _build_nodes(self) -> list[Node]:
         out = []
         for n in self._nodes:
             used = [i for i, o in enumerate(n.gpu_owner) if o is not None or n.gpu_shards[i]]
@@ -463,6 +470,7 @@ class SimSlurm(SchedulerModel):
             )
         self._fold(job)
         keep = sorted(job.alloc, key=lambda a: (-len(a[1]), a[0]))[:nodes]
+        self._node_list = None
         for node_i, gpus in job.alloc:
             if (node_i, gpus) not in keep:
                 for g in gpus:
