@@ -33,7 +33,7 @@ class SchedulerModel(ProgressModel):
     bf_max_job_test: int
     kill_wait_s: float
     _free_counts: list[int]  # whole GPUs free, per node
-    _node_list: list[Node] | None  # nodes() as of the last GPU (or shard) change
+    _node_objs: list[Node | None]  # each node's listing, None once a job took or left it
     _pending: dict[int, SimJob]
     _running: dict[int, SimJob]
     _throttle: dict[int, int]
@@ -72,13 +72,14 @@ class SchedulerModel(ProgressModel):
         job.end_s = math.nan
         job.alloc = alloc
         job.shard_alloc = shard
-        self._node_list = None
         for n, gpus in alloc:
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = job.job_id
             self._free_counts[n] -= len(gpus)
+            self._node_objs[n] = None
         if shard is not None:
             n, g, s = shard
+            self._node_objs[n] = None
             if not self._nodes[n].gpu_shards[g]:
                 self._free_counts[n] -= 1
             self._nodes[n].gpu_shards[g][job.job_id] = s
@@ -111,13 +112,14 @@ class SchedulerModel(ProgressModel):
         self._fold(job)
         self._close_run(job)
         sharers = self._sharers(job)
-        self._node_list = None
         for n, gpus in job.alloc:
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = None
             self._free_counts[n] += len(gpus)
+            self._node_objs[n] = None
         if job.shard_alloc is not None:
             n, g, _ = job.shard_alloc
+            self._node_objs[n] = None
             self._nodes[n].gpu_shards[g].pop(job.job_id, None)
             if not self._nodes[n].gpu_shards[g]:
                 self._free_counts[n] += 1
