@@ -349,6 +349,10 @@ class _Runner:
             self.colocate_window_s = int(min_samples) * options.sample_interval_s + options.period_s
         # The daemon's cycle (cycle.core), with this runner as its sources and executor.
         self.usage_model = UsageModel(self.sim, options.sample_interval_s)
+        # job id -> (what it was worked out from, its spec, its measured rates)
+        self.malleable_cache: dict[
+            int, tuple[tuple[object, ...], MalleableSpec, dict[int, float] | None]
+        ] = {}
         self.core: PolicyCycle[SimOutcome] = PolicyCycle(self.engine, self, self, self.guardrails)
 
     # ---- arrivals and endings
@@ -551,18 +555,32 @@ class _Runner:
         specs: dict[int, MalleableSpec] = {}
         rates: dict[int, dict[int, float]] = {}
         sim = self.sim
+        cache = self.malleable_cache
         for job in (*sim.running(), *sim.pending()):
             m = job.malleable
             if m is None or job.array_job_id is not None:
                 continue
-            specs[job.job_id] = MalleableSpec(job.job_id, m.min_gpus, m.max_gpus)
-            sizes = {int(r.gpus) for r in job.runs if r.gpus >= 1}
-            if job.state is JobState.RUNNING and job.runs:
-                # measured on the GPU type it runs on now (a typed cluster)
-                factor = sim.type_factor(job)
-                rates[job.job_id] = {
-                    g: job.model.rate(packed(g, sim.gpus_per_node)) * factor for g in sorted(sizes)
-                }
+            running = job.state is JobState.RUNNING and bool(job.runs)
+            # measured on the GPU type it runs on now (a typed cluster)
+            factor = sim.type_factor(job) if running else 1.0
+            # A job's runs only grow, so their count says whether its sizes changed.
+            key = (m, len(job.runs), running, factor)
+            hit = cache.get(job.job_id)
+            if hit is None or hit[0] != key:
+                spec = MalleableSpec(job.job_id, m.min_gpus, m.max_gpus)
+                measured: dict[int, float] | None = None
+                if running:
+                    sizes = {int(r.gpus) for r in job.runs if r.gpus >= 1}
+                    measured = {
+                        g: job.model.rate(packed(g, sim.gpus_per_node)) * factor
+                        for g in sorted(sizes)
+                    }
+                hit = cache[job.job_id] = (key, spec, measured)
+            specs[job.job_id] = hit[1]
+            if hit[2] is not None:
+                rates[job.job_id] = dict(hit[2])
+        if len(cache) > 2 * len(specs) + 64:  # forget jobs that ended
+            self.malleable_cache = {j: v for j, v in cache.items() if j in specs}
         return specs, rates
 
     # ---- Tiresias' preemption, the Slurm way
