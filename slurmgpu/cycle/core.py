@@ -62,7 +62,7 @@ class MalleableView:
 class CycleSources(Protocol):
     """What a snapshot needs besides the listing (the daemon's store, or the simulator)."""
 
-    def job_usage(self, cluster: ClusterSnapshot, at: datetime) -> dict[int, JobUsage]:
+    def job_usage(self, cluster: ClusterSnapshot, at: datetime) -> Mapping[int, JobUsage]:
         """Per-GPU usage of the running jobs."""
         ...
 

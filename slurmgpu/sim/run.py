@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -44,7 +44,6 @@ from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
     Action,
     Decision,
-    GpuStat,
     HistoryRecord,
     JobUsage,
     PolicySnapshot,
@@ -58,11 +57,10 @@ from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preempti
 from slurmgpu.sim.gputypes import speed_factor
 from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, build_engine
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
+from slurmgpu.sim.usage import LazyUsage, UsageModel
 from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.update import audit_fields, update_fields
-
-DEVICE_MEMORY_MIB = 32_768.0  # the simulated GPUs: V100-32GB-like, as in Pollux's testbed
 
 __all__ = [
     "ClusterShape",
@@ -343,6 +341,11 @@ class _Runner:
             min_samples = getattr(getattr(names["colocate"], "settings", None), "min_samples", 3)
             self.colocate_window_s = int(min_samples) * options.sample_interval_s + options.period_s
         # The daemon's cycle (cycle.core), with this runner as its sources and executor.
+        self.usage_model = UsageModel(self.sim, options.sample_interval_s)
+        # job id -> (what it was worked out from, its spec, its measured rates)
+        self.malleable_cache: dict[
+            int, tuple[tuple[object, ...], MalleableSpec, dict[int, float] | None]
+        ] = {}
         self.core: PolicyCycle[SimOutcome] = PolicyCycle(self.engine, self, self, self.guardrails)
 
     # ---- arrivals and endings
@@ -428,56 +431,8 @@ class _Runner:
             self.qssf.update(Priors.from_history(self.history_tuple))
             self.sim.changes += 1
 
-    def _usage(self) -> dict[int, JobUsage]:
-        sim = self.sim
-        now = sim.now
-        at = sim.at(now)
-        usage: dict[int, JobUsage] = {}
-        # Util the jobs sharing one GPU would keep it busy at alone, summed: per-process
-        # samples show each its own util while the sum fits the GPU, and its time slice
-        # (its util / the sum) once it does not.
-        demand: dict[tuple[int, int], float] = {}
-        for job in sim.running():
-            if job.shard_alloc is not None:
-                key = (job.shard_alloc[0], job.shard_alloc[1])
-                demand[key] = demand.get(key, 0.0) + max(job.model.util_pct, 0.0)
-        for job in sim.running():
-            util = job.model.util_pct
-            if job.alloc:
-                node_names = [n for n in sim.job_record(job).nodes]
-                where = [
-                    (name, g)
-                    for name, (_, gpus) in zip(node_names, job.alloc, strict=True)
-                    for g in gpus
-                ]
-            elif job.shard_alloc is not None:
-                # A shard job's per-process samples are on the one GPU its shards are on.
-                where = [(sim.job_record(job).nodes[0], job.shard_alloc[1])]
-                summed = demand[(job.shard_alloc[0], job.shard_alloc[1])]
-                util *= min(1.0, 100.0 / max(summed, 1e-9))
-            else:
-                continue
-            samples = max(1, int((now - job.start_s) // self.options.sample_interval_s))
-            # A job whose GPUs compute nothing has been idle since it started.
-            idle = job.model.util_pct <= 0
-            idle_for = timedelta(seconds=now - job.start_s) if idle else timedelta(0)
-            stats = tuple(
-                GpuStat(
-                    node=name,
-                    gpu_index=g,
-                    samples=samples,
-                    mean_util_pct=util,
-                    max_util_pct=util,
-                    max_memory_mib=job.model.memory_mib,
-                    memory_total_mib=DEVICE_MEMORY_MIB,
-                    trailing_idle=idle_for,
-                    never_busy=idle,
-                    last_sample_at=at,
-                )
-                for name, g in where
-            )
-            usage[job.job_id] = JobUsage(job.job_id, stats)
-        return usage
+    def _usage(self) -> LazyUsage:
+        return self.usage_model.usage()
 
     def _cycle(self) -> None:
         sim = self.sim
@@ -497,7 +452,7 @@ class _Runner:
 
     # ---- the shared cycle's sources (cycle.core.CycleSources)
 
-    def job_usage(self, cluster: ClusterSnapshot, at: datetime) -> dict[int, JobUsage]:
+    def job_usage(self, cluster: ClusterSnapshot, at: datetime) -> Mapping[int, JobUsage]:
         return self._usage()
 
     def history(self, at: datetime) -> tuple[HistoryRecord, ...]:
@@ -598,18 +553,32 @@ class _Runner:
         specs: dict[int, MalleableSpec] = {}
         rates: dict[int, dict[int, float]] = {}
         sim = self.sim
+        cache = self.malleable_cache
         for job in (*sim.running(), *sim.pending()):
             m = job.malleable
             if m is None or job.array_job_id is not None:
                 continue
-            specs[job.job_id] = MalleableSpec(job.job_id, m.min_gpus, m.max_gpus)
-            sizes = {int(r.gpus) for r in job.runs if r.gpus >= 1}
-            if job.state is JobState.RUNNING and job.runs:
-                # measured on the GPU type it runs on now (a typed cluster)
-                factor = sim.type_factor(job)
-                rates[job.job_id] = {
-                    g: job.model.rate(packed(g, sim.gpus_per_node)) * factor for g in sorted(sizes)
-                }
+            running = job.state is JobState.RUNNING and bool(job.runs)
+            # measured on the GPU type it runs on now (a typed cluster)
+            factor = sim.type_factor(job) if running else 1.0
+            # A job's runs only grow, so their count says whether its sizes changed.
+            key = (m, len(job.runs), running, factor)
+            hit = cache.get(job.job_id)
+            if hit is None or hit[0] != key:
+                spec = MalleableSpec(job.job_id, m.min_gpus, m.max_gpus)
+                measured: dict[int, float] | None = None
+                if running:
+                    sizes = {int(r.gpus) for r in job.runs if r.gpus >= 1}
+                    measured = {
+                        g: job.model.rate(packed(g, sim.gpus_per_node)) * factor
+                        for g in sorted(sizes)
+                    }
+                hit = cache[job.job_id] = (key, spec, measured)
+            specs[job.job_id] = hit[1]
+            if hit[2] is not None:
+                rates[job.job_id] = dict(hit[2])
+        if len(cache) > 2 * len(specs) + 64:  # forget jobs that ended
+            self.malleable_cache = {j: v for j, v in cache.items() if j in specs}
         return specs, rates
 
     # ---- Tiresias' preemption, the Slurm way

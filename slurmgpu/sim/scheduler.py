@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from slurmgpu.model import JobState
+from slurmgpu.model import JobState, Node
 from slurmgpu.sim.progress import ElasticRuntime, ProgressModel
 from slurmgpu.sim.state import JobRun, SimJob
 
@@ -33,6 +33,7 @@ class SchedulerModel(ProgressModel):
     bf_max_job_test: int
     kill_wait_s: float
     _free_counts: list[int]  # whole GPUs free, per node
+    _node_objs: list[Node | None]  # each node's listing, None once a job took or left it
     _pending: dict[int, SimJob]
     _running: dict[int, SimJob]
     _throttle: dict[int, int]
@@ -75,8 +76,10 @@ class SchedulerModel(ProgressModel):
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = job.job_id
             self._free_counts[n] -= len(gpus)
+            self._node_objs[n] = None
         if shard is not None:
             n, g, s = shard
+            self._node_objs[n] = None
             if not self._nodes[n].gpu_shards[g]:
                 self._free_counts[n] -= 1
             self._nodes[n].gpu_shards[g][job.job_id] = s
@@ -113,8 +116,10 @@ class SchedulerModel(ProgressModel):
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = None
             self._free_counts[n] += len(gpus)
+            self._node_objs[n] = None
         if job.shard_alloc is not None:
             n, g, _ = job.shard_alloc
+            self._node_objs[n] = None
             self._nodes[n].gpu_shards[g].pop(job.job_id, None)
             if not self._nodes[n].gpu_shards[g]:
                 self._free_counts[n] += 1

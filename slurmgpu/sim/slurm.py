@@ -62,6 +62,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
+from typing import cast
 
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.sim.clock import EPOCH
@@ -149,6 +150,7 @@ class SimSlurm(SchedulerModel):
         self.finished: list[SimJob] = []
         self.listeners: list[Callable[[SimJob], None]] = []  # called when a job ends
         self.changes = 0  # state changes so far (callers skip idle policy cycles)
+        self._node_objs = [None] * len(self._nodes)
 
     def submit_job(self, spec: TraceJob, *, resume: SimJob | None = None) -> int:
         """Submit one trace job now; returns its job id (the array id for an array).
@@ -229,26 +231,29 @@ class SimSlurm(SchedulerModel):
         return out
 
     def nodes(self) -> list[Node]:
-        out = []
-        for n in self._nodes:
-            used = [i for i, o in enumerate(n.gpu_owner) if o is not None or n.gpu_shards[i]]
-            shards_used = sum(sum(s.values()) for s in n.gpu_shards)
-            total = len(n.gpu_owner)
-            state = "idle" if not used else ("allocated" if len(used) == total else "mixed")
-            out.append(
-                Node(
-                    name=n.name,
-                    state=state,
-                    gpus=total,
-                    shards=total * n.shards_per_gpu,
-                    gpus_used=len(used),
-                    gpu_indices_used=tuple(used),
-                    shards_used=shards_used,
-                    partitions=("gpu",),
-                    gpu_type=n.gpu_type,
-                )
-            )
-        return out
+        # A node's listing is rebuilt only after a job took or left its GPUs.
+        objs = self._node_objs
+        for i, obj in enumerate(objs):
+            if obj is None:
+                objs[i] = self._node_obj(self._nodes[i])
+        return cast(list[Node], list(objs))
+
+    @staticmethod
+    def _node_obj(n: SimNode) -> Node:
+        used = [i for i, o in enumerate(n.gpu_owner) if o is not None or n.gpu_shards[i]]
+        total = len(n.gpu_owner)
+        state = "idle" if not used else ("allocated" if len(used) == total else "mixed")
+        return Node(
+            name=n.name,
+            state=state,
+            gpus=total,
+            shards=total * n.shards_per_gpu,
+            gpus_used=len(used),
+            gpu_indices_used=tuple(used),
+            shards_used=sum(sum(s.values()) for s in n.gpu_shards),
+            partitions=("gpu",),
+            gpu_type=n.gpu_type,
+        )
 
     def submit(
         self,
@@ -468,6 +473,7 @@ class SimSlurm(SchedulerModel):
                 for g in gpus:
                     self._nodes[node_i].gpu_owner[g] = None
                 self._free_counts[node_i] += len(gpus)
+                self._node_objs[node_i] = None
         self._close_run(job)
         job.alloc = keep
         job.gpus = sum(len(g) for _, g in keep)
