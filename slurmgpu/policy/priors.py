@@ -77,8 +77,7 @@ def quantile_nearest_rank(sorted_values: Sequence[float], q: float) -> float:
     """
     if not sorted_values:
         raise ValueError("no values")
-    rank = math.ceil(q * len(sorted_values) - 1e-9)
-    return sorted_values[min(len(sorted_values), max(rank, 1)) - 1]
+    return sorted_values[_rank(q, len(sorted_values)) - 1]
 
 
 class Estimate(msgspec.Struct, frozen=True, gc=False):
@@ -137,6 +136,11 @@ def _state_kind(state: str) -> int:
     return kind
 
 
+def _rank(q: float, n: int) -> int:
+    """The nearest rank of the ``q`` quantile among ``n`` sorted values, 1-based."""
+    return min(n, max(math.ceil(q * n - 1e-9), 1))
+
+
 def _max(current: float | None, value: float | None) -> float | None:
     if value is None:
         return current
@@ -147,6 +151,7 @@ class _Agg:
     """Mergeable statistics of one group of history records."""
 
     __slots__ = (
+        "_gpu_index",
         "_sorted",
         "cpu_max",
         "cpu_n",
@@ -168,6 +173,7 @@ class _Agg:
 
     def __init__(self) -> None:
         self._sorted: list[float] | None = None  # run_times sorted, once built
+        self._gpu_index: tuple[dict[int, int], dict[int, float]] | None = None
         self.run_times: list[float] = []
         self.run_gpus: list[int] = []  # GPUs each sample asked for, parallel to run_times
         self.timeouts = 0
@@ -248,27 +254,76 @@ class _Agg:
             done = self._sorted = sorted(self.run_times)
         return done
 
-    def times_for(self, gpus: int | None, min_samples: int) -> tuple[list[float], int, bool]:
-        """Run times for a job of ``gpus`` GPUs (see the module docstring), sorted; how
-        many runs had exactly that count; whether other counts were scaled."""
+    def _per_gpus(self) -> tuple[dict[int, int], dict[int, float]]:
+        """How many runs asked for each GPU count, and the longest of them (built once,
+        when the group is complete): what most run-time quantiles need, without a pass
+        over the runs per GPU count asked."""
+        index = self._gpu_index
+        if index is None:
+            counts: dict[int, int] = {}
+            longest: dict[int, float] = {}
+            for t, g in zip(self.run_times, self.run_gpus, strict=True):
+                n = counts.get(g)
+                if n is None:
+                    counts[g], longest[g] = 1, t
+                else:
+                    counts[g] = n + 1
+                    longest[g] = max(longest[g], t)
+            index = self._gpu_index = (counts, longest)
+        return index
+
+    def run_time(
+        self, gpus: int | None, q: float, min_samples: int
+    ) -> tuple[float, float, int, int, bool]:
+        """The run-time figures for a job of ``gpus`` GPUs (see the module docstring):
+        the nearest-rank ``q`` quantile and the longest of the run times it is taken
+        over, how many those are, how many runs had exactly ``gpus`` GPUs, and whether
+        other counts were scaled. Raises ValueError when no run time applies.
+
+        The same figures as sorting the run times that apply and reading them, without
+        the sort where the quantile is the longest run (its rank is the last: fewer than
+        ``1 / (1 - q)`` runs, 20 at 0.95, which is most keys), since scaling by
+        ``g / gpus`` keeps the order of a GPU count's runs (rounding is monotonic)."""
+        n = len(self.run_times)
         if gpus is None or gpus <= 0:
-            return self.sorted_times(), 0, False
-        run_times, run_gpus = self.run_times, self.run_gpus
-        if gpus not in run_gpus:  # a C-level scan: no run asked for this many
-            if not run_times or min_samples <= 0:
-                return [], 0, False
-            same_n = 0
-        else:
-            same = [t for t, g in zip(run_times, run_gpus, strict=True) if g == gpus]
-            same_n = len(same)
-            if same_n >= min_samples or same_n == len(run_times):
-                same.sort()
-                return same, same_n, False
+            if not n:
+                raise ValueError("no values")
+            rank = _rank(q, n)
+            if rank == n and self._sorted is None:
+                top = max(self.run_times)
+                return top, top, n, 0, False
+            times = self.sorted_times()
+            return times[rank - 1], times[-1], n, 0, False
+        counts, longest = self._per_gpus()
+        same_n = counts.get(gpus, 0)
+        if same_n >= min_samples or same_n == n:  # from the runs with as many GPUs only
+            if not same_n:
+                raise ValueError("no values")
+            top = longest[gpus]
+            rank = _rank(q, same_n)
+            if rank == same_n:
+                return top, top, same_n, same_n, False
+            same = sorted(
+                [t for t, g in zip(self.run_times, self.run_gpus, strict=True) if g == gpus]
+            )
+            return same[rank - 1], top, same_n, same_n, False
+        rank = _rank(q, n)
         if self.gpus_requested <= gpus:  # no run asked for more: none is scaled
-            return self.sorted_times(), same_n, True
-        scaled = [t * g / gpus if g > gpus else t for t, g in zip(run_times, run_gpus, strict=True)]
-        scaled.sort()
-        return scaled, same_n, True
+            if rank == n:
+                top = max(longest.values())
+                return top, top, n, same_n, True
+            times = self.sorted_times()
+            return times[rank - 1], times[-1], n, same_n, True
+        top = max([t * g / gpus if g > gpus else t for g, t in longest.items()])
+        if rank == n:
+            return top, top, n, same_n, True
+        scaled = sorted(
+            [
+                t * g / gpus if g > gpus else t
+                for t, g in zip(self.run_times, self.run_gpus, strict=True)
+            ]
+        )
+        return scaled[rank - 1], top, n, same_n, True
 
     def estimate(
         self,
@@ -278,16 +333,16 @@ class _Agg:
         gpus: int | None = None,
         min_samples: int = 1,
     ) -> Estimate:
-        times, gpu_samples, scaled = self.times_for(gpus, min_samples)
+        quantile, longest, samples, gpu_samples, scaled = self.run_time(gpus, q, min_samples)
         # Positional, in Estimate's field order: a first cycle builds tens of thousands,
         # and msgspec matches 21 keywords by name on each.
         return Estimate(
             level,
             key,
-            len(times),
+            samples,
             q,
-            timedelta(seconds=quantile_nearest_rank(times, q)),
-            timedelta(seconds=times[-1]),
+            timedelta(seconds=quantile),
+            timedelta(seconds=longest),
             self.timeouts,
             self.mem_max,
             self.node_mem_max,
@@ -553,9 +608,9 @@ class Priors:
         timedelta holds it), ``samples``, ``gpu_samples`` and ``gpu_scaled``."""
         agg = self._aggs.get(key) or self._agg(key)
         assert agg is not None  # the caller's key answers
-        times, same_n, scaled = agg.times_for(gpus, self.min_samples)
-        q = timedelta(seconds=quantile_nearest_rank(times, self.quantile)).total_seconds()
-        return q, len(times), same_n, scaled
+        q, _, samples, same_n, scaled = agg.run_time(gpus, self.quantile, self.min_samples)
+        # in seconds as the Estimate's timedelta holds it (to the microsecond)
+        return timedelta(seconds=q).total_seconds(), samples, same_n, scaled
 
     def estimate(self, job: Job, *, script_hash: str | None = None) -> Estimate | None:
         """Return the estimate for ``job``'s GPU count from the finest key with enough
