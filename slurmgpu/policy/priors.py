@@ -45,6 +45,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
+from itertools import compress
+from operator import mul
 
 import msgspec
 
@@ -151,7 +153,6 @@ class _Agg:
     """Mergeable statistics of one group of history records."""
 
     __slots__ = (
-        "_gpu_index",
         "_sorted",
         "cpu_max",
         "cpu_n",
@@ -173,7 +174,6 @@ class _Agg:
 
     def __init__(self) -> None:
         self._sorted: list[float] | None = None  # run_times sorted, once built
-        self._gpu_index: tuple[dict[int, int], dict[int, float]] | None = None
         self.run_times: list[float] = []
         self.run_gpus: list[int] = []  # GPUs each sample asked for, parallel to run_times
         self.timeouts = 0
@@ -254,24 +254,6 @@ class _Agg:
             done = self._sorted = sorted(self.run_times)
         return done
 
-    def _per_gpus(self) -> tuple[dict[int, int], dict[int, float]]:
-        """How many runs asked for each GPU count, and the longest of them (built once,
-        when the group is complete): what most run-time quantiles need, without a pass
-        over the runs per GPU count asked."""
-        index = self._gpu_index
-        if index is None:
-            counts: dict[int, int] = {}
-            longest: dict[int, float] = {}
-            for t, g in zip(self.run_times, self.run_gpus, strict=True):
-                n = counts.get(g)
-                if n is None:
-                    counts[g], longest[g] = 1, t
-                else:
-                    counts[g] = n + 1
-                    longest[g] = max(longest[g], t)
-            index = self._gpu_index = (counts, longest)
-        return index
-
     def run_time(
         self, gpus: int | None, q: float, min_samples: int
     ) -> tuple[float, float, int, int, bool]:
@@ -281,49 +263,50 @@ class _Agg:
         other counts were scaled. Raises ValueError when no run time applies.
 
         The same figures as sorting the run times that apply and reading them, without
-        the sort where the quantile is the longest run (its rank is the last: fewer than
-        ``1 / (1 - q)`` runs, 20 at 0.95, which is most keys), since scaling by
-        ``g / gpus`` keeps the order of a GPU count's runs (rounding is monotonic)."""
-        n = len(self.run_times)
+        the sort (or a Python loop: C-level passes) where the quantile is the longest run
+        (its rank is the last: fewer than ``1 / (1 - q)`` runs, 20 at 0.95, which is most
+        keys). Scaling by ``g / gpus`` keeps the order of runs (rounding is monotonic),
+        so the longest scaled run is the longest ``t * g`` scaled."""
+        run_times = self.run_times
+        n = len(run_times)
         if gpus is None or gpus <= 0:
             if not n:
                 raise ValueError("no values")
             rank = _rank(q, n)
             if rank == n and self._sorted is None:
-                top = max(self.run_times)
+                top = max(run_times)
                 return top, top, n, 0, False
             times = self.sorted_times()
             return times[rank - 1], times[-1], n, 0, False
-        counts, longest = self._per_gpus()
-        same_n = counts.get(gpus, 0)
+        run_gpus = self.run_gpus
+        same_n = run_gpus.count(gpus)
         if same_n >= min_samples or same_n == n:  # from the runs with as many GPUs only
             if not same_n:
                 raise ValueError("no values")
-            top = longest[gpus]
-            rank = _rank(q, same_n)
-            if rank == same_n:
+            same = list(compress(run_times, map(gpus.__eq__, run_gpus)))
+            if _rank(q, same_n) == same_n:
+                top = max(same)
                 return top, top, same_n, same_n, False
-            same = sorted(
-                [t for t, g in zip(self.run_times, self.run_gpus, strict=True) if g == gpus]
-            )
-            return same[rank - 1], top, same_n, same_n, False
+            same.sort()
+            return same[_rank(q, same_n) - 1], same[-1], same_n, same_n, False
         rank = _rank(q, n)
         if self.gpus_requested <= gpus:  # no run asked for more: none is scaled
             if rank == n:
-                top = max(longest.values())
+                top = max(run_times)
                 return top, top, n, same_n, True
             times = self.sorted_times()
             return times[rank - 1], times[-1], n, same_n, True
-        top = max([t * g / gpus if g > gpus else t for g, t in longest.items()])
         if rank == n:
+            longest = max(compress(map(mul, run_times, run_gpus), map(gpus.__lt__, run_gpus)))
+            top = longest / gpus
+            unscaled = max(compress(run_times, map(gpus.__ge__, run_gpus)), default=None)
+            if unscaled is not None and unscaled > top:
+                top = unscaled
             return top, top, n, same_n, True
         scaled = sorted(
-            [
-                t * g / gpus if g > gpus else t
-                for t, g in zip(self.run_times, self.run_gpus, strict=True)
-            ]
+            [t * g / gpus if g > gpus else t for t, g in zip(run_times, run_gpus, strict=True)]
         )
-        return scaled[rank - 1], top, n, same_n, True
+        return scaled[rank - 1], scaled[-1], n, same_n, True
 
     def estimate(
         self,
