@@ -27,6 +27,9 @@ measures in one process:
   history reload cost before statistics were carried over).
 
 Each figure is the median of ``--repeat`` runs (steady state: of ``--cycles`` cycles).
+Every decision of every timed cycle is recorded (whole, as JSON) and hashed: ``--dump
+FILE`` writes them, ``--check-against FILE`` fails unless a run (of the same size) decides
+exactly the same, which is how a faster policy path is shown to change nothing.
 Target (issue 4): decide <= 1 s, in the steady state and on a history reload.
 Run: ``.venv/bin/python bench/policy.py [--pending 100000 --running 20000]``.
 """
