@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.telemetry.simgpu import LoadDeclaration, write_declaration
 from slurmgpu.units import parse_duration
 from slurmgpu.wire import (

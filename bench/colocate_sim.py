@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.sim.lucid import (
     LucidWorkload,
     load_lucid_pairs,

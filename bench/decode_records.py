@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.slurm.jsonformat import decode_squeue
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "slurm-26.05"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import GpuSampleIn, SampleBatch

@@ -26,7 +26,7 @@ back. Idle 10 s (81 W): counter 814.0 J; power integral +0.57 % (0.1 s), +1.06 %
 changing load, so the integral is only an estimate, worst around a job's edges.
 
 One JSON document on stdout; with ``--json-out`` also the bench record of
-slurmgpu/benchrun.py (through it when slurmgpu imports, else the same shape written here):
+slurmgpu/lab/benchrun.py (through it when slurmgpu imports, else the same shape written here):
 figures the power integrals, baseline the counter's delta, target the idle agreement.
 ``--smoke``: 1 s idle, no load. Exit codes: 0 the counter works, never decreased, and
 agrees with the fine power integral within ``--tolerance`` % (default 5) while idle;
@@ -161,12 +161,12 @@ def _write_record(
     baseline: dict[str, Any],
     targets: dict[str, tuple[float, str, bool]],
 ) -> None:
-    """The bench record (slurmgpu/benchrun.py's shape); without slurmgpu, written here."""
+    """The bench record (slurmgpu/lab/benchrun.py's shape); without slurmgpu, written here."""
     if path is None:
         return
     try:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from slurmgpu.benchrun import BenchRun
+        from slurmgpu.lab.benchrun import BenchRun
     except ImportError:  # a bare GPU machine: nvidia-ml-py and this file only
         pass
     else:

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.telemetry.nvml import NvmlProbe
 from slurmgpu.telemetry.probe import GpuDeviceSample, ProbeUnavailableError
 

@@ -14,7 +14,7 @@ resumes at ``N // 2`` ranks when N >= 2 (else at N) and trains to the end; an
 uninterrupted run of the same seed is the baseline. Prints one JSON document: signal →
 ack and SIGTERM → gone seconds, processes left, steps continuous, the largest loss
 difference from the baseline. With ``--json-out`` the same as a bench record
-(slurmgpu/benchrun.py): baseline the uninterrupted run (its seconds, final loss), figures
+(slurmgpu/lab/benchrun.py): baseline the uninterrupted run (its seconds, final loss), figures
 the interrupted one; targets: every process gone <= 1 s after SIGTERM, losses within
 1e-3 (relative) of the baseline's. ``--smoke``: 2 ranks, 40 steps, signal after 20 (CPU
 torch: gloo; about three torchrun start-ups of work).
@@ -41,7 +41,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torch_ddp_elastic.py"

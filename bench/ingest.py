@@ -26,8 +26,8 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
-from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, Node
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.policy.interference import MIN_SPEED, InterferenceModel
 
 DEFAULT_DATA = Path(

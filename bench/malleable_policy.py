@@ -18,7 +18,7 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, MalleableSpec, Node
 from slurmgpu.model import NodeGpuAllocation as Alloc
 from slurmgpu.policy.base import PolicySnapshot

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "slurm-22.05"
 T_NOW = 1796217365
@@ -132,13 +132,18 @@ def _peak_rss_mib() -> float:
 
 def child_baseline(squeue_path: Path, repeats: int) -> dict[str, float]:
     data = squeue_path.read_bytes()
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         doc = json.loads(data)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
         del doc
-    return {"json_loads_s": statistics.median(times), "peak_rss_mib": _peak_rss_mib()}
+    return {
+        "json_loads_s": statistics.median(times),
+        "json_loads_cpu_s": statistics.median(cpu),
+        "peak_rss_mib": _peak_rss_mib(),
+    }
 
 
 def child_pipeline(cold: Path, warm: Path, sinfo: Path, repeats: int) -> dict[str, float]:
@@ -150,13 +155,17 @@ def child_pipeline(cold: Path, warm: Path, sinfo: Path, repeats: int) -> dict[st
     from slurmgpu.store import open_store
 
     warm_bytes = warm.read_bytes()
-    parse_times = []
+    parse_times, parse_cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         jobs, _version = decode_squeue(warm_bytes)
         parse_times.append(time.perf_counter() - t)
+        parse_cpu.append(time.process_time() - c)
         del jobs
-    out: dict[str, float] = {"parse_normalise_s": statistics.median(parse_times)}
+    out: dict[str, float] = {
+        "parse_normalise_s": statistics.median(parse_times),
+        "parse_normalise_cpu_s": statistics.median(parse_cpu),
+    }
     del warm_bytes
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/state.db")
@@ -169,14 +178,18 @@ def child_pipeline(cold: Path, warm: Path, sinfo: Path, repeats: int) -> dict[st
         out["cold_store_s"] = r.timings["store"]
         # Alternate warm and cold documents: each cycle then sees the same 1 % of jobs change.
         docs = [warm, cold]
-        incremental = []
+        incremental, incremental_cpu = [], []
         for k in range(max(repeats, 3)):
             slurm.squeue = docs[k % 2]
             at = at + timedelta(seconds=30)
+            c = time.process_time()
             r = observer.cycle()
+            incremental_cpu.append(time.process_time() - c)
             assert r.ok, r.error
             incremental.append(r)
         mid = sorted(incremental, key=lambda x: x.seconds)[len(incremental) // 2]
+        # CPU time of the cycle (this process): what a loaded machine inflates least.
+        out["incremental_cycle_cpu_s"] = statistics.median(incremental_cpu)
         out["incremental_changed"] = mid.changed
         out["incremental_cycle_s"] = mid.seconds
         out["incremental_diff_s"] = mid.timings["diff"]
@@ -245,7 +258,8 @@ def main() -> None:
         (
             "parse + normalise (median)",
             f"{ours['parse_normalise_s']:.2f} s",
-            f"{ratio:.2f}x json.loads (target <= 3x) {'OK' if ratio <= 3 else 'MISSED'}",
+            f"{ratio:.2f}x json.loads (target <= 3x) {'OK' if ratio <= 3 else 'MISSED'}; "
+            f"CPU {ours['parse_normalise_cpu_s']:.2f} s vs {base['json_loads_cpu_s']:.2f} s",
         ),
         (
             "cold cycle (empty database)",
@@ -258,7 +272,8 @@ def main() -> None:
             f"fetch+parse {ours['incremental_fetch_s']:.2f} s, "
             f"diff {ours['incremental_diff_s']:.2f} s, "
             f"store {ours['incremental_store_s']:.2f} s, "
-            f"{int(ours['incremental_changed']):,} changed "
+            f"{int(ours['incremental_changed']):,} changed, "
+            f"CPU {ours['incremental_cycle_cpu_s']:.2f} s "
             f"(target <= 2 s) {'OK' if ours['incremental_cycle_s'] <= 2 else 'MISSED'}",
         ),
         (

@@ -51,8 +51,8 @@ from pathlib import Path
 
 import msgspec
 
-from slurmgpu.benchrun import BenchRun, add_arguments
 from slurmgpu.daemon.diff import diff_jobs
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.policy import (
     Decision,
@@ -418,10 +418,8 @@ def main() -> None:
     fresh_rs = RightsizePolicy()
     fresh_rs.priors(snap.history)
     again = engine_with(fresh_rs).decide(cycles[-1])
-    same = [(d.action.job_id, d.action.kind, dict(d.action.fields), d.suppressed) for d in again]
-    reused = [
-        (d.action.job_id, d.action.kind, dict(d.action.fields), d.suppressed) for d in decisions
-    ]
+    same = [(d.action.job_id, d.action.kind, d.action.intents, d.suppressed) for d in again]
+    reused = [(d.action.job_id, d.action.kind, d.action.intents, d.suppressed) for d in decisions]
     if same != reused:
         raise SystemExit("steady-state decisions differ from a fresh policy's: a bug")
 
@@ -453,10 +451,8 @@ def main() -> None:
         fresh_rs = RightsizePolicy()
         fresh_rs.priors(history)
         again = engine_with(fresh_rs).decide(current)
-        if [
-            (d.action.job_id, d.action.kind, dict(d.action.fields), d.suppressed) for d in again
-        ] != [
-            (d.action.job_id, d.action.kind, dict(d.action.fields), d.suppressed) for d in decisions
+        if [(d.action.job_id, d.action.kind, d.action.intents, d.suppressed) for d in again] != [
+            (d.action.job_id, d.action.kind, d.action.intents, d.suppressed) for d in decisions
         ]:
             raise SystemExit("decisions after a history reload differ from a fresh policy's")
     cold_s = median_time(cold, args.repeat)

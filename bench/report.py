@@ -37,7 +37,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.report.build import build_report
 from slurmgpu.store import open_store
 

@@ -53,10 +53,10 @@ from slurmgpu.actuate.resize import (  # noqa: E402
     ResizeSettings,
     durations,
 )
-from slurmgpu.benchrun import BenchRun, add_arguments  # noqa: E402
 from slurmgpu.daemon.malleable import MalleableDirectory  # noqa: E402
 from slurmgpu.elastic.spec import read_ack  # noqa: E402
-from slurmgpu.labcluster import LabCluster  # noqa: E402
+from slurmgpu.lab.benchrun import BenchRun, add_arguments  # noqa: E402
+from slurmgpu.lab.cluster import LabCluster  # noqa: E402
 from slurmgpu.model import ClusterSnapshot, Job, JobState  # noqa: E402
 from slurmgpu.policy.base import resize_action  # noqa: E402
 from slurmgpu.slurm.cli import CliSlurmClient  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.store import open_store
 from slurmgpu.store.retention import (
     DEFAULT_ROLLUP_RETENTION,

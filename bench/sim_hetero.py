@@ -30,7 +30,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.metrics import summarise, type_use
 from slurmgpu.sim.profiles import load_profiles

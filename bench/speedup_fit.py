@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
-from slurmgpu.benchrun import BenchRun, add_arguments
+from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.policy.speedup import (
     DEFAULT_PRIOR,
     SpeedupPrior,

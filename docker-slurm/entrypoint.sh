@@ -35,7 +35,7 @@ make_config() {
   chmod 0400 "$KEY"
   set -- --mode docker --out "$CONF_DIR" --nodes "${SGPU_NODES:-4}"
   [ "${SGPU_ACCOUNTING:-0}" = 1 ] && set -- "$@" --accounting
-  python3 -m slurmgpu.labcluster.render "$@"
+  python3 -m slurmgpu.lab.cluster "$@"
 }
 
 start_munge() {

@@ -39,8 +39,9 @@ except ImportError:  # pragma: no cover
 
 from slurmgpu import elastic
 from slurmgpu.elastic.scaling import RULES, GradientNoise, scaled_lr
-from slurmgpu.telemetry.fakeload import FakeloadError, parse_size_mib, run_fakeload
+from slurmgpu.lab.fakeload import FakeloadError, run_fakeload
 from slurmgpu.telemetry.simgpu import default_state_dir
+from slurmgpu.units import parse_size_mib
 
 DIM = 32
 

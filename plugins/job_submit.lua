@@ -12,16 +12,21 @@ OPT-IN
   A job is rightsized when its --comment contains the token
       sgpu:rightsize
   (`sgpu submit` adds it), or for every job when the site sets apply_to_all = true below;
-  the token sgpu:norightsize then opts a job out. Tokens are separated by spaces, commas or
-  semicolons. The comment is the portable channel: a "#SGPU rightsize" line in the batch
+  the token sgpu:norightsize then opts a job out (it wins over sgpu:rightsize). Tokens are
+  whole words separated by ASCII whitespace, commas or semicolons, matched exactly. The comment is the portable channel: a "#SGPU rightsize" line in the batch
   script would be visible only in job_desc.script (batch jobs, not salloc/srun, and only by
   scanning the whole script), environment variables are only readable for batch jobs, and
   --comment survives in squeue/sacct for the daemon to see.
 
-  A token sgpu:malleable=MIN:MAX (1 <= MIN <= MAX GPUs) marks a malleable job. The plugin
-  only logs it (one line) and leaves the job as submitted: the daemon reads the token from
-  the comment. (job_desc.admin_comment is settable from Lua, but the daemon already uses
-  AdminComment for its usage summaries, so it is not touched here.)
+  A token sgpu:malleable=MIN:MAX (1 <= MIN <= MAX GPUs) marks a malleable job, and
+  sgpu:pool=MIN:MAX an array pool (tasks running at once); MIN and MAX are 1 to 6 digits,
+  and the first well-formed one of either counts. The plugin only logs it (one line) and
+  leaves the job as submitted: the daemon reads the token from the comment. (job_desc.
+  admin_comment is settable from Lua, but the daemon already uses AdminComment for its
+  usage summaries, so it is not touched here.)
+
+  These are the rules of slurmgpu/tokens.py (the daemon's side); both are tested against
+  tests/vectors/sgpu_tokens.json. Change them together.
 
 WHAT IS LOWERED (never raised; unset requests are left unset except the time limit)
   time limit   job_desc.time_limit (minutes). Unset (NO_VAL) counts as the partition's
@@ -83,6 +88,7 @@ local apply_to_all = false
 local OPT_IN = "sgpu:rightsize"
 local OPT_OUT = "sgpu:norightsize"
 local MALLEABLE = "sgpu:malleable="
+local POOL = "sgpu:pool="
 local HEADER = "# slurmgpu recommendations v1"
 
 local NO_VAL = 4294967294
@@ -358,16 +364,25 @@ local function plan(job_desc, part, rec, malleable)
    return changes
 end
 
+-- The first well-formed sgpu:malleable= / sgpu:pool= token ({min, max, pool}), else
+-- {bad = the first malformed one}, else nil.
 local function malleable_spec(toks)
+   local bad = nil
    for _, tok in ipairs(toks) do
-      if string.sub(tok, 1, #MALLEABLE) == MALLEABLE then
-         local lo, hi = string.match(tok, "^sgpu:malleable=(%d+):(%d+)$")
-         lo, hi = tonumber(lo), tonumber(hi)
-         if lo == nil or hi == nil or lo < 1 or lo > hi then
-            return { bad = tok }
+      local pool = string.sub(tok, 1, #POOL) == POOL
+      if pool or string.sub(tok, 1, #MALLEABLE) == MALLEABLE then
+         local lo, hi = string.match(tok, "^[^=]+=(%d+):(%d+)$")
+         if lo ~= nil and #lo <= 6 and #hi <= 6 then
+            lo, hi = tonumber(lo), tonumber(hi)
+            if lo >= 1 and lo <= hi then
+               return { min = lo, max = hi, pool = pool }
+            end
          end
-         return { min = lo, max = hi }
+         bad = bad or tok
       end
+   end
+   if bad ~= nil then
+      return { bad = bad }
    end
    return nil
 end
@@ -408,9 +423,12 @@ local function submit(job_desc, part_list)
    local mspec = malleable_spec(toks)
    if mspec ~= nil then
       if mspec.bad then
-         log("malformed malleable token '" .. mspec.bad .. "' (want sgpu:malleable=MIN:MAX, "
-            .. "1 <= MIN <= MAX) " .. who .. "; token ignored")
+         log("malformed malleable token '" .. mspec.bad .. "' (want sgpu:malleable=MIN:MAX "
+            .. "or sgpu:pool=MIN:MAX, 1 <= MIN <= MAX) " .. who .. "; token ignored")
          mspec = nil
+      elseif mspec.pool then
+         log("pool submission " .. who .. " tasks=" .. show(mspec.min) .. ":" .. show(mspec.max)
+            .. "; tagged by its comment, request unchanged")
       else
          log("malleable submission " .. who .. " gpus=" .. show(mspec.min) .. ":" .. show(mspec.max)
             .. "; tagged by its comment, request unchanged")
@@ -448,7 +466,8 @@ local function submit(job_desc, part_list)
       return
    end
 
-   local changes = plan(job_desc, part, rec, mspec ~= nil)
+   -- a pool resizes its concurrency, not its tasks' GPUs: only a malleable job's are kept
+   local changes = plan(job_desc, part, rec, mspec ~= nil and not mspec.pool)
    if #changes == 0 then
       log("recommendation " .. source .. " is not below the request (" .. who
          .. "); job passed unchanged")

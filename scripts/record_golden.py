@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.jsonformat import data_parser_version
 
 REPO = Path(__file__).resolve().parents[1]

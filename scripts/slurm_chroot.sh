@@ -13,7 +13,7 @@
 # The chroot is cached at $SGPU_CHROOT_DIR/slurmgpu-chroot-SUITE (default /srv): reused
 # when its stamp file says it is complete, rebuilt from scratch when not (a build that
 # was cut off leaves no stamp). The daemons are started by the lab launcher
-# (slurmgpu/labcluster, `root=`), not by this script.
+# (slurmgpu/lab/cluster, `root=`), not by this script.
 # Pitfalls handled (../docs/slurm.md, "Releases"): no daemon may start during the
 # install (policy-rc.d); sid's Release file may be "expired" against this clock
 # (Check-Valid-Until=false); the chroot gets its own tmpfs /run so its munged and pid

@@ -10,10 +10,32 @@ echo "== mypy"; .venv/bin/mypy
 # Two workers (pytest-xdist), each with its own lab cluster on its own ports: the
 # real-cluster tests mostly wait on Slurm, so two run side by side in about half the time.
 # SGPU_TEST_WORKERS=0 runs in one process.
-# Property tests draw the same inputs every run here (tests/conftest.py, profile "ci");
-# SGPU_HYPOTHESIS_PROFILE=dev draws new ones.
+# Property tests draw their full number of inputs, the same ones every run, here
+# (tests/hypothesis_profiles.py, profile "ci"); SGPU_HYPOTHESIS_PROFILE=dev draws a quarter
+# as many, new ones each run (the default by hand).
 export SGPU_HYPOTHESIS_PROFILE="${SGPU_HYPOTHESIS_PROFILE:-ci}"
-echo "== pytest"; .venv/bin/pytest -q -n "${SGPU_TEST_WORKERS:-2}" "$@"
+workers="${SGPU_TEST_WORKERS:-2}"
+if [ $# -gt 0 ]; then
+  echo "== pytest $*"; .venv/bin/pytest -q -n "$workers" "$@"
+else
+  # Every test, tier by tier (README "Test tiers"): the fast tier first, so a broken unit
+  # fails within a minute; every tier runs even when one fails, and the script fails after.
+  # The markers split the whole tree, so a test in a new directory runs in some tier;
+  # docker tests run in the docker stage below.
+  failed=()
+  tier() {  # NAME MARKER-EXPRESSION
+    local start=$SECONDS
+    echo "== pytest: $1 tier (-m \"$2\")"
+    .venv/bin/pytest -q -n "$workers" -m "$2" || failed+=("$1")
+    echo "== $1 tier: $((SECONDS - start)) s"
+  }
+  tier unit "not slow and not slurm and not docker"
+  tier slow "slow and not slurm and not docker"
+  tier slurm "slurm and not docker"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "== failed tiers: ${failed[*]}"; exit 1
+  fi
+fi
 # With pytest arguments (a tier, a file) the release and docker stages are left out
 # unless asked for (SGPU_SKIP_RELEASES=0 / SGPU_SKIP_DOCKER=0); CI passes none.
 if [ $# -gt 0 ]; then

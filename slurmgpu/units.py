@@ -1,4 +1,5 @@
-"""Units: durations in settings (``"30s"``, ``"1h30m"``) and Slurm time limits (``D-HH:MM:SS``).
+"""Units: durations in settings (``"30s"``, ``"1h30m"``), sizes (``"10GiB"``) and Slurm time
+limits (``D-HH:MM:SS``).
 
 A leaf module: it imports nothing from slurmgpu, so settings readers, the pure policies and
 the Slurm adapters can all use it without an import circle.
@@ -15,6 +16,7 @@ __all__ = [
     "TimeStringError",
     "format_time_limit",
     "parse_duration",
+    "parse_size_mib",
     "parse_time_limit",
 ]
 
@@ -80,6 +82,30 @@ def _seconds(seconds: float, text: object) -> timedelta:
         return timedelta(seconds=seconds)
     except OverflowError:
         raise ValueError(f"{str(text)[:40]!r} is too long a duration") from None
+
+
+# --------------------------------------------------------------------------- sizes
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgtp])(?:i?b)?|(b))?", re.IGNORECASE)
+_MIB_PER_UNIT = {"k": 1 / 1024, "m": 1.0, "g": 1024.0, "t": 1024.0**2, "p": 1024.0**3}
+
+
+def parse_size_mib(text: str) -> int:
+    """Return MiB for ``"10GiB"``, ``"512MiB"``, ``"8G"``, ``"1.5T"`` or a bare number of MiB.
+
+    Units are binary whatever the spelling (``G`` = ``GB`` = ``GiB`` = 1024 MiB), as in
+    Slurm's ``--mem``; a bare number is MiB, also as in Slurm.
+
+    >>> parse_size_mib("10GiB"), parse_size_mib("512MiB"), parse_size_mib("8G")
+    (10240, 512, 8192)
+    """
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f'{text!r} is not a size like "10GiB", "512MiB" or "8G"')
+    number, unit, byte_unit = float(m.group(1)), m.group(2), m.group(3)
+    if byte_unit:
+        return round(number / (1024 * 1024))
+    return round(number * (_MIB_PER_UNIT[unit.lower()] if unit else 1.0))
 
 
 # --------------------------------------------------------------------------- time limits

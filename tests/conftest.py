@@ -3,7 +3,9 @@
 ``slurm_cluster`` brings up one real lab cluster (slurmctld + 4 slurmd, fake GPUs) for the
 whole session. It uses ports 6917 (slurmctld) and 17101-17104 (slurmd) so that it does not
 collide with a lab cluster on the default ports 6817/17001+ that may already be running.
-Tests under ``tests/slurm/`` are marked ``slurm`` automatically (deselect: ``-m "not slurm"``).
+Tiers (README "Test tiers"): tests under ``tests/slurm/`` are marked ``slurm``, those under
+``tests/integration/`` and ``tests/bench/`` ``slow``, automatically; a slow test elsewhere is
+marked by hand. The hypothesis profile is loaded from ``tests/hypothesis_profiles.py``.
 """
 
 from __future__ import annotations
@@ -20,21 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
-from hypothesis import settings as hypothesis_settings
 
-from slurmgpu.labcluster import LabCluster, LabClusterError, ensure_packages
+from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages
+from tests import hypothesis_profiles  # noqa: F401 - registers and loads the profile
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-
-# Property tests: "dev" (pytest run by hand) draws new inputs every run, to find new
-# bugs; "ci" (scripts/test.sh) draws the same inputs every run (derandomize), so a
-# submission's CI result does not depend on the luck of the draw. A failure either way
-# prints the input and the @reproduce_failure blob.
-hypothesis_settings.register_profile("dev", print_blob=True)
-hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
-hypothesis_settings.load_profile(os.environ.get("SGPU_HYPOTHESIS_PROFILE", "dev"))
 
 
 def _xdist_worker_index() -> int:
@@ -48,13 +41,20 @@ def _xdist_worker_index() -> int:
 _PORT_OFFSET = 10 * _xdist_worker_index()
 SESSION_CTLD_PORT = int(os.environ.get("SGPU_TEST_CTLD_PORT", "6917")) + _PORT_OFFSET
 SESSION_SLURMD_PORT_BASE = int(os.environ.get("SGPU_TEST_SLURMD_PORT_BASE", "17101")) + _PORT_OFFSET
-_SLURM_TESTS_DIR = Path(__file__).parent / "slurm"
+_TESTS = Path(__file__).parent
+# Test tiers by directory (README "Test tiers"); a test elsewhere gets ``slow`` by hand.
+_TIER_OF_DIR = {
+    _TESTS / "slurm": pytest.mark.slurm,  # real slurmctld + slurmd
+    _TESTS / "integration": pytest.mark.slow,  # real torch, the built wheel
+    _TESTS / "bench": pytest.mark.slow,  # the bench scripts' smoke runs
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if _SLURM_TESTS_DIR in item.path.parents:
-            item.add_marker(pytest.mark.slurm)
+        for directory, mark in _TIER_OF_DIR.items():
+            if directory in item.path.parents:
+                item.add_marker(mark)
 
 
 def _skip(reason: str) -> NoReturn:

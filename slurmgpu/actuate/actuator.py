@@ -24,6 +24,7 @@ from slurmgpu.actuate.separate import recover_separations, separate
 from slurmgpu.model import Job
 from slurmgpu.policy.base import Action, Decision
 from slurmgpu.slurm.client import SlurmClient, SlurmError
+from slurmgpu.slurm.update import update_fields
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
 
@@ -35,9 +36,10 @@ def execute_action(slurm: SlurmClient, action: Action) -> None:
     # Array tasks must be addressed as A_i: the bare array id would hit every task.
     ref: str | int = action.slurm_id or action.job_id
     if action.kind == "update":
-        slurm.update_job(ref, dict(action.fields))
-    elif action.kind == "requeue" and action.fields:
-        separate(slurm, ref, action.fields)  # requeue held, update, release
+        slurm.update_job(ref, update_fields(action.intents, slurm.version()))
+    elif action.kind == "requeue" and action.intents:
+        # requeue held, update, release
+        separate(slurm, ref, update_fields(action.intents, slurm.version()))
     elif action.kind == "requeue":
         slurm.requeue(ref)
     elif action.kind == "cancel":
@@ -141,13 +143,21 @@ class Actuator:
             )
         return settled
 
+    def _version(self) -> str:
+        """The release the audit spells update fields for ("" -- the current spelling --
+        when Slurm does not answer; the listing that came before has usually told it)."""
+        try:
+            return self.slurm.version()
+        except SlurmError:
+            return ""
+
     def _execute(self, action: Action) -> None:
         execute_action(self.slurm, action)
 
     def carry_out(self, decisions: Sequence[Decision], at: datetime) -> list[ActuationResult]:
         """Audit, then execute and notify; never raises for Slurm or mail trouble."""
         try:
-            ids = self.audit.record(decisions, at)
+            ids = self.audit.record(decisions, at, slurm_version=self._version())
         except StoreError as exc:
             # Without an audit row nothing may be done: acting unaudited is worse than waiting.
             log.error("%s; no action taken this cycle", exc)

@@ -8,13 +8,18 @@ Slurm: each interrupted decision is compared with the job as listed now.
   restart count is above zero and it is pending again, or it started after the decision);
   not applied when it is still in the run the decision saw.
 - ``cancel``: taken when the job is CANCELLED; not applied while it is still active.
-- ``update``: every field that the listing shows (``TimeLimit``, ``NumCPUs``, the GPU
-  and shard counts of ``TresPerNode`` / ``TresPerJob``, ``Comment``, ``MinMemoryNode`` of
-  one-node jobs) is compared: one that differs means not applied, all equal means taken.
-- ``warn``, jobs no longer listed, and fields the listing does not show: not confirmed
-  (the audit says so; the next cycle decides again from the fresh listing). A
-  ``resize`` is not judged here: its persisted transaction (actuate/resize.py,
-  actuate/pool.py) is recovered on its own.
+- ``update``: the audit's fields are read back into intents
+  (:func:`slurmgpu.slurm.update.parse_fields`) and every intent the listing shows
+  (:class:`~slurmgpu.intent.SetTimeLimit`, :class:`~slurmgpu.intent.SetCpus`, the GPU
+  count of :class:`~slurmgpu.intent.SetGpus`, the shards of
+  :class:`~slurmgpu.intent.NarrowToShards`, :class:`~slurmgpu.intent.SetComment`,
+  :class:`~slurmgpu.intent.SetMemoryPerNode` of one-node jobs) is compared with the
+  job's record: one that differs means not applied, all equal means taken. Verdicts name
+  the intents by their ``scontrol`` field (``TimeLimit in place``).
+- ``warn``, jobs no longer listed, and intents the listing does not show (or fields that
+  do not read back): not confirmed (the audit says so; the next cycle decides again from
+  the fresh listing). A ``resize`` is not judged here: its persisted transaction
+  (actuate/resize.py, actuate/pool.py) is recovered on its own.
 
 This is pure: it reads an audit record and a :class:`~slurmgpu.model.Job`, nothing else.
 """
@@ -25,13 +30,18 @@ import enum
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from slurmgpu.model import Job, JobState
-from slurmgpu.slurm.parse import (
-    SlurmValueError,
-    format_time_limit,
-    parse_memory_mib,
-    parse_time_limit,
+from slurmgpu.intent import (
+    Intent,
+    NarrowToShards,
+    SetComment,
+    SetCpus,
+    SetGpus,
+    SetMemoryPerNode,
+    SetTimeLimit,
 )
+from slurmgpu.model import Job, JobState
+from slurmgpu.slurm.parse import format_time_limit
+from slurmgpu.slurm.update import parse_fields
 
 
 class Verdict(enum.StrEnum):
@@ -44,54 +54,44 @@ class Verdict(enum.StrEnum):
 _LIMIT_SLACK = timedelta(seconds=60)
 
 
-def _tres_count(text: str, name: str) -> int | None:
-    """The ``name`` (gpu, shard) count in ``gres/gpu:a100:2`` / ``gres:shard:4``; None if absent."""
-    for raw in text.split(","):
-        parts = raw.strip().removeprefix("gres/").removeprefix("gres:").split(":")
-        if parts[0] == name:
-            return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
-    return None
-
-
-def _field(job: Job, key: str, value: str) -> tuple[bool, str] | None:
-    """(matches, what the listing shows) for one update field; None if not listed."""
-    try:
-        if key == "TimeLimit":
-            limit = parse_time_limit(value)
-            now = job.time_limit
-            same = (limit is None and now is None) or (
-                limit is not None and now is not None and abs(limit - now) < _LIMIT_SLACK
-            )
-            return same, f"TimeLimit {format_time_limit(now)}"
-        if key == "NumCPUs":
-            return int(value) == job.cpus, f"NumCPUs {job.cpus}"
-        if key == "Comment":
-            return value == job.comment, f"Comment {job.comment!r}"
-        if key == "MinMemoryNode":
-            if job.node_count != 1 or job.memory_mib is None:
-                return None
-            return parse_memory_mib(value) == job.memory_mib, f"memory {job.memory_mib} MiB"
-        if key in ("TresPerNode", "TresPerJob"):
-            per_node = key == "TresPerNode"
-            for name, have in (
-                ("gpu", job.gpus.per_node if per_node else job.gpus.per_job),
-                ("shard", job.gpus.shards_per_node if per_node else None),
-            ):
-                want = _tres_count(value, name)
-                if want is not None:
-                    if have is None:
-                        return None
-                    return want == have, f"{key} {name} {have}"
+def check(intent: Intent, job: Job) -> tuple[str, bool, str] | None:
+    """(the intent's field name, whether ``job`` shows it in place, what the listing
+    shows) for one intent; None when the listing does not show it."""
+    if isinstance(intent, SetTimeLimit):
+        limit, now = intent.limit, job.time_limit
+        same = (limit is None and now is None) or (
+            limit is not None and now is not None and abs(limit - now) < _LIMIT_SLACK
+        )
+        return "TimeLimit", same, f"TimeLimit {format_time_limit(now)}"
+    if isinstance(intent, SetCpus):
+        return "NumCPUs", intent.count == job.cpus, f"NumCPUs {job.cpus}"
+    if isinstance(intent, SetComment):
+        return "Comment", intent.text == job.comment, f"Comment {job.comment!r}"
+    if isinstance(intent, SetMemoryPerNode):
+        if job.node_count != 1 or job.memory_mib is None:
             return None
-    except (SlurmValueError, ValueError):
-        return None
+        return "MinMemoryNode", intent.mib == job.memory_mib, f"memory {job.memory_mib} MiB"
+    if isinstance(intent, SetGpus):
+        key = "TresPerNode" if intent.per_node else "TresPerJob"
+        have = job.gpus.per_node if intent.per_node else job.gpus.per_job
+        if have is None:
+            return None
+        return key, intent.count == have, f"{key} gpu {have}"
+    if isinstance(intent, NarrowToShards):
+        have = job.gpus.shards_per_node
+        if have is None:
+            return None
+        return "TresPerNode", intent.shards == have, f"TresPerNode shard {have}"
     return None
 
 
 def judge(
     kind: str, fields: Mapping[str, str], decided_at: datetime, job: Job | None
 ) -> tuple[Verdict, str]:
-    """Whether an interrupted ``kind`` decision took effect on ``job`` (as listed now)."""
+    """Whether an interrupted ``kind`` decision took effect on ``job`` (as listed now).
+
+    ``fields`` are the audit's (:func:`slurmgpu.slurm.update.audit_fields`).
+    """
     if kind == "warn":
         return Verdict.NOT_CONFIRMED, "a warning leaves nothing in Slurm to check"
     if job is None:
@@ -113,11 +113,12 @@ def judge(
             return Verdict.NOT_APPLIED, f"the job is still {state}"
         return Verdict.NOT_CONFIRMED, f"the job has ended ({state})"
     if kind == "update":
-        seen = [(key, _field(job, key, value)) for key, value in sorted(fields.items())]
-        differ = [r[1] for _key, r in seen if r is not None and not r[0]]
+        intents, _unread = parse_fields(fields, strict=False)
+        seen = sorted(r for r in (check(i, job) for i in intents) if r is not None)
+        differ = [shown for _key, ok, shown in seen if not ok]
         if differ:
             return Verdict.NOT_APPLIED, "; ".join(differ)
-        same = [key for key, r in seen if r is not None]
+        same = [key for key, _ok, _shown in seen]
         if same:
             return Verdict.TAKEN, f"{', '.join(same)} in place"
         return Verdict.NOT_CONFIRMED, "Slurm's listing does not show the changed fields"

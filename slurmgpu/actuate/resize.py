@@ -63,13 +63,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from slurmgpu.cycle.transactions import AckReader, Transactions
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, read_ack
+from slurmgpu.intent import Intent, Resize, SetGpus, SetNodes, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
-from slurmgpu.policy.base import PREEMPT_FIELD, Action, slurm_job_ref
-from slurmgpu.policy.rightsize import gres_prefix
+from slurmgpu.policy.base import Action, is_preempt, slurm_job_ref
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
-from slurmgpu.store.transactions import TransactionRow, TransactionStore
-from slurmgpu.units import format_time_limit
+from slurmgpu.slurm.update import update_fields
+from slurmgpu.store.transactions import TransactionRow
 
 log = logging.getLogger("slurmgpu.actuate.resize")
 
@@ -84,6 +85,7 @@ __all__ = [
     "job_gpus",
     "median_phases",
     "resize_fields",
+    "resize_intent",
     "state_dir_of",
 ]
 
@@ -149,8 +151,8 @@ def job_gpus(job: Job) -> int:
     return job.allocated_gpus or job.gpus.gpus
 
 
-def resize_fields(job: Job, to_gpus: int, slurm_version: str) -> dict[str, str]:
-    """The ``scontrol update`` fields that give ``job`` ``to_gpus`` GPUs in total.
+def resize_intent(job: Job, to_gpus: int) -> Intent:
+    """The change that gives ``job`` ``to_gpus`` GPUs in total.
 
     ``--gres``/``--gpus-per-node`` jobs change their per-node count on one node, or their
     node count when ``to_gpus`` is a multiple of the per-node count; ``--gpus`` jobs their
@@ -160,22 +162,26 @@ def resize_fields(job: Job, to_gpus: int, slurm_version: str) -> dict[str, str]:
     req = job.gpus
     if to_gpus < 1:
         raise ResizeError("a job keeps at least one GPU")
-    prefix = gres_prefix(slurm_version)
-    gpu = f"{prefix}gpu:{req.gpu_type}:" if req.gpu_type else f"{prefix}gpu:"
     if req.shards or req.per_task is not None:
         raise ResizeError("only jobs asking for whole GPUs per node or per job are resized")
     if req.per_job is not None:
-        return {"TresPerJob": f"{gpu}{to_gpus}"}
+        return SetGpus(to_gpus, req.gpu_type or None, per_node=False)
     if req.per_node is None:
         raise ResizeError("the job's GPU request is not per node or per job")
     nodes = max(job.node_count, 1)
     if nodes == 1:
-        return {"TresPerNode": f"{gpu}{to_gpus}"}
+        return SetGpus(to_gpus, req.gpu_type or None)
     if to_gpus % req.per_node == 0:
-        return {"NumNodes": str(to_gpus // req.per_node)}
+        return SetNodes(to_gpus // req.per_node)
     raise ResizeError(
         f"{to_gpus} GPUs is not a whole number of nodes of {req.per_node} GPUs for this job"
     )
+
+
+def resize_fields(job: Job, to_gpus: int, slurm_version: str) -> dict[str, str]:
+    """The ``scontrol update`` fields that give ``job`` ``to_gpus`` GPUs in total
+    (:func:`resize_intent` as ``slurm_version`` spells it)."""
+    return update_fields((resize_intent(job, to_gpus),), slurm_version)
 
 
 def _iso(at: datetime | None) -> str | None:
@@ -192,12 +198,15 @@ class ResizeExecutor:
     def __init__(
         self,
         slurm: SlurmClient,
-        store: TransactionStore,
+        store: Transactions,
         settings: ResizeSettings | None = None,
+        acks: AckReader | None = None,
     ) -> None:
         self.slurm = slurm
         self.store = store
         self.settings = settings or ResizeSettings()
+        # ack.json in the job's state directory; the simulator reads SimSlurm's record.
+        self.read_ack: AckReader = acks or read_ack
 
     # ------------------------------------------------------------------ start
 
@@ -224,26 +233,29 @@ class ResizeExecutor:
                 f"{to_gpus} GPUs is outside job {job.job_id}'s range "
                 f"{spec.min_gpus}:{spec.max_gpus}"
             )
-        preempt = PREEMPT_FIELD in action.fields  # the same transaction at the same size
+        preempt = is_preempt(action)  # the same transaction at the same size
         if to_gpus == current and not preempt:
             raise ResizeError(f"job {job.job_id} already has {current} GPUs")
         old_fields = resize_fields(job, current, slurm_version)
-        moved = action.fields.get("gpu_type")
+        sized = resize_of(action.intents)
+        moved = sized.gpu_type if isinstance(sized, Resize) else None
+        # the changes for the held job's update besides its size (Nice, TimeLimit)
+        extra = update_fields((i for i in action.intents if i is not sized), slurm_version)
         if moved:
             # the type-aware malleable policy moves the job to another GPU type: the
             # new request names it (``gpu:TYPE:N``); the old fields keep the old type
             job = dataclasses.replace(job, gpus=dataclasses.replace(job.gpus, gpu_type=moved))
         fields = resize_fields(job, to_gpus, slurm_version)
-        if "Nice" in action.fields:
+        if "Nice" in extra:
             # A preempted job waits in the queue its policy put it in.
-            fields["Nice"] = action.fields["Nice"]
-        if "TimeLimit" in action.fields:
+            fields["Nice"] = extra["Nice"]
+        if "TimeLimit" in extra:
             # The limit for the new size goes in the same pending update (the daemon runs
             # as SlurmUser/root, so it may raise it).
-            fields["TimeLimit"] = action.fields["TimeLimit"]
-            old_fields["TimeLimit"] = format_time_limit(job.time_limit)
+            fields["TimeLimit"] = extra["TimeLimit"]
+            old_fields.update(update_fields((SetTimeLimit.of(job.time_limit),), slurm_version))
         state_dir = state_dir_of(spec, job)
-        ack = read_ack(state_dir, job.job_id)
+        ack = self.read_ack(state_dir, job.job_id)
         grace = self.settings.ack_timeout or spec.checkpoint_grace
         payload: dict[str, Any] = {
             "ref": slurm_job_ref(job),
@@ -384,7 +396,7 @@ class ResizeExecutor:
     ) -> TransactionRow | None:
         if not self._running_at_old_size(row, job):
             return self._close(row, ABORTED, at, "the job stopped before it acknowledged")
-        ack = read_ack(row.payload["state_dir"], row.job_id)
+        ack = self.read_ack(row.payload["state_dir"], row.job_id)
         fresh = (
             ack is not None
             and ack.acks > row.payload["acks_before"]
@@ -435,7 +447,7 @@ class ResizeExecutor:
     def _update_fields(self, row: TransactionRow, fields: Mapping[str, str]) -> dict[str, str]:
         out = dict(fields)
         if self.settings.fast_start:
-            out["StartTime"] = "now+1"
+            out.update(update_fields((StartSoon(1),), ""))
         return out
 
     def _held(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
@@ -475,7 +487,7 @@ class ResizeExecutor:
             log.warning("resize %d of job %d: update refused: %s", row.id, row.job_id, exc)
             if self.settings.fast_start:  # the request is unchanged; only skip the delay
                 with contextlib.suppress(SlurmError):
-                    self.slurm.update_job(ref, {"StartTime": "now+1"})
+                    self.slurm.update_job(ref, update_fields((StartSoon(1),), ""))
             nxt = self.store.advance(
                 row,
                 UPDATED,

@@ -1,7 +1,8 @@
 """Separating a job from a shared GPU: requeue it held, change its request, release it.
 
 A running job's GRES cannot be changed (docs/ANCHORS.md §2), so the co-location policy's
-separation is a requeue whose ``fields`` are applied while the job is pending and held::
+separation is a requeue whose intents (rendered as ``scontrol update`` fields by
+``slurmgpu.slurm.update``) are applied while the job is pending and held::
 
     scontrol requeuehold J  →  scontrol update JobId=J TresPerNode=gres:shard:S Comment=…
                             →  scontrol release J

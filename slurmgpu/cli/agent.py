@@ -40,7 +40,7 @@ from slurmgpu.telemetry.gpupower import DEFAULT_MODEL, GPU_POWER
 from slurmgpu.telemetry.gresconf import GresConfError, minors_by_index, read_gres_conf
 from slurmgpu.telemetry.probe import GpuProbe, ProbeUnavailableError
 from slurmgpu.telemetry.simgpu import SimulatedGpuProbe, default_state_dir
-from slurmgpu.units import parse_duration
+from slurmgpu.units import parse_duration, parse_size_mib
 from slurmgpu.wire import NODE_NAME
 
 log = logging.getLogger("slurmgpu.agent")
@@ -64,8 +64,6 @@ def _duration_s(ctx: click.Context, param: click.Parameter, value: str) -> float
 
 
 def _size_bytes(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from slurmgpu.telemetry.fakeload import parse_size_mib
-
     try:
         mib = parse_size_mib(value)
     except ValueError as exc:

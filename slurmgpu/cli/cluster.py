@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from slurmgpu.labcluster import LabCluster, LabClusterError
+from slurmgpu.lab.cluster import LabCluster, LabClusterError
 
 __all__ = ["DEFAULT_ROOT", "ROOT_ENV", "cluster"]
 

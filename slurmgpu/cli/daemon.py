@@ -11,8 +11,7 @@ import click
 
 from slurmgpu.cli import logs
 from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
-from slurmgpu.daemon.app import Daemon, DaemonError, wait_for_lease
-from slurmgpu.daemon.lease import DaemonLease, LeaseError
+from slurmgpu.daemon.app import DaemonError, run_daemon
 
 # How each kind of DaemonError leaves the command (exit statuses: cli/context.py).
 _EXIT_CODES = {"usage": 2, "store": EXIT_STORE, "slurm": EXIT_SLURM, "other": 1}
@@ -62,29 +61,24 @@ def daemon(
     if poll.total_seconds() < 0.1:
         fail("--interval must be at least 0.1s", 2)
     store = app.store(migrate=True)
-    # The lease comes before any state is read or recovered: a second daemon must not
-    # mark the first one's in-flight decisions as interrupted.
-    lease = DaemonLease(store.engine, ttl=settings.daemon.lease_ttl)
-    if standby:
-        if not wait_for_lease(lease):
-            return
-    else:
-        try:
-            lease.acquire()
-        except LeaseError as exc:
-            fail(str(exc), 1)
     try:
-        running = Daemon(settings, store, app.slurm(), lease, poll=poll, policies=not no_policies)
-        if once:
-            result = running.run_once()
-            click.echo(
-                f"observed {result.jobs_seen} jobs: {result.new} new, {result.changed} changed, "
-                f"{result.gone} gone; {result.nodes_changed} nodes updated in "
-                f"{result.seconds:.2f}s"
-            )
-            return
-        running.serve(listen=listen, api=settings.daemon.api and not no_api, cycles=cycles)
+        result = run_daemon(
+            settings,
+            store,
+            app.slurm(),
+            poll=poll,
+            policies=not no_policies,
+            standby=standby,
+            once=once,
+            listen=listen,
+            api=settings.daemon.api and not no_api,
+            cycles=cycles,
+        )
     except DaemonError as exc:
         fail(str(exc), _EXIT_CODES[exc.kind])
-    finally:
-        lease.release()
+    if result is not None:
+        click.echo(
+            f"observed {result.jobs_seen} jobs: {result.new} new, {result.changed} changed, "
+            f"{result.gone} gone; {result.nodes_changed} nodes updated in "
+            f"{result.seconds:.2f}s"
+        )

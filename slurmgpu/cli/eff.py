@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
 from slurmgpu.model import Job
 from slurmgpu.report.eff import (
+    EffThresholds,
     UsageSourceKind,
     job_efficiency,
     notes,
@@ -96,7 +97,15 @@ def eff(app: AppContext, job_id: str, as_json: bool) -> None:
     except (StoreError, SQLAlchemyError) as exc:
         cause = getattr(exc, "orig", None) or exc
         fail(f"cannot read the store: {str(cause).splitlines()[0]}", EXIT_STORE)
-    report = job_efficiency(job, gpus, hosts, datetime.now(UTC), source=source, energy=energy)
+    report = job_efficiency(
+        job,
+        gpus,
+        hosts,
+        datetime.now(UTC),
+        thresholds=EffThresholds.sized_as(app.settings.policy.rightsize),
+        source=source,
+        energy=energy,
+    )
     job_notes = notes(report)
     if as_json:
         click.echo(json.dumps(to_json(report, job_notes), indent=2))

@@ -16,14 +16,14 @@ from typing import IO, Any
 
 import click
 
-from slurmgpu.telemetry.fakeload import (
+from slurmgpu.lab.fakeload import (
     FakeloadError,
     FakeloadOutcome,
     parse_duration_s,
-    parse_size_mib,
     run_fakeload,
 )
 from slurmgpu.telemetry.simgpu import default_state_dir
+from slurmgpu.units import parse_size_mib
 
 EXIT_TERMINATED = 128 + 15
 

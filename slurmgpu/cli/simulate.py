@@ -28,7 +28,7 @@ from slurmgpu.cli.context import fail
 from slurmgpu.sim.loaders import FORMATS, TraceError, detect_format, load_trace
 from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interference, solo_profiles
 from slurmgpu.sim.metrics import TypeUse, ci95, mean_summary, summarise, type_use
-from slurmgpu.sim.policysets import PolicySetUnavailable, known_sets
+from slurmgpu.sim.policysets import known_sets
 from slurmgpu.sim.profiles import ProfileError, ThroughputProfile, load_profiles
 from slurmgpu.sim.published import published_for
 from slurmgpu.sim.render import (
@@ -251,11 +251,7 @@ def simulate_command(
                         bar.update(task, completed=i * len(jobs) + done)
 
                 started = time.perf_counter()
-                try:
-                    run = simulate(traces[one], shape, name, options, progress=tick)
-                except PolicySetUnavailable as exc:
-                    comparison.unavailable[name] = str(exc)
-                    break
+                run = simulate(traces[one], shape, name, options, progress=tick)
                 runs.append(summarise(run, time.perf_counter() - started))
                 uses.append(type_use(run))
             if uses and uses[0]:

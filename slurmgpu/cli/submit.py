@@ -39,11 +39,18 @@ import click.shell_completion
 
 from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
 from slurmgpu.cli.launchwrap import check_script, wrap_command
-from slurmgpu.policy.colocate import GPU_MEM_MARK, SHAREABLE_MARK
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 from slurmgpu.store import StoreError, open_store
+from slurmgpu.tokens import (
+    RIGHTSIZE,
+    SHAREABLE,
+    add_to_comment,
+    ckpt_tokens,
+    gpu_mem_token,
+    malleable_token,
+)
+from slurmgpu.units import parse_size_mib
 
-RIGHTSIZE_OPT_IN = "sgpu:rightsize"
 SGPU_FLAGS = frozenset({"--rightsize", "--shareable", "--pool"})
 DEFAULT_ELASTIC_DIR = ".sgpu-elastic"
 GPU_MEM_OPTION = "--gpu-mem"
@@ -54,8 +61,6 @@ def take_gpu_mem(args: tuple[str, ...]) -> tuple[int | None, tuple[str, ...]]:
 
     Raises ValueError for a missing or malformed size.
     """
-    from slurmgpu.telemetry.fakeload import parse_size_mib
-
     mib: int | None = None
     rest: list[str] = []
     i = 0
@@ -182,11 +187,9 @@ def malleable_request(values: dict[str, str], pool: bool, args: list[str]) -> Ma
 
 def malleable_args(req: MalleableRequest, args: list[str]) -> list[str]:
     """sbatch arguments for a malleable job or pool: token, --requeue, --signal, exec wrap."""
-    from slurmgpu.elastic.spec import format_options, format_token
-
-    out = add_comment_token(args, format_token(req.lo, req.hi, pool=req.pool))
+    out = add_comment_token(args, malleable_token(req.lo, req.hi, pool=req.pool))
     # The options ride in the comment too: the daemon reads them there for every user.
-    for token in format_options(req.signal, req.grace_s, req.elastic_dir):
+    for token in ckpt_tokens(req.signal, req.grace_s, req.elastic_dir):
         out = add_comment_token(out, token)
     head: list[str] = []
     if "--no-requeue" not in out:
@@ -335,14 +338,15 @@ def split_sgpu_options(args: tuple[str, ...]) -> tuple[set[str], list[str]]:
 
 
 def add_comment_token(args: list[str], token: str) -> list[str]:
-    """Append ``token`` to the job's ``--comment`` (or add one), before the script."""
+    """Append ``token`` to the job's ``--comment`` (or add one), before the script; a
+    token the comment already carries is not added again (``tokens.add_to_comment``)."""
     out = list(args)
     for i, arg in enumerate(out):
         if arg.startswith("--comment="):
-            out[i] = f"{arg} {token}"
+            out[i] = "--comment=" + add_to_comment(arg.removeprefix("--comment="), [token])
             return out
         if arg == "--comment" and i + 1 < len(out):
-            out[i + 1] = f"{out[i + 1]} {token}"
+            out[i + 1] = add_to_comment(out[i + 1], [token])
             return out
         if not arg.startswith("-") and os.path.isfile(arg):
             break
@@ -390,11 +394,11 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
             click.echo(f"sgpu submit: note: {verdict.note}", err=True)
         args = malleable_args(malleable, args)
     if "--rightsize" in flags:
-        args = add_comment_token(args, RIGHTSIZE_OPT_IN)
+        args = add_comment_token(args, RIGHTSIZE)
     if "--shareable" in flags:
-        args = add_comment_token(args, SHAREABLE_MARK)
+        args = add_comment_token(args, SHAREABLE)
     if gpu_mem_mib is not None:
-        args = add_comment_token(args, f"{GPU_MEM_MARK}{gpu_mem_mib}")
+        args = add_comment_token(args, gpu_mem_token(gpu_mem_mib))
     # sbatch reads the script from stdin when none is named; it inherits ours unchanged.
     slurm = app.slurm()
     env = None

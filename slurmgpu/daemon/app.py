@@ -16,7 +16,7 @@ from typing import Literal
 
 from slurmgpu.config import Settings
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
-from slurmgpu.daemon.lease import DaemonLease, LeaseKeeper
+from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
 from slurmgpu.daemon.munge_watch import MungeWatch
@@ -27,7 +27,7 @@ from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store import JobStore
 from slurmgpu.store.retention import Retention
-from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
+from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
 log = logging.getLogger("slurmgpu.daemon")
@@ -101,24 +101,7 @@ class Daemon:
             "Raw samples deleted by the retention (rolled up per job and hour first).",
             lambda: float(retention.deleted_total),
         )
-        metrics.watch(
-            "sgpu_samples_refused",
-            "Agent samples left out: job not on the posting node, unknown job, no such GPU.",
-            lambda: dict(usage.refused),
-            label="reason",
-        )
-        metrics.watch(
-            "sgpu_samples_skewed",
-            f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (stored), by node.",
-            lambda: dict(usage.skewed),
-            label="node",
-        )
-        metrics.watch(
-            "sgpu_agent_spool_dropped_samples",
-            "Samples an agent's spool dropped so far (as the agent last reported), by node.",
-            lambda: dict(usage.spool_dropped),
-            label="node",
-        )
+        metrics.watch_usage(usage)
         if cycle is not None:
             errors = cycle.errors
             metrics.watch(
@@ -235,3 +218,40 @@ class Daemon:
             "on" if auth.allow_munge else "off",
         )
         return server, munge
+
+
+def run_daemon(
+    settings: Settings,
+    store: JobStore,
+    slurm: SlurmClient,
+    *,
+    poll: timedelta,
+    policies: bool = True,
+    standby: bool = False,
+    once: bool = False,
+    listen: str | None = None,
+    api: bool = True,
+    cycles: int | None = None,
+) -> CycleResult | None:
+    """Hold the database lease, build the daemon and run it: one cycle (``once``, its
+    result returned) or until stopped. ``standby`` waits for the lease instead of failing
+    when another daemon holds it (None: stopped while waiting). The lease comes before
+    any state is read or recovered, so a second daemon never marks the first one's
+    in-flight decisions as interrupted; it is released however the run ends."""
+    lease = DaemonLease(store.engine, ttl=settings.daemon.lease_ttl)
+    if standby:
+        if not wait_for_lease(lease):
+            return None
+    else:
+        try:
+            lease.acquire()
+        except LeaseError as exc:
+            raise DaemonError(str(exc)) from None
+    try:
+        running = Daemon(settings, store, slurm, lease, poll=poll, policies=policies)
+        if once:
+            return running.run_once()
+        running.serve(listen=listen, api=api, cycles=cycles)
+        return None
+    finally:
+        lease.release()

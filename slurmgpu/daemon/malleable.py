@@ -3,7 +3,7 @@
 A job is malleable when its comment carries ``sgpu:malleable=MIN:MAX`` (or
 ``sgpu:pool=MIN:MAX`` for an array pool). Its checkpoint signal, grace and state
 directory come from the comment's ``sgpu:ckpt=`` and ``sgpu:edir=`` tokens, which
-``sgpu submit`` writes for every user (validated: elastic.spec.parse_options); then from
+``sgpu submit`` writes for every user (validated: :func:`slurmgpu.tokens.parse`); then from
 the ``submissions`` row ``sgpu submit`` wrote when it could reach the store (root's
 database: older jobs, root's jobs); defaults otherwise: USR2, 120 s,
 ``<work dir>/.sgpu-elastic``. Specs are cached per job id: a
@@ -19,10 +19,11 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.actuate.resize import state_dir_of
-from slurmgpu.elastic.spec import parse_options, parse_token, read_progress
+from slurmgpu.elastic.spec import read_progress
 from slurmgpu.model import ClusterSnapshot, Job, MalleableSpec
 from slurmgpu.store import JobStore
 from slurmgpu.store.database import StoreError
+from slurmgpu.tokens import parse
 
 log = logging.getLogger("slurmgpu.daemon")
 
@@ -31,28 +32,28 @@ __all__ = ["MalleableDirectory", "spec_from"]
 
 def spec_from(job: Job, submission: dict[str, Any] | None) -> MalleableSpec | None:
     """The spec of ``job`` from its comment token and its recorded submission."""
-    token = parse_token(job.comment)
+    given = parse(job.comment)
+    token = given.malleable
     if token is None:
         return None
-    lo, hi, pool = token
+    lo, hi, pool = token.lo, token.hi, token.pool
     key = job.array_job_id if (pool and job.array_job_id is not None) else job.job_id
     sub = submission or {}
     hints = sub.get("hints") or {}
     grace = sub.get("checkpoint_grace_s")
-    given = parse_options(job.comment)
     for problem in given.problems:
-        log.warning("job %d: comment token %s; using the default instead", job.job_id, problem)
+        log.warning("job %d: comment token %s; ignored", job.job_id, problem)
     recorded_dir = str(hints.get("elastic_dir") or "") if isinstance(hints, dict) else ""
     return MalleableSpec(
         job_id=key,
         min_gpus=lo,
         max_gpus=hi,
-        checkpoint_signal=given.signal or str(sub.get("checkpoint_signal") or "USR2"),
+        checkpoint_signal=given.ckpt_signal or str(sub.get("checkpoint_signal") or "USR2"),
         checkpoint_grace=timedelta(
-            seconds=given.grace_s or (grace if isinstance(grace, int) and grace > 0 else 120)
+            seconds=given.ckpt_grace_s or (grace if isinstance(grace, int) and grace > 0 else 120)
         ),
         pool=pool,
-        state_dir=given.state_dir or recorded_dir,
+        state_dir=given.elastic_dir or recorded_dir,
     )
 
 
@@ -69,7 +70,7 @@ class MalleableDirectory:
         for job in cluster.jobs:
             if job.state.is_terminal or "sgpu:" not in job.comment:
                 continue
-            if parse_token(job.comment) is None:
+            if parse(job.comment).malleable is None:
                 continue
             key = job.array_job_id if job.array_job_id is not None else job.job_id
             live.add(key)

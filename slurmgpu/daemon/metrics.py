@@ -33,6 +33,7 @@ from slurmgpu.model import ClusterSnapshot
 from slurmgpu.slurm import decode_stats
 from slurmgpu.store import schema
 from slurmgpu.store.energy_rule import IDLE_UTIL_PCT
+from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
 
 log = logging.getLogger("slurmgpu.metrics")
 
@@ -339,6 +340,34 @@ class DaemonMetrics:
     ) -> None:
         """Export a figure kept elsewhere (policy errors, MUNGE up, skewed samples...)."""
         self._collector.watched.append(_Watched(name, help_text, kind, label, read))
+
+    def watch_usage(self, usage: UsageStore) -> None:
+        """Export what ingest counts per sample: refused, kept unchecked, skewed, and
+        the agents' spool drops."""
+        self.watch(
+            "sgpu_samples_refused",
+            "Agent samples left out: job not on the posting node, no such GPU.",
+            lambda: dict(usage.refused),
+            label="reason",
+        )
+        self.watch(
+            "sgpu_ingest_samples_unverified",
+            "Agent samples of a job the daemon had not seen (yet), kept unchecked, by node.",
+            lambda: dict(usage.unverified),
+            label="node",
+        )
+        self.watch(
+            "sgpu_samples_skewed",
+            f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (stored), by node.",
+            lambda: dict(usage.skewed),
+            label="node",
+        )
+        self.watch(
+            "sgpu_agent_spool_dropped_samples",
+            "Samples an agent's spool dropped so far (as the agent last reported), by node.",
+            lambda: dict(usage.spool_dropped),
+            label="node",
+        )
 
     def cycle_done(self, result: CycleResult) -> None:
         """Count one observe cycle (called by the loop after every cycle)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,9 +20,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from slurmgpu.actuate.actuator import ActuationResult, Actuator
 from slurmgpu.actuate.malleable import MalleableActuator
 from slurmgpu.config import Settings
+from slurmgpu.cycle.core import MalleableView
+from slurmgpu.cycle.core import PolicyCycle as SharedCycle
+from slurmgpu.cycle.guardrails import GuardrailRecords
 from slurmgpu.daemon.malleable import MalleableDirectory
 from slurmgpu.daemon.recommend import ExportError, RecommendationExport
-from slurmgpu.model import ClusterSnapshot, JobState
+from slurmgpu.model import ClusterSnapshot, Job, JobState
 from slurmgpu.policy.base import (
     RESIZE,
     Action,
@@ -33,6 +36,7 @@ from slurmgpu.policy.base import (
     Mode,
     Policy,
     PolicySnapshot,
+    PriorAlert,
 )
 from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.engine import PolicyEngine
@@ -49,10 +53,9 @@ from slurmgpu.store.database import StoreError
 from slurmgpu.store.history import load_history
 from slurmgpu.store.transactions import TransactionStore
 from slurmgpu.store.usage import GpuUsage, UsageStore
+from slurmgpu.tokens import rightsize_opted_in
 
 log = logging.getLogger("slurmgpu.daemon")
-
-RIGHTSIZE_OPT_IN = "sgpu:rightsize"
 
 
 def gpu_stats(rows: list[GpuUsage]) -> tuple[GpuStat, ...]:
@@ -74,18 +77,22 @@ def gpu_stats(rows: list[GpuUsage]) -> tuple[GpuStat, ...]:
 
 
 def opted_in(comment: str) -> bool:
-    """True when a job's comment carries the rightsize opt-in token."""
-    return RIGHTSIZE_OPT_IN in comment.replace(",", " ").replace(";", " ").split()
-
-
-def _signature(d: Decision) -> tuple[object, ...]:
-    a = d.action
-    return (a.kind, tuple(sorted(a.fields.items())), a.alert, d.mode, d.execute, d.suppressed)
+    """True when a job's comment opts it in to rightsizing (``sgpu:rightsize``) and does
+    not opt it out (``sgpu:norightsize``): :func:`slurmgpu.tokens.rightsize_opted_in`."""
+    return rightsize_opted_in(comment)
 
 
 @dataclass
 class PolicyCycle:
-    """Runs the policy engine on each successful observe cycle."""
+    """The daemon's wiring of the shared cycle (``cycle.core.PolicyCycle``), run on each
+    successful observe cycle.
+
+    It is the cycle's sources (usage from the store, history reloaded every
+    ``history_refresh``, prior alerts from the audit, malleable specs from the
+    directory and the resize transactions) and its executor (the Actuator, and the
+    MalleableActuator for resizes, both audited); the guardrail records are seeded from
+    the audit on the first cycle and again whenever interrupted decisions are settled.
+    """
 
     engine: PolicyEngine
     usage: UsageStore
@@ -102,13 +109,23 @@ class PolicyCycle:
     directory: MalleableDirectory | None = None
     _history: tuple[HistoryRecord, ...] = ()
     _history_at: datetime | None = None
-    # (job, policy) → the last decision recorded, so an unchanged verdict is not written
-    # to the audit every 30 s (the first cycle after a restart records it once more).
-    _last: dict[tuple[int, str], tuple[object, ...]] = field(default_factory=dict)
     # Exceptions a policy (per job, or as a whole) or the cycle raised, by policy name
     # ("cycle" for the rest); exported as sgpu_policy_errors_total.
     errors: Counter[str] = field(default_factory=Counter)
-    _failing: set[tuple[str, int | None, str]] = field(default_factory=set)
+    guardrails: GuardrailRecords = field(default_factory=GuardrailRecords)
+    _seeded: bool = False
+    _core: SharedCycle[ActuationResult] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._core = SharedCycle(
+            self.engine,
+            self,
+            self,
+            self.guardrails,
+            dedupe=True,
+            unavailable=(StoreError,),
+            errors=self.errors,
+        )
 
     def history(self, at: datetime) -> tuple[HistoryRecord, ...]:
         """Finished jobs for the priors, reloaded every ``history_refresh``.
@@ -142,7 +159,9 @@ class PolicyCycle:
             return
         log.debug("exported %d recommendation(s) to %s", result.entries, result.tsv_path)
 
-    def snapshot(self, cluster: ClusterSnapshot, at: datetime) -> PolicySnapshot:
+    # ---- the cycle's sources
+
+    def job_usage(self, cluster: ClusterSnapshot, at: datetime) -> dict[int, JobUsage]:
         running = [j for j in cluster.jobs if j.state is JobState.RUNNING]
         # One grouped query for jobs in their first run; a requeued job's earlier runs
         # are not this run's, so its (few) aggregates are asked for since its start.
@@ -156,28 +175,22 @@ class PolicyCycle:
             rows = by_job.get(job.job_id)
             if rows:
                 usage[job.job_id] = JobUsage(job.job_id, gpu_stats(rows))
-        alerts = self.audit.alerts([j.job_id for j in running]) if running else []
-        cooldown = self.engine.settings.job_cooldown
-        last = self.audit.last_action_since(at - cooldown)
+        return usage
+
+    def prior_alerts(self, cluster: ClusterSnapshot) -> tuple[PriorAlert, ...]:
+        running = [j.job_id for j in cluster.jobs if j.state is JobState.RUNNING]
+        return tuple(self.audit.alerts(running)) if running else ()
+
+    def opted_in(self, job: Job) -> bool:
+        return opted_in(job.comment)
+
+    def malleable_view(self, cluster: ClusterSnapshot, at: datetime) -> MalleableView:
         specs = self.directory.specs(cluster) if self.directory is not None else {}
         resize_cost, last_resize = (
             self.malleable.history() if self.malleable is not None and specs else (None, {})
         )
-        return PolicySnapshot(
-            at=at,
-            cluster=cluster,
-            usage=usage,
-            history=self.history(at),
-            alerts=tuple(alerts),
-            last_action_at=last,
-            last_action_by=self.audit.last_action_policy_since(at - cooldown),
-            user_actions_last_hour=self.audit.user_actions_since(at - timedelta(hours=1)),
-            opted_in=frozenset(
-                j.job_id
-                for j in cluster.jobs
-                if j.state is JobState.PENDING and opted_in(j.comment)
-            ),
-            malleable=specs,
+        return MalleableView(
+            specs=specs,
             resizing=self.malleable.in_flight if self.malleable is not None else frozenset(),
             throughput=(
                 self.directory.throughput(cluster, specs) if self.directory and specs else {}
@@ -185,6 +198,38 @@ class PolicyCycle:
             resize_cost=resize_cost,
             last_resize_at=last_resize,
         )
+
+    def snapshot(self, cluster: ClusterSnapshot, at: datetime) -> PolicySnapshot:
+        return self._core.observe(cluster, at)
+
+    # ---- the cycle's executor
+
+    def confirm(self, cluster: ClusterSnapshot, at: datetime) -> None:
+        # Decisions a stopped daemon left pending are judged before anything is decided:
+        # a change confirmed in Slurm then counts for the cooldown.
+        settled = self.actuator.settle_interrupted(cluster.jobs)
+        if self.malleable is not None:
+            self.malleable.advance(cluster, at)  # before deciding: policies see what is in flight
+        if settled or not self._seeded:
+            self._seed(at)
+
+    def _seed(self, at: datetime) -> None:
+        """The guardrail records from the audit (the durable copy): changes made within
+        the cooldown and the last hour."""
+        window = max(self.engine.settings.job_cooldown, timedelta(hours=1))
+        self.guardrails.reset(self.audit.taken_since(at - window))
+        self._seeded = True
+
+    def act(
+        self, decisions: Sequence[Decision], cluster: ClusterSnapshot, snap: PolicySnapshot
+    ) -> list[ActuationResult]:
+        at = snap.at
+        resizes = [d for d in decisions if d.action.kind == RESIZE]
+        others = [d for d in decisions if d.action.kind != RESIZE]
+        results = self.actuator.carry_out(others, at) if others else []
+        if resizes and self.malleable is not None:
+            results += self.malleable.carry_out(resizes, cluster, snap.malleable, at)
+        return results
 
     def busy(self) -> bool:
         """True while a resize is in flight: the daemon then observes every second."""
@@ -197,68 +242,11 @@ class PolicyCycle:
         other is logged with its traceback and counted, and the next cycle runs as usual.
         """
         try:
-            return self._run(cluster, at)
+            return self._core.step(cluster, at)
         except Exception:
             self.errors["cycle"] += 1
             log.exception("policy cycle failed; the next cycle runs as usual")
             return []
-
-    def _report_failures(self) -> None:
-        now: set[tuple[str, int | None, str]] = set()
-        for f in self.engine.failures:
-            self.errors[f.policy] += 1
-            key = (f.policy, f.job_id, f.error)
-            now.add(key)
-            # Once while it lasts: the same job fails the same way every 30 s.
-            level = logging.DEBUG if key in self._failing else logging.ERROR
-            if f.job_id is None:
-                log.log(level, "policy %s raised and was skipped this cycle: %s", f.policy, f.error)
-            else:
-                log.log(
-                    level,
-                    "policy %s raised on job %d, which it skips this cycle: %s",
-                    f.policy,
-                    f.job_id,
-                    f.error,
-                )
-        self._failing = now
-
-    def _run(self, cluster: ClusterSnapshot, at: datetime) -> list[ActuationResult]:
-        # Decisions a stopped daemon left pending are judged before anything is decided:
-        # a change confirmed in Slurm then counts for the cooldown.
-        self.actuator.settle_interrupted(cluster.jobs)
-        if self.malleable is not None:
-            self.malleable.advance(cluster, at)  # before deciding: policies see what is in flight
-        try:
-            snap = self.snapshot(cluster, at)
-        except StoreError as exc:
-            log.warning("policies skipped this cycle: %s", exc)
-            return []
-        decisions = self.engine.decide(snap)
-        self._report_failures()
-        fresh = [d for d in decisions if self._changed(d)]
-        if not fresh:
-            return []
-        resizes = [d for d in fresh if d.action.kind == RESIZE]
-        others = [d for d in fresh if d.action.kind != RESIZE]
-        results = self.actuator.carry_out(others, at) if others else []
-        if resizes and self.malleable is not None:
-            results += self.malleable.carry_out(resizes, cluster, snap.malleable, at)
-        self._forget_ended(cluster)
-        return results
-
-    def _changed(self, d: Decision) -> bool:
-        key = (d.action.job_id, d.action.policy)
-        sig = _signature(d)
-        if self._last.get(key) == sig and not d.execute:
-            return False
-        self._last[key] = sig
-        return True
-
-    def _forget_ended(self, cluster: ClusterSnapshot) -> None:
-        live = {j.job_id for j in cluster.jobs if not j.state.is_terminal}
-        for key in [k for k in self._last if k[0] not in live]:
-            del self._last[key]
 
 
 class MailNotifier:

@@ -19,7 +19,7 @@ moving average).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,6 +28,7 @@ __all__ = [
     "GradientNoise",
     "LrRule",
     "adascale_gain",
+    "best_global_batch",
     "global_batch",
     "scaled_lr",
     "statistical_efficiency",
@@ -113,3 +114,43 @@ class GradientNoise:
 
     def gain(self, scale: float) -> float:
         return adascale_gain(scale, self.var, self.sqr)
+
+    def noise_scale(self, base_batch: int) -> float:
+        """Pollux's gradient noise scale at ``base_batch``: ``var / sqr * base_batch``
+        (infinite with no clean-gradient estimate yet: every sample counts fully)."""
+        if self.sqr <= 0:
+            return math.inf if self.var > 0 else 0.0
+        return self.var / self.sqr * base_batch
+
+
+def best_global_batch(
+    gpus: int,
+    step_time: Callable[[int], float],
+    noise: GradientNoise,
+    *,
+    base_batch: int,
+    lo: int,
+    hi: int,
+    current: int | None = None,
+) -> int:
+    """The global batch a run on ``gpus`` GPUs should train at: the one of highest
+    goodput (:func:`slurmgpu.policy.goodput.best_batch`, Pollux's throughput x
+    statistical efficiency) within the user's limits ``[lo, hi]``.
+
+    ``step_time(B)`` is the run's measured (or modelled) seconds per step at global
+    batch ``B`` on these GPUs, ``noise`` the gradient statistics measured so far at
+    ``base_batch`` (the batch the learning rate was tuned at). With no noise estimate
+    yet (``var`` and ``sqr`` zero) efficiency is taken as 1: the largest batch that
+    still speeds steps up wins. Call it at every (re)start and keep the batch for the
+    run; :func:`scaled_lr` with ``rule="adascale"`` then gives its learning rate.
+    """
+    from slurmgpu.policy.goodput import best_batch, efficiency
+
+    phi = math.inf if noise.var + noise.sqr <= 0 else noise.noise_scale(base_batch)
+
+    def eff(b: int) -> float:
+        return efficiency(b, base_batch, phi)
+
+    return best_batch(
+        gpus, step_time, eff, init_batch=base_batch, lo=lo, hi=hi, current=current
+    ).batch

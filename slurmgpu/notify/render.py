@@ -26,8 +26,8 @@ Variables every template sees:
   share this one email), each with ``job_id``, ``job``, ``reason`` and ``numbers``.
 
 Filters: ``minutes`` (``135`` → ``"2 h 15 min"``), ``slurm_time`` (seconds →
-``"01:30:00"`` / ``"2-00:00:00"``), ``slurm_mem`` (MiB → ``"10G"`` / ``"512M"``, rounded
-up), ``plus_minutes`` (datetime + minutes), ``clock`` (datetime → local
+``"01:30:00"`` / ``"2-00:00:00"``), ``slurm_mem`` (MiB → ``"10G"`` / ``"9984M"``, exact),
+``plus_minutes`` (datetime + minutes), ``clock`` (datetime → local
 ``"2025-03-01 14:30 CET"``).
 
 The numbers each shipped template expects from the policy are in ``REQUIRED_NUMBERS`` and
@@ -48,6 +48,7 @@ import jinja2
 
 from slurmgpu.plaintext import template_finalize
 from slurmgpu.policy.base import Action
+from slurmgpu.policy.sizing import mem_text
 
 GENERIC_TEMPLATE = "generic"
 
@@ -210,9 +211,10 @@ def slurm_time(seconds: float) -> str:
 
 
 def slurm_mem(mib: float) -> str:
-    """Return a Slurm ``--mem`` value, rounded up: ``10000`` → ``"10G"``, ``500`` → ``"500M"``."""
-    value = max(1, math.ceil(float(mib)))
-    return f"{math.ceil(value / 1024)}G" if value >= 1024 else f"{value}M"
+    """Return a Slurm ``--mem`` value, exact (:func:`slurmgpu.policy.sizing.mem_text`):
+    ``10240`` → ``"10G"``, ``9984`` → ``"9984M"``: the figure rightsizing set, not a
+    rounder one."""
+    return mem_text(float(mib))
 
 
 def _interval_text(interval: timedelta) -> str:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import msgspec
 
+from slurmgpu.intent import Intent, Preempt, Resize, SetNice, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, MalleableSpec
 
 
@@ -145,11 +146,14 @@ class PolicySnapshot:
 class Action(msgspec.Struct, frozen=True, gc=False):
     """A change one policy proposes for one job, with the numbers behind it.
 
-    ``kind`` is one of: ``update`` (``fields`` are ``scontrol update`` fields, e.g.
-    ``{"TimeLimit": "01:30:00"}``), ``warn`` (a notification, no change), ``requeue``,
-    ``cancel``, ``resize`` (a malleable job's GPU count, or an array pool's running
-    tasks: ``fields`` ``{"from_gpus": "4", "to_gpus": "2"}``, built with
-    :func:`resize_action`; carried out by ``actuate.resize`` / ``actuate.pool`` as a
+    ``kind`` is one of: ``update`` (``intents`` are the job's changes, typed:
+    ``(SetTimeLimit(5400),)``, :mod:`slurmgpu.intent`; ``slurmgpu.slurm.update`` renders
+    them as ``scontrol update`` fields for the running release), ``warn`` (a
+    notification, no change), ``requeue`` (with ``intents``: applied while the job is
+    held, ``actuate.separate``), ``cancel``, ``resize`` (a malleable job's GPU count, or
+    an array pool's running tasks: a :class:`~slurmgpu.intent.Resize` or
+    :class:`~slurmgpu.intent.Preempt` intent, built with :func:`resize_action` /
+    :func:`preempt_action`; carried out by ``actuate.resize`` / ``actuate.pool`` as a
     persisted transaction). When several policies want the same job in one cycle the
     engine keeps one: the kind ranks first (``policy.engine.ACTION_PRIORITY``), then
     ``priority`` (higher wins), then the order the policies were given in.
@@ -167,7 +171,8 @@ class Action(msgspec.Struct, frozen=True, gc=False):
     thousands of these and a frozen dataclass costs about ten times as much to build.
     Change one with ``msgspec.structs.replace``, not ``dataclasses.replace``.
     ``gc=False``: the cyclic garbage collector does not track these (an Action holds
-    strings, numbers and two flat dicts, so it can be in no cycle); tens of thousands
+    strings, numbers, two flat dicts and a tuple of intents, themselves untracked
+    Structs of numbers and strings, so it can be in no cycle); tens of thousands
     of them a cycle would otherwise trigger collections that walk the whole heap.
     """
 
@@ -177,7 +182,7 @@ class Action(msgspec.Struct, frozen=True, gc=False):
     user: str
     reason: str
     numbers: Mapping[str, float | int | str | None] = msgspec.field(default_factory=dict)
-    fields: Mapping[str, str] = msgspec.field(default_factory=dict)
+    intents: tuple[Intent, ...] = ()
     alert: str = ""  # alert name for notification rate limits, e.g. "idle_gpu_warning"
     priority: int = 0
     requires_opt_in: bool = False
@@ -226,13 +231,14 @@ def resize_action(
     *,
     numbers: Mapping[str, float | int | str | None] | None = None,
     priority: int = 0,
-    fields: Mapping[str, str] | None = None,
+    intents: tuple[Intent, ...] = (),
+    gpu_type: str | None = None,
 ) -> Action:
     """A ``resize`` of ``job`` from ``from_gpus`` to ``to_gpus`` (tasks, for an array pool).
 
     For a pool ``job`` is any record of the array; the action names the array id.
-    ``fields`` are more ``scontrol update`` fields for the held job's update
-    (``TimeLimit``), sent with the new GPU request.
+    ``intents`` are more changes for the held job's update (``SetTimeLimit``), sent with
+    the new GPU request; ``gpu_type`` moves the job to another GPU type.
     """
     if from_gpus < 0 or to_gpus < 0 or from_gpus == to_gpus:
         raise ValueError(f"not a resize: {from_gpus} -> {to_gpus}")
@@ -244,7 +250,7 @@ def resize_action(
         user=job.user,
         reason=reason,
         numbers={"from_gpus": from_gpus, "to_gpus": to_gpus, **(numbers or {})},
-        fields={**(fields or {}), "from_gpus": str(from_gpus), "to_gpus": str(to_gpus)},
+        intents=(*intents, Resize(from_gpus, to_gpus, gpu_type)),
         priority=priority,
     )
 
@@ -253,10 +259,6 @@ def resize_action(
 # a pending job): the engine neither cools it down nor counts it against the rate limits,
 # and it notifies nobody (policy.engine).
 ORDERING_ALERT = "queue_order"
-ORDERING_FIELDS = frozenset({"Nice", "Priority"})
-# ``fields`` key of a ``resize`` that keeps the size: a preemption (checkpoint, requeue,
-# update, release -- the same transaction; the update carries the job's new ``Nice``).
-PREEMPT_FIELD = "preempt"
 
 
 def is_ordering(action: Action) -> bool:
@@ -264,9 +266,15 @@ def is_ordering(action: Action) -> bool:
     return (
         action.kind == "update"
         and action.alert == ORDERING_ALERT
-        and bool(action.fields)
-        and all(k in ORDERING_FIELDS for k in action.fields)
+        and bool(action.intents)
+        and all(type(i) is SetNice for i in action.intents)
     )
+
+
+def is_preempt(action: Action) -> bool:
+    """True for a ``resize`` that keeps the size: a preemption (checkpoint, requeue,
+    update, release -- the same transaction; the update carries the job's new nice)."""
+    return isinstance(resize_of(action.intents), Preempt)
 
 
 def preempt_action(
@@ -275,13 +283,13 @@ def preempt_action(
     gpus: int,
     reason: str,
     *,
-    fields: Mapping[str, str] | None = None,
+    intents: tuple[Intent, ...] = (),
     numbers: Mapping[str, float | int | str | None] | None = None,
     priority: int = 0,
 ) -> Action:
     """Preempt a running checkpointable ``job``: the resize transaction at its own size.
 
-    ``fields`` (``Nice``) go in the held job's update, so it waits in its new place.
+    ``intents`` (``SetNice``) go in the held job's update, so it waits in its new place.
     """
     if gpus < 1:
         raise ValueError(f"not a preemption: {gpus} GPUs")
@@ -292,22 +300,19 @@ def preempt_action(
         user=job.user,
         reason=reason,
         numbers={"from_gpus": gpus, "to_gpus": gpus, "preempt": 1, **(numbers or {})},
-        fields={
-            **(fields or {}),
-            "from_gpus": str(gpus),
-            "to_gpus": str(gpus),
-            PREEMPT_FIELD: "1",
-        },
+        intents=(*intents, Preempt(gpus)),
         priority=priority,
     )
 
 
 def resize_sizes(action: Action) -> tuple[int, int]:
     """Return (from, to) of a ``resize`` action; ValueError when it names no sizes."""
-    try:
-        return int(action.fields["from_gpus"]), int(action.fields["to_gpus"])
-    except (KeyError, ValueError) as exc:
-        raise ValueError(f"resize of job {action.job_id} names no from_gpus/to_gpus") from exc
+    sized = resize_of(action.intents)
+    if isinstance(sized, Resize):
+        return sized.from_gpus, sized.to_gpus
+    if isinstance(sized, Preempt):
+        return sized.gpus, sized.gpus
+    raise ValueError(f"resize of job {action.job_id} names no from_gpus/to_gpus")
 
 
 class Policy(Protocol):

@@ -26,8 +26,9 @@ packed when
   its GPU could get (as many as the remaining shards allow, each at the ceiling) and of such
   a partner next to it are both within ``max_slowdown``.
 
-The action is ``update`` ``TresPerNode=gres/shard:N`` (``gres:shard:N`` before Slurm
-23.02, whose slurmctld silently ignores the ``gres/`` spelling).
+The action is an ``update`` with the intent ``NarrowToShards(N)`` (``slurmgpu.slurm.update``
+spells it ``TresPerNode=gres/shard:N``, ``gres:shard:N`` before Slurm 23.02, whose
+slurmctld silently ignores the ``gres/`` spelling).
 
 **Separation** (running jobs). Jobs sharing one GPU are found from their allocations
 (``NodeGpuAllocation.shard_indices`` / ``gpu_indices``; Slurm 22.05 also places a whole-GPU
@@ -36,8 +37,8 @@ and memory on that GPU (``JobUsage``). When the jobs on a GPU together use
 ``separate_memory_fraction`` of its memory, or more than the device less the margin (an
 out-of-memory is near), or the model's slowdown of one of them (from the observed utils)
 passes ``max_slowdown``, the newest job holding shards there (fewer than ``S``) is
-separated: a ``requeue`` whose ``fields`` (``TresPerNode`` = ``S`` shards, the whole GPU,
-and the token ``sgpu:separated`` added to its comment, so it is never packed again) the
+separated: a ``requeue`` whose intents (``NarrowToShards(S)``, the whole GPU, and
+``SetComment`` with the token ``sgpu:separated`` added, so it is never packed again) the
 actuator applies while the job is held (``actuate.separate``). It is ``protective``: the
 cooldown after its packing does not hold it back. A job that may not be requeued gets a
 notice instead. One separation per GPU per cycle; the next cycle looks again.
@@ -48,34 +49,31 @@ Pure: reads only the snapshot (time is ``snapshot.at``), O(jobs) per cycle.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from slurmgpu.intent import Intent, NarrowToShards, SetComment
 from slurmgpu.model import Job, JobState, Node
 from slurmgpu.policy.base import Action, GpuStat, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.interference import COEFFICIENTS, InterferenceModel, slowdown_with
 from slurmgpu.policy.priors import LEVELS, Priors
-from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.policy.settings import ColocateSettings
+from slurmgpu.tokens import SEPARATED, add_to_comment, parse
 
 __all__ = [
     "ALERT_PACK",
     "ALERT_SEPARATE",
     "ALERT_SEPARATE_NOTICE",
-    "GPU_MEM_MARK",
     "JOB_LEVELS",
-    "SEPARATED_MARK",
-    "SHAREABLE_MARK",
     "ColocateHints",
     "ColocatePolicy",
+    "converts_gpu_to_shards",
     "hints_from_comment",
     "shards_per_gpu",
 ]
 
-SHAREABLE_MARK = "sgpu:shareable"
-GPU_MEM_MARK = "sgpu:gpu-mem="  # followed by MiB
-SEPARATED_MARK = "sgpu:separated"
 ALERT_PACK = "colocate"
 ALERT_SEPARATE = "colocate_separation"
 ALERT_SEPARATE_NOTICE = "colocate_separation_notice"
@@ -95,25 +93,33 @@ class ColocateHints:
 
 
 def hints_from_comment(comment: str) -> ColocateHints:
-    """Return the co-location tokens in a job comment; malformed ones are ignored.
+    """Return the co-location tokens in a job comment (:mod:`slurmgpu.tokens`); malformed
+    ones are ignored.
 
     >>> hints_from_comment("run 3 sgpu:shareable sgpu:gpu-mem=8192")
     ColocateHints(shareable=True, gpu_memory_mib=8192, separated=False)
     """
     if "sgpu:" not in comment:
-        return ColocateHints()
-    shareable = separated = False
-    memory: int | None = None
-    for token in comment.replace(",", " ").replace(";", " ").split():
-        if token == SHAREABLE_MARK:
-            shareable = True
-        elif token == SEPARATED_MARK:
-            separated = True
-        elif token.startswith(GPU_MEM_MARK):
-            value = token[len(GPU_MEM_MARK) :]
-            if value.isdigit() and len(value) <= 9:
-                memory = int(value)
-    return ColocateHints(shareable, memory, separated)
+        return _NO_HINTS
+    t = parse(comment)
+    return ColocateHints(t.shareable, t.gpu_mem_mib, t.separated)
+
+
+_NO_HINTS = ColocateHints()
+
+
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)")
+
+
+def converts_gpu_to_shards(slurm_version: str) -> bool:
+    """Whether slurmctld lets a pending job switch from gres/gpu to gres/shard: from
+    23.02 (22.05 refuses the update); an unknown version counts as a current one.
+
+    >>> converts_gpu_to_shards("22.05.9"), converts_gpu_to_shards("24.11.1")
+    (False, True)
+    """
+    m = _VERSION_RE.match(slurm_version.strip())
+    return not (m and (int(m.group(1)), int(m.group(2))) < (23, 2))
 
 
 def shards_per_gpu(node: Node) -> int:
@@ -129,7 +135,7 @@ class _Verdict:
 
     reason: str
     numbers: Numbers
-    fields: dict[str, str]
+    intents: tuple[Intent, ...]
 
 
 def _newest_first(job: Job) -> tuple[float, int]:
@@ -193,9 +199,8 @@ class ColocatePolicy:
         device_mib = self._device_memory_mib(snapshot)
         if device_mib is None or device_mib - s.memory_margin_mib <= 0:
             return []
-        prefix = gres_prefix(cluster.slurm_version)
         convert_gpu = s.convert_gpu_requests == "always" or (
-            s.convert_gpu_requests == "auto" and prefix == "gres/"
+            s.convert_gpu_requests == "auto" and converts_gpu_to_shards(cluster.slurm_version)
         )
         by_partition = self._shards_by_partition(cluster.nodes)
         priors: Priors | None = None
@@ -261,7 +266,7 @@ class ColocatePolicy:
                 verdict = verdicts[key]
             else:
                 verdict = verdicts[key] = self._verdict(
-                    util, util_source, memory, memory_source, shards, device_mib, prefix, before
+                    util, util_source, memory, memory_source, shards, device_mib, before
                 )
             if verdict is not None:
                 actions.append(
@@ -272,7 +277,7 @@ class ColocatePolicy:
                         user=job.user,
                         reason=verdict.reason,
                         numbers=verdict.numbers,
-                        fields=verdict.fields,
+                        intents=verdict.intents,
                         alert=ALERT_PACK,
                         # Above rightsize's updates of the same pending job, which would
                         # otherwise win the one-action-per-job contest every cycle.
@@ -298,7 +303,6 @@ class ColocatePolicy:
         memory_source: str,
         shards: int,
         device_mib: float,
-        prefix: str,
         before: str,
     ) -> _Verdict | None:
         """The shard count and its justification for one profile, or None: leave it whole."""
@@ -335,7 +339,7 @@ class ColocatePolicy:
             f"GPU memory ({memory_source}): {n} of {shards} shards instead of {before}, "
             f"predicted slowdown {max(own, theirs):.2f}x at most"
         )
-        return _Verdict(reason, numbers, {"TresPerNode": f"{prefix}shard:{n}"})
+        return _Verdict(reason, numbers, (NarrowToShards(n),))
 
     # -- separation ------------------------------------------------------------------
 
@@ -359,14 +363,13 @@ class ColocatePolicy:
         for a in snapshot.alerts:
             if a.policy == self.name and a.kind in (ALERT_SEPARATE, ALERT_SEPARATE_NOTICE):
                 separated_since[a.job_id] = a.at
-        prefix = gres_prefix(cluster.slurm_version)
         actions: list[Action] = []
         chosen: set[int] = set()
         for (node, index), members in sorted(occupants.items()):
             if len(members) < 2:
                 continue
             action = self._judge(
-                snapshot, node, index, members, shards_at.get(node, 0), prefix, separated_since
+                snapshot, node, index, members, shards_at.get(node, 0), separated_since
             )
             if action is not None and action.job_id not in chosen:
                 chosen.add(action.job_id)
@@ -380,7 +383,6 @@ class ColocatePolicy:
         index: int,
         members: list[tuple[Job, int]],
         shards: int,
-        prefix: str,
         separated_since: dict[int, datetime],
     ) -> Action | None:
         s = self.settings
@@ -461,7 +463,7 @@ class ColocatePolicy:
                 alert=ALERT_SEPARATE_NOTICE,
                 slurm_id=slurm_job_ref(victim),
             )
-        comment = " ".join(part for part in (victim.comment.strip(), SEPARATED_MARK) if part)
+        comment = add_to_comment(victim.comment.strip(), [SEPARATED])
         whole = shards if shards else max(victim.gpus.shards_per_node or 1, 1)
         return Action(
             policy=self.name,
@@ -470,7 +472,7 @@ class ColocatePolicy:
             user=victim.user,
             reason=reason + f" onto a whole GPU ({whole} shards)",
             numbers=numbers,
-            fields={"TresPerNode": f"{prefix}shard:{whole}", "Comment": comment},
+            intents=(NarrowToShards(whole), SetComment(comment)),
             alert=ALERT_SEPARATE,
             priority=10,
             slurm_id=slurm_job_ref(victim),

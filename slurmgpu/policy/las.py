@@ -42,6 +42,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from datetime import datetime
 
+from slurmgpu.intent import SetNice
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import ORDERING_ALERT, Action, PolicySnapshot, preempt_action
 from slurmgpu.policy.settings import AttainedServiceSettings
@@ -149,7 +150,7 @@ class AttainedServicePolicy:
                                 f"queue {q}, waits behind queues below it"
                             ),
                             numbers={"queue": q, "nice": nice, "nice_was": job.nice},
-                            fields={"Nice": str(nice)},
+                            intents=(SetNice(nice),),
                             alert=ORDERING_ALERT,
                         )
                     )
@@ -235,7 +236,7 @@ class AttainedServicePolicy:
                             f"{self.attained_gpu_s(victim, at) / 3600:.1f} GPU-h): "
                             f"its {g} GPUs go to job {job.job_id} of queue {q}"
                         ),
-                        fields={"Nice": str(vq * s.nice_step)},
+                        intents=(SetNice(vq * s.nice_step),),
                         numbers={"queue": vq, "for_job": job.job_id, "for_queue": q},
                     )
                 )

@@ -32,10 +32,14 @@ least ``min_remaining`` and never past its time limit.
    history's median run time ``R``, else its time limit) and is grown back after:
    ``loss = min(rem, R) * (x(g) / x(g - d) - 1) + cost`` (twice the cost when
    ``R < rem``). The plan is proposed when ``W - checkpoint_time - sum(loss) >=
-   min_gain * W``.
+   min_gain * W``. A donor's restart holds all its ``g`` GPUs idle, so its ``cost``
+   counts ``g / g_w`` times for a waiting job of ``g_w`` GPUs: a large job is not
+   restarted to hand one GPU to a small one. A donor shrunk for an earlier
+   waiting job in the same cycle may give more for the next ones with no second
+   restart: it is resized once, to the smaller size (no one-GPU-at-a-time chains).
 3. **Start smaller** (while ``start_smaller``): a blocked *pending* malleable job that
    fits the free GPUs left at a smaller size (never below ``min_gpus``) has its request
-   lowered to the largest that fits (an ``update`` of ``TresPerNode``/``TresPerJob``; it
+   lowered to the largest that fits (an ``update`` with ``SetGpus``; it
    is grown later like any running job) when starting now beats waiting:
    ``W - run * (x(g) / x(g') - 1) >= min_gain * W``, ``run`` its history's median run
    time, else its time limit, else ``min_remaining``. Tried before shrinking others for it.
@@ -44,9 +48,18 @@ least ``min_remaining`` and never past its time limit.
    malleable jobs whose GPUs are busy (``min_busy_util_pct``), each to its best size up
    to ``max_gpus`` and ``max_growth`` times its GPUs, when
    ``rem * (1 - x(g) / x(g')) - cost >= min_gain * rem``. The largest saving per added
-   GPU goes first.
+   GPU goes first. A job grows no further than its own measurements allow: walking up
+   the sizes it ran at, the first step whose measured marginal efficiency
+   ``(x(m) / x(k) - 1) / (m / k - 1)`` is below ``min_gain`` caps it at ``k`` (the prior
+   curve is overruled there; also after a shrink from such a size).
 
-Every resize and start smaller also sets the job's ``TimeLimit`` for its new size in the
+**Re-allocation factor** (Pollux, OSDI'21 §4.2): a job's speed at any new size, grown
+or shrunk, counts ``(T - S * cost) / (T + cost)``, ``T`` its age since submission and
+``S`` its restarts (``Job.restart_count``): a job restarted often for its age is resized
+again only for a larger gain.
+
+Every resize and start smaller also sets the job's time limit (``SetTimeLimit``) for its
+new size in the
 same update (:mod:`slurmgpu.policy.resize_limit`; ``scale_time_limit``), shown in the
 action's ``numbers`` (``time_limit_s``, ``time_limit_was_s``).
 
@@ -55,8 +68,8 @@ action's ``numbers`` (``time_limit_s``, ``time_limit_was_s``).
    GPU type -- or whose type this policy chose -- grows on the type where it gains
    most: every type's sizes are tried, at ``x(g') * speed(type) / speed(now)`` where
    ``speed(now)`` is the slowest type it holds, against the free GPUs of that type (plus
-   its own there); the resize names the type (``fields["gpu_type"]``, kept in the
-   update's gres). A blocked untyped job started smaller is given the type on which it
+   its own there); the resize names the type (``Resize.gpu_type``, kept in the
+   update's GPU request). A blocked untyped job started smaller is given the type on which it
    runs fastest at the size that fits there (Gavel, OSDI'20, places each job on the
    type where its throughput is highest). A job that asked for a type is never moved
    off it; without the option the policy is type-blind.
@@ -77,21 +90,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from slurmgpu.intent import Intent, SetGpus, SetTimeLimit
 from slurmgpu.model import Job, JobState, MalleableSpec, Node
 from slurmgpu.policy.base import (
     Action,
     HistoryRecord,
     PolicySnapshot,
     resize_action,
-    resize_sizes,
 )
 from slurmgpu.policy.gputype import slowest, speeds_for
 from slurmgpu.policy.priors import Priors
 from slurmgpu.policy.resize_limit import resized_time_limit
-from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.policy.settings import MalleableSettings
 from slurmgpu.policy.speedup import DEFAULT_PRIOR, SpeedupCurve, SpeedupPrior, fit_speedup
-from slurmgpu.units import format_time_limit
 
 __all__ = ["MAX_BLOCKED_CONSIDERED", "MalleablePolicy"]
 
@@ -118,12 +129,41 @@ class _Running:
     single_node: bool
     busy: bool
     rates: dict[int, float] = field(default_factory=dict)
+    # Sizes it ran at and its measured throughput there (PolicySnapshot.throughput).
+    measured: dict[int, float] = field(default_factory=dict)
+    # Pollux's re-allocation factor: its speed at any new size counts this much.
+    realloc: float = 1.0
 
     def rate(self, gpus: int) -> float:
         r = self.rates.get(gpus)
         if r is None:
             r = self.rates[gpus] = self.curve.throughput(gpus)
         return r
+
+
+@dataclass(slots=True)
+class _Shrink:
+    """A donor shrunk this cycle: as it was, as planned now, and for which jobs."""
+
+    was: _Running
+    now: _Running
+    for_jobs: list[tuple[Job, float]]  # (waiting job, its wait avoided)
+    loss_s: float
+
+
+def _without(c: _Running, give: int) -> _Running:
+    """``c`` after giving back ``give`` GPUs from its last nodes (as ``_release``)."""
+    allocations = []
+    left = give
+    for a in reversed(c.job.gpu_allocations):
+        n = len(a.gpu_indices)
+        if left >= n:
+            left -= n
+            continue
+        allocations.append(dataclasses.replace(a, gpu_indices=a.gpu_indices[: n - left]))
+        left = 0
+    job = dataclasses.replace(c.job, gpu_allocations=tuple(reversed(allocations)))
+    return dataclasses.replace(c, job=job, gpus=c.gpus - give)
 
 
 def _gpu_type(text: str | None) -> str:
@@ -238,6 +278,18 @@ def _eligible_order(job: Job) -> tuple[int, float, float, int]:
     return (job.nice, eligible if eligible != math.inf else submitted, submitted, job.job_id)
 
 
+def _donor_cost_s(c: _Running, job: Job, cost_s: float) -> float:
+    """A donor's restart priced for a waiting job of ``g_w`` GPUs: ``cost * g_d / g_w``.
+
+    A restart holds all the donor's ``g_d`` GPUs idle for ``cost`` seconds: GPU time,
+    weighed against the waiting job's wait, which holds back its ``g_w`` GPUs of work.
+    A 24-GPU job is not restarted to give one GPU to a one-GPU job unless that job would
+    wait about 24 restarts; a 1-GPU donor's restart weighs an eighth for an 8-GPU job
+    (figures in docs/simulator.md).
+    """
+    return cost_s * c.gpus / max(1, _wants_gpus(job))
+
+
 class MalleablePolicy:
     """Proposes ``resize`` actions for malleable jobs (see the module docstring)."""
 
@@ -299,6 +351,7 @@ class MalleablePolicy:
 
         actions: list[Action] = []
         touched: set[int] = set()
+        shrunk: dict[int, _Shrink] = {}
         blocked: list[Job] = []
         slack = sum(c.gpus - c.spec.min_gpus for c in candidates.values())
         for job in sorted(pending, key=_eligible_order):
@@ -317,14 +370,14 @@ class MalleablePolicy:
             ):
                 wait_s = self._wait_s(job, free, ends, freed_by)
                 run_s = self._run_estimate_s(job, priors)
-                plan = self._shrink_plan(
-                    job, wait_s, run_s, free, candidates, touched, cost_s, snapshot
+                given = self._shrink_plan(
+                    job, wait_s, run_s, free, candidates, touched, shrunk, cost_s
                 )
-                if plan is not None:
-                    actions.extend(plan)
-                    slack -= sum(frm - to for frm, to in map(resize_sizes, plan))
+                if given is not None:
+                    slack -= given
                     continue
             blocked.append(job)
+        actions[:0] = [self._shrink_action(sh, cost_s, snapshot) for sh in shrunk.values()]
 
         if s.expand:
             reserve = 0
@@ -374,7 +427,11 @@ class MalleablePolicy:
             [g.mean_util_pct for g in usage.gpus if g.mean_util_pct is not None] if usage else []
         )
         busy = not utils or sum(utils) / len(utils) >= self.settings.min_busy_util_pct
-        return _Running(job, spec, gpus, curve, rem, single, busy)
+        clean = {g: r for g, r in measured.items() if g >= 1 and r > 0 and math.isfinite(r)}
+        cost_s = self._cost_s(snapshot)
+        age = (snapshot.at - job.submit_time).total_seconds() if job.submit_time else 0.0
+        realloc = max(0.0, age - job.restart_count * cost_s) / max(_TINY, age + cost_s)
+        return _Running(job, spec, gpus, curve, rem, single, busy, measured=clean, realloc=realloc)
 
     def _type_speeds(self, job: Job, free: _Free) -> dict[str, float] | None:
         """Speeds per present GPU type when ``job`` may be placed by type, else None."""
@@ -470,10 +527,7 @@ class MalleablePolicy:
             )
             self._typed_here.add(job.job_id)
         free.take(placed)
-        prefix = gres_prefix(snapshot.cluster.slurm_version)
-        gpu = f"{prefix}gpu:{gpu_type}:" if gpu_type else f"{prefix}gpu:"
-        key = "TresPerNode" if req.per_node is not None else "TresPerJob"
-        limit_fields, limit_numbers = self._time_limit(
+        limit_intents, limit_numbers = self._time_limit(
             job,
             snapshot,
             (want, fitting),
@@ -490,7 +544,10 @@ class MalleablePolicy:
                 f"{spec.max_gpus}) instead of waiting about {wait_s / 60:.0f} min; "
                 "grown when GPUs free up"
             ),
-            fields={key: f"{gpu}{fitting}", **limit_fields},
+            intents=(
+                SetGpus(fitting, gpu_type or None, per_node=req.per_node is not None),
+                *limit_intents,
+            ),
             numbers={
                 "direction": "start_smaller",
                 "from_gpus": want,
@@ -509,15 +566,15 @@ class MalleablePolicy:
         gpus: tuple[int, int],
         speeds: tuple[float, float],
         remaining_s: float,
-    ) -> tuple[dict[str, str], dict[str, float | int | str | None]]:
-        """The ``TimeLimit`` field (and audit numbers) for ``job`` at its new size.
+    ) -> tuple[tuple[Intent, ...], dict[str, float | int | str | None]]:
+        """The new time limit (and audit numbers) for ``job`` at its new size.
 
         :func:`~slurmgpu.policy.resize_limit.resized_time_limit`; nothing when the limit
         stays, or while ``scale_time_limit`` is off.
         """
         s = self.settings
         if not s.scale_time_limit or job.time_limit is None:
-            return {}, {}
+            return (), {}
         running = job.state is JobState.RUNNING and job.start_time is not None
         elapsed = snapshot.at - job.start_time if running and job.start_time else timedelta(0)
         rem = remaining_s if math.isfinite(remaining_s) else 0.0
@@ -532,12 +589,12 @@ class MalleablePolicy:
             max_time=_partition_max_time(job, snapshot),
         )
         if new is None:
-            return {}, {}
+            return (), {}
         numbers: dict[str, float | int | str | None] = {
             "time_limit_s": round(new.total_seconds()),
             "time_limit_was_s": round(job.time_limit.total_seconds()),
         }
-        return {"TimeLimit": format_time_limit(new)}, numbers
+        return (SetTimeLimit.of(new),), numbers
 
     def _fitting_on_type(self, job: Job, gpu_type: str, top: int, least: int, free: _Free) -> int:
         """The most GPUs (``least`` to ``top``) ``job`` fits on now on ``gpu_type`` (0: none)."""
@@ -566,9 +623,14 @@ class MalleablePolicy:
         free: _Free,
         candidates: dict[int, _Running],
         touched: set[int],
+        shrunk: dict[int, _Shrink],
         cost_s: float,
-        snapshot: PolicySnapshot,
-    ) -> list[Action] | None:
+    ) -> int | None:
+        """Plan donors for ``job`` into ``shrunk``; the GPUs they give, None: no plan.
+
+        A donor already shrunk this cycle (for an earlier waiting job) may give more at
+        no second restart: its one resize goes straight to the smaller size.
+        """
         s = self.settings
         start_delay = s.checkpoint_time.total_seconds()
         if wait_s <= start_delay:
@@ -579,6 +641,7 @@ class MalleablePolicy:
             for c in candidates.values()
             if c.job.job_id not in touched and c.gpus > c.spec.min_gpus
         ]
+        donors += [sh.now for sh in shrunk.values() if sh.now.gpus > sh.now.spec.min_gpus]
         extra: dict[str, int] = {}
         chosen: list[tuple[_Running, int, float]] = []
         lost = 0.0
@@ -588,7 +651,9 @@ class MalleablePolicy:
                 give = self._useful_give(c, job, free, extra)
                 if give <= 0:
                     continue
-                loss = self._shrink_loss(c, c.gpus - give, run_s, cost_s)
+                again = c.job.job_id in shrunk  # its restart is already paid
+                restart = 0.0 if again else _donor_cost_s(c, job, cost_s)
+                loss = self._shrink_loss(c, c.gpus - give, run_s, restart)
                 key = loss / give
                 if best is None or key < best[0]:
                     best = (key, c, give, loss)
@@ -611,43 +676,53 @@ class MalleablePolicy:
                 chosen.remove(entry)
                 extra = trial
                 lost -= entry[2]
-        actions: list[Action] = []
         for c, give, loss in chosen:
-            touched.add(c.job.job_id)
-            to = c.gpus - give
-            limit_fields, limit_numbers = self._time_limit(
-                c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), c.rate(to)), c.remaining_s
-            )
-            actions.append(
-                resize_action(
-                    self.name,
-                    c.job,
-                    c.gpus,
-                    to,
-                    f"shrink {c.gpus} -> {to} GPUs so waiting job {job.display_id} "
-                    f"({_wants_gpus(job)} GPUs) starts about {wait_s / 60:.0f} min sooner; "
-                    f"this job slows to {c.rate(to) / c.rate(c.gpus):.0%} of its speed",
-                    numbers={
-                        "direction": "shrink",
-                        "for_job": job.job_id,
-                        "gpus_given": give,
-                        "wait_avoided_s": round(wait_s),
-                        "loss_s": round(loss),
-                        "all_donors_loss_s": round(lost),
-                        "remaining_s": round(c.remaining_s),
-                        "cost_s": round(cost_s),
-                        "throughput_now": c.rate(c.gpus),
-                        "throughput_after": c.rate(to),
-                        **limit_numbers,
-                    },
-                    fields=limit_fields,
-                )
-            )
+            jid = c.job.job_id
+            sh = shrunk.get(jid)
+            if sh is None:
+                touched.add(jid)
+                shrunk[jid] = _Shrink(c, _without(c, give), [(job, wait_s)], loss)
+            else:
+                sh.now = _without(sh.now, give)
+                sh.for_jobs.append((job, wait_s))
+                sh.loss_s += loss
         # The blocked job now takes what it will start on: free GPUs plus the donors'.
         for node, count in extra.items():
             free.add(node, count)
         free.take(job)
-        return actions
+        return sum(give for _, give, _ in chosen)
+
+    def _shrink_action(self, sh: _Shrink, cost_s: float, snapshot: PolicySnapshot) -> Action:
+        c, to = sh.was, sh.now.gpus
+        first, wait_s = sh.for_jobs[0]
+        others = [j.display_id for j, _ in sh.for_jobs[1:]]
+        also = f" (and {', '.join(others)})" if others else ""
+        limit_intents, limit_numbers = self._time_limit(
+            c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), c.rate(to)), c.remaining_s
+        )
+        return resize_action(
+            self.name,
+            c.job,
+            c.gpus,
+            to,
+            f"shrink {c.gpus} -> {to} GPUs so waiting job {first.display_id}{also} "
+            f"({_wants_gpus(first)} GPUs) starts about {wait_s / 60:.0f} min sooner; "
+            f"this job slows to {c.rate(to) / c.rate(c.gpus):.0%} of its speed",
+            numbers={
+                "direction": "shrink",
+                "for_job": first.job_id,
+                "also_for": ",".join(str(j.job_id) for j, _ in sh.for_jobs[1:]) or None,
+                "gpus_given": c.gpus - to,
+                "wait_avoided_s": round(wait_s),
+                "loss_s": round(sh.loss_s),
+                "remaining_s": round(c.remaining_s),
+                "cost_s": round(cost_s),
+                "throughput_now": c.rate(c.gpus),
+                "throughput_after": c.rate(to),
+                **limit_numbers,
+            },
+            intents=limit_intents,
+        )
 
     def _useful_give(self, c: _Running, job: Job, free: _Free, extra: dict[str, int]) -> int:
         """How many GPUs ``c`` should give back towards ``job`` (0: it cannot help)."""
@@ -686,7 +761,7 @@ class MalleablePolicy:
     @staticmethod
     def _shrink_loss(c: _Running, to: int, run_s: float, cost_s: float) -> float:
         """The donor's delay: slower while the waiting job runs, then grown back."""
-        slower = c.rate(c.gpus) / max(_TINY, c.rate(to))
+        slower = c.rate(c.gpus) / max(_TINY, c.rate(to) * c.realloc)
         if run_s < c.remaining_s:
             return run_s * max(0.0, slower - 1.0) + 2 * cost_s
         return c.remaining_s * max(0.0, slower - 1.0) + cost_s
@@ -735,15 +810,13 @@ class MalleablePolicy:
             pool -= taken
             touched.add(c.job.job_id)
             after = c.rate(to)
-            type_fields: dict[str, str] = {}
             type_numbers: dict[str, float | int | str | None] = {}
             if gpu_type is not None:
                 after = c.rate(to) * self._type_gain(c, gpu_type, free)
                 self._take_of_type(free, gpu_type, taken)
                 self._typed_here.add(c.job.job_id)
-                type_fields = {"gpu_type": gpu_type}
                 type_numbers = {"gpu_type": gpu_type}
-            limit_fields, limit_numbers = self._time_limit(
+            limit_intents, limit_numbers = self._time_limit(
                 c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), after), c.remaining_s
             )
             actions.append(
@@ -768,7 +841,8 @@ class MalleablePolicy:
                         **type_numbers,
                         **limit_numbers,
                     },
-                    fields={**limit_fields, **type_fields},
+                    intents=limit_intents,
+                    gpu_type=gpu_type,
                 )
             )
         return actions
@@ -820,21 +894,51 @@ class MalleablePolicy:
             else:
                 room = sum(nodes.values()) + own_here
             top = min(
-                c.spec.max_gpus, room, math.floor(c.gpus * s.max_growth + _TINY), own_here + pool
+                c.spec.max_gpus,
+                room,
+                math.floor(c.gpus * s.max_growth + _TINY),
+                own_here + pool,
+                self._measured_ceiling(c),
             )
             gain = speed / now_speed
             for to in range(c.gpus + 1, top + 1):
-                saving = c.remaining_s * (1.0 - now / max(_TINY, c.rate(to) * gain)) - cost_s
+                saving = (
+                    c.remaining_s * (1.0 - now / max(_TINY, c.rate(to) * gain * c.realloc)) - cost_s
+                )
                 enough = saving > 0 and saving >= s.min_gain * c.remaining_s
                 if enough and (best is None or saving > best[1] * (1 + 1e-9)):
                     best = (to, saving, gpu_type, max(0, to - own_here))
         return best
+
+    def _measured_ceiling(self, c: _Running) -> int:
+        """The largest size ``c`` may grow to by its own measurements (``max_gpus``: none).
+
+        The sizes it ran at above its current size ``g`` are walked up from ``g``: the
+        step from the last size kept, ``k``, to the next measured one, ``m``, has a
+        measured marginal efficiency -- the relative speed gained over the relative
+        GPUs added, ``(x(m) / x(k) - 1) / (m / k - 1)``, 1 for linear scaling. The first
+        step below ``min_gain`` was measured not to pay: the job grows no further than
+        ``k`` (the prior curve's prediction past ``k`` is overruled by the measurement).
+        This is also the hysteresis after a shrink from such a size: the job is not
+        grown back to where it was measured to waste GPUs.
+        """
+        kept = c.gpus
+        rate = c.measured.get(kept)
+        if rate is None:
+            return c.spec.max_gpus
+        for m in sorted(g for g in c.measured if g > c.gpus):
+            efficiency = (c.measured[m] / rate - 1.0) / (m / kept - 1.0)
+            if efficiency < self.settings.min_gain:
+                return kept
+            kept, rate = m, c.measured[m]
+        return c.spec.max_gpus
 
     def _best_growth_blind(
         self, c: _Running, pool: int, free: _Free, cost_s: float
     ) -> tuple[int, float] | None:
         s = self.settings
         top = min(c.spec.max_gpus, c.gpus + pool, math.floor(c.gpus * s.max_growth + _TINY))
+        top = min(top, self._measured_ceiling(c))
         if c.job.gpus.gpu_type:  # it grows only into free GPUs of the type it asked for
             top = min(top, c.gpus + free.total_for(c.job))
         if c.single_node:
@@ -851,7 +955,7 @@ class MalleablePolicy:
         now = c.rate(c.gpus)
         best: tuple[int, float] | None = None
         for to in range(c.gpus + 1, top + 1):
-            saving = c.remaining_s * (1.0 - now / max(_TINY, c.rate(to))) - cost_s
+            saving = c.remaining_s * (1.0 - now / max(_TINY, c.rate(to) * c.realloc)) - cost_s
             enough = saving > 0 and saving >= s.min_gain * c.remaining_s
             if enough and (best is None or saving > best[1] * (1 + 1e-9)):
                 best = (to, saving)

@@ -3,33 +3,35 @@ rightsizing, exported for ``plugins/job_submit.lua``. Pure: priors in, values ou
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import replace
 
 from slurmgpu.policy.priors import Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
-
-
-def _round_up(value: float, step: float) -> float:
-    return math.ceil(value / step) * step
+from slurmgpu.policy.sizing import key_sizes, time_limit_s
 
 
 def advice(est: Estimate, s: RightsizeSettings) -> dict[str, int | None]:
-    """The requests history supports, by the same rules as RightsizePolicy."""
-    seconds = max(est.run_time.total_seconds() * s.time_headroom, s.min_time_limit.total_seconds())
-    time_min = int(_round_up(seconds, s.time_round.total_seconds()) // 60) if s.time_limit else None
-    mem = None
-    if s.memory and est.oom_runs == 0 and est.peak_node_memory_mib:
-        mem = int(_round_up(est.peak_node_memory_mib * s.memory_headroom, 256))
-    gpus = None
-    if s.gpus and est.gpus_used is not None and est.gpus_used_samples >= s.min_history:
-        gpus = max(1, est.gpus_used)
+    """The requests history supports, by the rules RightsizePolicy uses
+    (:mod:`slurmgpu.policy.sizing`): the same time limit (in minutes, a whole number of
+    ``time_round``), memory per node and GPUs. No CPU count: rightsizing keeps
+    ``target_cores_per_gpu`` per GPU of the job, and a per-key export cannot know how
+    many GPUs the next submission asks for."""
+    time_min = None
+    if s.time_limit:
+        seconds = time_limit_s(
+            est.run_time.total_seconds(),
+            s.time_headroom,
+            s.time_round.total_seconds(),
+            s.min_time_limit.total_seconds(),
+        )
+        time_min = -(-seconds // 60)
+    sizes = key_sizes(est, s)
     return {
         "time_limit_min": time_min,
-        "mem_mib": mem,
+        "mem_mib": sizes.memory_mib,
         "cpus": None,
-        "gpus": gpus,
+        "gpus": sizes.gpus,
         "samples": est.samples,
     }
 

@@ -8,9 +8,10 @@ that range, since its tasks share one shape; tasks already split out are their o
 
 Rules (defaults in :class:`~slurmgpu.policy.settings.RightsizeSettings`):
 
-- ``TimeLimit`` = the larger of ``time_quantile`` (0.95) * ``time_headroom`` (1.3) of past
-  run times (for the job's GPU count: runs that asked as many GPUs, else every run
-  scaled so that it never errs short, see :mod:`slurmgpu.policy.priors`),
+- the time limit (``SetTimeLimit``) = the larger of ``time_quantile`` (0.95) *
+  ``time_headroom`` (1.3) of past run times (for the job's GPU count: runs that asked
+  as many GPUs, else every run scaled so that it never errs short, see
+  :mod:`slurmgpu.policy.priors`),
   ``min_time_limit`` (15 min), and ``time_headroom`` * the longest elapsed time of a
   RUNNING job with the same user and name (a sibling running for 2 h proves a run can
   take 2 h), rounded up to ``time_round`` (5 min). A job with no limit
@@ -18,67 +19,65 @@ Rules (defaults in :class:`~slurmgpu.policy.settings.RightsizeSettings`):
   ``time_from_other_jobs``: the user's other jobs say little about this one's run time,
   and a limit too short is a killed run (on Pollux workloads 1, 2 and 4, 66 of the 71
   timeouts after rightsizing came from the ``user+partition`` level).
-- ``MinMemoryNode`` (MiB per node) = ``ceil(memory_headroom * peak of the busiest
+- memory per node (``SetMemoryPerNode``, MiB) = ``ceil(memory_headroom * peak of the busiest
   node)`` rounded up to ``memory_round_mib`` (256 MiB); a past run without a per-node
   figure counts with its total, which only errs high. Never when any run at the key ran
   out of memory, or when the request is unknown or 0 (all of a node).
-- ``NumCPUs`` (total) and ``MinCPUsNode`` (per node), GPU jobs only: the larger of
+- CPUs in total and per node (``SetCpus``, ``SetCpusPerNode``), GPU jobs only: the larger of
   ``ceil(cpu_headroom * the most cores a past run used on average)``,
   ``target_cores_per_gpu`` (12) per GPU, one per task and one per node. Never when a past
   run kept >= 90 % of its cores busy (its demand is unknown).
 - GPUs: the most GPUs any past run kept busy (at least 1), when at least
   ``min_history`` runs had GPU samples and none of them asked for fewer GPUs than this
-  job. Written as ``TresPerNode=gres/gpu[:type]:K`` (``gres:gpu:K`` before Slurm 23.02,
-  as slurmctld itself prints it) for ``--gpus-per-node`` / ``--gres`` requests, or
-  ``TresPerJob`` for ``--gpus``; ``--gpus-per-task`` and shard requests are left alone.
-  ``TresPerNode`` replaces the job's whole per-node TRES string: the actuator must keep
-  any other GRES the job asked for.
+  job: ``SetGpus`` per node for ``--gpus-per-node`` / ``--gres`` requests, per job for
+  ``--gpus`` (of the job's GPU type; ``slurmgpu.slurm.update`` spells it for the
+  release); ``--gpus-per-task`` and shard requests are left alone. Slurm's per-node
+  request replaces the job's whole per-node TRES string: the actuator must keep any
+  other GRES the job asked for.
 
 A field is proposed only when it shrinks the request by at least
 ``min_change_fraction`` (20 %); no field ever grows. Whether the action runs is the
 engine's call: ``requires_opt_in`` is set unless ``apply_to_all``, and the engine then
-suppresses it for jobs not in ``PolicySnapshot.opted_in``. ``numbers`` carry, for each
-field, the current and proposed value, plus the history count, key level and quantile.
+suppresses it for jobs not in ``PolicySnapshot.opted_in``. A job whose comment carries
+``sgpu:norightsize`` (:mod:`slurmgpu.tokens`) gets no proposal at all, even under
+``apply_to_all``: plugins/job_submit.lua leaves it alone too. The figures come from
+:mod:`slurmgpu.policy.sizing`, as the export's and ``sgpu eff``'s do. ``numbers`` carry,
+for each field, the current and proposed value, plus the history count, key level and
+quantile.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import NamedTuple
 
 import msgspec
 
+from slurmgpu.intent import (
+    Intent,
+    SetCpus,
+    SetCpusPerNode,
+    SetGpus,
+    SetMemoryPerNode,
+    SetTimeLimit,
+)
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.priors import LEVELS, Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
+from slurmgpu.policy.sizing import key_sizes, time_limit_s
+from slurmgpu.tokens import NORIGHTSIZE, rightsize_opted_out
 from slurmgpu.units import format_time_limit
 
-__all__ = ["PriorsFactory", "RightsizePolicy", "gres_prefix"]
+__all__ = ["PriorsFactory", "RightsizePolicy"]
 
 PriorsFactory = Callable[[Sequence[HistoryRecord]], Priors]
 Numbers = dict[str, float | int | str | None]
 
-_VERSION_RE = re.compile(r"(\d+)\.(\d+)")
 # History levels keyed by the job itself (its script or name), not the user's other jobs.
 _OWN_LEVELS = frozenset(level for level in LEVELS if "script" in level or "name" in level)
-
-
-def gres_prefix(slurm_version: str) -> str:
-    """Return how ``tres_per_*`` strings name a GRES: ``gres:`` before 23.02, else ``gres/``.
-
-    An unknown version gets the current form.
-
-    >>> gres_prefix("22.05.9"), gres_prefix("24.11.1"), gres_prefix("")
-    ('gres:', 'gres/', 'gres/')
-    """
-    m = _VERSION_RE.match(slurm_version.strip())
-    if m and (int(m.group(1)), int(m.group(2))) < (23, 2):
-        return "gres:"
-    return "gres/"
 
 
 _LIMIT_TEXTS: dict[float, str] = {}
@@ -93,10 +92,6 @@ def _limit_text(seconds: float) -> str:
         if len(_LIMIT_TEXTS) < 4096:
             _LIMIT_TEXTS[seconds] = text
     return text
-
-
-def _round_up(value: float, step: float) -> float:
-    return math.ceil(value / step - 1e-9) * step
 
 
 def _shrinks_enough(current: float, proposed: float, fraction: float) -> bool:
@@ -174,19 +169,10 @@ class _KeyDerived:
         self.user = est.key[0]
         self.history_key = "/".join(est.key)
         self.own_level = s.time_from_other_jobs or est.level in _OWN_LEVELS
-        # Never total / nodes for memory: an uneven job would starve its busiest node.
-        # Runs without a per-node figure count with their total, which only errs high.
-        peak = est.peak_node_memory_mib
-        self.memory_mib: int | None = None
-        if s.memory and peak is not None and not est.oom_runs:
-            step = s.memory_round_mib
-            self.memory_mib = max(step, int(_round_up(math.ceil(s.memory_headroom * peak), step)))
-        self.cpus_needed: int | None = None
-        if s.cpus and est.max_cpu_pct is not None and not est.cpu_saturated:
-            self.cpus_needed = math.ceil(s.cpu_headroom * est.max_cpu_pct / 100.0 - 1e-9)
-        self.gpus_used: int | None = None
-        if s.gpus and est.gpus_used is not None and est.gpus_used_samples >= s.min_history:
-            self.gpus_used = max(1, est.gpus_used)
+        sizes = key_sizes(est, s)
+        self.memory_mib: int | None = sizes.memory_mib
+        self.cpus_needed: int | None = sizes.cores
+        self.gpus_used: int | None = sizes.gpus
 
 
 class _Derived(msgspec.Struct, gc=False):
@@ -247,8 +233,7 @@ def _derive(
     run_time_s, samples, gpu_samples, gpu_scaled = run
     time_s: int | None = None
     if s.time_limit and k.own_level:
-        history_s = run_time_s * s.time_headroom
-        time_s = int(_round_up(max(history_s, c.min_time_s), c.round_s))
+        time_s = time_limit_s(run_time_s, s.time_headroom, c.round_s, c.min_time_s)
     return _Derived(
         k,
         run_time_s,
@@ -292,9 +277,8 @@ class RightsizePolicy:
         # long as the cached priors: jobs of one name share it, whatever their GPUs.
         self._by_name: dict[tuple[str, str, str], _KeyDerived | None] = {}
         # job id -> (what its verdict depends on besides the priors, that verdict), from
-        # the last cycle; as long as the cached priors and the snapshots' GRES prefix.
+        # the last cycle; as long as the cached priors.
         self._memo: dict[int, _Verdict] = {}
-        self._prefix = ""
         self._keep = 1.0 - s.min_change_fraction
         self._round_s = s.time_round.total_seconds()
         self._seconds = _Seconds(s.min_time_limit.total_seconds(), self._round_s)
@@ -328,7 +312,14 @@ class RightsizePolicy:
         """Return one ``update`` action per pending job whose requests history can shrink."""
         s = self.settings
         jobs = snapshot.cluster.jobs
-        pending = [j for j in jobs if j.state is JobState.PENDING]
+        # A job carrying sgpu:norightsize is no candidate, opted in or not (as in
+        # job_submit.lua); the substring test spares the parse for nearly every job.
+        pending = [
+            j
+            for j in jobs
+            if j.state is JobState.PENDING
+            and not (NORIGHTSIZE in j.comment and rightsize_opted_out(j.comment))
+        ]
         if not pending:
             return []
         priors = self.priors(snapshot.history)
@@ -348,18 +339,15 @@ class RightsizePolicy:
                         longest[j.user] = {j.name: elapsed}
                     elif elapsed > names.get(j.name, 0.0):
                         names[j.name] = elapsed
-        headroom, round_s = s.time_headroom, self._round_s
+        headroom, round_s, min_s = s.time_headroom, self._round_s, self._seconds.min_time_s
         # (elapsed, the time limit floor it implies), once per user and name
         sibling_s: dict[str, dict[str, tuple[float, int]]] = {
             user: {
-                name: (elapsed, int(_round_up(elapsed * headroom, round_s)))
+                name: (elapsed, time_limit_s(elapsed, headroom, round_s, min_s))
                 for name, elapsed in names.items()
             }
             for user, names in longest.items()
         }
-        prefix = gres_prefix(snapshot.cluster.slurm_version)
-        if prefix != self._prefix:
-            self._prefix, self._memo = prefix, {}
         opted = snapshot.opted_in
         # Pending jobs share keys (resubmissions, arrays, the same jobs next cycle): each
         # key's estimate (for the job's GPU count) and what that implies are resolved once
@@ -421,7 +409,7 @@ class RightsizePolicy:
                 time_s = history_s = d.time_s
                 if time_s is not None and floor is not None:
                     time_s = max(time_s, floor)
-                action = self._propose_one(job, d, time_s, sibling, prefix, is_opted)
+                action = self._propose_one(job, d, time_s, sibling, is_opted)
                 if action is not None:
                     actions.append(action)
             # as the next cycle will compare it: with the floor only where it binds
@@ -450,7 +438,6 @@ class RightsizePolicy:
         d: _Derived,
         time_s: int | None,
         sibling_s: float | None,
-        prefix: str,
         is_opted: bool,
     ) -> Action | None:
         s = self.settings
@@ -480,7 +467,7 @@ class RightsizePolicy:
         request = job.gpus
         gpus_after = request.gpus
         new_gpus: int | None = None  # per node, or per job for --gpus
-        gpu_field = ""
+        per_node_field = True
         used = k.gpus_used
         if (
             used is not None
@@ -491,13 +478,13 @@ class RightsizePolicy:
             if request.per_node:
                 per_node = -(-used // nodes)
                 if _shrinks_enough(request.per_node, per_node, s.min_change_fraction):
-                    new_gpus, gpu_field, gpus_after = per_node, "TresPerNode", per_node * nodes
+                    new_gpus, gpus_after = per_node, per_node * nodes
             elif (
                 request.per_job
                 and not request.per_task
                 and _shrinks_enough(request.per_job, used, s.min_change_fraction)
             ):
-                new_gpus, gpu_field, gpus_after = used, "TresPerJob", used
+                new_gpus, per_node_field, gpus_after = used, False, used
         new_cpus: int | None = None
         cpus = job.cpus
         if k.cpus_needed is not None and gpus_after > 0 and cpus > 0:
@@ -509,12 +496,13 @@ class RightsizePolicy:
         if new_time is None and new_memory is None and new_gpus is None and new_cpus is None:
             return None
 
-        fields: dict[str, str] = {}
+        intents: list[Intent] = []
         numbers = dict(d.history_numbers)
         changes: list[str] = []
         if new_time is not None:
             limit = job.time_limit
-            fields["TimeLimit"] = text = _limit_text(new_time)
+            intents.append(SetTimeLimit(new_time))
+            text = _limit_text(new_time)
             numbers["time_limit_current_s"] = limit.total_seconds() if limit is not None else None
             numbers["time_limit_proposed_s"] = new_time
             # the names the notification template reads
@@ -525,7 +513,7 @@ class RightsizePolicy:
             was = "UNLIMITED" if limit is None else _limit_text(limit.total_seconds())
             changes.append(f"TimeLimit {text} (was {was})")
         if new_memory is not None:
-            fields["MinMemoryNode"] = str(new_memory)
+            intents.append(SetMemoryPerNode(new_memory))
             numbers["memory_per_node_current_mib"] = current_memory
             numbers["memory_per_node_proposed_mib"] = new_memory
             numbers["memory_mib"] = current_memory
@@ -533,22 +521,21 @@ class RightsizePolicy:
             numbers["peak_node_memory_mib"] = est.peak_node_memory_mib
             changes.append(f"MinMemoryNode {new_memory} MiB (was {current_memory} MiB)")
         if new_gpus is not None:
-            gpu = f"{prefix}gpu:{request.gpu_type}:" if request.gpu_type else f"{prefix}gpu:"
-            fields[gpu_field] = f"{gpu}{new_gpus}"
+            intents.append(SetGpus(new_gpus, request.gpu_type, per_node=per_node_field))
             numbers["gpus_current"] = request.gpus
             numbers["gpus_proposed"] = gpus_after
             numbers["gpus"] = request.gpus
             numbers["proposed_gpus"] = gpus_after
             numbers["gpus_used_max"] = est.gpus_used
-            if gpu_field == "TresPerNode":
+            if per_node_field:
                 numbers["gpus_per_node_current"] = request.per_node
                 numbers["gpus_per_node_proposed"] = new_gpus
                 changes.append(f"{new_gpus} GPU(s) per node (was {request.per_node})")
             else:
                 changes.append(f"{new_gpus} GPU(s) (was {request.per_job})")
         if new_cpus is not None:
-            fields["NumCPUs"] = str(new_cpus)
-            fields["MinCPUsNode"] = str(math.ceil(new_cpus / nodes))
+            intents.append(SetCpus(new_cpus))
+            intents.append(SetCpusPerNode(math.ceil(new_cpus / nodes)))
             numbers["cpus_current"] = job.cpus
             numbers["cpus_proposed"] = new_cpus
             numbers["cpu_used_max_pct"] = est.max_cpu_pct
@@ -561,7 +548,7 @@ class RightsizePolicy:
             user=job.user,
             reason=d.reason + "; ".join(changes),
             numbers=numbers,
-            fields=fields,
+            intents=tuple(intents),
             alert="rightsize",
             requires_opt_in=not s.apply_to_all,
             slurm_id=slurm_job_ref(job),

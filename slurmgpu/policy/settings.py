@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, cast
 
+from slurmgpu.policy import sizing
 from slurmgpu.policy.base import Mode
 from slurmgpu.settings_table import TableReader
 
@@ -200,6 +201,8 @@ class RightsizeSettings:
       every pending job. Either way every proposal is audited.
     - ``time_quantile`` (0.95, nearest rank) * ``time_headroom`` (1.3) of past run
       times, rounded up to ``time_round`` (5 min), at least ``min_time_limit`` (15 min).
+      These and the memory and CPU rules below are :mod:`slurmgpu.policy.sizing`'s, which
+      the export for job_submit.lua and ``sgpu eff`` use too.
     - ``time_from_other_jobs`` (false): a ``TimeLimit`` comes only from runs of the same
       script or job name; the user's other jobs (the ``user+partition`` / ``user``
       history levels) never set one, since a limit that is too short kills the run.
@@ -221,13 +224,13 @@ class RightsizeSettings:
     gpus: bool = True
     apply_to_all: bool = False
     time_quantile: float = 0.95
-    time_headroom: float = 1.3
-    min_time_limit: timedelta = timedelta(minutes=15)
-    time_round: timedelta = timedelta(minutes=5)
+    time_headroom: float = sizing.TIME_HEADROOM
+    min_time_limit: timedelta = sizing.MIN_TIME_LIMIT
+    time_round: timedelta = sizing.TIME_ROUND
     time_from_other_jobs: bool = False
-    memory_headroom: float = 1.2
-    memory_round_mib: int = 256
-    cpu_headroom: float = 1.2
+    memory_headroom: float = sizing.MEMORY_HEADROOM
+    memory_round_mib: int = sizing.MEMORY_ROUND_MIB
+    cpu_headroom: float = sizing.CPU_HEADROOM
     min_history: int = 3
     target_cores_per_gpu: int = 12
     min_change_fraction: float = 0.2
@@ -248,15 +251,15 @@ class RightsizeSettings:
             time_quantile=t.number(
                 "time_quantile", 0.95, minimum=0.0, maximum=1.0, above_minimum=True
             ),
-            time_headroom=t.number("time_headroom", 1.3, minimum=1.0),
+            time_headroom=t.number("time_headroom", sizing.TIME_HEADROOM, minimum=1.0),
             min_time_limit=t.duration(
-                "min_time_limit", timedelta(minutes=15), minimum=timedelta(minutes=1)
+                "min_time_limit", sizing.MIN_TIME_LIMIT, minimum=timedelta(minutes=1)
             ),
-            time_round=t.duration("time_round", timedelta(minutes=5), minimum=timedelta(minutes=1)),
+            time_round=t.duration("time_round", sizing.TIME_ROUND, minimum=timedelta(minutes=1)),
             time_from_other_jobs=t.boolean("time_from_other_jobs", False),
-            memory_headroom=t.number("memory_headroom", 1.2, minimum=1.0),
-            memory_round_mib=t.integer("memory_round_mib", 256, minimum=1),
-            cpu_headroom=t.number("cpu_headroom", 1.2, minimum=1.0),
+            memory_headroom=t.number("memory_headroom", sizing.MEMORY_HEADROOM, minimum=1.0),
+            memory_round_mib=t.integer("memory_round_mib", sizing.MEMORY_ROUND_MIB, minimum=1),
+            cpu_headroom=t.number("cpu_headroom", sizing.CPU_HEADROOM, minimum=1.0),
             min_history=t.integer("min_history", 3, minimum=1),
             target_cores_per_gpu=t.integer("target_cores_per_gpu", 12, minimum=1),
             min_change_fraction=t.number(
@@ -409,7 +412,7 @@ class ColocateSettings:
             value = t.raw.pop(key)
             if isinstance(value, str) and value.strip().lower() == "auto":
                 return None
-            from slurmgpu.telemetry.fakeload import parse_size_mib
+            from slurmgpu.units import parse_size_mib
 
             try:
                 if isinstance(value, bool) or not isinstance(value, str | int):

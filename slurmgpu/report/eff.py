@@ -30,10 +30,18 @@ The rules, in the order :func:`notes` applies them (then sorted alert → warn �
 - ``cpu`` (warn): CPU util < 65 % with ≥ 4 cores on a node; ``-c K`` with
   K = ceil(1.2 * busy cores of the busiest node / tasks per node) when K is smaller.
 - ``memory`` (info): < 70 % of the requested memory used, every node reported:
-  ``--mem=NG`` with N = ceil(1.2 * peak GiB of the busiest node) (per node, as Slurm reads
-  ``--mem``) when smaller than the request.
+  ``--mem=`` ceil(1.2 * peak MiB of the busiest node) rounded up to 256 MiB (per node, as
+  Slurm reads ``--mem``; written ``NG`` when whole GiB, else ``NM``) when smaller than
+  the request.
 - ``time`` (warn below 10 %, else info): COMPLETED, run time > 900 s, < 60 % of the limit:
-  ``--time=`` ceil(1.3 * run time) rounded up to 15 min, when shorter than the limit.
+  ``--time=`` 1.3 * run time rounded up to 5 min (at least 15 min), when shorter than the
+  limit.
+
+The ``-c``, ``--mem`` and ``--time`` figures are :mod:`slurmgpu.policy.sizing`'s: what
+rightsizing and the job_submit.lua export would set for runs like this one; ``sgpu eff``
+sizes with the site's ``[policy.rightsize]`` headroom and rounding
+(:meth:`EffThresholds.sized_as`). Until issue 21 the time was rounded to 15 min and the
+memory to whole GiB here, whatever the site set.
 - ``energy`` (info; warn when ≥ 50 % of ≥ 0.1 kWh went to idle GPUs): the job's GPU
   energy and its idle share, and whether a counter measured it or power samples estimate it.
 
@@ -42,13 +50,14 @@ Running jobs get "so far" wording and never a time note.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from slurmgpu.model import Job, JobState
+from slurmgpu.policy import sizing
+from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.report.energy import JobEnergy, energy_sentence, energy_to_json
 from slurmgpu.store.usage import GpuUsage, HostUsage
 from slurmgpu.units import format_time_limit
@@ -77,14 +86,16 @@ class EffThresholds:
     gpu_util_warn_pct: float = 25.0  # below: warning
     cpu_util_red_pct: float = 65.0  # below: red
     cpu_many_cores: int = 4  # the -c note needs at least this many cores on a node
-    cpu_headroom: float = 1.2
+    cpu_headroom: float = sizing.CPU_HEADROOM
     memory_note_pct: float = 70.0  # below: the --mem note
-    memory_headroom: float = 1.2
+    memory_headroom: float = sizing.MEMORY_HEADROOM
+    memory_round_mib: int = sizing.MEMORY_ROUND_MIB
     time_note_min_elapsed: timedelta = timedelta(seconds=900)
     time_note_pct: float = 60.0  # below: the --time note
     time_red_pct: float = 10.0
-    time_headroom: float = 1.3
-    time_round: timedelta = timedelta(minutes=15)
+    time_headroom: float = sizing.TIME_HEADROOM
+    time_round: timedelta = sizing.TIME_ROUND
+    min_time_limit: timedelta = sizing.MIN_TIME_LIMIT
     idle_alert: timedelta = timedelta(minutes=60)  # the idle policy's default
     shard_util_pct: float = 15.0
     shard_gpu_memory_mib: float = 10 * 1024.0
@@ -93,6 +104,19 @@ class EffThresholds:
     energy_idle_warn_pct: float = 50.0  # at or above: the energy note is a warning
     input_cpu_busy_pct: float = 80.0  # GPUs under-used while the cores are this busy
     input_iowait_pct: float = 30.0  # ... or while the processes wait this much on I/O
+
+    @classmethod
+    def sized_as(cls, rs: RightsizeSettings) -> EffThresholds:
+        """The defaults, sizing by the site's ``[policy.rightsize]`` (headroom, rounding,
+        minimum): ``sgpu eff`` then suggests what rightsizing would set on that site."""
+        return cls(
+            cpu_headroom=rs.cpu_headroom,
+            memory_headroom=rs.memory_headroom,
+            memory_round_mib=rs.memory_round_mib,
+            time_headroom=rs.time_headroom,
+            time_round=rs.time_round,
+            min_time_limit=rs.min_time_limit,
+        )
 
 
 DEFAULT_THRESHOLDS = EffThresholds()
@@ -455,11 +479,6 @@ def _int(value: Any) -> int | None:
 # -- advice -----------------------------------------------------------------------------
 
 
-def _ceil(x: float) -> int:
-    """Ceiling that ignores float noise (1.2 * 5120 / 1024 is 6, not 7)."""
-    return math.ceil(round(x, 6))
-
-
 def _gib(mib: float) -> str:
     return f"{mib / 1024:.1f} GiB"
 
@@ -473,21 +492,27 @@ def _pct(x: float) -> str:
 
 
 def suggested_time(elapsed: timedelta, th: EffThresholds = DEFAULT_THRESHOLDS) -> timedelta:
-    """Return ``time_headroom`` * the run time, rounded up to ``time_round``."""
-    step = th.time_round.total_seconds()
-    return timedelta(seconds=_ceil(th.time_headroom * elapsed.total_seconds() / step) * step)
+    """Return the time limit for a run this long (:func:`slurmgpu.policy.sizing.time_limit_s`)."""
+    seconds = sizing.time_limit_s(
+        elapsed.total_seconds(),
+        th.time_headroom,
+        th.time_round.total_seconds(),
+        th.min_time_limit.total_seconds(),
+    )
+    return timedelta(seconds=seconds)
 
 
-def suggested_mem_gib(used_mib: float, th: EffThresholds = DEFAULT_THRESHOLDS) -> int:
-    """Return ceil(``memory_headroom`` * used) in GiB (Slurm's ``G``), at least 1."""
-    return max(1, _ceil(th.memory_headroom * used_mib / 1024))
+def suggested_mem_mib(used_mib: float, th: EffThresholds = DEFAULT_THRESHOLDS) -> int:
+    """Return the memory per node for a node that peaked at ``used_mib``
+    (:func:`slurmgpu.policy.sizing.memory_mib`)."""
+    return sizing.memory_mib(used_mib, th.memory_headroom, th.memory_round_mib)
 
 
 def suggested_shards(
     used_mib: float, total_mib: float, th: EffThresholds = DEFAULT_THRESHOLDS
 ) -> int:
     """Return the shards of a ``shards_per_gpu``-shard GPU whose memory share fits the job."""
-    return max(1, _ceil(th.shards_per_gpu * th.shard_headroom * used_mib / total_mib))
+    return max(1, sizing.ceil_whole(th.shards_per_gpu * th.shard_headroom * used_mib / total_mib))
 
 
 def _names(gpus: Sequence[GpuEfficiency], *, idle: bool = False) -> str:
@@ -749,7 +774,7 @@ def _cpu_notes(eff: JobEfficiency, so_far: str, was: str) -> list[Note]:
     tasks_per_node = max(1, round(eff.job.tasks / node_count)) if eff.job.tasks else 1
     cores_per_task = cores_per_node // tasks_per_node
     busiest = max((n.mean_cpu_pct or 0.0) / 100.0 for n in reported)
-    k = max(1, _ceil(th.cpu_headroom * busiest / tasks_per_node))
+    k = sizing.cores_needed(busiest / tasks_per_node, th.cpu_headroom)
     total = sum(n.cores or 0 for n in reported)
     busy_cores = sum((n.mean_cpu_pct or 0.0) / 100.0 for n in reported)
     text = (
@@ -773,10 +798,10 @@ def _memory_notes(eff: JobEfficiency, so_far: str) -> list[Note]:
         return []
     node_count = sum(1 for n in eff.nodes if n.max_memory_mib is not None)
     per_node_request = requested / max(node_count, 1)
-    gib = suggested_mem_gib(node_peak, th)
-    if gib * 1024 >= per_node_request:
+    mib = suggested_mem_mib(node_peak, th)
+    if mib >= per_node_request:
         return []
-    option = f"--mem={gib}G"
+    option = f"--mem={sizing.mem_text(mib)}"
     per = " (per node)" if node_count > 1 else ""
     verb = "has used" if so_far else "used"
     return [

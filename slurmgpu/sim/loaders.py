@@ -54,6 +54,7 @@ from slurmgpu.sim.workload import (
     TimeLimitModel,
     TraceJob,
 )
+from slurmgpu.tokens import malleable_token
 
 __all__ = [
     "TraceError",
@@ -231,7 +232,7 @@ def load_pollux(
                 gpus=min(replicas, max_gpus),
                 malleable=MalleableRange(1, top),
                 line=line,
-                comment=f"sgpu:malleable={1}:{top}",
+                comment=malleable_token(1, top),
             )
         )
     jobs = _finish(jobs, path)
@@ -338,7 +339,7 @@ def load_generic_csv(
                 malleable=malleable,
                 line=line,
                 comment=(
-                    f"sgpu:malleable={malleable.min_gpus}:{malleable.max_gpus}" if malleable else ""
+                    malleable_token(malleable.min_gpus, malleable.max_gpus) if malleable else ""
                 ),
             )
         )

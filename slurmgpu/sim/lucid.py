@@ -48,9 +48,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurmgpu.policy.colocate import GPU_MEM_MARK, SHAREABLE_MARK
 from slurmgpu.policy.interference import COEFFICIENTS, MIN_SPEED, InterferenceModel
 from slurmgpu.sim.workload import RigidJob, TimeLimitModel, TraceJob
+from slurmgpu.tokens import SHAREABLE, gpu_mem_token
 
 __all__ = [
     "LUCID_COLUMNS",
@@ -295,7 +295,7 @@ def lucid_workload(
         comment = ""
         if declares[user] and solo.util_pct <= w.light_util_pct:
             gib = max(1, math.ceil(solo.memory_mib / 1024.0))
-            comment = f"{SHAREABLE_MARK} {GPU_MEM_MARK}{gib * 1024}"
+            comment = f"{SHAREABLE} {gpu_mem_token(gib * 1024)}"
         out.append(
             TraceJob(
                 submit_s=t,

@@ -23,29 +23,36 @@ set            what runs
 ``qssf``       baseline: shortest expected GPU time first, from history (no policy)
 =============  ==============================================================
 
-Policies written in other modules are imported when a set is built, never at import
-time; a set whose module is missing (or has no policy class) raises
-:class:`PolicySetUnavailable` with the reason, so a comparison reports "not available"
-instead of silently running plain Slurm.
+Each set's settings come from :class:`SimPolicies` (the daemon's setting classes); a field
+left at ``None`` means the set's own default, given with its builder below.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from slurmgpu.policy.base import Mode, Policy
+from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
+from slurmgpu.policy.las import AttainedServicePolicy
+from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.rightsize import RightsizePolicy
-from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings, RightsizeSettings
+from slurmgpu.policy.settings import (
+    AttainedServiceSettings,
+    ColocateSettings,
+    EngineSettings,
+    IdleGpuSettings,
+    MalleableSettings,
+    RightsizeSettings,
+)
+from slurmgpu.sim.gputypes import SPEED, known_types, type_speeds
 
 __all__ = [
     "BASELINES",
+    "BATCH_ADAPTIVE",
     "POLICY_SETS",
-    "PolicySetUnavailable",
     "SimPolicies",
     "build_engine",
     "known_sets",
@@ -53,42 +60,26 @@ __all__ = [
 ]
 
 BASELINES = ("tiresias", "qssf")
-
-
-class PolicySetUnavailable(RuntimeError):
-    """A policy set cannot be built here (its policy module is not installed yet)."""
+# Sets with the goodput allocator (the malleable policy): their jobs on the elastic
+# runtime retune the global batch at every restart (sim.workload.elastic_batch), as
+# Pollux's do; every other set runs the batch each job was submitted with.
+BATCH_ADAPTIVE = frozenset({"malleable", "malleable-types", "all"})
 
 
 @dataclass(frozen=True, slots=True)
 class SimPolicies:
-    """The settings the simulator builds policies from (the daemon's setting classes)."""
+    """The settings the simulator builds policies from (the daemon's setting classes).
+
+    ``colocate``, ``malleable`` and ``las`` left at ``None`` take the set's default."""
 
     engine: EngineSettings = field(default_factory=EngineSettings)
     rightsize: RightsizeSettings = field(
         default_factory=lambda: RightsizeSettings(apply_to_all=True)
     )
     idle_gpu: IdleGpuSettings = field(default_factory=IdleGpuSettings)
-    # Settings objects for policies defined elsewhere, passed to their constructors.
-    extra: tuple[tuple[str, Any], ...] = ()
-
-    def extra_for(self, name: str) -> Any:
-        for key, value in self.extra:
-            if key == name:
-                return value
-        return None
-
-
-def _from_module(module: str, names: Sequence[str], label: str, settings: Any) -> Policy:
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        raise PolicySetUnavailable(f"{label}: {module} is not available ({exc})") from None
-    for name in names:
-        cls = getattr(mod, name, None)
-        if cls is not None:
-            policy: Policy = cls(settings) if settings is not None else cls()
-            return policy
-    raise PolicySetUnavailable(f"{label}: {module} has no {' or '.join(names)}")
+    colocate: ColocateSettings | None = None
+    malleable: MalleableSettings | None = None
+    las: AttainedServiceSettings | None = None
 
 
 def _rightsize(s: SimPolicies) -> Policy:
@@ -100,54 +91,36 @@ def _idle(s: SimPolicies) -> Policy:
 
 
 def _colocate(s: SimPolicies) -> Policy:
-    settings = s.extra_for("colocate")
-    if settings is None:
-        try:
-            from slurmgpu.policy.settings import ColocateSettings
-        except ImportError:
-            raise PolicySetUnavailable("colocate: no ColocateSettings yet") from None
-        # Every job is a candidate (what if the site turned it on for all); SimSlurm
-        # accepts a pending gpu -> shard update as Slurm 23.02+ does.
-        settings = ColocateSettings(
-            mode=Mode.ENFORCE,
-            apply_to_all=True,
-            convert_gpu_requests="always",
-            device_memory_mib=32_768,
-        )
-    return _from_module("slurmgpu.policy.colocate", ("ColocatePolicy",), "colocate", settings)
+    # Default: every job is a candidate (what if the site turned it on for all); SimSlurm
+    # accepts a pending gpu -> shard update as Slurm 23.02+ does.
+    settings = s.colocate or ColocateSettings(
+        mode=Mode.ENFORCE,
+        apply_to_all=True,
+        convert_gpu_requests="always",
+        device_memory_mib=32_768,
+    )
+    return ColocatePolicy(settings)
 
 
 def _malleable(s: SimPolicies) -> Policy:
-    return _from_module(
-        "slurmgpu.policy.malleable", ("MalleablePolicy",), "malleable", s.extra_for("malleable")
-    )
+    return MalleablePolicy(s.malleable)
 
 
 def measured_speed_table() -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
     """``MalleableSettings.type_speed`` for the Pollux applications (job name = app)."""
-    from slurmgpu.sim.gputypes import SPEED, known_types, type_speeds
-
     rows = [(app, type_speeds(app, known_types())) for app in sorted(SPEED)]
     rows.append(("*", type_speeds(None, known_types())))
     return tuple(rows)
 
 
 def _malleable_types(s: SimPolicies) -> Policy:
-    from slurmgpu.policy.settings import MalleableSettings
-
-    base = s.extra_for("malleable") or MalleableSettings(mode=Mode.ENFORCE)
+    base = s.malleable or MalleableSettings(mode=Mode.ENFORCE)
     settings = replace(base, type_aware=True, type_speed=base.type_speed or measured_speed_table())
-    return _from_module("slurmgpu.policy.malleable", ("MalleablePolicy",), "malleable", settings)
+    return MalleablePolicy(settings)
 
 
 def _las(s: SimPolicies) -> Policy:
-    from slurmgpu.policy.las import AttainedServicePolicy
-    from slurmgpu.policy.settings import AttainedServiceSettings
-
-    settings = s.extra_for("las")
-    if settings is None:
-        settings = AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE)
-    return AttainedServicePolicy(settings)
+    return AttainedServicePolicy(s.las or AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE))
 
 
 Builder = Callable[[SimPolicies], Policy]
@@ -169,8 +142,7 @@ def known_sets() -> tuple[str, ...]:
 def build_engine(name: str, settings: SimPolicies | None = None) -> PolicyEngine:
     """Return the daemon's PolicyEngine with the policies of set ``name``, all enforcing.
 
-    Raises ``KeyError`` for an unknown set and :class:`PolicySetUnavailable` when a
-    policy it needs cannot be built.
+    Raises ``KeyError`` for an unknown set.
     """
     s = settings or SimPolicies()
     if name in BASELINES:

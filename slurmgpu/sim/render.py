@@ -44,14 +44,13 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 @dataclass
 class Comparison:
-    """One trace, several policy sets: the summaries and the sets that could not run."""
+    """One trace, several policy sets: their summaries."""
 
     trace: str
     cluster: str
     load: float
     seed: int
     results: list[RunSummary] = field(default_factory=list)
-    unavailable: dict[str, str] = field(default_factory=dict)
     published: Mapping[str, float] = field(default_factory=dict)  # scheduler -> avg JCT s
     seeds: tuple[int, ...] = ()  # more than one: results are means over these seeds
     avg_jct_ci_s: dict[str, float] = field(default_factory=dict)  # set -> 95 % half-width
@@ -103,10 +102,7 @@ def comparison_table(c: Comparison) -> Table:
             ci = c.avg_jct_ci_s.get(r.policy_set, math.nan)
             cells.insert(1, "-" if math.isnan(ci) else f"+-{_fmt(ci, 'dur')}")
         table.add_row(r.policy_set, *cells)
-    notes = [
-        f"[yellow]{name}: not available: {reason}[/yellow]"
-        for name, reason in c.unavailable.items()
-    ]
+    notes: list[str] = []
     if c.published:
         shown = ", ".join(f"{k} {_fmt(v, 'dur')}" for k, v in c.published.items())
         notes.append(
@@ -128,7 +124,6 @@ def _doc(c: Comparison) -> dict[str, object]:
         "seeds": list(c.seeds) or [c.seed],
         "avg_jct_ci95_s": dict(c.avg_jct_ci_s),
         "results": [r.as_dict() for r in c.results],
-        "unavailable": dict(c.unavailable),
         "published_avg_jct_s": dict(c.published),
         "notes": list(c.notes),
     }
@@ -162,7 +157,7 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; } th, td { padding: .3em .7em; border-bottom: 1px solid #ddd; }
 td { text-align: right; } td:first-child, th:first-child { text-align: left; font-weight: 600; }
 .bar { background: #4a7; height: .8em; display: inline-block; vertical-align: middle; }
-.na { color: #a60; } .pub { color: #777; }
+.pub { color: #777; }
 </style></head><body>
 <h1>Simulated comparison</h1>
 <p>Trace <b>{{ c.trace }}</b> on <b>{{ c.cluster }}</b>, load {{ c.load }}, seed {{ c.seed }}.</p>
@@ -171,8 +166,6 @@ td { text-align: right; } td:first-child, th:first-child { text-align: left; fon
 {% for r in rows %}<tr><td>{{ r.name }}</td>{% for cell in r.cells %}<td>{{ cell }}</td>{% endfor %}
 <td><span class="bar" style="width: {{ r.bar }}px"></span></td></tr>
 {% endfor %}
-{% for name, reason in c.unavailable.items() %}<tr class="na"><td>{{ name }}</td>
-<td colspan="{{ columns|length + 1 }}">not available: {{ reason }}</td></tr>{% endfor %}
 {% for name, value in published %}<tr class="pub"><td>{{ name }} (published)</td>
 <td>{{ value }}</td><td colspan="{{ columns|length }}"></td></tr>{% endfor %}
 </tbody></table>

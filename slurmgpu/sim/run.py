@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from slurmgpu.actuate.actuator import execute_action
+from slurmgpu.cycle.core import MalleableView, PolicyCycle
+from slurmgpu.cycle.guardrails import GuardrailRecords
+from slurmgpu.intent import Resize, SetGpus, SetNice, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
-    PREEMPT_FIELD,
     Action,
     Decision,
     GpuStat,
@@ -49,16 +50,17 @@ from slurmgpu.policy.base import (
     PolicySnapshot,
     PriorAlert,
     is_ordering,
+    is_preempt,
 )
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
 from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
 from slurmgpu.sim.gputypes import speed_factor
-from slurmgpu.sim.policysets import BASELINES, SimPolicies, build_engine
+from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, build_engine
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
-from slurmgpu.sim.workload import ProfiledJob, TraceJob, packed
+from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
-from slurmgpu.slurm.parse import parse_gres
+from slurmgpu.slurm.update import audit_fields, update_fields
 
 DEVICE_MEMORY_MIB = 32_768.0  # the simulated GPUs: V100-32GB-like, as in Pollux's testbed
 
@@ -203,6 +205,14 @@ class DecisionRecord:
     outcome: str
 
 
+@dataclass(frozen=True, slots=True)
+class SimOutcome:
+    """What became of one decision in the simulator (the shared cycle's result)."""
+
+    decision: Decision
+    outcome: str  # done | started | notified | skipped | failed: ...
+
+
 @dataclass
 class SimRun:
     """What one simulation produced: every job as it ended, plus bookkeeping."""
@@ -252,32 +262,24 @@ def _type_speed(job: SimJob, gpu_type: str) -> float:
     return speed_factor(app, gpu_type)
 
 
-def _target_gpus(action: Action, gpu_type: str | None = None) -> tuple[int, dict[str, str]] | None:
+def _target_gpus(
+    action: Action, gpu_type: str | None = None, slurm_version: str = ""
+) -> tuple[int, dict[str, str]] | None:
     """The GPU count a resize asks for, and the scontrol fields that set it.
 
-    A ``TimeLimit`` the policy set for the new size goes in the same update. The job's
-    GPU type (``gpu_type``) is kept, unless the action moves it to another
-    (``fields["gpu_type"]``, the type-aware malleable policy's growth).
+    A time limit (or a preempted job's nice) the policy set for the new size goes in the
+    same update. The job's GPU type (``gpu_type``) is kept, unless the action moves it to
+    another (``Resize.gpu_type``, the type-aware malleable policy's growth).
     """
-    f = dict(action.fields)
-    limit: dict[str, str] = {k: f[k] for k in ("TimeLimit", "Nice") if k in f}
-    gpu_type = f.get("gpu_type") or gpu_type
-    gpu = f"gres:gpu:{gpu_type}:" if gpu_type else "gres:gpu:"
-    for key in ("to_gpus", "gpus"):
-        if key not in f:
-            continue
-        k = int(f[key])
-        return k, {"TresPerJob": f"{gpu}{k}", **limit}
-    for key in ("TresPerJob", "TresPerNode"):
-        if key in f:
-            count = sum(i.count for i in parse_gres(f[key].replace("gres/", "gres:")))
-            nodes = int(f.get("NumNodes", "1")) if key == "TresPerNode" else 1
-            return count * nodes, {
-                k: v
-                for k, v in f.items()
-                if k in ("TresPerJob", "TresPerNode", "NumNodes", "TimeLimit")
-            }
-    return None
+    sized = resize_of(action.intents)
+    if sized is None:
+        return None
+    if isinstance(sized, Resize):
+        k, gpu_type = sized.to_gpus, sized.gpu_type or gpu_type
+    else:
+        k = sized.gpus
+    extra = [i for i in action.intents if isinstance(i, SetTimeLimit | SetNice)]
+    return k, update_fields((SetGpus(k, gpu_type or None, per_node=False), *extra), slurm_version)
 
 
 class _Runner:
@@ -313,15 +315,14 @@ class _Runner:
             self.qssf = QssfPriority(self.sim)
             self.sim.priority = self.qssf
         self.next_arrival = 0
-        self.history: list[HistoryRecord] = list(options.history)
+        self.history_records: list[HistoryRecord] = list(options.history)
         self.history_tuple: tuple[HistoryRecord, ...] = options.history
         if self.qssf is not None and options.history:
             self.qssf.update(Priors.from_history(options.history))
         self.history_at = -math.inf
         self.alerts: list[PriorAlert] = []
-        self.last_action: dict[int, float] = {}
-        self.last_action_by: dict[int, str] = {}
-        self.user_actions: dict[str, deque[float]] = {}
+        # Cooldown and rate-limit records, as the daemon's (cycle.guardrails).
+        self.guardrails = GuardrailRecords()
         self.last_changes = -1
         self.last_cycle = -math.inf
         self.cycles = self.executed = self.failed = self.resizes = 0
@@ -341,6 +342,8 @@ class _Runner:
         if "colocate" in names:
             min_samples = getattr(getattr(names["colocate"], "settings", None), "min_samples", 3)
             self.colocate_window_s = int(min_samples) * options.sample_interval_s + options.period_s
+        # The daemon's cycle (cycle.core), with this runner as its sources and executor.
+        self.core: PolicyCycle[SimOutcome] = PolicyCycle(self.engine, self, self, self.guardrails)
 
     # ---- arrivals and endings
 
@@ -363,7 +366,7 @@ class _Runner:
             self.sim.call_at(self.trace[self.next_arrival].submit_s, self._arrive)
 
     def _ended(self, job: SimJob) -> None:
-        self.history.append(_history_record(self.sim, job))
+        self.history_records.append(_history_record(self.sim, job))
         if (
             job.state is JobState.TIMEOUT
             and job.array_job_id is None
@@ -414,12 +417,12 @@ class _Runner:
 
     def _refresh_history(self) -> None:
         now = self.sim.now
-        grown = len(self.history) - len(self.history_tuple)
+        grown = len(self.history_records) - len(self.history_tuple)
         if grown <= 0 or now - self.history_at < self.options.history_refresh_s:
             return
         if grown < 0.05 * len(self.history_tuple) and now - self.history_at < 86400.0:
             return
-        self.history_tuple = tuple(self.history)
+        self.history_tuple = tuple(self.history_records)
         self.history_at = now
         if self.qssf is not None:
             self.qssf.update(Priors.from_history(self.history_tuple))
@@ -489,62 +492,60 @@ class _Runner:
         if not self.engine.policies:
             return
         at = sim.at(sim.now)
-        jobs = tuple(sim.jobs())
-        cluster = ClusterSnapshot(at, jobs, tuple(sim.nodes()), sim.version())
-        cooldown = self.engine.settings.job_cooldown.total_seconds()
-        hour_ago = sim.now - 3600.0
-        per_user: dict[str, int] = {}
-        for user, times in self.user_actions.items():
-            while times and times[0] < hour_ago:
-                times.popleft()
-            if times:
-                per_user[user] = len(times)
-        live = {j.job_id for j in jobs}
+        cluster = ClusterSnapshot(at, tuple(sim.jobs()), tuple(sim.nodes()), sim.version())
+        self.core.step(cluster, at)
+
+    # ---- the shared cycle's sources (cycle.core.CycleSources)
+
+    def job_usage(self, cluster: ClusterSnapshot, at: datetime) -> dict[int, JobUsage]:
+        return self._usage()
+
+    def history(self, at: datetime) -> tuple[HistoryRecord, ...]:
+        return self.history_tuple
+
+    def prior_alerts(self, cluster: ClusterSnapshot) -> tuple[PriorAlert, ...]:
+        live = {j.job_id for j in cluster.jobs}
+        return tuple(a for a in self.alerts if a.job_id in live)
+
+    def opted_in(self, job: Job) -> bool:
         opt_in = self.options.opted_in
-        self._resize_progress()
+        return opt_in is None or opt_in(job)
+
+    def malleable_view(self, cluster: ClusterSnapshot, at: datetime) -> MalleableView:
+        sim = self.sim
+        live = {j.job_id for j in cluster.jobs}
         specs, rates = self._malleable_view()
         costs = sorted(self.resize_costs)
-        snap = PolicySnapshot(
-            at=at,
-            cluster=cluster,
-            usage=self._usage(),
-            history=self.history_tuple,
-            alerts=tuple(a for a in self.alerts if a.job_id in live),
-            last_action_at={
-                jid: sim.at(t) for jid, t in self.last_action.items() if sim.now - t < cooldown
-            },
-            last_action_by={
-                jid: self.last_action_by[jid]
-                for jid, t in self.last_action.items()
-                if sim.now - t < cooldown
-            },
-            user_actions_last_hour=per_user,
-            opted_in=frozenset(
-                j.job_id
-                for j in jobs
-                if j.state is JobState.PENDING and (opt_in is None or opt_in(j))
-            ),
-            malleable=specs,
+        return MalleableView(
+            specs=specs,
             resizing=frozenset(self.resizing),
             throughput=rates,
             resize_cost=timedelta(seconds=costs[len(costs) // 2]) if costs else None,
             last_resize_at={j: sim.at(t) for j, t in self.last_resize.items() if j in live},
         )
-        for d in self.engine.decide(snap):
-            self._carry_out(d)
 
-    def _carry_out(self, d: Decision) -> None:
+    # ---- the shared cycle's executor (cycle.core.Executor)
+
+    def confirm(self, cluster: ClusterSnapshot, at: datetime) -> None:
+        self._resize_progress()
+
+    def act(
+        self, decisions: Sequence[Decision], cluster: ClusterSnapshot, snap: PolicySnapshot
+    ) -> list[SimOutcome]:
+        return [SimOutcome(d, self._carry_out(d)) for d in decisions]
+
+    def _carry_out(self, d: Decision) -> str:
         a = d.action
         sim = self.sim
         if not d.suppressed:
             self.alerts.append(PriorAlert(a.job_id, a.policy, a.alert or a.kind, sim.at(sim.now)))
         if not d.execute:
             if d.notify and self.options.record_decisions:
-                fields = tuple(sorted(a.fields.items()))
+                fields = tuple(sorted(audit_fields(a.intents, sim.version()).items()))
                 self.records.append(
                     DecisionRecord(sim.now, a.policy, a.kind, a.job_id, fields, "notified")
                 )
-            return
+            return "notified" if d.notify else "skipped"
         outcome = "done"
         try:
             if a.kind == "resize":
@@ -555,24 +556,26 @@ class _Runner:
             outcome = f"failed: {exc}"
         if outcome in {"done", "started"}:
             self.executed += 1
-            if is_ordering(a):
+            if is_ordering(a):  # no change for the guardrails (GuardrailRecords)
                 self.reorders += 1
-            else:  # an ordering update is no change for the cooldown and rate limits
-                self.last_action[a.job_id] = sim.now
-                self.last_action_by[a.job_id] = a.policy
-                self.user_actions.setdefault(a.user, deque()).append(sim.now)
         else:
             self.failed += 1
         if self.options.record_decisions:
             self.records.append(
                 DecisionRecord(
-                    sim.now, a.policy, a.kind, a.job_id, tuple(sorted(a.fields.items())), outcome
+                    sim.now,
+                    a.policy,
+                    a.kind,
+                    a.job_id,
+                    tuple(sorted(audit_fields(a.intents, sim.version()).items())),
+                    outcome,
                 )
             )
+        return outcome
 
     def _resize(self, action: Action) -> str:
         start_resize(self.sim, action, fast=self.options.resize_path)
-        if PREEMPT_FIELD in action.fields:
+        if is_preempt(action):
             self.preemptions += 1
         else:
             self.resizes += 1
@@ -673,9 +676,9 @@ def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None)
     more happens and the job keeps running at its old size.
     """
     job = sim.job(action.job_id)
-    target = _target_gpus(action, job.gpu_type)
+    target = _target_gpus(action, job.gpu_type, sim.version())
     if target is None:
-        raise ValueError("resize names no GPU count (gpus, TresPerJob or TresPerNode)")
+        raise ValueError("resize names no GPU count (no Resize or Preempt intent)")
     if job.state is not JobState.RUNNING:
         raise ValueError(f"job {job.job_id} is not running")
     ref = action.slurm_id or str(job.job_id)
@@ -704,7 +707,7 @@ def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None)
         if job.done:
             return
         try:
-            sim.update_job(ref, {**fields, "StartTime": "now+1"})
+            sim.update_job(ref, {**fields, **update_fields((StartSoon(1),), sim.version())})
         finally:
             sim.call_at(sim.now + fast.release_delay_s, lambda: _release(sim, job, ref))
 
@@ -735,10 +738,10 @@ def simulate(
     """Run ``trace`` on a ``shape`` cluster under ``policy_set``; deterministic.
 
     ``engine`` replaces the set's engine (tests drive a test-only policy through the
-    real engine this way). Raises
-    :class:`~slurmgpu.sim.policysets.PolicySetUnavailable` when the set's policies are
-    not installed, ``KeyError`` for an unknown set.
+    real engine this way). Raises ``KeyError`` for an unknown set.
     """
+    if policy_set in BATCH_ADAPTIVE:  # its jobs retune their batch (sim.workload)
+        trace = elastic_batch(trace)
     return _Runner(trace, shape, policy_set, options or SimOptions(), progress, engine).run()
 
 

@@ -48,21 +48,27 @@ What it models, and how faithfully:
 Event-driven: a heap of timed events (arrivals, ends, limits, begin times, checkpoints,
 callers' timers); nothing ticks. ``run_until(t)`` processes every event up to ``t``.
 Pure: no I/O and no wall clock.
+
+One module per idea: sim.clock (virtual time, the event heap), sim.state (jobs and
+nodes), sim.progress (speed and work: when a run ends), sim.scheduler (FIFO + EASY
+backfill, placement, starting and stopping runs) and this one, the SlurmClient face
+(submission, squeue/sinfo records, scontrol's updates, signals, requeue, hold/release).
 """
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
-from slurmgpu.sim.workload import JobModel, MalleableRange, TraceJob
+from slurmgpu.sim.clock import EPOCH
+from slurmgpu.sim.progress import ElasticRuntime, InterferenceModel, TypeSpeed
+from slurmgpu.sim.scheduler import PriorityKey, SchedulerModel
+from slurmgpu.sim.state import JobRun, SimJob, SimNode
+from slurmgpu.sim.workload import TraceJob
 from slurmgpu.slurm.client import SlurmCommandError
 from slurmgpu.slurm.parse import format_time_limit, parse_gres, parse_time_limit
 
@@ -76,170 +82,12 @@ __all__ = [
     "TypeSpeed",
 ]
 
-EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
-InterferenceModel = Callable[[float, float, float, float], tuple[float, float]]
-TypeSpeed = Callable[["SimJob", str], float]
-PriorityKey = Callable[["SimJob", float], tuple[float, ...]]
 _CHECKPOINT_SIGNALS = frozenset({"USR2", "SIGUSR2", "TERM", "SIGTERM", "12", "15"})
 _ID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
 _START_RE = re.compile(r"^now(?:\+(\d+))?$")
 
 
-@dataclass(frozen=True, slots=True)
-class ElasticRuntime:
-    """The user-side runtime's costs: checkpoint on a signal, start-up on every restart."""
-
-    checkpoint_s: float = 20.0
-    startup_s: float = 30.0
-    reform_s: float = 10.0  # re-forming the process group after a shrink in place
-
-
-@dataclass(slots=True)
-class _Run:
-    start_s: float
-    end_s: float
-    gpus: float  # whole GPUs, or shards / shards_per_gpu
-    used_gpu_s: float = 0.0
-    # GPUs the job's kernels run on: its whole GPUs, or the one GPU its shards are on
-    # (a light job on half a GPU's shards still keeps that GPU busy at its own util).
-    compute_gpus: float = 0.0
-    # GPUs held per GPU type (heterogeneous clusters; empty when untyped): the run's
-    # ``gpus`` and ``used_gpu_s`` split in these proportions.
-    by_type: dict[str, float] = field(default_factory=dict)
-
-
-class SimJob:
-    """One job (or array task) inside SimSlurm. Read-only outside this module."""
-
-    __slots__ = (
-        "_obj",
-        "account",
-        "alloc",
-        "array_job_id",
-        "array_task_id",
-        "attained_gpu_s",
-        "base_work",
-        "busy_from",
-        "checkpoint_work",
-        "checkpointed_s",
-        "comment",
-        "eligible_s",
-        "end_s",
-        "fields",
-        "first_start_s",
-        "fixed_nodes",
-        "gpu_type",
-        "gpus",
-        "gpus_per_node",
-        "held",
-        "job_id",
-        "malleable",
-        "model",
-        "name",
-        "nice",
-        "origin_s",
-        "partition",
-        "rate",
-        "requeue",
-        "restarts",
-        "resubmits",
-        "runs",
-        "shard_alloc",
-        "shards",
-        "spec",
-        "speed",
-        "start_s",
-        "state",
-        "submit_s",
-        "superseded",
-        "time_limit_s",
-        "user",
-        "version",
-    )
-
-    def __init__(self, job_id: int, spec: TraceJob, submit_s: float) -> None:
-        self.job_id = job_id
-        self.spec = spec
-        self.model: JobModel = spec.model
-        self.name = spec.name
-        self.user = spec.user
-        self.account = spec.account
-        self.partition = spec.partition
-        self.comment = spec.comment
-        self.malleable: MalleableRange | None = spec.malleable
-        self.array_job_id: int | None = None
-        self.array_task_id: int | None = None
-        self.submit_s = submit_s
-        self.origin_s = submit_s  # first submission, when a user resubmitted it
-        self.resubmits = 0
-        self.superseded = False  # timed out and submitted again (a later job finishes it)
-        self.eligible_s = submit_s
-        self.state = JobState.PENDING
-        self.held = False
-        self.requeue = True
-        self.nice = 0
-        self.gpus = spec.gpus if not spec.shards else 0
-        self.shards = spec.shards
-        self.gpus_per_node: int | None = spec.gpus_per_node if self.gpus else None
-        self.gpu_type: str | None = spec.gpu_type.lower() if spec.gpu_type else None
-        self.fixed_nodes = self.gpus // self.gpus_per_node if self.gpus_per_node else 0
-        self.time_limit_s = spec.time_limit_s
-        self.fields: dict[str, str] = {}
-        self.alloc: list[tuple[int, tuple[int, ...]]] = []
-        self.shard_alloc: tuple[int, int, int] | None = None  # node, gpu, shards
-        self.start_s = math.nan
-        self.first_start_s = math.nan
-        self.end_s = math.nan
-        self.base_work = 0.0  # work done when ``busy_from`` was set
-        self.checkpoint_work = 0.0
-        self.checkpointed_s = math.nan
-        self.busy_from = math.inf
-        self.rate = 0.0
-        self.speed = 1.0  # relative speed from co-location (1 = alone on its GPU)
-        self.restarts = 0
-        self.version = 0
-        self.attained_gpu_s = 0.0
-        self.runs: list[_Run] = []
-        self._obj: Job | None = None
-
-    @property
-    def placement(self) -> tuple[int, ...]:
-        return tuple(len(g) for _, g in self.alloc)
-
-    @property
-    def allocated_gpus(self) -> int:
-        return sum(len(g) for _, g in self.alloc)
-
-    def work_at(self, t: float) -> float:
-        if t <= self.busy_from:
-            return self.base_work
-        return min(self.model.work, self.base_work + self.rate * (t - self.busy_from))
-
-    @property
-    def done(self) -> bool:
-        return self.state.is_terminal
-
-
-class _Node:
-    __slots__ = ("gpu_owner", "gpu_shards", "gpu_type", "index", "name", "shards_per_gpu")
-
-    def __init__(
-        self, index: int, name: str, gpus: int, shards_per_gpu: int, gpu_type: str | None = None
-    ) -> None:
-        self.index = index
-        self.name = name
-        self.gpu_type = gpu_type
-        self.shards_per_gpu = shards_per_gpu
-        self.gpu_owner: list[int | None] = [None] * gpus
-        self.gpu_shards: list[dict[int, int]] = [{} for _ in range(gpus)]
-
-    def free_gpus(self) -> list[int]:
-        return [
-            i for i, owner in enumerate(self.gpu_owner) if owner is None and not self.gpu_shards[i]
-        ]
-
-
-class SimSlurm:
+class SimSlurm(SchedulerModel):
     """A virtual-time Slurm cluster (see the module docstring for what it models)."""
 
     def __init__(
@@ -281,7 +129,7 @@ class SimSlurm:
         self.slurm_version = slurm_version
         width = max(2, len(str(nodes)))
         self._nodes = [
-            _Node(i, f"gpu{i + 1:0{width}d}", gpus_per_node, shards_per_gpu, types[i])
+            SimNode(i, f"gpu{i + 1:0{width}d}", gpus_per_node, shards_per_gpu, types[i])
             for i in range(nodes)
         ]
         self.total_gpus = nodes * gpus_per_node
@@ -301,65 +149,6 @@ class SimSlurm:
         self.finished: list[SimJob] = []
         self.listeners: list[Callable[[SimJob], None]] = []  # called when a job ends
         self.changes = 0  # state changes so far (callers skip idle policy cycles)
-
-    # ------------------------------------------------------------------ clock
-
-    def at(self, t: float) -> datetime:
-        return EPOCH + timedelta(seconds=t)
-
-    def call_at(self, t: float, fn: Callable[[], None]) -> None:
-        """Run ``fn`` at virtual time ``t`` (a caller's timer: a policy cycle, a step)."""
-        heapq.heappush(self._events, (max(t, self.now), next(self._seq), 0, 0, 0, fn))
-
-    def _push(self, t: float, kind: int, job: SimJob) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), kind, job.job_id, job.version, None))
-
-    def next_event_s(self) -> float:
-        return self._events[0][0] if self._events else math.inf
-
-    def run_until(self, t: float) -> None:
-        """Process every event up to and including virtual time ``t``."""
-        if self._dirty and (not self._events or self._events[0][0] > self.now):
-            self._schedule()
-        while self._events and self._events[0][0] <= t:
-            when, _, kind, job_id, version, fn = heapq.heappop(self._events)
-            self.now = max(self.now, when)
-            if fn is not None:
-                fn()
-            else:
-                job = self.all_jobs.get(job_id)
-                if job is not None and job.version == version:
-                    self._fire(kind, job)
-            # one scheduling pass per instant, after everything due at it
-            if self._dirty and (not self._events or self._events[0][0] > self.now):
-                self._schedule()
-        self.now = max(self.now, t) if math.isfinite(t) else self.now
-        if self._dirty:
-            self._schedule()
-
-    _END, _LIMIT, _ELIGIBLE, _CHECKPOINT = 1, 2, 3, 4
-
-    def _fire(self, kind: int, job: SimJob) -> None:
-        if kind == self._END and job.state is JobState.RUNNING:
-            self._finish(job, JobState.COMPLETED)
-        elif kind == self._LIMIT and job.state is JobState.RUNNING:
-            # SIGTERM at the limit, SIGKILL ``kill_wait_s`` later: a runtime that can
-            # checkpoint in that window keeps its progress for a resubmission.
-            if self.runtime.checkpoint_s <= self.kill_wait_s:
-                job.checkpoint_work = job.work_at(self.now)
-            self._finish(job, JobState.TIMEOUT)
-        elif kind == self._ELIGIBLE:
-            self._dirty = True
-        elif kind == self._CHECKPOINT and job.state is JobState.RUNNING:
-            job.checkpoint_work = job.base_work
-            job.checkpointed_s = self.now
-            self._changed(job)
-
-    def _changed(self, job: SimJob) -> None:
-        job._obj = None
-        self.changes += 1
-
-    # ------------------------------------------------------------------ submission
 
     def submit_job(self, spec: TraceJob, *, resume: SimJob | None = None) -> int:
         """Submit one trace job now; returns its job id (the array id for an array).
@@ -418,8 +207,6 @@ class SimSlurm:
             self._changed(task)
         self._dirty = True
         return first
-
-    # ------------------------------------------------------------------ SlurmClient
 
     def version(self) -> str:
         return self.slurm_version
@@ -547,8 +334,6 @@ class SimSlurm:
     def set_time_limit(self, job_id: str | int, limit: timedelta) -> None:
         self.update_job(job_id, {"TimeLimit": format_time_limit(limit)})
 
-    # ------------------------------------------------------------------ extras
-
     def checkpointed_at(self, job_id: int) -> float | None:
         """When the job's runtime last acknowledged a checkpoint (virtual seconds)."""
         job = self.all_jobs.get(job_id)
@@ -575,8 +360,6 @@ class SimSlurm:
 
     def pending(self) -> Iterable[SimJob]:
         return self._pending.values()
-
-    # ------------------------------------------------------------------ internals
 
     def _resolve(self, job_id: str | int) -> list[SimJob]:
         m = _ID_RE.match(str(job_id).strip())
@@ -689,7 +472,7 @@ class SimSlurm:
         job.alloc = keep
         job.gpus = sum(len(g) for _, g in keep)
         job.runs.append(
-            _Run(
+            JobRun(
                 self.now,
                 math.nan,
                 float(job.gpus),
@@ -792,399 +575,12 @@ class SimSlurm:
         job._obj = obj
         return obj
 
-    # ---- progress
-
-    def _fold(self, job: SimJob) -> None:
-        """Bring ``base_work`` up to now so the rate or pause can change from here."""
-        if self.now > job.busy_from:
-            if job.runs:
-                run = job.runs[-1]
-                run.used_gpu_s += (
-                    (self.now - job.busy_from)
-                    * run.compute_gpus
-                    * job.speed
-                    * job.model.util_pct
-                    / 100.0
-                )
-            job.base_work = job.work_at(self.now)
-            job.busy_from = self.now
-
-    def attained_gpu_s(self, job: SimJob) -> float:
-        """GPU-seconds the job has held so far, this run included (Tiresias' service)."""
-        total = job.attained_gpu_s
-        if job.state is JobState.RUNNING and job.runs:
-            total += (self.now - job.runs[-1].start_s) * job.runs[-1].gpus
-        return total
-
-    def _reschedule_end(self, job: SimJob) -> None:
-        job.version += 1
-        self._changed(job)
-        if job.rate > 0:
-            left = max(0.0, job.model.work - job.base_work)
-            self._push(max(job.busy_from, self.now) + left / job.rate, self._END, job)
-        self._set_limit_event(job, bump=False)
-
-    def _set_limit_event(self, job: SimJob, *, bump: bool = True) -> None:
-        if bump:
-            job.version += 1
-            if job.rate > 0:
-                left = max(0.0, job.model.work - job.base_work)
-                self._push(max(job.busy_from, self.now) + left / job.rate, self._END, job)
-        self._by_limit_remove(job)
-        end = job.start_s + job.time_limit_s if job.time_limit_s is not None else math.inf
-        bisect.insort(self._by_limit, (end, job.job_id))
-        if math.isfinite(end):
-            self._push(end, self._LIMIT, job)
-
-    def _by_limit_remove(self, job: SimJob) -> None:
-        for i, (_, jid) in enumerate(self._by_limit):
-            if jid == job.job_id:
-                del self._by_limit[i]
-                return
-
-    def _speed(self, job: SimJob) -> float:
-        """Relative speed from co-location on a shared GPU (1 = alone)."""
-        if self.interference is None or job.shard_alloc is None:
-            return 1.0
-        n, g, _ = job.shard_alloc
-        speed = 1.0
-        for other_id in self._nodes[n].gpu_shards[g]:
-            if other_id == job.job_id:
-                continue
-            other = self.all_jobs[other_id]
-            slow, _ = self.interference(
-                job.model.util_pct,
-                job.model.memory_mib,
-                other.model.util_pct,
-                other.model.memory_mib,
-            )
-            speed *= _as_speed(slow)
-        return speed
-
-    def _rates_for(self, jobs: Iterable[SimJob]) -> None:
-        for job in jobs:
-            if job.state is not JobState.RUNNING:
-                continue
-            self._fold(job)
-            placement = job.placement if job.alloc else (1,)
-            job.speed = self._speed(job)
-            job.rate = job.model.rate(placement) * job.speed * self.type_factor(job)
-            self._reschedule_end(job)
-
-    def _job_nodes(self, job: SimJob) -> list[int]:
-        if job.shard_alloc is not None:
-            return [job.shard_alloc[0]]
-        return [n for n, _ in job.alloc]
-
-    def type_factor(self, job: SimJob) -> float:
-        """Speed on the GPU types it holds: its slowest type's (1 without a speed model)."""
-        if self.type_speed is None:
-            return 1.0
-        types = {self._nodes[n].gpu_type for n in self._job_nodes(job)}
-        speeds = [self.type_speed(job, t) for t in types if t is not None]
-        return min(speeds) if speeds else 1.0
-
-    def _by_type(self, job: SimJob, share: float) -> dict[str, float]:
-        out: dict[str, float] = {}
-        if job.shard_alloc is not None:
-            t = self._nodes[job.shard_alloc[0]].gpu_type
-            if t is not None:
-                out[t] = share
-            return out
-        for n, gpus in job.alloc:
-            t = self._nodes[n].gpu_type
-            if t is not None:
-                out[t] = out.get(t, 0.0) + len(gpus)
-        return out
-
-    def _sharers(self, job: SimJob) -> list[SimJob]:
-        if job.shard_alloc is None:
-            return []
-        n, g, _ = job.shard_alloc
-        return [self.all_jobs[j] for j in self._nodes[n].gpu_shards[g] if j != job.job_id]
-
-    # ---- start and stop
-
-    def _start(
-        self,
-        job: SimJob,
-        alloc: list[tuple[int, tuple[int, ...]]],
-        shard: tuple[int, int, int] | None,
-    ) -> None:
-        del self._pending[job.job_id]
-        self._running[job.job_id] = job
-        job.state = JobState.RUNNING
-        job.start_s = self.now
-        if math.isnan(job.first_start_s):
-            job.first_start_s = self.now
-        job.end_s = math.nan
-        job.alloc = alloc
-        job.shard_alloc = shard
-        for n, gpus in alloc:
-            for g in gpus:
-                self._nodes[n].gpu_owner[g] = job.job_id
-            self._free_counts[n] -= len(gpus)
-        if shard is not None:
-            n, g, s = shard
-            if not self._nodes[n].gpu_shards[g]:
-                self._free_counts[n] -= 1
-            self._nodes[n].gpu_shards[g][job.job_id] = s
-        share = job.allocated_gpus if shard is None else shard[2] / max(1, self.shards_per_gpu)
-        compute = float(job.allocated_gpus if shard is None else 1)
-        job.runs.append(
-            _Run(
-                self.now,
-                math.nan,
-                float(share),
-                compute_gpus=compute,
-                by_type=self._by_type(job, float(share)),
-            )
-        )
-        startup = self.runtime.startup_s if job.restarts else 0.0
-        job.base_work = min(job.base_work, job.model.work)
-        job.busy_from = self.now + startup
-        job.rate = 0.0
-        self._rates_for([job, *self._sharers(job)])
-
-    def _close_run(self, job: SimJob) -> None:
-        if job.runs and math.isnan(job.runs[-1].end_s):
-            self._fold(job)
-            run = job.runs[-1]
-            run.end_s = self.now
-            job.attained_gpu_s += (run.end_s - run.start_s) * run.gpus
-
-    def _stop(self, job: SimJob) -> None:
-        """Take a running job off its GPUs (the caller sets its new state)."""
-        self._fold(job)
-        self._close_run(job)
-        sharers = self._sharers(job)
-        for n, gpus in job.alloc:
-            for g in gpus:
-                self._nodes[n].gpu_owner[g] = None
-            self._free_counts[n] += len(gpus)
-        if job.shard_alloc is not None:
-            n, g, _ = job.shard_alloc
-            self._nodes[n].gpu_shards[g].pop(job.job_id, None)
-            if not self._nodes[n].gpu_shards[g]:
-                self._free_counts[n] += 1
-        del self._running[job.job_id]
-        self._by_limit_remove(job)
-        job.version += 1
-        job.rate = 0.0
-        job.busy_from = math.inf
-        job.start_s = math.nan
-        self._rates_for(sharers)
-        self._dirty = True
-
-    def _finish(self, job: SimJob, state: JobState) -> None:
-        work = job.work_at(self.now)
-        self._stop(job)
-        job.base_work = work
-        job.state = state
-        job.end_s = self.now
-        self._ended(job)
-
-    def _ended(self, job: SimJob) -> None:
-        self._changed(job)
-        self._recent.append(job)
-        self.finished.append(job)
-        self._dirty = True
-        for listener in self.listeners:
-            listener(job)
-
-    # ---- scheduling
-
-    def _eligible(self) -> list[SimJob]:
-        now = self.now
-        running_tasks: dict[int, int] = {}
-        if self._throttle:
-            for j in self._running.values():
-                if j.array_job_id is not None:
-                    running_tasks[j.array_job_id] = running_tasks.get(j.array_job_id, 0) + 1
-        out = []
-        for job in self._pending.values():
-            if job.held or job.eligible_s > now:
-                continue
-            if job.array_job_id is not None:
-                limit = self._throttle.get(job.array_job_id, 0)
-                if limit and running_tasks.get(job.array_job_id, 0) >= limit:
-                    continue
-                if limit:
-                    running_tasks[job.array_job_id] = running_tasks.get(job.array_job_id, 0) + 1
-            out.append(job)
-        if self.priority is None:
-            # priority/basic: submit order, less the nice (a higher nice waits behind)
-            out.sort(key=lambda j: (j.nice, j.submit_s, j.job_id))
-        else:
-            key = self.priority
-            out.sort(key=lambda j: (*key(j, now), j.submit_s, j.job_id))
-        return out
-
-    def _fit(self, job: SimJob, free: list[int]) -> list[tuple[int, int]] | None:
-        """Return (node, count) pairs for a whole-GPU job on ``free``, or None."""
-        need = job.gpus
-        if job.gpu_type is not None:  # only the nodes of the type it asked for
-            free = [
-                f if n.gpu_type == job.gpu_type else 0
-                for f, n in zip(free, self._nodes, strict=True)
-            ]
-        if job.gpus_per_node:
-            k = job.gpus_per_node
-            m = max(1, need // k)
-            nodes = sorted((f, i) for i, f in enumerate(free) if f >= k)
-            if len(nodes) < m:
-                return None
-            return [(i, k) for _, i in nodes[:m]]
-        if need <= self.gpus_per_node:
-            best = -1
-            for i, f in enumerate(free):
-                if f >= need and (best < 0 or f < free[best]):
-                    best = i
-                    if f == need:
-                        break
-            if best >= 0:
-                return [(best, need)]
-        if sum(free) < need:
-            return None
-        out: list[tuple[int, int]] = []
-        left = need
-        for f, i in sorted(
-            ((f, i) for i, f in enumerate(free) if f > 0), key=lambda x: (-x[0], x[1])
-        ):
-            take = min(f, left)
-            out.append((i, take))
-            left -= take
-            if left == 0:
-                return out
-        return None
-
-    def _fit_shard(self, job: SimJob) -> tuple[int, int, int] | None:
-        s = job.shards
-        fresh: tuple[int, int, int] | None = None
-        for n in self._nodes:
-            if job.gpu_type is not None and n.gpu_type != job.gpu_type:
-                continue
-            for g, owner in enumerate(n.gpu_owner):
-                if owner is not None:
-                    continue
-                used = sum(n.gpu_shards[g].values())
-                if used and used + s <= n.shards_per_gpu:
-                    return (n.index, g, s)
-                if not used and fresh is None and s <= n.shards_per_gpu:
-                    fresh = (n.index, g, s)
-        return fresh
-
-    def _free(self) -> list[int]:
-        return list(self._free_counts)
-
-    def _reservation(self, job: SimJob, free: list[int]) -> tuple[float, list[int]] | None:
-        """Earliest time (by time limits) ``job`` fits, and the GPUs it reserves per node."""
-        future = list(free)
-        for end, jid in self._by_limit:
-            if not math.isfinite(end):
-                break
-            other = self._running[jid]
-            for n, gpus in other.alloc:
-                future[n] += len(gpus)
-            if other.shard_alloc is not None:
-                n, g, _ = other.shard_alloc
-                if len(self._nodes[n].gpu_shards[g]) == 1:
-                    future[n] += 1
-            fit = self._fit(job, future)
-            if fit is not None:
-                reserved = [0] * len(free)
-                for n, c in fit:
-                    reserved[n] = c
-                return end, reserved
-        return None
-
-    def _schedule(self) -> None:
-        self._dirty = False
-        free = self._free()
-        if not any(free) and not self.shards_per_gpu:
-            return
-        queue = self._eligible()
-        if not queue:
-            return
-        shadow: float | None = None
-        reserved: list[int] | None = None
-        spare: list[int] | None = None  # free GPUs the reservation leaves, per node
-        failed: dict[tuple[bool, int, str], float] = {}
-        tested = 0
-        for job in queue:
-            if not any(free) and not self.shards_per_gpu:
-                break
-            if shadow is not None:
-                tested += 1
-                if tested > self.bf_max_job_test:
-                    break
-            if job.shards:
-                place = self._fit_shard(job)
-                if place is None:
-                    continue
-                n = place[0]
-                takes_fresh = not self._nodes[n].gpu_shards[place[1]]
-                if takes_fresh and reserved is not None and shadow is not None:
-                    ends = self.now + (job.time_limit_s or math.inf)
-                    if ends > shadow and free[n] - 1 < reserved[n]:
-                        continue
-                self._start(job, [], place)
-                if takes_fresh:
-                    free[n] -= 1
-                    spare = None
-                    failed.clear()
-                continue
-            if reserved is None:
-                fit = self._fit(job, free)
-                if fit is not None:
-                    self._start_whole(job, fit, free)
-                    continue
-                res = self._reservation(job, free)
-                if res is not None:
-                    shadow, reserved = res
-                continue
-            ends = self.now + (job.time_limit_s if job.time_limit_s is not None else math.inf)
-            assert shadow is not None
-            beyond = ends > shadow
-            # A job of N GPUs that did not fit on a vector that has not changed since
-            # means no job of N or more fits either (--gpus=N fits are monotone in N):
-            # this keeps a long backfill queue at O(1) per job.
-            key = (beyond, job.gpus_per_node or 0, job.gpu_type or "")
-            if job.gpus >= failed.get(key, math.inf):
-                continue
-            if beyond:
-                if spare is None:
-                    spare = [max(0, f - r) for f, r in zip(free, reserved, strict=True)]
-                fit = self._fit(job, spare)
-            else:
-                fit = self._fit(job, free)
-            if fit is None:
-                failed[key] = min(failed.get(key, math.inf), job.gpus)
-                continue
-            self._start_whole(job, fit, free)
-            spare = None
-            failed.clear()
-
-    def _start_whole(self, job: SimJob, fit: list[tuple[int, int]], free: list[int]) -> None:
-        alloc = []
-        for n, count in fit:
-            gpus = tuple(self._nodes[n].free_gpus()[:count])
-            alloc.append((n, gpus))
-            free[n] -= count
-        self._start(job, alloc, None)
-
 
 def _int(key: str, value: str) -> int:
     try:
         return int(value)
     except ValueError:
         raise SlurmCommandError(f"Invalid {key} {value!r}") from None
-
-
-def _as_speed(slow: float) -> float:
-    if not math.isfinite(slow) or slow <= 0:
-        return 1.0
-    return 1.0 / slow if slow >= 1.0 else slow
 
 
 def _ranges(ids: Sequence[int]) -> str:

@@ -24,9 +24,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Protocol
 
+from slurmgpu.policy.goodput import BatchChoice, best_batch, goodput
 from slurmgpu.sim.profiles import Application, ThroughputProfile
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "RigidJob",
     "TimeLimitModel",
     "TraceJob",
+    "elastic_batch",
 ]
 
 
@@ -53,6 +56,7 @@ class JobModel(Protocol):
         ...
 
 
+@lru_cache(maxsize=4096)
 def packed(gpus: int, gpus_per_node: int) -> tuple[int, ...]:
     """``packed(6, 4) == (4, 2)``: the compact placement Slurm's best fit gives."""
     out: list[int] = []
@@ -72,21 +76,91 @@ class ProfiledJob:
     util_pct: float = 0.0
     memory_mib: float = 0.0
 
+    # ``(lo, hi)``: the job trains on the elastic runtime, which retunes its global batch
+    # within these limits at every (re)start to the best goodput on its GPUs
+    # (:func:`slurmgpu.policy.goodput.best_batch`, as Pollux's agent does); work is then
+    # the application's efficiency-weighted progress instead of steps at one batch.
+    batch_limits: tuple[int, int] | None = None
+    _rates: dict[tuple[int, ...], float] = field(default_factory=dict, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        self.work = float(self.app.steps(self.batch_size))
+        if self.batch_limits is None:
+            self.work = float(self.app.steps(self.batch_size))
+        else:
+            self.work = float(self.app.progress)
         self.util_pct = self.app.util_pct
         self.memory_mib = self.app.memory_mib
 
-    def rate(self, placement: Sequence[int]) -> float:
-        return 1.0 / self.profile.step_time(
+    def _step_time(self, placement: Sequence[int], batch: int) -> float:
+        return self.profile.step_time(
             placement,
-            self.batch_size,
+            batch,
             max_local_bsz=self.app.max_local_bsz,
             init_batch_size=self.app.init_batch_size,
         )
 
+    def rate(self, placement: Sequence[int]) -> float:
+        # memoised: the simulator asks for every running job's sizes every cycle
+        key = tuple(placement)
+        r = self._rates.get(key)
+        if r is None:
+            if self.batch_limits is None:
+                r = 1.0 / self._step_time(placement, self.batch_size)
+            else:
+                r = self.best(placement).goodput
+            self._rates[key] = r
+        return r
+
+    def best(self, placement: Sequence[int]) -> BatchChoice:
+        """The batch the runtime trains at on ``placement`` (batch-adaptive jobs), or the
+        fixed batch with its goodput."""
+        app = self.app
+        b0 = app.init_batch_size
+        if self.batch_limits is None:
+            t = self._step_time(placement, self.batch_size)
+            eff = app.efficiency(self.batch_size)
+            return BatchChoice(
+                sum(placement), self.batch_size, goodput(self.batch_size, b0, t, eff), eff
+            )
+        lo, hi = self.batch_limits
+        return _best_batch(app, self.profile, tuple(placement), lo, hi, self.batch_size)
+
+    def adaptive(self, lo: int | None = None, hi: int | None = None) -> ProfiledJob:
+        """This job on the elastic runtime with batch-size adaptation within ``[lo, hi]``
+        (default: the application's initial batch ``B0`` up to the batch it was
+        submitted with -- the user's own batch is the most it trains at)."""
+        low = lo if lo is not None else min(self.app.init_batch_size, self.batch_size)
+        high = hi if hi is not None else self.batch_size
+        return ProfiledJob(self.app, self.profile, self.batch_size, batch_limits=(low, high))
+
     def run_time(self, gpus: int, gpus_per_node: int) -> float:
         return self.work / self.rate(packed(gpus, gpus_per_node))
+
+
+@lru_cache(maxsize=65536)
+def _best_batch(
+    app: Application,
+    profile: ThroughputProfile,
+    placement: tuple[int, ...],
+    lo: int,
+    hi: int,
+    current: int,
+) -> BatchChoice:
+    """The runtime's batch choice, shared by every job of the same application and limits."""
+    return best_batch(
+        sum(placement),
+        lambda b: profile.step_time(
+            placement,
+            b,
+            max_local_bsz=app.max_local_bsz,
+            init_batch_size=app.init_batch_size,
+        ),
+        app.efficiency,
+        init_batch=app.init_batch_size,
+        lo=lo,
+        hi=hi,
+        current=current,
+    )
 
 
 @dataclass(slots=True)
@@ -186,3 +260,18 @@ class TimeLimitModel:
         # The cap never cuts a job below its own need: a trace with week-long runs keeps them.
         floor = math.ceil(run_time_s * self.min_factor / 86400.0 - 1e-9) * 86400.0
         return float(max(min(self.max_limit_s, days), floor))
+
+
+def elastic_batch(trace: Sequence[TraceJob]) -> list[TraceJob]:
+    """``trace`` with its profiled jobs on the elastic runtime's batch-size adaptation
+    (:meth:`ProfiledJob.adaptive`: from ``B0`` up to the batch each was submitted with);
+    other jobs unchanged. The sets whose goodput allocator retunes batch sizes run this
+    (``slurmgpu.sim.policysets.BATCH_ADAPTIVE``); baselines keep the submitted batch."""
+    out: list[TraceJob] = []
+    for job in trace:
+        model = job.model
+        if isinstance(model, ProfiledJob) and model.batch_limits is None:
+            out.append(replace(job, model=model.adaptive()))
+        else:
+            out.append(job)
+    return out

@@ -36,7 +36,7 @@ from slurmgpu.slurm.client import (
     SlurmParseError,
     SlurmUnavailableError,
 )
-from slurmgpu.slurm.jsonformat import JobRecord, decode_sinfo, decode_squeue
+from slurmgpu.slurm.jsonformat import JobMemo, decode_sinfo, decode_squeue
 from slurmgpu.slurm.parse import SlurmValueError, format_time_limit
 from slurmgpu.slurm.runner import CommandResult, CommandRunner, CommandTimeout, SubprocessRunner
 from slurmgpu.slurm.sacct import decode_sacct
@@ -146,8 +146,8 @@ class CliSlurmClient:
         self.all_states = all_states
         self.runner: CommandRunner = runner if runner is not None else SubprocessRunner()
         self._version: str | None = None
-        # The previous listing's records and jobs: unchanged jobs are not normalised again.
-        self._memo: dict[int, tuple[JobRecord, Job]] = {}
+        # The previous listing's jobs by their records' bytes: unchanged ones are not decoded again.
+        self._memo: JobMemo = {}
 
     def __repr__(self) -> str:
         return f"CliSlurmClient(timeout_s={self.timeout_s!r}, slurm_conf={self.slurm_conf!r})"

@@ -27,9 +27,11 @@ Versions covered (Slurm's ``data_parser`` plugin, named in ``meta``):
   prints a node's shard usage on a GPU held by a whole-GPU job as ``-/4``
   (``shard:6(-/4,-/4,2/4,4/4)``), read by :func:`slurmgpu.slurm.parse.parse_gres`.
 
-Decoding is per record: the document is first decoded in one pass (fast); if that
-fails on a record's shape or bytes, it is decoded again with each job/node record on its
-own, and a bad record is skipped with a counted warning
+Decoding is per record. ``squeue``: the document is scanned with each job record kept
+as raw bytes, then each record is decoded on its own (with a memo, only those whose bytes
+changed since the last listing: :func:`decode_squeue`). ``sinfo``: the document is first
+decoded in one pass; if that fails on a record's shape or bytes, it is decoded again with
+each node record on its own. A bad record is skipped with a counted warning
 (:mod:`slurmgpu.slurm.decode_stats`, ``/metrics``) while the rest of the listing is
 used. Invalid UTF-8 in a string (a job name any user can set) is decoded with U+FFFD in
 its place, as are lone UTF-16 surrogate escapes. A data_parser version outside
@@ -67,7 +69,7 @@ from __future__ import annotations
 import gc
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -90,6 +92,7 @@ from slurmgpu.slurm.parse import (
 
 __all__ = [
     "KNOWN_DATA_PARSERS",
+    "JobMemo",
     "JobRecord",
     "NodeRecord",
     "SinfoDocument",
@@ -312,7 +315,6 @@ class _RawSinfoDocument(msgspec.Struct, gc=False):
     sinfo: list[msgspec.Raw] | None = None
 
 
-_SQUEUE_DECODER: Final = msgspec.json.Decoder(SqueueDocument)
 _SINFO_DECODER: Final = msgspec.json.Decoder(SinfoDocument)
 _RAW_SQUEUE_DECODER: Final = msgspec.json.Decoder(_RawSqueueDocument)
 _RAW_SINFO_DECODER: Final = msgspec.json.Decoder(_RawSinfoDocument)
@@ -600,6 +602,39 @@ def _repair_or_raise(decoder: msgspec.json.Decoder[_T], data: bytes | str, what:
     decode_stats.values_unparsed(what.split(maxsplit=1)[0], 1)
     log.warning("%s: invalid UTF-8 in the output, decoded with replacement", what)
     return fixed
+
+
+def _scan(
+    decoder: msgspec.json.Decoder[_T], data: bytes | str, what: str
+) -> tuple[_T, bytes | str]:
+    """A document whose records are kept raw, decoded in one scan (bad UTF-8, lone
+    surrogate escapes and raw control bytes repaired first when the scan trips on them);
+    with the data it was decoded from. Raises :class:`SlurmParseError` when the text is
+    not JSON or its top level has the wrong shape."""
+    try:
+        with _gc_paused():
+            return decoder.decode(data), data
+    except msgspec.ValidationError as exc:
+        raise SlurmParseError(f"{what}: unexpected shape{_version_hint(data)}: {exc}") from None
+    except msgspec.DecodeError:
+        data = _repair_or_raise(decoder, data, what)
+    return _decode(decoder, data, what), data
+
+
+class _HintOnce:
+    """:func:`_version_hint` of one document, sniffed at most once (only when a record
+    is skipped: sniffing may scan the whole document)."""
+
+    __slots__ = ("data", "text")
+
+    def __init__(self, data: bytes | str) -> None:
+        self.data = data
+        self.text: str | None = None
+
+    def __call__(self) -> str:
+        if self.text is None:
+            self.text = _version_hint(self.data)
+        return self.text
 
 
 _UNAVAILABLE_RE: Final = re.compile(
@@ -947,69 +982,118 @@ def _gpu_request_fallback(
 _NO_GPUS: Final = GpuRequest()
 
 
-def decode_squeue(
-    data: bytes | str, memo: dict[int, tuple[JobRecord, Job]] | None = None
-) -> tuple[list[Job], str]:
+JobMemo = dict[int, Job]
+"""What :func:`decode_squeue` keeps between listings: the hash of each job record's
+bytes → the :class:`Job` made of them (one int and one reference a job)."""
+
+
+class _RecordRepair:
+    """Job records of one listing whose bytes were not valid UTF-8: repaired, counted once."""
+
+    __slots__ = ("done", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.done = False
+
+    def __call__(self, raw: bytes | msgspec.Raw) -> bytes | None:
+        """``raw`` made valid (U+FFFD), or None when bad bytes are not what is wrong."""
+        fixed = _repaired(bytes(raw))
+        if fixed is not None and not self.done:
+            self.done = True
+            decode_stats.values_unparsed(self.what.split(maxsplit=1)[0], 1)
+            log.warning("%s: invalid UTF-8 in the output, decoded with replacement", self.what)
+        return fixed
+
+
+def _job_record(
+    raw: bytes | msgspec.Raw,
+    i: int,
+    skipped: _Skipped,
+    repair: _RecordRepair,
+    hint: Callable[[], str],
+) -> JobRecord | None:
+    """One job record decoded on its own; None (counted in ``skipped``) when it cannot be."""
+    try:
+        return _JOB_DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        skipped.add_shape(f"$.jobs[{i}]", exc, hint())
+        return None
+    except msgspec.DecodeError as exc:
+        fixed = repair(raw)
+        if fixed is None:
+            skipped.add_shape(f"$.jobs[{i}]", exc, hint())
+            return None
+    try:
+        return _JOB_DECODER.decode(fixed)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        skipped.add_shape(f"$.jobs[{i}]", exc, hint())
+        return None
+
+
+def decode_squeue(data: bytes | str, memo: JobMemo | None = None) -> tuple[list[Job], str]:
     """Decode ``squeue --json`` output into jobs and the Slurm release (``"22.05.8"``).
 
     The release comes from ``meta`` (``""`` when absent). Raises
-    :class:`SlurmParseError` for malformed JSON or an unexpected shape (the message
-    carries msgspec's path, e.g. ``$.jobs[3].job_id``), and
-    :class:`SlurmUnavailableError` / :class:`SlurmCommandError` when Slurm answered
-    only with ``errors``.
+    :class:`SlurmParseError` for malformed JSON or an unexpected shape of the document
+    (no ``jobs`` list), and :class:`SlurmUnavailableError` / :class:`SlurmCommandError`
+    when Slurm answered only with ``errors``. A job record of the wrong shape (the
+    warning carries msgspec's path, e.g. ``$.jobs[3].job_id``) or with a value that
+    cannot be normalised is skipped and counted; the other jobs are returned.
 
-    ``memo`` (job id → the record and Job of the previous listing) lets a poller skip
-    normalising jobs whose record did not change: comparing two decoded records is a
-    C-level field comparison, much cheaper than building the Job again. It is updated
-    in place to hold this listing.
+    The document is first scanned with each job record kept as its raw bytes (a scan
+    is several times faster than decoding), then each record is decoded on its own.
+    ``memo`` (see :data:`JobMemo`) lets a poller skip both steps for a record whose
+    bytes are the same as in the previous listing: its Job is that listing's object,
+    reused (so the observer's diff knows it unchanged by identity). Keys are Python's
+    keyed hash of the bytes, which a user who writes a job name cannot aim at. The
+    memo is replaced in place by this listing's.
     """
     what = "squeue --json"
-    decoded = _decode_lenient(_SQUEUE_DECODER, _RAW_SQUEUE_DECODER, data, what)
-    doc, raw_doc, data = decoded
-    skipped = _Skipped()
-    if doc is None:
-        assert raw_doc is not None
-        meta, errors = raw_doc.meta, raw_doc.errors
-        records: list[JobRecord] | None = None
-        if raw_doc.jobs is not None:
-            records = []
-            for i, raw in enumerate(raw_doc.jobs):
-                try:
-                    records.append(_JOB_DECODER.decode(raw))
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    skipped.add_shape(f"$.jobs[{i}]", exc, _version_hint(data))
-    else:
-        meta, errors, records = doc.meta, doc.errors, doc.jobs
+    doc, data = _scan(_RAW_SQUEUE_DECODER, data, what)
+    meta, errors, raws = doc.meta, doc.errors, doc.jobs
     _note_version(meta, what)
-    if errors and not records and not skipped.count:
+    if errors and not raws:
         raise _errors_to_exception(errors, "squeue")
-    if records is None:
+    if raws is None:
         raise SlurmParseError(f"{what}: no 'jobs' list in the output{_version_hint(data)}")
+    hint = _HintOnce(data)
+    skipped = _Skipped()
     problems = _Problems()
+    repair = _RecordRepair(what)
     jobs: list[Job] = []
     append = jobs.append
-    fresh: dict[int, tuple[JobRecord, Job]] | None = {} if memo is not None else None
+    fresh: JobMemo = {}
+    known = memo if memo is not None else {}
     with _gc_paused():
-        for i, r in enumerate(records):
+        for i, raw_record in enumerate(raws):
+            raw: bytes | msgspec.Raw = raw_record
+            key = 0
+            if memo is not None:
+                raw = bytes(raw_record)
+                key = hash(raw)
+                job = known.get(key)
+                if job is not None:
+                    fresh[key] = job
+                    append(job)
+                    continue
+            r = _job_record(raw, i, skipped, repair, hint)
+            if r is None:
+                continue
             if type(r.job_id) is not int and _num(r.job_id) is None:
-                skipped.add(f"$.jobs[{i}].job_id{_version_hint(data)}", "no job id number")
+                skipped.add(f"$.jobs[{i}].job_id{hint()}", "no job id number")
                 continue
             try:
-                if memo is None or fresh is None:
-                    append(job_from_record(r, problems))
-                    continue
-                key = r.job_id if type(r.job_id) is int else _num(r.job_id)
-                seen = memo.get(key)  # type: ignore[arg-type]
-                fresh_job = seen is None or seen[0] != r
-                job = job_from_record(r, problems) if fresh_job else seen[1]  # type: ignore[index]
+                job = job_from_record(r, problems)
             except (SlurmParseError, ValueError, TypeError, ArithmeticError) as exc:
                 skipped.add(f"job {_num(r.job_id)}", exc)
                 continue
-            fresh[job.job_id] = (r, job)
+            if memo is not None:
+                fresh[key] = job
             append(job)
     problems.log(what)
     skipped.log(what)
-    if memo is not None and fresh is not None:
+    if memo is not None:
         memo.clear()
         memo.update(fresh)
     return jobs, _release(meta)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from slurmgpu.model import Job, Node
 from slurmgpu.slurm.client import SlurmCommandError
-from slurmgpu.slurm.jsonformat import JobRecord, decode_sinfo, decode_squeue
+from slurmgpu.slurm.jsonformat import JobMemo, decode_sinfo, decode_squeue
 
 __all__ = ["ReplaySlurmClient"]
 
@@ -30,7 +30,7 @@ class ReplaySlurmClient:
         self.squeue = squeue
         self.sinfo = sinfo
         self._version = version
-        self._memo: dict[int, tuple[JobRecord, Job]] = {}
+        self._memo: JobMemo = {}
 
     @staticmethod
     def _read(source: bytes | Path) -> bytes:

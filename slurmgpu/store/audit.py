@@ -15,7 +15,9 @@ from typing import Any
 from sqlalchemy import Engine, and_, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
+from slurmgpu.cycle.guardrails import Taken
 from slurmgpu.policy.base import ORDERING_ALERT, Decision, PriorAlert
+from slurmgpu.slurm.update import audit_fields
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
@@ -53,8 +55,15 @@ class AuditStore:
         self.engine = engine
         self.cluster = cluster
 
-    def record(self, decisions: Sequence[Decision], at: datetime) -> list[int]:
-        """Store decisions before anything is done about them; return their ids."""
+    def record(
+        self, decisions: Sequence[Decision], at: datetime, *, slurm_version: str = ""
+    ) -> list[int]:
+        """Store decisions before anything is done about them; return their ids.
+
+        ``fields`` holds each action's intents as ``slurm_version`` spells them
+        (:func:`~slurmgpu.slurm.update.audit_fields`: the ``scontrol update`` fields, a
+        resize's ``from_gpus``/``to_gpus``), the format every row has had.
+        """
         if not decisions:
             return []
         a = schema.actions
@@ -72,7 +81,7 @@ class AuditStore:
                 "reason": d.action.reason,
                 "numbers": dict(d.action.numbers),
                 "alert": d.action.alert,
-                "fields": dict(d.action.fields) or None,
+                "fields": audit_fields(d.action.intents, slurm_version) or None,
                 "execute": d.execute,
                 "notify": d.notify,
                 "suppressed": d.suppressed,
@@ -221,6 +230,28 @@ class AuditStore:
             for job_id, policy, _, _ in conn.execute(stmt):
                 out[int(job_id)] = str(policy)  # the newest wins
         return out
+
+    def taken_since(self, since: datetime) -> list[Taken]:
+        """Changes made since ``since``, oldest first: what seeds the daemon's guardrail
+        records (``cycle.guardrails``), counted as the three queries above count them."""
+        a = schema.actions
+        stmt = (
+            select(a.c.job_id, a.c.user, a.c.policy, a.c.at)
+            .where(
+                and_(
+                    a.c.cluster == self.cluster,
+                    a.c.at >= since,
+                    a.c.outcome == "done",
+                    a.c.alert != ORDERING_ALERT,  # reordering the queue is no change
+                )
+            )
+            .order_by(a.c.at, a.c.id)
+        )
+        with self.engine.connect() as conn:
+            return [
+                Taken(None if j is None else int(j), str(u), str(p), as_utc(at))
+                for j, u, p, at in conn.execute(stmt)
+            ]
 
     def user_actions_since(self, since: datetime) -> dict[str, int]:
         a = schema.actions

@@ -31,6 +31,10 @@ def _sqlite_path(url: str) -> Path | None:
     u = make_url(url)
     if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
         return None
+    if u.database.startswith("file:") or u.query.get("uri") == "true":
+        # An SQLite URI names its file itself (and its mode: ro, memory); it is not a
+        # path to create (that made a directory named "file:" in the working directory).
+        return None
     return Path(u.database)
 
 

@@ -283,7 +283,7 @@ class JobStore:
                     if t.job_id in ids
                 ]
                 if events:
-                    conn.execute(insert(e), events)
+                    conn.execute(insert(e), _fitted(conn, e, events))
                 if nodes:
                     self._upsert_nodes(conn, nodes, at)
         except SQLAlchemyError as exc:

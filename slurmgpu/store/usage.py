@@ -136,8 +136,8 @@ class UsageStore:
         self.placement = placement
         self.clock = clock
         # Samples left out, by reason ("job not on node", "no such GPU"); samples from a
-        # node whose clock is off by more than SKEW_LIMIT_S, by node; jobs of kept
-        # samples the daemon did not know yet (stored unchecked), by node.
+        # node whose clock is off by more than SKEW_LIMIT_S, by node; samples of jobs
+        # the daemon did not know yet (stored unchecked), by node.
         self.refused: Counter[str] = Counter()
         self.unverified: Counter[str] = Counter()
         self.skewed: Counter[str] = Counter()
@@ -173,8 +173,11 @@ class UsageStore:
             elif node not in nodes:
                 verdict[job_id] = "job not on node"
         if unverified:
+            unknown = set(unverified)
+            kept = sum(1 for s in gpu if s.job_id in unknown)
+            kept += sum(1 for h in host if h.job_id in unknown)
             with self._lock:
-                self.unverified[node] += len(unverified)
+                self.unverified[node] += kept
             self._tell_once(
                 node,
                 "unverified",

@@ -2,7 +2,7 @@
 
 Each script is run as an admin would (its own process, ``--smoke --json-out DIR``) and
 must exit 0 and write one JSON record with its figures and the baseline measured in the
-same run (slurmgpu/benchrun.py). No timing is judged here: smoke sizes are seconds of
+same run (slurmgpu/lab/benchrun.py). No timing is judged here: smoke sizes are seconds of
 work on a shared machine; the full-size figures are in bench/README.md. Benches that read
 shared/data skip, with the reason, where it is absent; the bench/gpu_check_*.py scripts
 where what they check is absent (NVML; torch), which their record says with exit code 2;

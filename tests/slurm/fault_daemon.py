@@ -37,8 +37,10 @@ def main(argv: Sequence[str]) -> None:
 
     record, execute, set_outcome = AuditStore.record, Actuator._execute, AuditStore.set_outcome
 
-    def record_then_die(self: AuditStore, decisions: Sequence[Decision], at: datetime) -> list[int]:
-        ids = record(self, decisions, at)
+    def record_then_die(
+        self: AuditStore, decisions: Sequence[Decision], at: datetime, *, slurm_version: str = ""
+    ) -> list[int]:
+        ids = record(self, decisions, at, slurm_version=slurm_version)
         for d, action_id in zip(decisions, ids, strict=True):
             kinds[action_id] = (d.action.kind, d.action.job_id)
             if step == "after_record" and d.action.kind == kind and (d.execute or d.notify):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import GpuUsage, UsageStore
 from tests.polling import wait_for
@@ -48,6 +48,39 @@ class Telemetry:
         )
         assert proc.returncode == 0, f"sgpu {' '.join(args)}: {proc.stderr.strip()}"
         return proc.stdout
+
+    def run_daemon_until_killed(self, fault_module: str, point: str, timeout_s: float) -> str:
+        """Run the daemon under ``tests.slurm.<fault_module>`` until it SIGKILLs itself at
+        ``point``; return the text of the marker file it wrote just before."""
+        marker = self.tmp / f"killed-{fault_module}-{point.replace(':', '-')}"
+        root = Path(__file__).resolve().parents[2]
+        with (self.tmp / "daemon.log").open("ab") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    f"tests.slurm.{fault_module}",
+                    point,
+                    str(marker),
+                    *("daemon", "--interval", "1s", "--listen", f"127.0.0.1:{self.port}"),
+                ],
+                env={**self.env, "PYTHONPATH": str(root)},
+                cwd=root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+            def proc_ended() -> bool:
+                return proc.poll() is not None
+
+            try:
+                wait_for(f"the daemon killed at {point}", proc_ended, timeout_s)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert proc.returncode == -signal.SIGKILL, f"the daemon exited {proc.returncode}"
+        return marker.read_text()
 
     def start_daemon(self) -> None:
         log = (self.tmp / "daemon.log").open("ab")

@@ -22,9 +22,11 @@ from datetime import UTC, datetime
 
 from slurmgpu.actuate.malleable import MalleableActuator
 from slurmgpu.daemon.malleable import MalleableDirectory
+from slurmgpu.intent import SetTimeLimit
 from slurmgpu.model import ClusterSnapshot
 from slurmgpu.policy.base import Decision, Mode, resize_action
 from slurmgpu.slurm.cli import CliSlurmClient
+from slurmgpu.slurm.parse import parse_time_limit
 from slurmgpu.store import open_store
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.transactions import TransactionStore
@@ -79,8 +81,8 @@ def main() -> int:
         job_id, frm, to = (int(x) for x in args.start.split(":"))
         snap = snapshot()
         job = next(j for j in snap.jobs if j.job_id == job_id)
-        fields = {"TimeLimit": args.time_limit} if args.time_limit else None
-        action = resize_action("test", job, frm, to, "test driver", fields=fields)
+        limit = (SetTimeLimit.of(parse_time_limit(args.time_limit)),) if args.time_limit else ()
+        action = resize_action("test", job, frm, to, "test driver", intents=limit)
         decision = Decision(action, Mode.ENFORCE, execute=True, notify=False)
         (result,) = actuator.carry_out([decision], snap, directory.specs(snap), snap.taken_at)
         print(f"driver: start {result.outcome} {result.error or ''}", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from tests.bench.test_bench_smoke import run_smoke
 
 

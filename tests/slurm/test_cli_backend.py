@@ -18,7 +18,7 @@ from tests import polling
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
 
-    from slurmgpu.labcluster import LabCluster
+    from slurmgpu.lab.cluster import LabCluster
 
 R = TypeVar("R")
 _WAIT_S = 40.0

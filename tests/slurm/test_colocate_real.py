@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store.usage import GpuUsage
 from tests.polling import wait_for

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import JobStore, open_store
 from tests.polling import wait_for
 from tests.slurm.harness import free_port

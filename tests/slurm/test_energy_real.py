@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.telemetry.simgpu import SimulatedGpuProbe
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry, running_stack

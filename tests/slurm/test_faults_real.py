@@ -29,7 +29,6 @@ import gc
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -42,14 +41,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store, schema
 from tests.polling import wait_for
 from tests.slurm.harness import NODES, Telemetry, running_stack
 
-REPO = Path(__file__).resolve().parents[2]
 FAULTS: Counter[str] = Counter()  # kind -> faults injected and survived
 
 IDLE = """
@@ -112,34 +110,7 @@ def daemon_log(t: Telemetry) -> str:
 
 def kill_daemon_at(t: Telemetry, point: str) -> str:
     """Run the daemon until it SIGKILLs itself at ``point``; return the marker text."""
-    marker = t.tmp / f"killed-{point.replace(':', '-')}"
-    log = (t.tmp / "daemon.log").open("ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.slurm.fault_daemon",
-            point,
-            str(marker),
-            "daemon",
-            "--interval",
-            "1s",
-            "--listen",
-            f"127.0.0.1:{t.port}",
-        ],
-        env={**t.env, "PYTHONPATH": str(REPO)},
-        cwd=REPO,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_for(f"the daemon to be killed at {point}", lambda: proc.poll() is not None, 150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"the daemon exited {proc.returncode}"
-    return marker.read_text()
+    return t.run_daemon_until_killed("fault_daemon", point, 150)
 
 
 def gpu0_sequences(t: Telemetry) -> dict[str, list[int]]:

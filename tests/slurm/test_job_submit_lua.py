@@ -24,7 +24,7 @@ from tests import polling
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from slurmgpu.labcluster import LabCluster
+    from slurmgpu.lab.cluster import LabCluster
 
 R = TypeVar("R")
 _T = 30.0  # seconds any single wait may take

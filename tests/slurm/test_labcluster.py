@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 from click.testing import CliRunner
 
 from slurmgpu.cli.cluster import cluster
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from tests import polling
 
 if TYPE_CHECKING:

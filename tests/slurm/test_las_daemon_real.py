@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry, running_stack

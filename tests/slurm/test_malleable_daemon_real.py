@@ -24,8 +24,6 @@ The policy's cost and pacing are set in seconds (production defaults are minutes
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import Any
 import pytest
 
 from slurmgpu.actuate.resize import HELD_REASONS
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for
@@ -198,34 +196,7 @@ def test_the_daemon_shrinks_a_malleable_job_for_a_rigid_job_and_grows_it_back(
 
 def kill_daemon_after(t: Telemetry, call: str) -> str:
     """Run the daemon until it SIGKILLs itself after the resize's ``call``; the marker."""
-    marker = t.tmp / f"killed-after-{call}"
-    log = (t.tmp / "daemon.log").open("ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.slurm.resize_fault_daemon",
-            call,
-            str(marker),
-            "daemon",
-            "--interval",
-            "1s",
-            "--listen",
-            f"127.0.0.1:{t.port}",
-        ],
-        env={**t.env, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_for(f"the daemon killed after {call}", lambda: proc.poll() is not None, 90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"the daemon exited {proc.returncode}"
-    return marker.read_text()
+    return t.run_daemon_until_killed("resize_fault_daemon", call, 90)
 
 
 def held(j: Job | None) -> bool:

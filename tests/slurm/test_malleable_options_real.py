@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from slurmgpu.daemon.malleable import MalleableDirectory
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import ClusterSnapshot
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for

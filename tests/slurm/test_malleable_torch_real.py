@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job
 from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for

@@ -20,7 +20,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.parse import parse_time_limit
 from tests.polling import wait_for

@@ -10,8 +10,10 @@ Each test drives real daemons through slurmgpu's own Slurm client:
 - submit and observe: a job's request, allocation and its node's usage;
 - shards and whole GPUs on one node: per-node and per-job usage right, and the same
   through every data_parser version this Slurm has (26.05 prints ``-/4`` there);
-- rightsize update: the fields the rightsize policy writes (``TresPerNode`` in this
-  release's spelling, ``TimeLimit``) applied to a held job, which then runs at that size;
+- rightsize update: the intents the rightsize policy proposes (``SetGpus``,
+  ``SetTimeLimit``) rendered by ``slurmgpu.slurm.update`` in this release's spelling
+  (``TresPerNode=gres:gpu:1`` on 22.05, ``gres/gpu:1`` later) and applied to a held job,
+  which then runs at that size; ``actuate.confirm`` reads them back off the listing;
 - malleable resize (signal, ack, requeue-hold, update, release) by the daemon's own
   MalleableActuator (tests/slurm/resize_driver.py) with a job named in invalid UTF-8
   present all along: the listing is still read and the resize completes (issue 22);
@@ -34,11 +36,13 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.actuate.confirm import check
+from slurmgpu.intent import SetGpus, SetTimeLimit
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
-from slurmgpu.policy.rightsize import gres_prefix
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.jsonformat import KNOWN_DATA_PARSERS, data_parser_version
+from slurmgpu.slurm.update import update_fields
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.release
@@ -155,11 +159,16 @@ def test_rightsize_update_applies_in_this_release(slurm: CliSlurmClient) -> None
     version = slurm.version()
     job_id = _sbatch(slurm, "-H", "--gres=gpu:2", "-t", "60", "--wrap", "sleep 300")
     wait_for("the held job listed", lambda: _job(slurm, job_id))
-    fields = {"TresPerNode": f"{gres_prefix(version)}gpu:1", "TimeLimit": "00:30:00"}
-    slurm.update_job(job_id, fields)  # what the rightsize policy writes for this release
+    intents = (SetGpus(1), SetTimeLimit(30 * 60))  # what the rightsize policy proposes
+    slurm.update_job(job_id, update_fields(intents, version))  # spelt for this release
     job = _job(slurm, job_id)
     assert job is not None and job.gpus.gpus == 1, job
     assert job.time_limit == timedelta(minutes=30)
+    # and confirm reads each intent back off this release's listing
+    assert [check(i, job) for i in intents] == [
+        ("TresPerNode", True, "TresPerNode gpu 1"),
+        ("TimeLimit", True, "TimeLimit 00:30:00"),
+    ]
     slurm.release(job_id)
     ran = wait_for("the job running at 1 GPU", lambda: _running(slurm, job_id, 1))
     assert ran.gpus.gpus == 1

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import open_store, schema
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry, running_stack

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from slurmgpu.actuate.resize import CLOSED, KIND, OPEN, RELEASED, ResizeExecutor
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import ClusterSnapshot, Job
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store

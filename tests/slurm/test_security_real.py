@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.wire import body_digest, munge_available, munge_header
 from tests.polling import wait_for

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import open_store
 from slurmgpu.store.audit import AuditStore
 from tests.polling import wait_for

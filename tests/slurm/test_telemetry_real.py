@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from slurmgpu.labcluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.usage import GpuUsage
 from tests.polling import wait_for

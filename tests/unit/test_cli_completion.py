@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every completion starts sgpu as a new process (and bash, zsh)
+
 
 def _complete(shell: str, words: str) -> list[str]:
     env = {

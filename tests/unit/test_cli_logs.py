@@ -37,6 +37,7 @@ def _sgpu(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # runs sgpu as separate processes
 def test_db_upgrade_shows_no_alembic_lines_unless_verbose(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     quiet = _sgpu(tmp_path / "a", "db", "upgrade")
@@ -49,6 +50,7 @@ def test_db_upgrade_shows_no_alembic_lines_unless_verbose(tmp_path: Path) -> Non
     assert " INFO alembic." in loud.stderr
 
 
+@pytest.mark.slow  # runs sgpu as separate processes
 def test_daemon_logs_one_json_object_a_line(tmp_path: Path) -> None:
     # No Slurm reachable here: the daemon starts, warns once, stops after its cycles.
     argv = ["daemon", "--no-api", "--cycles", "2", "--interval", "0.1s", "--log-format", "json"]

@@ -317,8 +317,9 @@ def test_an_over_asked_time_limit_gets_the_exact_time_to_ask_for() -> None:
     job = make_job(elapsed=timedelta(hours=1, minutes=2), time_limit=timedelta(hours=24))
     report = job_efficiency(job, [gpu(0, 70.0)], [host("gpu1", 380.0, 4)], ended(job))
     note = one(notes(report), "time")
-    # ceil(1.3 * 3720 s / 900 s) * 900 s = 6 * 900 s = 1:30:00; 4 % of the limit is red
-    assert note.option == "--time=01:30:00"
+    # 1.3 * 3720 s = 4836 s, rounded up to 5 min: 17 * 300 s = 1:25:00 (policy.sizing, the
+    # limit rightsizing would set); 4 % of the limit is red
+    assert note.option == "--time=01:25:00"
     assert note.severity == "warn"
     assert "ran 01:02:00, 4% of its 1-00:00:00 limit" in note.text
 
@@ -378,7 +379,8 @@ def test_a_running_job_is_told_what_it_used_so_far() -> None:
     )
     note = one(notes(report), "memory")
     assert "has used 12% of its 64.0 GiB of memory so far" in note.text
-    assert note.option == "--mem=10G"
+    # ceil(1.2 * 8192 MiB) = 9831 MiB, rounded up to 256 MiB: 39 * 256 = 9984 MiB
+    assert note.option == "--mem=9984M"
     assert "time" not in kinds(notes(report))
 
 
@@ -440,7 +442,8 @@ def test_a_job_without_samples_reports_what_slurm_knows_and_asks_about_the_agent
     ]
     found = notes(report)
     assert one(found, "no-samples").text == "no usage samples: is `sgpu agent` running on gpu1?"
-    assert one(found, "time").option == "--time=01:30:00"  # Slurm's own figures still count
+    # Slurm's own figures still count: 1.3 * 3600 s = 4680 s -> 16 * 300 s = 1:20:00
+    assert one(found, "time").option == "--time=01:20:00"
 
 
 def test_thresholds_can_be_overridden() -> None:
@@ -576,8 +579,8 @@ def test_eff_prints_the_figures_and_notes_of_an_array_task(db: tuple[str, AppCon
         "40%",  # GPU util: (80 + 0) / 2
         "no-process",
         "--gpus=1",
-        "--mem=10G",
-        "--time=02:45:00",
+        "--mem=9984M",
+        "--time=02:40:00",
         "-c 5",
     ):
         assert expected in out, expected
@@ -618,8 +621,8 @@ def test_eff_json_has_stable_keys_and_exact_figures(db: tuple[str, AppContext]) 
         (1, "no-process", True),
     ]
     options = {n["kind"]: n["option"] for n in data["notes"]}
-    assert options == {"gpus": "--gpus=1", "cpu": "-c 5", "memory": "--mem=10G",
-                       "time": "--time=02:45:00"}  # fmt: skip
+    assert options == {"gpus": "--gpus=1", "cpu": "-c 5", "memory": "--mem=9984M",
+                       "time": "--time=02:40:00"}  # fmt: skip
 
 
 def test_eff_of_a_job_without_samples_uses_the_stored_summary(

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from slurmgpu.elastic import init
-from slurmgpu.elastic.spec import format_token, parse_range, parse_token, read_ack, read_progress
+from slurmgpu.elastic.spec import parse_range, read_ack, read_progress
+from slurmgpu.tokens import Malleable, malleable_token, parse
 from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,12 +112,12 @@ def test_the_daemon_reads_only_well_formed_acks_of_the_right_job(tmp_path: Path)
 
 
 def test_opt_in_tokens() -> None:
-    assert parse_token("x sgpu:malleable=2:4 y") == (2, 4, False)
-    assert parse_token("sgpu:pool=1:8,other") == (1, 8, True)
-    assert parse_token("sgpu:malleable=4:2") is None
-    assert parse_token("sgpu:malleable=0:2") is None
-    assert parse_token("sgpu:malleable=2") is None
-    assert format_token(2, 4) == "sgpu:malleable=2:4"
+    assert parse("x sgpu:malleable=2:4 y").malleable == Malleable(2, 4, False)
+    assert parse("sgpu:pool=1:8,other").malleable == Malleable(1, 8, True)
+    assert parse("sgpu:malleable=4:2").malleable is None
+    assert parse("sgpu:malleable=0:2").malleable is None
+    assert parse("sgpu:malleable=2").malleable is None
+    assert malleable_token(2, 4) == "sgpu:malleable=2:4"
     assert parse_range(" 1 : 3 ") == (1, 3)
     with pytest.raises(ValueError, match="MIN:MAX"):
         parse_range("two")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -51,3 +52,21 @@ def test_gradient_noise_recovers_the_variance_and_the_true_gradient() -> None:
     single = GradientNoise()
     single.update([1.0], 1.0)
     assert single.updates == 0  # one replica measures nothing
+
+
+def test_best_global_batch_grows_with_the_gpus_and_the_gradient_noise() -> None:
+    from slurmgpu.elastic.scaling import best_global_batch
+
+    def step(gpus: int) -> Callable[[int], float]:
+        return lambda b: 0.05 + 0.001 * b / gpus
+
+    quiet = GradientNoise(var=1.0, sqr=1.0, updates=10)  # phi = B0 = 32
+    noisy = GradientNoise(var=100.0, sqr=1.0, updates=10)  # phi = 3200
+    kw = {"base_batch": 32, "lo": 32, "hi": 8192}
+    on_one = best_global_batch(1, step(1), noisy, **kw)
+    on_eight = best_global_batch(8, step(8), noisy, **kw)
+    assert 32 <= on_one < on_eight <= 8192
+    assert best_global_batch(8, step(8), quiet, **kw) < on_eight
+    # no estimate yet: every sample counts, so the largest batch that speeds steps up
+    assert best_global_batch(8, step(8), GradientNoise(), **kw) == 8192
+    assert quiet.noise_scale(32) == 32.0

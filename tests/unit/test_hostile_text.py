@@ -35,6 +35,7 @@ from slurmgpu.report.eff_render import render_report
 from slurmgpu.report.html_page import render_html
 from slurmgpu.report.render import render_table, to_csv
 from slurmgpu.store import open_store, schema
+from tests.hypothesis_profiles import examples
 from tests.unit import report_store
 from tests.unit.report_store import SINCE, UNTIL
 
@@ -146,7 +147,7 @@ _ids = itertools.count(1000)
 
 
 @settings(
-    max_examples=25,
+    max_examples=examples(25),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
@@ -159,7 +160,7 @@ def test_jobs_shows_any_name_literally(db_url: str, name: str) -> None:
     _no_raw_controls(out.output)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(name=hostile_names, account=hostile_names, partition=hostile_names)
 def test_eff_report_renders_any_name_literally(name: str, account: str, partition: str) -> None:
     job = _job(1, name, account=account, partition=partition)
@@ -174,7 +175,7 @@ def test_eff_report_renders_any_name_literally(name: str, account: str, partitio
     assert shown(name) in plain_console.file.getvalue()  # type: ignore[attr-defined]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(name=hostile_names)
 def test_email_shows_any_name_on_one_line_with_controls_escaped(name: str) -> None:
     action = Action("p", "warn", 4242, "alice", "idle", {}, alert="generic")
@@ -185,7 +186,7 @@ def test_email_shows_any_name_on_one_line_with_controls_escaped(name: str) -> No
     _no_raw_controls(message.body)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(name=hostile_names)
 def test_a_log_line_cannot_be_forged_by_a_name(name: str) -> None:
     record = logging.LogRecord("x", logging.INFO, "f", 1, "job %s (%s) idle", (name, 3), None)
@@ -207,7 +208,7 @@ def report_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     store.engine.dispose()
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=list(HealthCheck))
 @given(user=stored_names, partition=stored_names)
 def test_report_renders_any_user_and_partition_literally(
     report_engine: Engine, user: str, partition: str

@@ -9,6 +9,7 @@ functions (deliberately lazy ones) are left out. Importing ``a.b.c`` also runs t
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import slurmgpu
@@ -75,8 +76,9 @@ def _imported_names(name: str, path: Path) -> set[str]:
     return names
 
 
+@cache  # the source does not change during a run; every test here reads the same graph
 def import_graph() -> dict[str, set[str]]:
-    """Module → the slurmgpu modules loading it loads first (directly)."""
+    """Module → the slurmgpu modules loading it loads first (directly). Do not mutate it."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():

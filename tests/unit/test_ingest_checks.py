@@ -185,11 +185,18 @@ def test_the_counts_reach_metrics(tmp_path: Path) -> None:
     w.observe([_job(5, "gpu1")])
     w.gpu("gpu2", "gpu2:r:1:0:5", 5)
     w.gpu("gpu1", "gpu1:r:2:0:5", 5, at=NOW + 900)
+    # three samples (two GPUs, one host) of a job the daemon has not seen, one batch
+    unseen = [
+        GpuSampleIn(sample_uid=f"gpu1:r:3:{i}:77", at=NOW, gpu_index=i, job_id=77, util_pct=9.0)
+        for i in (0, 1)
+    ]
+    host = [HostSampleIn(sample_uid="gpu1:r:3:h:77", at=NOW, job_id=77, cpu_pct=50.0)]
+    assert w.usage.ingest(SampleBatch(node="gpu1", gpu=unseen, host=host))[0] == 3
     metrics = DaemonMetrics(w.store.engine)
-    metrics.watch("sgpu_samples_refused", "h", lambda: dict(w.usage.refused), label="reason")
-    metrics.watch("sgpu_samples_skewed", "h", lambda: dict(w.usage.skewed), label="node")
+    metrics.watch_usage(w.usage)  # as the daemon does (daemon/app.py)
     metrics.watch("sgpu_munge_up", "h", lambda: 0.0, kind="gauge")
     text = metrics.exposition().decode()
     assert 'sgpu_samples_refused_total{reason="job not on node"} 1.0' in text
     assert 'sgpu_samples_skewed_total{node="gpu1"} 1.0' in text
+    assert 'sgpu_ingest_samples_unverified_total{node="gpu1"} 3.0' in text
     assert "sgpu_munge_up 0.0" in text

@@ -20,6 +20,7 @@ import pytest
 from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.actuate.confirm import Verdict, judge
 from slurmgpu.daemon.policy_cycle import PolicyCycle
+from slurmgpu.intent import SetTimeLimit
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState
 from slurmgpu.policy.base import Action, Decision, Mode
 from slurmgpu.policy.engine import PolicyEngine
@@ -77,7 +78,14 @@ def pending_job(job_id: int, limit: timedelta = timedelta(hours=10)) -> Job:
 
 
 def update_decision(job_id: int, limit: str) -> Decision:
-    action = Action("rightsize", "update", job_id, "bob", "shorter", fields={"TimeLimit": limit})
+    action = Action(
+        "rightsize",
+        "update",
+        job_id,
+        "bob",
+        "shorter",
+        intents=(SetTimeLimit.of(parse_time_limit(limit)),),
+    )
     return Decision(action, Mode.ENFORCE, execute=True, notify=True)
 
 

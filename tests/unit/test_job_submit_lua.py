@@ -8,6 +8,7 @@ check against slurmctld is tests/slurm/test_job_submit_lua.py. Needs ``lua5.1``/
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from slurmgpu.daemon.recommend import Recommendation, RecommendationExport
-from slurmgpu.labcluster.render import install_job_submit
+from slurmgpu.lab.cluster.render import install_job_submit
 
 PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "job_submit.lua"
 NO_VAL = 4294967294
@@ -28,15 +29,22 @@ INFINITE = 4294967295
 _INTERPRETERS = [name for name in ("lua5.1", "lua5.4") if shutil.which(name)]
 _COMPILERS = [name for name in ("luac5.1", "luac5.4", "luac") if shutil.which(name)]
 
-_HARNESS = r"""
-local plugin, case_file = arg[1], arg[2]
+# A stand-in for slurmctld's ``slurm`` table that collects the log lines, then the plugin.
+_LOAD_PLUGIN = r"""
 local logs = {}
 slurm = {
    SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294,
    log_info = function(fmt, ...) logs[#logs + 1] = string.format(fmt, ...) end,
 }
 dofile(plugin)
-local case = dofile(case_file)
+"""
+
+_HARNESS = (
+    r"""
+local plugin, case_file = arg[1], arg[2]
+"""
+    + _LOAD_PLUGIN
+    + r"""local case = dofile(case_file)
 local store = case.job_desc
 local job_desc = store
 if case.refuse then  -- a job_desc whose setter refuses one field, like Slurm's C setter
@@ -63,6 +71,7 @@ for _, k in ipairs(keys) do
    end
 end
 """
+)
 
 
 def _lua(value: object) -> str:
@@ -70,10 +79,14 @@ def _lua(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
-    if isinstance(value, str):
-        return '"' + "".join(ch if ch.isalnum() else f"\\{ord(ch):03d}" for ch in value) + '"'
+    if isinstance(value, str):  # Lua strings are bytes: the UTF-8 ones, each escaped
+        raw = value.encode()
+        kept = "".join(chr(b) if chr(b).isalnum() and b < 128 else f"\\{b:03d}" for b in raw)
+        return f'"{kept}"'
     if isinstance(value, dict):
         return "{" + ", ".join(f"[{_lua(k)}] = {_lua(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "{" + ", ".join(_lua(v) for v in value) + "}"
     raise TypeError(value)
 
 
@@ -174,6 +187,16 @@ def plugin(request: pytest.FixtureRequest, tmp_path: Path) -> Plugin:
         print(f"\n{reason}", file=sys.stderr)
         pytest.skip(reason)
     return Plugin(request.param, tmp_path)
+
+
+@pytest.fixture(params=_INTERPRETERS or ["none"])
+def lua_name(request: pytest.FixtureRequest) -> str:
+    """Each Lua interpreter here, for a test that sets the plugin up itself."""
+    if request.param == "none":
+        reason = "no Lua interpreter (apt-get install lua5.1) to run job_submit.lua"
+        print(f"\n{reason}", file=sys.stderr)
+        pytest.skip(reason)
+    return str(request.param)
 
 
 REC = Recommendation(time_limit_min=120, mem_mib=1500, cpus=4, gpus=1, samples=12)
@@ -384,6 +407,97 @@ def test_malformed_malleable_token_is_logged_and_ignored(plugin: Plugin, token: 
     assert out.fields == before
     assert len(out.logs) == 1
     assert "malformed malleable token" in out.logs[0]
+
+
+def test_pool_token_is_logged_and_leaves_the_gpu_count_to_rightsizing(plugin: Plugin) -> None:
+    plugin.recommend({"alice|train|gpu": REC})
+    out = plugin.submit(job(comment="sgpu:rightsize sgpu:pool=1:8"))
+    assert out.logs[0] == (
+        "slurmgpu: pool submission user=alice name=train tasks=1:8; "
+        "tagged by its comment, request unchanged"
+    )
+    # a pool resizes how many tasks run, not a task's GPUs
+    assert out.fields["tres_per_node"] == "gres:gpu:1"
+
+
+# -- the shared token vectors (tests/vectors/sgpu_tokens.json, read by test_tokens.py too) ---
+
+TOKEN_VECTORS: list[dict[str, Any]] = json.loads(
+    (Path(__file__).resolve().parents[1] / "vectors" / "sgpu_tokens.json").read_text("utf-8")
+)["vectors"]
+
+_VECTOR_HARNESS = (
+    r"""
+local plugin, cases_file = arg[1], arg[2]
+"""
+    + _LOAD_PLUGIN
+    + r"""for i, case in ipairs(dofile(cases_file)) do
+   logs = {}
+   local rc = slurm_job_submit(case.job_desc, case.part_list, 0)
+   local limit = string.format("%d", case.job_desc.time_limit)
+   io.write("CASE\t", i, "\t", tostring(rc), "\t", limit, "\n")
+   for _, line in ipairs(logs) do io.write("LOG\t", i, "\t", line, "\n") end
+end
+"""
+)
+
+
+def _run_vectors(plugin: Plugin) -> list[tuple[int, list[str]]]:
+    """(time limit after, log lines) per vector, submitted with the vector's comment."""
+    cases = [{"job_desc": job(comment=v["comment"]), "part_list": GPU_PART} for v in TOKEN_VECTORS]
+    (plugin.tmp / "vectors.lua").write_text(f"return {_lua(cases)}\n")
+    (plugin.tmp / "vector_harness.lua").write_text(_VECTOR_HARNESS)
+    harness, cases_file = plugin.tmp / "vector_harness.lua", plugin.tmp / "vectors.lua"
+    proc = subprocess.run(
+        [plugin.lua, str(harness), str(plugin.path), str(cases_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out: list[tuple[int, list[str]]] = []
+    for line in proc.stdout.splitlines():
+        kind, i, rest = line.split("\t", 2)
+        if kind == "CASE":
+            rc, limit = rest.split("\t")
+            assert (int(i), rc) == (len(out) + 1, "0")
+            out.append((int(limit), []))
+        else:
+            out[int(i) - 1][1].append(rest)
+    assert len(out) == len(TOKEN_VECTORS)
+    return out
+
+
+@pytest.mark.parametrize("apply_to_all", [False, True])
+def test_the_plugin_reads_comments_as_the_shared_vectors_say(
+    lua_name: str, tmp_path: Path, apply_to_all: bool
+) -> None:
+    plugin = Plugin(lua_name, tmp_path, apply_to_all=apply_to_all)
+    plugin.recommend({"alice|train|gpu": REC})
+    for vector, (limit, logs) in zip(TOKEN_VECTORS, _run_vectors(plugin), strict=True):
+        expect, why = vector["expect"], f"{vector['comment']!r}: {vector['why']}"
+        asked = expect.get("rightsize", False) or apply_to_all
+        rightsized = asked and not expect.get("norightsize", False)
+        assert limit == (120 if rightsized else 600), why
+        m, bad = expect.get("malleable"), expect.get("malleable_bad")
+        about = [
+            line
+            for line in logs
+            if "malleable" in line or line.startswith("slurmgpu: pool submission")
+        ]
+        if m is not None:
+            kind, what = ("pool", "tasks") if m["pool"] else ("malleable", "gpus")
+            assert about == [
+                f"slurmgpu: {kind} submission user=alice name=train {what}={m['lo']}:{m['hi']}; "
+                "tagged by its comment, request unchanged"
+            ], why
+        elif bad is not None:
+            assert len(about) == 1 and about[0].startswith(
+                f"slurmgpu: malformed malleable token '{bad}' ("
+            ), why
+        else:
+            assert about == [], why
 
 
 def _one_unavailable_line(out: Outcome, before: dict[str, Any], why: str) -> None:

@@ -1,4 +1,4 @@
-"""Rendering the lab cluster's Slurm config from docker-slurm/conf (no Slurm needed)."""
+"""Rendering the lab cluster's Slurm config from its packaged templates (no Slurm needed)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.labcluster import LabCluster, LabClusterError
-from slurmgpu.labcluster.render import (
+from slurmgpu.lab.cluster import LabCluster, LabClusterError
+from slurmgpu.lab.cluster import render as render_module
+from slurmgpu.lab.cluster.render import (
     TEMPLATES_ENV,
     ClusterConfig,
     RenderError,
     find_templates,
     main,
     node_range,
+    packaged_templates,
     render,
     write,
 )
 
-REPO_TEMPLATES = Path(__file__).resolve().parents[2] / "docker-slurm" / "conf"
+REPO_TEMPLATES = Path(__file__).resolve().parents[2] / "slurmgpu" / "lab" / "cluster" / "templates"
 
 
 def conf_lines(text: str) -> list[str]:
@@ -41,11 +43,9 @@ def native(tmp_path: Path) -> dict[str, str]:
     return render(ClusterConfig.native(tmp_path / "lab", ctld_port=6917, slurmd_port_base=17101))
 
 
-def test_default_templates_are_the_repos_docker_slurm_conf(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_default_templates_are_the_packaged_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TEMPLATES_ENV, raising=False)
-    assert find_templates() == REPO_TEMPLATES
+    assert find_templates() == packaged_templates() == REPO_TEMPLATES
 
 
 def test_templates_env_var_overrides_the_default(
@@ -203,7 +203,7 @@ def test_cgroup_conf_gets_the_line_its_slurm_version_understands(
     assert conf_lines(text) == [line]
 
 
-REPO_PLUGIN = REPO_TEMPLATES.parents[1] / "plugins" / "job_submit.lua"
+REPO_PLUGIN = REPO_TEMPLATES.parents[3] / "plugins" / "job_submit.lua"
 
 
 def test_job_submit_lua_is_the_plugin_reading_the_labs_recommendations(tmp_path: Path) -> None:
@@ -224,14 +224,12 @@ def test_docker_mode_plugin_keeps_the_default_recommendations_path() -> None:
 
 
 def test_placeholder_job_submit_lua_is_copied_verbatim_without_the_plugin(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    templates = tmp_path / "a" / "conf"  # no a/../plugins/job_submit.lua here
-    templates.mkdir(parents=True)
-    for f in REPO_TEMPLATES.iterdir():
-        (templates / f.name).write_text(f.read_text())
+    # what an installed wheel sees: no source tree with plugins/job_submit.lua around it
+    monkeypatch.setattr(render_module, "SOURCE_PLUGIN", tmp_path / "plugins" / "job_submit.lua")
 
-    text = render(ClusterConfig.native(tmp_path / "lab"), templates)["job_submit.lua"]
+    text = render(ClusterConfig.native(tmp_path / "lab"))["job_submit.lua"]
 
     assert text == (REPO_TEMPLATES / "job_submit.lua").read_text()
 
@@ -291,7 +289,7 @@ def test_lab_cluster_env_points_at_its_rendered_slurm_conf(tmp_path: Path) -> No
 
 
 def test_missing_slurm_without_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmgpu.labcluster import launcher
+    from slurmgpu.lab.cluster import launcher
 
     monkeypatch.setattr(launcher, "packages_present", lambda: False)
     monkeypatch.setattr("os.geteuid", lambda: 1000)

@@ -154,6 +154,7 @@ def test_at_the_time_limit_the_launcher_requeues_after_the_checkpoint(
     assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow  # runs sgpu launch as a separate process
 def test_no_process_of_the_command_outlives_it(tmp_path: Path) -> None:
     """The command exits, leaving a process in its own session that ignores SIGTERM."""
     pidfile = tmp_path / "straggler.pid"

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmgpu.daemon.malleable import spec_from
-from slurmgpu.elastic.spec import CHECKPOINT_SIGNALS, format_options, parse_options
+from slurmgpu.tokens import CHECKPOINT_SIGNALS, ckpt_tokens, parse
+from tests.hypothesis_profiles import examples
 from tests.unit.policy_builders import pending_job
 
 
@@ -25,11 +26,16 @@ from tests.unit.policy_builders import pending_job
         max_size=4,
     ).map(lambda parts: "/" + "/".join(parts)),
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_what_submit_writes_the_daemon_reads_back(sig: str, grace: int, path: str) -> None:
-    comment = "user text; " + " ".join(["sgpu:malleable=1:4", *format_options(sig, grace, path)])
-    got = parse_options(comment)
-    assert (got.signal, got.grace_s, got.state_dir, got.problems) == (sig, grace, path, ())
+    comment = "user text; " + " ".join(["sgpu:malleable=1:4", *ckpt_tokens(sig, grace, path)])
+    got = parse(comment)
+    assert (got.ckpt_signal, got.ckpt_grace_s, got.elastic_dir, got.problems) == (
+        sig,
+        grace,
+        path,
+        (),
+    )
 
 
 @pytest.mark.parametrize(

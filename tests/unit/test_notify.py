@@ -609,7 +609,7 @@ def test_rightsize_advice_renders_with_any_subset_of_its_numbers() -> None:
                 "rightsize_advice", alert_context(_action("rightsize_advice", numbers), at=T0)
             )
             assert ("--time=01:30:00" in message.body) is ("proposed_time_limit_s" in subset)
-            assert ("--mem=10G" in message.body) is ("proposed_memory_mib" in subset)
+            assert ("--mem=9800M" in message.body) is ("proposed_memory_mib" in subset)
             assert ("--gpus=1" in message.body) is ("proposed_gpus" in subset)
             assert ("asked for 1-00:00:00" in message.body) is (
                 {"time_limit_s", "proposed_time_limit_s"} <= set(subset)

@@ -32,6 +32,7 @@ from slurmgpu.slurm.parse import (
     parse_time_limit,
     parse_tres,
 )
+from tests.hypothesis_profiles import examples
 
 # --------------------------------------------------------------------------- hostlists
 
@@ -87,7 +88,7 @@ _host = st.from_regex(r"[a-z]{1,4}(-?[0-9]{1,3})?", fullmatch=True)
 
 
 @given(st.lists(_host, max_size=30))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_hostlist_round_trip(names: list[str]) -> None:
     folded = compress_hostlist(names)
     assert set(expand_hostlist(folded)) == set(names)
@@ -95,7 +96,7 @@ def test_hostlist_round_trip(names: list[str]) -> None:
 
 
 @given(st.text(max_size=40))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_hostlist_garbage_parses_or_raises_ours(text: str) -> None:
     with contextlib.suppress(HostlistError):
         expand_hostlist(text)
@@ -162,7 +163,7 @@ def test_time_round_trip(seconds: int) -> None:
 
 
 @given(st.one_of(st.none(), st.text(max_size=20), st.integers()))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_time_garbage_parses_or_raises_ours(value: str | int | None) -> None:
     try:
         result = parse_time_limit(value)
@@ -378,7 +379,7 @@ _alphabet = st.sampled_from(list("gpu:shard()IDX,=-/[]0123456789aN/A%+_.KMGT "))
 
 @pytest.mark.parametrize("parser", _PARSERS, ids=lambda p: p.__name__)
 @given(text=st.text(alphabet=_alphabet, max_size=40))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_garbage_parses_or_raises_ours(parser: object, text: str) -> None:
     try:
         parser(text)  # type: ignore[operator]

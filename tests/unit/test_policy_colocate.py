@@ -11,6 +11,7 @@ import pytest
 from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.cli.submit import take_gpu_mem
 from slurmgpu.config import ConfigError, parse_settings
+from slurmgpu.intent import NarrowToShards, SetComment
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.base import GpuStat, HistoryRecord, JobUsage, Mode, PolicySnapshot
 from slurmgpu.policy.colocate import (
@@ -160,13 +161,13 @@ SHAREABLE_8G = "sgpu:shareable sgpu:gpu-mem=8192"
 def test_shareable_light_job_is_narrowed_to_half_a_gpu_of_shards() -> None:
     (action,) = ColocatePolicy().propose(snap([pending(1, comment=SHAREABLE_8G)]))
     assert action.kind == "update"
-    assert action.fields == {"TresPerNode": "gres:shard:2"}  # Slurm 22.05 spelling
+    assert action.intents == (NarrowToShards(2),)
     assert action.numbers["shards_proposed"] == 2
     assert action.numbers["shards_per_gpu"] == 4
     assert action.numbers["util_source"] == "declared shareable (assumed at the ceiling)"
     assert float(action.numbers["predicted_slowdown"] or 0) <= 1.25
     (newer,) = ColocatePolicy().propose(snap([pending(1, comment=SHAREABLE_8G)], version="24.11.1"))
-    assert newer.fields == {"TresPerNode": "gres/shard:2"}
+    assert newer.intents == (NarrowToShards(2),)  # the same on every release
 
 
 def test_heavy_or_big_or_unknown_jobs_are_never_packed() -> None:
@@ -210,8 +211,8 @@ def test_memory_sets_the_shard_count_so_the_gpu_never_overflows() -> None:
             ]
         )
     )
-    by_job = {a.job_id: a.fields["TresPerNode"] for a in actions}
-    assert by_job == {1: "gres:shard:2", 2: "gres:shard:3"}
+    by_job = {a.job_id: a.intents for a in actions}
+    assert by_job == {1: (NarrowToShards(2),), 2: (NarrowToShards(3),)}
 
 
 def test_history_decides_for_jobs_that_did_not_opt_in_when_apply_to_all() -> None:
@@ -221,7 +222,7 @@ def test_history_decides_for_jobs_that_did_not_opt_in_when_apply_to_all() -> Non
     # 22.05 refuses gres/gpu -> gres/shard on a pending job: not proposed unless forced.
     assert policy.propose(snap([gpu_job], records=records)) == []
     (action,) = policy.propose(snap([gpu_job], records=records, version="24.11.1"))
-    assert action.fields == {"TresPerNode": "gres/shard:2"}
+    assert action.intents == (NarrowToShards(2),)
     assert action.numbers["util_source"] == "history"
     assert action.numbers["gpu_memory_mib"] == 6 * GIB
     forced = ColocatePolicy(ColocateSettings(apply_to_all=True, convert_gpu_requests="always"))
@@ -233,7 +234,7 @@ def test_declared_memory_below_the_history_peak_does_not_count() -> None:
     records = history("light", util=20.0, peak_gpu_mib=50 * GIB)
     (action,) = ColocatePolicy().propose(snap([pending(1, comment=SHAREABLE_8G)], records=records))
     assert action.numbers["gpu_memory_mib"] == 50 * GIB
-    assert action.fields == {"TresPerNode": "gres:shard:3"}
+    assert action.intents == (NarrowToShards(3),)
 
 
 def test_strict_slowdown_bound_keeps_even_light_jobs_whole() -> None:
@@ -261,7 +262,7 @@ def test_growing_memory_separates_the_newer_sharer_onto_a_whole_gpu() -> None:
     assert action.kind == "requeue"
     assert action.job_id == 11
     assert action.protective
-    assert action.fields == {"TresPerNode": "gres:shard:4", "Comment": "x sgpu:separated"}
+    assert action.intents == (NarrowToShards(4), SetComment("x sgpu:separated"))
     assert action.numbers["memory_used_mib"] == 74 * GIB
     assert action.numbers["memory_fraction"] == pytest.approx(0.925)
     assert "the newest sharer" in action.reason

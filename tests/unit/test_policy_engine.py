@@ -16,6 +16,7 @@ from slurmgpu.policy.engine import ACTION_PRIORITY, PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.settings import EngineSettings
+from tests.hypothesis_profiles import examples
 from tests.unit.policy_builders import (
     HOUR,
     MIN,
@@ -314,7 +315,7 @@ def _scenario(draw: st.DrawFn) -> tuple[list[tuple[Fixed, Mode]], PolicySnapshot
 
 
 @given(_scenario())
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_every_proposal_gets_exactly_one_decision(
     case: tuple[list[tuple[Fixed, Mode]], PolicySnapshot, EngineSettings],
 ) -> None:

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from slurmgpu.intent import Resize, SetGpus, resize_of
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, MalleableSpec, Node
 from slurmgpu.policy.base import Action, PolicySnapshot, resize_sizes
 from slurmgpu.policy.gputype import slowest, speeds_for
@@ -47,7 +48,18 @@ def on_two_v100(name: str, gpu_type: str | None = None) -> Job:
 def grown(actions: list[Action]) -> tuple[int, int, str | None]:
     (a,) = actions
     frm, to = resize_sizes(a)
-    return frm, to, a.fields.get("gpu_type")
+    return frm, to, moved_to(a)
+
+
+def moved_to(a: Action) -> str | None:
+    """The GPU type a resize moves the job to (None: it keeps its own)."""
+    sized = resize_of(a.intents)
+    return sized.gpu_type if isinstance(sized, Resize) else None
+
+
+def gpu_requests(actions: list[Action]) -> list[SetGpus]:
+    """The GPU requests of the ``update`` actions (start smaller)."""
+    return [i for a in actions if a.kind == "update" for i in a.intents if isinstance(i, SetGpus)]
 
 
 def test_an_untyped_job_grows_on_the_type_where_it_gains_most() -> None:
@@ -72,7 +84,7 @@ def test_type_blind_by_default_and_without_a_speed_table() -> None:
 def test_a_job_that_asked_for_a_type_is_never_moved_off_it() -> None:
     snap = cluster([on_two_v100("ncf-1", gpu_type="v100")], {1: (1, 8)})
     actions = MalleablePolicy(AWARE).propose(snap)
-    assert all(a.fields.get("gpu_type") in (None, "v100") for a in actions)
+    assert all(moved_to(a) in (None, "v100") for a in actions)
     assert all(resize_sizes(a)[1] <= 4 for a in actions)  # only the V100 node's GPUs
 
 
@@ -100,9 +112,9 @@ def test_a_waiting_untyped_job_starts_smaller_on_its_fastest_type() -> None:
     snap = cluster([rigid, waiting], {7: (1, 8)})
     blind = MalleablePolicy().propose(snap)
     aware = MalleablePolicy(AWARE).propose(snap)
-    assert [a.fields["TresPerJob"] for a in blind if a.kind == "update"] == ["gres/gpu:6"]
+    assert gpu_requests(blind) == [SetGpus(6, per_node=False)]
     # 4 P100 at 2x beat 6 GPUs of which some are V100 (at the slower V100 pace: 1x)
-    assert [a.fields["TresPerJob"] for a in aware if a.kind == "update"] == ["gres/gpu:p100:4"]
+    assert gpu_requests(aware) == [SetGpus(4, "p100", per_node=False)]
 
 
 def test_speed_table_lookup_and_config() -> None:

@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from slurmgpu.intent import Preempt, SetGpus, SetNice, SetTimeLimit
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec, Node
 from slurmgpu.policy.base import (
     ORDERING_ALERT,
-    PREEMPT_FIELD,
     Action,
     Decision,
     Mode,
     PolicySnapshot,
     is_ordering,
+    is_preempt,
     resize_action,
+    resize_sizes,
 )
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.las import AttainedServicePolicy
@@ -77,7 +79,7 @@ def test_attained_service_counts_every_run_and_sets_the_queue_through_nice() -> 
     again = pending_job(1, gpus_per_node=4, restart_count=1)
     acts = las.propose(snap([again], at=later))
     assert las.attained_gpu_s(again, later) == pytest.approx(4 * 20 * 60)
-    assert [a.fields for a in acts] == [{"Nice": str(SETTINGS.nice_step)}]
+    assert [a.intents for a in acts] == [(SetNice(SETTINGS.nice_step),)]
     assert is_ordering(acts[0]) and acts[0].alert == ORDERING_ALERT
     # once the nice is in place nothing more is proposed
     assert las.propose(snap([replace(again, nice=SETTINGS.nice_step)], at=later)) == []
@@ -107,9 +109,10 @@ def test_a_waiting_job_of_a_better_queue_preempts_a_long_running_one() -> None:
     acts = las.propose(snap([hog, waiting]))
     assert len(acts) == 1
     a = acts[0]
-    assert a.kind == "resize" and a.job_id == 1 and PREEMPT_FIELD in a.fields
-    assert (a.fields["from_gpus"], a.fields["to_gpus"]) == ("8", "8")
-    assert a.fields["Nice"] == str(2 * SETTINGS.nice_step)  # back in line in its queue
+    assert a.kind == "resize" and a.job_id == 1 and is_preempt(a)
+    assert resize_sizes(a) == (8, 8)
+    # back in line in its queue
+    assert a.intents == (SetNice(2 * SETTINGS.nice_step), Preempt(8))
 
 
 def test_churn_guardrails_hold_preemption_back() -> None:
@@ -173,7 +176,7 @@ def _order(job: Job) -> Action:
         job.job_id,
         job.user,
         "queue 1",
-        fields={"Nice": "100"},
+        intents=(SetNice(100),),
         alert=ORDERING_ALERT,
     )
 
@@ -195,7 +198,7 @@ def test_engine_ordering_update_passes_cooldown_and_rate_limits_and_notifies_nob
 
 def test_engine_ordering_update_goes_with_another_policys_update_of_the_job() -> None:
     job = pending_job(7, gpus_per_node=2)
-    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "1:00:00"})
+    limit = Action("rightsize", "update", 7, job.user, "limit", intents=(SetTimeLimit(3600),))
     engine = PolicyEngine(
         [(_Fixed("rightsize", [limit]), Mode.ENFORCE), (_Fixed("las", [_order(job)]), Mode.ENFORCE)]
     )
@@ -219,10 +222,8 @@ def test_engine_a_resize_of_the_job_supersedes_its_ordering_update() -> None:
 
 def test_engine_cooldown_lets_a_later_stages_follow_up_on_a_pending_job_through() -> None:
     job = pending_job(7, gpus_per_node=4)
-    smaller = Action(
-        "malleable", "update", 7, job.user, "start smaller", fields={"TresPerNode": "gres:gpu:2"}
-    )
-    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "2:00:00"})
+    smaller = Action("malleable", "update", 7, job.user, "start smaller", intents=(SetGpus(2),))
+    limit = Action("rightsize", "update", 7, job.user, "limit", intents=(SetTimeLimit(7200),))
 
     def decide(last_by: str, proposals: list[Action]) -> dict[str, str]:
         s = replace(snap([job], last_action_at={7: T0 - 5 * MIN}), last_action_by={7: last_by})
@@ -254,7 +255,7 @@ def test_engine_cooldown_lets_a_later_stages_follow_up_on_a_pending_job_through(
 
 def test_engine_cooldown_still_guards_a_running_job_against_another_policy() -> None:
     job = running_job(7, gpus={"gpu1": (0, 1)})
-    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "9:00:00"})
+    limit = Action("rightsize", "update", 7, job.user, "limit", intents=(SetTimeLimit(32400),))
     s = replace(snap([job], last_action_at={7: T0 - 5 * MIN}), last_action_by={7: "idle_gpu"})
     [d] = PolicyEngine([(_Fixed("rightsize", [limit]), Mode.ENFORCE)]).decide(s)
     assert d.suppressed.startswith("cooldown")
@@ -264,7 +265,7 @@ def test_audit_does_not_count_ordering_updates_as_changes(tmp_path: Path) -> Non
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     audit = AuditStore(store.engine)
     job = pending_job(7, gpus_per_node=2)
-    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "1:00:00"})
+    limit = Action("rightsize", "update", 7, job.user, "limit", intents=(SetTimeLimit(3600),))
     for i, action in enumerate([limit, _order(job)]):
         at = T0 + i * MIN
         [row_id] = audit.record([Decision(action, Mode.ENFORCE, execute=True, notify=False)], at)
@@ -278,7 +279,7 @@ def test_audit_does_not_count_ordering_updates_as_changes(tmp_path: Path) -> Non
 def test_engine_holds_other_changes_while_the_jobs_resize_is_in_flight() -> None:
     # requeued for its resize: pending, but its request and limit are the resize's
     job = pending_job(7, gpus_per_node=4, restart_count=1)
-    limit = Action("rightsize", "update", 7, job.user, "limit", fields={"TimeLimit": "0:15:00"})
+    limit = Action("rightsize", "update", 7, job.user, "limit", intents=(SetTimeLimit(900),))
     s = replace(snap([job], resizing=[7]), last_action_by={7: "malleable"})
     decisions = PolicyEngine(
         [(_Fixed("rightsize", [limit]), Mode.ENFORCE), (_Fixed("las", [_order(job)]), Mode.ENFORCE)]

@@ -11,14 +11,19 @@ from pathlib import Path
 import pytest
 
 from slurmgpu.config import ConfigError, load_settings
+from slurmgpu.intent import SetGpus, SetTimeLimit
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, MalleableSpec, Node
 from slurmgpu.policy.base import Action, JobUsage, Mode, PolicySnapshot, resize_sizes
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.settings import EngineSettings, MalleableSettings, PolicyConfigError
 from slurmgpu.policy.speedup import DEFAULT_PRIOR, fit_speedup
-from slurmgpu.slurm.parse import parse_time_limit
 from tests.unit.policy_builders import HOUR, MIN, T0, gpu, pending_job, record, running_job, usage
+
+
+def limit_of(action: Action) -> SetTimeLimit | None:
+    """The action's time limit intent, if it has one."""
+    return next((i for i in action.intents if isinstance(i, SetTimeLimit)), None)
 
 
 def nodes(count: int = 2, gpus: int = 4, used: Mapping[str, int] | None = None) -> list[Node]:
@@ -356,27 +361,26 @@ def test_a_waiting_malleable_job_starts_now_at_the_gpus_free() -> None:
     actions = MalleablePolicy().propose(snap(jobs, malleable={3: (2, 4)}))
     (a,) = actions
     assert (a.kind, a.job_id, a.policy) == ("update", 3, "malleable")
-    assert a.fields == {"TresPerNode": "gres/gpu:2", "TimeLimit": a.fields["TimeLimit"]}
+    assert a.intents == (SetGpus(2), limit_of(a))
     assert a.numbers["direction"] == "start_smaller" and a.numbers["to_gpus"] == 2
     # Its 1 h limit was for 4 GPUs: scaled by the prior curve's speed ratio, +10 %, +1 min.
     curve = fit_speedup({4: 1.0}, DEFAULT_PRIOR)
     assert curve is not None
     ratio = curve.throughput(4) / curve.throughput(2)
     want = timedelta(minutes=math.ceil(60 * ratio * 1.1 + 1))
-    assert parse_time_limit(a.fields["TimeLimit"]) == want
+    assert limit_of(a) == SetTimeLimit.of(want)
     assert a.numbers["time_limit_s"] == want.total_seconds()
     assert a.numbers["time_limit_was_s"] == 3600
     assert not a.requires_opt_in  # the malleable spec is the opt-in
 
 
-def test_start_smaller_spells_gres_for_slurm_22_05_and_per_job_requests() -> None:
+def test_start_smaller_keeps_per_job_requests_per_job() -> None:
     rigid = running_job(1, gpus=four("gpu1"), started=HOUR, user="bob")
     half = running_job(2, gpus=two("gpu2"), started=HOUR, user="bob")
     waiting = pending_job(3, gpus_per_node=None, gpus_per_job=4, time_limit=timedelta(hours=1))
     s = snap([rigid, half, waiting], malleable={3: (1, 4)})
-    s = replace(s, cluster=replace(s.cluster, slurm_version="22.05.8"))
     (a,) = MalleablePolicy().propose(s)
-    assert a.fields == {"TresPerJob": "gres:gpu:2", "TimeLimit": "02:03:00"}
+    assert a.intents == (SetGpus(2, per_node=False), SetTimeLimit(2 * 3600 + 3 * 60))
 
 
 def test_start_smaller_never_below_min_nor_for_jobs_that_are_not_malleable() -> None:
@@ -412,7 +416,7 @@ def test_a_shrunk_job_gets_its_time_limit_raised_in_the_same_update() -> None:
     (a,) = MalleablePolicy().propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}))
     assert sizes([a]) == {1: (4, 2)}
     want = timedelta(minutes=math.ceil(23 * 60 * 110 / 100 * 1.1 + 1))
-    assert parse_time_limit(a.fields["TimeLimit"]) == want
+    assert limit_of(a) == SetTimeLimit.of(want)
     assert a.numbers["time_limit_s"] == want.total_seconds()
     assert a.numbers["time_limit_was_s"] == 24 * 3600
 
@@ -424,7 +428,7 @@ def test_a_shrunk_job_s_raised_limit_stops_at_its_partition_s_max_time() -> None
         partition_max_time={"gpu": timedelta(hours=25)},
     )
     (a,) = MalleablePolicy().propose(s)
-    assert a.fields["TimeLimit"] == "1-01:00:00"
+    assert limit_of(a) == SetTimeLimit(25 * 3600)  # 1-01:00:00
 
 
 def test_an_expanded_job_s_limit_is_lowered_to_what_it_had_left() -> None:
@@ -435,7 +439,7 @@ def test_an_expanded_job_s_limit_is_lowered_to_what_it_had_left() -> None:
     assert sizes([a]) == {1: (2, 4)}
     # 2 h used of its 24 h limit: the run at 4 GPUs gets the 22 h left (+1 min restart),
     # not a fresh 24 h, and no less whatever the speed-up.
-    assert parse_time_limit(a.fields["TimeLimit"]) == timedelta(hours=22, minutes=1)
+    assert limit_of(a) == SetTimeLimit.of(timedelta(hours=22, minutes=1))
     assert a.numbers["time_limit_s"] == 22 * 3600 + 60
 
 
@@ -443,7 +447,7 @@ def test_time_limits_stay_when_scaling_is_off() -> None:
     jobs = full_cluster_with_waiting_rigid_job(time_limit=timedelta(hours=1))
     off = MalleablePolicy(MalleableSettings(scale_time_limit=False))
     (a,) = off.propose(snap(jobs, malleable={1: (2, 4)}, throughput={1: POOR}))
-    assert "TimeLimit" not in a.fields
+    assert limit_of(a) is None
 
 
 # -- GPU types: a job is planned only onto the type it asked for ---------------------------
@@ -490,4 +494,91 @@ def test_a_typed_waiting_job_gets_gpus_of_its_type_not_the_free_ones_of_another(
     # Asking for A100s, only the donor's A100s can free up: the donor shrinks 4 -> 2.
     actions = MalleablePolicy().propose(snap_of(typed(waiting, "A100")))
     assert sizes(actions) == {1: (4, 2)}
+    assert actions[0].numbers["for_job"] == 3
+
+
+def test_a_size_measured_not_to_pay_overrules_the_prior_curve() -> None:
+    # On 2 GPUs with 6 idle: the prior alone grows it (Pollux's curve: ~1.7x on 4).
+    mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    base = dict(malleable={1: (1, 8)}, node_count=2)
+    assert sizes(MalleablePolicy().propose(snap([mall], **base)))[1][1] > 2  # type: ignore[arg-type]
+    # It ran at 8 and was measured 5 % faster there: the step 2 -> 8 wastes GPUs, so it
+    # grows to no size up to 8, whatever the curve fitted through 2 says about 3..7.
+    wasted = {2: 100.0, 8: 105.0}
+    s = snap([mall], throughput={1: wasted}, **base)  # type: ignore[arg-type]
+    assert MalleablePolicy().propose(s) == []
+    # Efficient to 4 (1.9x), wasteful from 4 to 8: it grows to 4, not past it.
+    steps = {2: 100.0, 4: 190.0, 8: 200.0}
+    s = snap([mall], throughput={1: steps}, **base)  # type: ignore[arg-type]
+    assert sizes(MalleablePolicy().propose(s)) == {1: (2, 4)}
+
+
+def test_a_large_donor_is_not_restarted_for_a_small_waiting_job() -> None:
+    # A waiting 1-GPU job; the donor's restart idles all its GPUs, so its cost is
+    # counted once per waiting-job GPU it holds: an 8-GPU donor is left alone where a
+    # 2-GPU donor with the same scaling gives its GPU.
+    flat = {1: 100.0, 2: 105.0, 7: 140.0, 8: 141.0}
+    rigid = running_job(2, gpus=four("gpu3"), started=30 * MIN, user="bob")  # frees in ~30 min
+    waiting = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=1, time_limit=HOUR)
+    big = running_job(1, gpus={"gpu1": (0, 1, 2, 3), "gpu2": (0, 1, 2, 3)}, started=HOUR)
+    s = snap(
+        [big, rigid, waiting],
+        malleable={1: (1, 8)},
+        throughput={1: flat},
+        node_count=3,
+        resize_cost=timedelta(minutes=5),
+    )
+    assert MalleablePolicy().propose(s) == []
+    small = running_job(1, gpus={"gpu1": (0, 1)}, started=HOUR)
+    filler = running_job(4, gpus={"gpu1": (2, 3), "gpu2": (0, 1, 2, 3)}, started=HOUR, user="dan")
+    s2 = snap(
+        [small, filler, rigid, waiting],
+        malleable={1: (1, 8)},
+        throughput={1: flat},
+        node_count=3,
+        resize_cost=timedelta(minutes=5),
+    )
+    assert sizes(MalleablePolicy().propose(s2)) == {1: (2, 1)}
+
+
+def test_one_donor_shrinks_once_for_several_waiting_jobs() -> None:
+    # Two waiting 1-GPU jobs and one donor: one resize 4 -> 2 (its restart paid once),
+    # not 4 -> 3 now and 3 -> 2 at a second restart later.
+    mall = running_job(1, gpus=four("gpu1"), started=HOUR)
+    rigid = running_job(2, gpus=four("gpu2"), started=10 * HOUR, user="bob")
+    first = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=1, time_limit=HOUR)
+    second = pending_job(4, user="dan", gpus_per_node=None, gpus_per_job=1, time_limit=HOUR)
+    s = snap([mall, rigid, first, second], malleable={1: (1, 4)}, throughput={1: POOR})
+    actions = MalleablePolicy().propose(s)
+    assert sizes(actions) == {1: (4, 2)}
+    assert actions[0].numbers["for_job"] == 3 and actions[0].numbers["also_for"] == "4"
+    assert "waiting job 3 (and 4)" in actions[0].reason
+
+
+def test_a_job_restarted_often_for_its_age_is_not_resized_again() -> None:
+    # Pollux's re-allocation factor (T - S * delay) / (T + delay): a job 3 h old that
+    # has restarted 30 times (181 s each) counts its speed at a new size at ~0.5x.
+    fresh = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
+    base = dict(malleable={1: (1, 4)}, throughput={1: GOOD}, node_count=1)
+    assert sizes(MalleablePolicy().propose(snap([fresh], **base))) == {1: (2, 4)}  # type: ignore[arg-type]
+    churned = replace(fresh, restart_count=30)
+    assert MalleablePolicy().propose(snap([churned], **base)) == []  # type: ignore[arg-type]
+
+
+def test_a_small_donor_s_restart_weighs_little_for_a_large_waiting_job() -> None:
+    # An 8-GPU job waits ~30 min for one more GPU; a 2-GPU donor's 20-min restart idles
+    # 2 GPUs, a quarter of the 8 the waiting job holds back: 300 s of its loss, which
+    # the wait pays for (a full 1,200 s would not).
+    donor = running_job(1, gpus={"gpu1": (0, 1)}, started=HOUR)
+    rigid = running_job(2, gpus={"gpu2": (0, 1, 2)}, started=30 * MIN, user="bob")
+    big = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=8, time_limit=HOUR)
+    s = snap(
+        [donor, rigid, big],
+        malleable={1: (1, 2)},
+        throughput={1: {1: 100.0, 2: 110.0}},
+        node_count=3,
+        resize_cost=timedelta(minutes=20),
+    )
+    actions = MalleablePolicy().propose(s)
+    assert sizes(actions) == {1: (2, 1)}
     assert actions[0].numbers["for_job"] == 3

@@ -10,12 +10,20 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurmgpu.intent import (
+    SetCpus,
+    SetCpusPerNode,
+    SetGpus,
+    SetMemoryPerNode,
+    SetTimeLimit,
+)
 from slurmgpu.model import GpuRequest, Job
 from slurmgpu.policy.base import Action, HistoryRecord
 from slurmgpu.policy.priors import Priors
-from slurmgpu.policy.rightsize import RightsizePolicy, _same_request, gres_prefix
+from slurmgpu.policy.rightsize import RightsizePolicy, _same_request
 from slurmgpu.policy.settings import RightsizeSettings
-from slurmgpu.slurm.parse import parse_memory_mib, parse_time_limit
+from slurmgpu.units import parse_time_limit
+from tests.hypothesis_profiles import examples
 from tests.unit.policy_builders import (
     HOUR,
     MIN,
@@ -42,6 +50,16 @@ def propose(
     return policy.propose(snap)
 
 
+def limit(text: str) -> SetTimeLimit:
+    """The intent of a time limit as Slurm prints it."""
+    return SetTimeLimit.of(parse_time_limit(text))
+
+
+def limit_of(action: Action) -> SetTimeLimit | None:
+    """The action's time limit intent, if it has one."""
+    return next((i for i in action.intents if isinstance(i, SetTimeLimit)), None)
+
+
 def only(actions: list[Action]) -> Action:
     assert len(actions) == 1, actions
     return actions[0]
@@ -55,7 +73,7 @@ def test_time_limit_is_quantile_times_headroom_rounded_up() -> None:
     history = [record(run_time=MIN * m) for m in (50, 55, 60)]
     a = only(propose([pending_job(time_limit=8 * HOUR)], history, ONLY_TIME))
     # 60 min * 1.3 = 78 min -> 80 min
-    assert a.kind == "update" and a.fields == {"TimeLimit": "01:20:00"}
+    assert a.kind == "update" and a.intents == (limit("01:20:00"),)
     assert a.numbers["time_limit_current_s"] == 8 * 3600
     assert a.numbers["time_limit_proposed_s"] == 80 * 60
     assert a.numbers["history_samples"] == 3
@@ -67,7 +85,7 @@ def test_time_limit_is_quantile_times_headroom_rounded_up() -> None:
 def test_time_limit_never_goes_below_the_minimum() -> None:
     history = [record(run_time=MIN)] * 3
     a = only(propose([pending_job(time_limit=2 * HOUR)], history, ONLY_TIME))
-    assert a.fields["TimeLimit"] == "00:15:00"
+    assert limit_of(a) == limit("00:15:00")
 
 
 def test_time_limit_never_goes_below_what_a_running_sibling_used() -> None:
@@ -75,7 +93,7 @@ def test_time_limit_never_goes_below_what_a_running_sibling_used() -> None:
     sibling = running_job(300, started=2 * HOUR)  # same user and name, running 2 h
     a = only(propose([pending_job(time_limit=24 * HOUR), sibling], history, ONLY_TIME))
     # 2 h * 1.3 = 2 h 36 min -> 2 h 40 min, not the 1 h 20 min the history alone gives
-    assert a.fields["TimeLimit"] == "02:40:00"
+    assert limit_of(a) == limit("02:40:00")
     assert a.numbers["sibling_elapsed_s"] == 2 * 3600
 
 
@@ -89,14 +107,14 @@ def test_other_users_jobs_are_not_siblings() -> None:
     history = [record(run_time=HOUR)] * 3
     stranger = running_job(300, user="bob", started=6 * HOUR)
     a = only(propose([pending_job(time_limit=8 * HOUR), stranger], history, ONLY_TIME))
-    assert a.fields["TimeLimit"] == "01:20:00"
+    assert limit_of(a) == limit("01:20:00")
 
 
 def test_changes_smaller_than_the_min_fraction_are_not_proposed() -> None:
     history = [record(run_time=MIN * 70)] * 3  # 91 min -> 95 min
     assert propose([pending_job(time_limit=MIN * 110)], history, ONLY_TIME) == []  # 13.6 %
     a = only(propose([pending_job(time_limit=MIN * 120)], history, ONLY_TIME))  # 20.8 %
-    assert a.fields["TimeLimit"] == "01:35:00"
+    assert limit_of(a) == limit("01:35:00")
 
 
 def test_time_limit_is_never_raised() -> None:
@@ -107,7 +125,7 @@ def test_time_limit_is_never_raised() -> None:
 def test_an_unlimited_job_gets_a_limit() -> None:
     history = [record(run_time=HOUR)] * 3
     a = only(propose([pending_job(time_limit=None)], history, ONLY_TIME))
-    assert a.fields["TimeLimit"] == "01:20:00" and a.numbers["time_limit_current_s"] is None
+    assert limit_of(a) == limit("01:20:00") and a.numbers["time_limit_current_s"] is None
 
 
 def test_memory_is_ceil_headroom_times_peak_rounded_to_256_mib() -> None:
@@ -115,7 +133,7 @@ def test_memory_is_ceil_headroom_times_peak_rounded_to_256_mib() -> None:
     rs = RightsizeSettings(time_limit=False, cpus=False, gpus=False)
     a = only(propose([pending_job(memory_mib=64 * 1024)], history, rs))
     # 1.2 * 10000 = 12000 -> 12032 (47 * 256)
-    assert a.fields == {"MinMemoryNode": "12032"}
+    assert a.intents == (SetMemoryPerNode(12032),)
     assert a.numbers["memory_per_node_current_mib"] == 65536
     assert a.numbers["memory_per_node_proposed_mib"] == 12032
 
@@ -131,7 +149,7 @@ def test_memory_of_a_multi_node_job_uses_the_busiest_node() -> None:
     job = pending_job(node_count=2, memory_mib=2 * 64 * 1024)
     per_node = [record(peak_memory_mib=30_000.0, peak_node_memory_mib=20_000.0)] * 3
     a = only(propose([job], per_node, rs))
-    assert a.fields == {"MinMemoryNode": "24064"}  # 1.2 * 20000 -> 24064, not total / 2
+    assert a.intents == (SetMemoryPerNode(24064),)  # 1.2 * 20000 -> 24064, not total / 2
     total_only = [record(peak_memory_mib=60_000.0)] * 3  # the total stands in: too high
     assert propose([job], total_only, rs) == []
 
@@ -147,10 +165,10 @@ def test_cpus_go_toward_the_target_per_gpu_when_history_shows_low_use() -> None:
     rs = RightsizeSettings(time_limit=False, memory=False, gpus=False)
     history = [record(mean_cpu_pct=400.0, cpus=96)] * 3
     a = only(propose([pending_job(cpus=96, gpus_per_node=4)], history, rs))
-    assert a.fields == {"NumCPUs": "48", "MinCPUsNode": "48"}  # 12 per GPU floor
+    assert a.intents == (SetCpus(48), SetCpusPerNode(48))  # 12 per GPU floor
     busy = [record(mean_cpu_pct=6000.0, cpus=96)] * 3  # 60 cores * 1.2 = 72
     a = only(propose([pending_job(cpus=96, gpus_per_node=4)], busy, rs))
-    assert a.fields["NumCPUs"] == "72"
+    assert SetCpus(72) in a.intents
 
 
 def test_cpus_are_kept_when_a_run_saturated_its_cores_or_for_cpu_only_jobs() -> None:
@@ -166,14 +184,14 @@ def test_multi_node_cpus_set_the_per_node_minimum() -> None:
     history = [record(mean_cpu_pct=100.0, gpus_requested=8)] * 3
     job = pending_job(cpus=192, gpus_per_node=4, node_count=2)
     a = only(propose([job], history, rs))
-    assert a.fields == {"NumCPUs": "96", "MinCPUsNode": "48"}
+    assert a.intents == (SetCpus(96), SetCpusPerNode(48))
 
 
 def test_gpus_shrink_to_the_most_any_run_used() -> None:
     rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
     history = [record(gpus_requested=4, gpus_used=u) for u in (1, 2, 1)]
     a = only(propose([pending_job(gpus_per_node=4)], history, rs))
-    assert a.fields == {"TresPerNode": "gres/gpu:2"}
+    assert a.intents == (SetGpus(2),)
     assert a.numbers["gpus_current"] == 4 and a.numbers["gpus_proposed"] == 2
 
 
@@ -181,17 +199,16 @@ def test_multi_node_gpus_shrink_per_node() -> None:
     rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
     history = [record(gpus_requested=8, gpus_used=3)] * 3
     a = only(propose([pending_job(gpus_per_node=4, node_count=2)], history, rs))
-    assert a.fields == {"TresPerNode": "gres/gpu:2"}  # ceil(3 / 2) on each of 2 nodes
+    assert a.intents == (SetGpus(2),)  # ceil(3 / 2) on each of 2 nodes
     assert a.numbers["gpus_proposed"] == 4 and a.numbers["gpus_per_node_proposed"] == 2
 
 
-def test_gpu_syntax_follows_the_slurm_version_and_keeps_the_type() -> None:
+def test_gpus_keep_the_requested_type() -> None:
     rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
     history = [record(gpus_requested=4, gpus_used=1)] * 3
     typed = pending_job(gpus=GpuRequest(gpus=4, per_node=4, gpu_type="a100"))
     a = only(propose([typed], history, rs, slurm_version="22.05.9"))
-    assert a.fields == {"TresPerNode": "gres:gpu:a100:1"}
-    assert gres_prefix("23.02.0") == "gres/" and gres_prefix("22.05") == "gres:"
+    assert a.intents == (SetGpus(1, "a100"),)
 
 
 def test_gpus_per_job_requests_use_tres_per_job() -> None:
@@ -199,7 +216,7 @@ def test_gpus_per_job_requests_use_tres_per_job() -> None:
     history = [record(gpus_requested=8, gpus_used=2)] * 3
     job = pending_job(gpus_per_node=None, gpus_per_job=8)
     a = only(propose([job], history, rs))
-    assert a.fields == {"TresPerJob": "gres/gpu:2"}
+    assert a.intents == (SetGpus(2, per_node=False),)
 
 
 def test_gpus_are_kept_without_enough_gpu_samples_or_for_a_bigger_shape() -> None:
@@ -217,13 +234,13 @@ def test_gpus_are_kept_without_enough_gpu_samples_or_for_a_bigger_shape() -> Non
 def test_one_action_combines_every_field_and_cpus_follow_the_new_gpu_count() -> None:
     history = [record(run_time=HOUR, peak_memory_mib=8000.0, mean_cpu_pct=200.0, gpus_used=1)] * 3
     a = only(propose([pending_job(cpus=48, gpus_per_node=4)], history))
-    assert a.fields == {
-        "TimeLimit": "01:20:00",
-        "MinMemoryNode": "9728",
-        "TresPerNode": "gres/gpu:1",
-        "NumCPUs": "12",
-        "MinCPUsNode": "12",
-    }
+    assert a.intents == (
+        limit("01:20:00"),
+        SetMemoryPerNode(9728),
+        SetGpus(1),
+        SetCpus(12),
+        SetCpusPerNode(12),
+    )
     assert "TimeLimit 01:20:00 (was 08:00:00)" in a.reason
 
 
@@ -302,29 +319,27 @@ def _history_and_job(draw: st.DrawFn) -> tuple[list[HistoryRecord], Job]:
 
 
 @given(_history_and_job(), st.sampled_from(["22.05.3", "24.11.1"]))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_rightsizing_never_raises_a_request(case: tuple[list[HistoryRecord], Job], v: str) -> None:
     history, job = case
     for a in RightsizePolicy().propose(snapshot([job], history=history, slurm_version=v)):
-        assert a.job_id == job.job_id and a.kind == "update" and a.fields
-        fields = a.fields
-        if "TimeLimit" in fields:
-            new = parse_time_limit(fields["TimeLimit"])
-            assert new is not None and new >= timedelta(minutes=15)
-            assert job.time_limit is None or new < job.time_limit
-        if "MinMemoryNode" in fields:
-            nodes = max(1, job.node_count)
-            assert job.memory_mib
-            assert parse_memory_mib(fields["MinMemoryNode"]) < job.memory_mib / nodes
-        if "NumCPUs" in fields:
-            assert 1 <= int(fields["NumCPUs"]) < job.cpus
-            assert int(fields["MinCPUsNode"]) * max(1, job.node_count) >= int(fields["NumCPUs"])
-        if "TresPerNode" in fields:
-            assert job.gpus.per_node is not None
-            assert 1 <= int(fields["TresPerNode"].rsplit(":", 1)[1]) < job.gpus.per_node
-        if "TresPerJob" in fields:
-            assert job.gpus.per_job is not None
-            assert 1 <= int(fields["TresPerJob"].rsplit(":", 1)[1]) < job.gpus.per_job
+        assert a.job_id == job.job_id and a.kind == "update" and a.intents
+        for i in a.intents:
+            if isinstance(i, SetTimeLimit):
+                new = i.limit
+                assert new is not None and new >= timedelta(minutes=15)
+                assert job.time_limit is None or new < job.time_limit
+            elif isinstance(i, SetMemoryPerNode):
+                nodes = max(1, job.node_count)
+                assert job.memory_mib
+                assert i.mib < job.memory_mib / nodes
+            elif isinstance(i, SetCpus):
+                assert 1 <= i.count < job.cpus
+                per_node = [p.count for p in a.intents if isinstance(p, SetCpusPerNode)]
+                assert per_node and per_node[0] * max(1, job.node_count) >= i.count
+            elif isinstance(i, SetGpus):
+                have = job.gpus.per_node if i.per_node else job.gpus.per_job
+                assert have is not None and 1 <= i.count < have
 
 
 def test_time_limits_follow_the_gpu_count_of_the_pending_job() -> None:
@@ -337,13 +352,13 @@ def test_time_limits_follow_the_gpu_count_of_the_pending_job() -> None:
     small = pending_job(100, gpus_per_node=1, time_limit=24 * HOUR)
     big = pending_job(101, gpus_per_node=8, time_limit=24 * HOUR)
     by_job = {a.job_id: a for a in propose([small, big], history, ONLY_TIME)}
-    assert by_job[100].fields == {"TimeLimit": "06:30:00"}  # 5 h * 1.3
-    assert by_job[101].fields == {"TimeLimit": "00:55:00"}  # 40 min * 1.3 = 52 -> 55
+    assert by_job[100].intents == (limit("06:30:00"),)  # 5 h * 1.3
+    assert by_job[101].intents == (limit("00:55:00"),)  # 40 min * 1.3 = 52 -> 55
     assert by_job[101].numbers["history_gpus"] == 8
     assert by_job[101].numbers["history_gpu_samples"] == 3
     # A 2-GPU job has no runs of its own shape: the 8-GPU runs count 4x, never shorter.
     two = only(propose([pending_job(102, gpus_per_node=2, time_limit=24 * HOUR)], history[:3]))
-    assert two.fields["TimeLimit"] == "03:30:00"  # 40 min * 4 = 160 min * 1.3 = 208 -> 210
+    assert limit_of(two) == limit("03:30:00")  # 40 min * 4 = 160 min * 1.3 = 208 -> 210
     assert two.numbers["history_gpu_scaled"] == 1
 
 
@@ -355,10 +370,11 @@ def test_the_users_other_jobs_never_set_a_time_limit_unless_allowed() -> None:
     allowed = replace(ONLY_TIME, time_from_other_jobs=True)
     a = only(propose([job], history, allowed))
     assert a.numbers["history_level"] == "user+partition"
-    assert a.fields == {"TimeLimit": "00:15:00"}
+    assert a.intents == (limit("00:15:00"),)
     # Memory still comes from the user's jobs when nothing finer is known.
     memory = only(propose([job], history, RightsizeSettings(time_limit=True, cpus=False)))
-    assert "TimeLimit" not in memory.fields and "MinMemoryNode" in memory.fields
+    assert limit_of(memory) is None
+    assert any(isinstance(i, SetMemoryPerNode) for i in memory.intents)
     parsed = RightsizeSettings.from_mapping({"time_from_other_jobs": True}, "policy.rightsize")
     assert parsed.time_from_other_jobs
 
@@ -379,8 +395,13 @@ def test_a_policy_kept_across_cycles_answers_as_a_fresh_one() -> None:
         snap = snapshot(jobs, history=history)
         got = kept.propose(snap)
         assert got == RightsizePolicy(ONLY_TIME).propose(snap)
-        seen.append([a.fields.get("TimeLimit") for a in got])
-    assert seen == [["01:20:00"] * 2, ["02:40:00"] * 2, ["09:10:00"] * 2, ["01:20:00"]]
+        seen.append([limit_of(a) for a in got])
+    assert seen == [
+        [limit("01:20:00")] * 2,
+        [limit("02:40:00")] * 2,
+        [limit("09:10:00")] * 2,
+        [limit("01:20:00")],
+    ]
 
 
 # --- verdicts kept across cycles -----------------------------------------------------
@@ -400,7 +421,7 @@ def _comparable(actions: Sequence[Action]) -> list[tuple[object, ...]]:
             a.job_id,
             a.kind,
             a.reason,
-            dict(a.fields),
+            a.intents,
             {k: v for k, v in a.numbers.items() if k != "sibling_elapsed_s"},
             a.slurm_id,
             a.requires_opt_in,
@@ -418,7 +439,7 @@ _CHANGES = st.sampled_from(
     st.lists(st.tuples(st.integers(0, 5), _CHANGES, st.integers(0, 20)), max_size=40),
     st.integers(1, 12),
 )
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 def test_kept_verdicts_match_a_fresh_policy_every_cycle(
     changes: list[tuple[int, str, int]], cycles: int
 ) -> None:
@@ -535,7 +556,7 @@ _RELOADS = st.lists(
 
 
 @given(_RELOADS)
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 def test_kept_verdicts_match_a_fresh_policy_across_history_reloads(
     reloads: list[tuple[str, str, int]],
 ) -> None:
@@ -577,4 +598,4 @@ def test_a_reload_keeps_the_verdicts_of_users_whose_runs_are_the_same() -> None:
     )
     alice_again, bob_again = policy.propose(snapshot(jobs, at=T0 + MIN, history=reloaded))
     assert alice_again is alice  # bob's new run changes nothing of alice's
-    assert bob_again is not bob and bob_again.fields["TimeLimit"] != bob.fields["TimeLimit"]
+    assert bob_again is not bob and limit_of(bob_again) != limit_of(bob)

@@ -19,11 +19,14 @@ from hypothesis import strategies as st
 
 from slurmgpu.cli.policy import effective, to_toml
 from slurmgpu.config import ConfigError, Settings, load_settings, parse_settings
+from tests.hypothesis_profiles import examples
 from tests.unit.props_tally import Tally, report
 
 TALLY = Tally()
 tally_report = report(TALLY)
-SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 _POLICY_TABLES = ("engine", "idle_gpu", "rightsize")
 
 
@@ -167,7 +170,7 @@ def test_damaged_lines_parse_or_raise_config_error(data: st.DataObject) -> None:
 
 
 @given(st.binary(max_size=400))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_any_file_content_loads_or_raises_config_error(raw: bytes) -> None:
     import tempfile
 

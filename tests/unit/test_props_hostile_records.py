@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
 from slurmgpu.slurm.sacct import decode_sacct
+from tests.hypothesis_profiles import examples
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SETTINGS = settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -34,11 +34,14 @@ from slurmgpu.slurm.parse import (
     parse_time_limit,
     parse_tres,
 )
+from tests.hypothesis_profiles import examples
 from tests.unit.props_tally import Tally, report
 
 TALLY = Tally()
 tally_report = report(TALLY)
-MANY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MANY = settings(
+    max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 # A hostile alphabet: the characters these formats give meaning to, digits, units, and
 # anything else Unicode has (including newlines, NUL and right-to-left marks).
@@ -111,7 +114,7 @@ def test_hostile_hostlists_parse_or_raise_hostlist_error(text: str, data: st.Dat
 
 
 @given(st.integers(100_001, 10**9))
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 def test_hostlists_naming_absurdly_many_hosts_are_refused_quickly(n: int) -> None:
     got = TALLY.run("expand_hostlist", lambda: expand_hostlist(f"gpu[0-{n}]"), HostlistError)
     assert got is None, "a hostlist of more than 100000 names must be refused"

@@ -28,6 +28,7 @@ from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
 from slurmgpu.slurm.replay import ReplaySlurmClient
 from slurmgpu.slurm.sacct import decode_sacct
 from slurmgpu.store import JobStore, open_store, schema
+from tests.hypothesis_profiles import examples
 from tests.unit.props_json import damaged_json
 from tests.unit.props_tally import Tally, report
 
@@ -35,7 +36,7 @@ TALLY = Tally()
 tally_report = report(TALLY)
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[
         HealthCheck.too_slow,
@@ -99,7 +100,7 @@ def test_damaged_sacct_json_decodes_or_raises_slurm_error(path: Path) -> None:
 
 
 @given(st.binary(max_size=2000) | st.text(max_size=500).map(str.encode))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_any_bytes_decode_or_raise_slurm_error(raw: bytes) -> None:
     TALLY.run("decode_squeue (any bytes)", lambda: decode_squeue(raw), SlurmError)
     TALLY.run("decode_sinfo (any bytes)", lambda: decode_sinfo(raw), SlurmError)
@@ -147,7 +148,7 @@ _GOOD_SINFO = _doc(GOLDEN / "slurm-22.05" / "sinfo.json")
     )
 )
 @settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     suppress_health_check=[
         HealthCheck.too_slow,

@@ -39,12 +39,15 @@ from slurmgpu.sim.profiles import ThroughputProfile, load_profiles
 from slurmgpu.sim.workload import ProfiledJob, RigidJob, TraceJob
 from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.slurm.sacct import decode_sacct
+from tests.hypothesis_profiles import examples
 from tests.unit.props_json import damaged_json
 from tests.unit.props_tally import Tally, report
 
 TALLY = Tally()
 tally_report = report(TALLY)
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 DATA = Path("/work/shared/data/pollux")
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 EPOCH = datetime(2017, 10, 1, tzinfo=UTC)

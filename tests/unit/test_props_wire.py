@@ -26,6 +26,7 @@ from slurmgpu.model import ClusterSnapshot, Job, JobState, Node, NodeGpuAllocati
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import WireError, decode_batch, hmac_header, node_token
+from tests.hypothesis_profiles import examples
 from tests.unit.props_json import damaged_json
 from tests.unit.props_tally import Tally, report
 
@@ -34,7 +35,7 @@ tally_report = report(TALLY)
 SECRET = b"p" * 64
 NODES = ("gpu1", "gpu2")
 SETTINGS = settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -254,7 +255,9 @@ def test_hostile_authorization_headers_get_401_and_store_nothing(
 
 @given(st.sampled_from(NODES), st.sampled_from(NODES))
 @settings(
-    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(20),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 def test_a_node_speaks_only_for_itself(service: IngestService, signer: str, claimed: str) -> None:
     body = json.dumps(
@@ -330,7 +333,7 @@ _lengths = st.one_of(
 
 @given(_methods, _paths, _lengths, st.binary(max_size=300))
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

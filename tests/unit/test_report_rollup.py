@@ -258,6 +258,7 @@ def _generated(engine: Engine, n: int, start: datetime, days: int) -> None:
         )  # fmt: skip
 
 
+@pytest.mark.slow  # 1500 generated jobs, 12 reports twice
 def test_a_generated_store_gives_the_same_figures_either_way(engine: Engine) -> None:
     start = datetime(2026, 2, 1, tzinfo=UTC)
     _generated(engine, 1500, start, 20)

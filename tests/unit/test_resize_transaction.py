@@ -29,6 +29,7 @@ from slurmgpu.actuate.resize import (
 )
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.spec import Ack
+from slurmgpu.intent import Intent, Resize, SetNice, SetTimeLimit
 from slurmgpu.model import ClusterSnapshot, GpuRequest, JobState, MalleableSpec
 from slurmgpu.policy.base import preempt_action, resize_action
 from slurmgpu.slurm.client import SlurmUnavailableError
@@ -62,9 +63,13 @@ class World:
         ack = Ack(JOB, self.acks, job.restart_count, 100 + self.acks, 4, 0.0)
         write_atomic(self.tmp / str(JOB) / "ack.json", json.dumps(ack.to_json()).encode())
 
-    def start(self, to: int = 2, fields: dict[str, str] | None = None) -> TransactionRow:
+    def start(
+        self, to: int = 2, intents: tuple[Intent, ...] = (), gpu_type: str | None = None
+    ) -> TransactionRow:
         job = self.slurm.job(JOB)
-        action = resize_action("malleable", job, 4, to, "a 2-GPU job waits", fields=fields)
+        action = resize_action(
+            "malleable", job, 4, to, "a 2-GPU job waits", intents=intents, gpu_type=gpu_type
+        )
         return self.executor.start(
             action, job, self.spec, at=self.now, slurm_version="22.05.8", to_gpus=to
         )
@@ -270,7 +275,7 @@ def test_settings_without_fast_start_leave_slurms_begin_time_alone(tmp_path: Pat
 def test_the_time_limit_for_the_new_size_goes_in_the_same_update(tmp_path: Path) -> None:
     w = World(tmp_path)
     w.slurm.put(replace(w.slurm.job(JOB), time_limit=timedelta(hours=2)))
-    row = w.start(fields={"TimeLimit": "03:42:00"})
+    row = w.start(intents=(SetTimeLimit(3 * 3600 + 42 * 60),))
     assert row.payload["old_fields"]["TimeLimit"] == "02:00:00"
     w.ack()
     w.cycle()
@@ -285,7 +290,7 @@ def test_the_time_limit_for_the_new_size_goes_in_the_same_update(tmp_path: Path)
 def test_a_refused_time_limit_does_not_cost_the_resize(tmp_path: Path) -> None:
     w = World(tmp_path)
     w.slurm.max_time = timedelta(hours=3)
-    w.start(fields={"TimeLimit": "03:42:00"})
+    w.start(intents=(SetTimeLimit(3 * 3600 + 42 * 60),))
     w.ack()
     w.cycle()
     w.slurm.settle()
@@ -343,7 +348,7 @@ def test_a_preemption_is_the_same_transaction_at_the_same_size_with_its_nice(
 ) -> None:
     w = World(tmp_path)
     job = w.slurm.job(JOB)
-    action = preempt_action("las", job, 4, "queue 2: a queue-0 job waits", fields={"Nice": "200"})
+    action = preempt_action("las", job, 4, "queue 2: a queue-0 job waits", intents=(SetNice(200),))
     row = w.executor.start(action, job, w.spec, at=w.now, slurm_version="22.05.8", to_gpus=4)
     assert row.state == SIGNALED
     w.ack()
@@ -359,14 +364,14 @@ def test_a_preemption_is_the_same_transaction_at_the_same_size_with_its_nice(
     assert done.state == RUNNING and done.payload["running_gpus"] == 4
     assert w.calls() == ["signal", "requeuehold", "update", "release"]
     # a plain resize to the size it has is still refused
-    plain = msgspec.structs.replace(action, fields={"from_gpus": "4", "to_gpus": "4"})
+    plain = msgspec.structs.replace(action, intents=(Resize(4, 4),))
     with pytest.raises(ResizeError, match="already has"):
         w.executor.start(plain, job, w.spec, at=w.now, slurm_version="22.05.8", to_gpus=4)
 
 
 def test_a_type_aware_resize_puts_the_named_gpu_type_in_the_update(tmp_path: Path) -> None:
     w = World(tmp_path)
-    w.start(fields={"gpu_type": "p100"})
+    w.start(gpu_type="p100")
     w.ack()
     w.cycle()
     w.slurm.settle()

@@ -172,6 +172,7 @@ def test_database_and_its_wal_files_are_0600_even_with_umask_0(
             assert _mode(path) == 0o600, f"{path.name} is {oct(_mode(path))}"
 
 
+@pytest.mark.slow  # runs sgpu as separate processes
 def test_site_secret_and_node_token_files_are_0600(tmp_path: Path, open_umask: None) -> None:
     config = tmp_path / "c.toml"
     config.write_text(f'[daemon]\nsecret_file = "{tmp_path / "site.secret"}"\n')
@@ -206,6 +207,7 @@ def test_spool_files_are_0600_in_a_0700_directory(tmp_path: Path, open_umask: No
 # --------------------------------------------------------------------------- admin audit
 
 
+@pytest.mark.slow  # runs sgpu as separate processes
 def test_admin_actions_are_audited_with_the_callers_uid(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text(f'[daemon]\nsecret_file = "{tmp_path / "site.secret"}"\n')
@@ -230,6 +232,7 @@ def test_admin_actions_are_audited_with_the_callers_uid(tmp_path: Path) -> None:
     assert "gpu7" in rows[0].reason
 
 
+@pytest.mark.slow  # runs sgpu as separate processes
 def test_no_token_is_issued_when_the_audit_cannot_be_written(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text(f'[daemon]\nsecret_file = "{tmp_path / "site.secret"}"\n')
@@ -417,6 +420,7 @@ NASTY = [
 ]
 
 
+@pytest.mark.slow  # runs sgpu as separate processes
 def test_submit_passes_job_names_and_comments_verbatim_without_a_shell(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

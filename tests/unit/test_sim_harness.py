@@ -14,12 +14,7 @@ from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.sim.loaders import TraceError, load_generic_csv, load_philly, load_trace
 from slurmgpu.sim.metrics import summarise
-from slurmgpu.sim.policysets import (
-    POLICY_SETS,
-    PolicySetUnavailable,
-    SimPolicies,
-    build_engine,
-)
+from slurmgpu.sim.policysets import POLICY_SETS, SimPolicies, build_engine
 from slurmgpu.sim.profiles import load_profiles
 from slurmgpu.sim.run import ClusterShape, simulate
 from slurmgpu.store import open_store
@@ -35,27 +30,12 @@ def test_the_daemon_and_the_simulator_run_the_same_policy_classes(tmp_path: Path
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     daemon = build_policy_cycle(Settings(), store, FakeSlurm())
     daemon_classes = {type(p) for p, _ in daemon.engine.policies}
-    sim_classes = set()
-    for build in POLICY_SETS["all"]:
-        try:
-            sim_classes.add(type(build(SimPolicies())))
-        except PolicySetUnavailable:
-            continue
+    sim_classes = {type(build(SimPolicies())) for build in POLICY_SETS["all"]}
     assert type(daemon.engine) is PolicyEngine
     assert type(build_engine("rightsize")) is PolicyEngine
     assert daemon_classes <= sim_classes, daemon_classes - sim_classes
     rightsize = build_engine("rightsize").policies[0][0]
     assert type(rightsize) in daemon_classes
-
-
-def test_a_set_whose_policy_module_is_missing_says_so() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("slurmgpu.policy.malleable") is None:
-        with pytest.raises(PolicySetUnavailable, match="malleable"):
-            build_engine("malleable")
-    else:
-        assert build_engine("malleable").policies
 
 
 def test_a_bad_philly_row_names_its_line() -> None:
@@ -144,3 +124,15 @@ def test_sgpu_simulate_refuses_a_bad_cluster_shape(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["simulate", str(path), "--cluster", "16by4"])
     assert result.exit_code == 2
     assert "16x4" in result.output
+
+
+def test_a_sets_settings_reach_its_policy_and_unset_ones_take_the_sets_default() -> None:
+    from slurmgpu.policy.base import Mode
+    from slurmgpu.policy.settings import ColocateSettings
+
+    mine = ColocateSettings(mode=Mode.ENFORCE, device_memory_mib=16_384)
+    ((policy, mode),) = build_engine("colocate", SimPolicies(colocate=mine)).policies
+    assert policy.settings is mine and mode is Mode.ENFORCE  # type: ignore[attr-defined]
+    ((default, _),) = build_engine("colocate").policies
+    assert default.settings.apply_to_all  # type: ignore[attr-defined]
+    assert default.settings.convert_gpu_requests == "always"  # type: ignore[attr-defined]

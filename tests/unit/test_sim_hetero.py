@@ -134,16 +134,16 @@ def test_per_type_use_and_energy_add_up() -> None:
 
 
 def test_a_resize_keeps_the_job_s_type_or_moves_it_to_the_one_the_policy_named() -> None:
+    from slurmgpu.intent import Resize
     from slurmgpu.policy.base import Action
     from slurmgpu.sim.run import _target_gpus
 
-    grow = Action("malleable", "resize", 1, "alice", "", fields={"to_gpus": "4"})
-    assert _target_gpus(grow, "v100") == (4, {"TresPerJob": "gres:gpu:v100:4"})
-    assert _target_gpus(grow, None) == (4, {"TresPerJob": "gres:gpu:4"})
-    moved = Action(
-        "malleable", "resize", 1, "alice", "", fields={"to_gpus": "4", "gpu_type": "p100"}
-    )
-    assert _target_gpus(moved, "v100") == (4, {"TresPerJob": "gres:gpu:p100:4"})
+    grow = Action("malleable", "resize", 1, "alice", "", intents=(Resize(2, 4),))
+    assert _target_gpus(grow, "v100", "22.05.8") == (4, {"TresPerJob": "gres:gpu:v100:4"})
+    assert _target_gpus(grow, None, "22.05.8") == (4, {"TresPerJob": "gres:gpu:4"})
+    assert _target_gpus(grow, None, "24.11.5") == (4, {"TresPerJob": "gres/gpu:4"})
+    moved = Action("malleable", "resize", 1, "alice", "", intents=(Resize(2, 4, "p100"),))
+    assert _target_gpus(moved, "v100", "22.05.8") == (4, {"TresPerJob": "gres:gpu:p100:4"})
 
 
 def test_the_type_aware_set_is_the_malleable_policy_with_the_measured_speeds() -> None:

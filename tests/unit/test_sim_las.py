@@ -56,7 +56,7 @@ def test_las_preempts_a_long_job_for_a_short_one_through_the_resize_transaction(
     plain = simulate(trace, shape, "slurm")
     # one queue limit at 1 GPU-h: the long job has had 2 GPU-h when the short one comes
     settings = AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE, queue_limits=(1.0,))
-    options = SimOptions(policies=SimPolicies(extra=(("las", settings),)))
+    options = SimOptions(policies=SimPolicies(las=settings))
     las = simulate(trace, shape, "las", options)
     jct = {r.policy_set: {j.name: j.end_s - j.origin_s for j in r.jobs} for r in (plain, las)}
     assert las.preemptions >= 1 and summarise(las).preemptions_per_job > 0

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from slurmgpu.intent import Resize, SetNodes
 from slurmgpu.model import JobState
 from slurmgpu.policy.base import Action, HistoryRecord, Mode, PolicySnapshot
 from slurmgpu.policy.engine import PolicyEngine
@@ -207,7 +208,7 @@ class _ShrinkWhenOthersWait:
                 job_id=j.job_id,
                 user=j.user,
                 reason="a job waits",
-                fields={"NumNodes": str(j.node_count - 1)},
+                intents=(SetNodes(j.node_count - 1),),
             )
             for j in jobs
             if j.state is JobState.RUNNING and j.node_count > 1
@@ -241,7 +242,7 @@ def test_resize_is_checkpoint_requeue_delay_restart_at_the_new_size() -> None:
     # (p = 0.95) makes it 1.9 / 1.0256 ... slower: rate(2) / rate(4) = 1.9048 / 3.4783.
     sim = SimSlurm(1, 4, runtime=ElasticRuntime(checkpoint_s=20, startup_s=30))
     jid = sim.submit_job(job("A", 4, 1000, None))
-    action = Action("test", "resize", jid, "alice", "test", fields={"gpus": "2"})
+    action = Action("test", "resize", jid, "alice", "test", intents=(Resize(4, 2),))
     sim.call_at(60, lambda: start_resize(sim, action))
     sim.run_until(100)
     assert sim.job(jid).state is JobState.PENDING and sim.job(jid).restarts == 1
@@ -256,7 +257,7 @@ def test_resize_is_checkpoint_requeue_delay_restart_at_the_new_size() -> None:
 def test_a_resize_of_a_job_that_ends_before_its_checkpoint_is_abandoned() -> None:
     sim = SimSlurm(1, 4, runtime=ElasticRuntime(checkpoint_s=20, startup_s=30))
     jid = sim.submit_job(job("A", 4, 500, None))
-    action = Action("test", "resize", jid, "alice", "test", fields={"gpus": "2"})
+    action = Action("test", "resize", jid, "alice", "test", intents=(Resize(4, 2),))
     sim.call_at(40, lambda: start_resize(sim, action))
     sim.call_at(50, lambda: sim.cancel(jid))  # before the checkpoint is acknowledged
     sim.run_until(100_000)
@@ -297,7 +298,7 @@ def _shrink_scenario(scale_time_limit: bool) -> SimRun:
         record_decisions=True,
         history=past,
         max_resubmits=0,
-        policies=SimPolicies(extra=(("malleable", malleable),)),
+        policies=SimPolicies(malleable=malleable),
     )
     return simulate([a, b], ClusterShape(1, 4), "malleable", options)
 
@@ -323,7 +324,7 @@ def test_resize_on_the_daemons_fast_path_skips_the_requeue_delay() -> None:
     # when it starts: 117.5 s sooner than after Slurm's 121 s requeue delay.
     sim = SimSlurm(1, 4, runtime=ElasticRuntime(checkpoint_s=20, startup_s=30))
     jid = sim.submit_job(job("A", 4, 1000, None))
-    action = Action("test", "resize", jid, "alice", "test", fields={"gpus": "2"})
+    action = Action("test", "resize", jid, "alice", "test", intents=(Resize(4, 2),))
     sim.call_at(60, lambda: start_resize(sim, action, fast=FastPath()))
     sim.run_until(82.5)
     a = sim.job(jid)

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.telemetry.fakeload import (
+from slurmgpu.lab.fakeload import (
     FakeloadError,
     LoadPattern,
     LoadSchedule,
     devices_from_environ,
     parse_duration_s,
     parse_pattern,
-    parse_size_mib,
     run_fakeload,
 )
 from slurmgpu.telemetry.probe import GpuDeviceSample, GpuProbe
@@ -31,6 +30,7 @@ from slurmgpu.telemetry.simgpu import (
     read_declarations,
     write_declaration,
 )
+from slurmgpu.units import parse_size_mib
 from tests.polling import wait_for
 
 LAB_GRES_CONF = """\

@@ -19,6 +19,7 @@ from slurmgpu.store import StoreError, create_store_engine, open_store, upgrade
 from slurmgpu.store.database import current_revision, head_revision
 from slurmgpu.store.rows import job_to_row, row_to_job
 from slurmgpu.store.schema import metadata
+from tests.hypothesis_profiles import examples
 
 
 def test_migrations_produce_exactly_the_declared_schema(tmp_path: Path) -> None:
@@ -107,13 +108,13 @@ jobs = st.builds(
 )
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(jobs)
 def test_job_rows_round_trip_in_memory(job: Job) -> None:
     assert row_to_job(job_to_row(job)) == job
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(jobs)
 def test_job_survives_a_database_round_trip(
     tmp_path_factory: pytest.TempPathFactory, job: Job
@@ -125,3 +126,16 @@ def test_job_survives_a_database_round_trip(
     store.apply_cycle(diff_jobs({}, [job]), ids, [], datetime(2026, 1, 1, tzinfo=UTC))
     (stored,) = store.jobs(job_ids=[job.job_id])
     assert stored.job == job
+
+
+def test_an_sqlite_uri_is_opened_as_a_uri_not_created_as_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "uri.db"
+    open_store(f"sqlite:///{db}").engine.dispose()  # made and migrated as a plain path
+    monkeypatch.chdir(tmp_path)
+    store = open_store(f"sqlite:///file:{db}?mode=ro&uri=true", migrate=False)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("select count(*) from jobs").scalar() == 0
+    store.engine.dispose()
+    assert not (tmp_path / "file:").exists(), "a URI must not become a relative directory"

@@ -27,6 +27,7 @@ from slurmgpu.store.schema import metadata
 from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 from tests.fakes import FakeSlurm
+from tests.hypothesis_profiles import examples
 from tests.unit.test_store import jobs as job_strategy
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -183,7 +184,9 @@ def test_observe_cycles_round_trip_jobs_exactly(pg_store: JobStore) -> None:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(job_strategy.filter(lambda j: "\x00" not in j.name + j.user + j.comment))
 def test_any_job_survives_a_postgres_round_trip(pg_store: JobStore, job: Job) -> None:

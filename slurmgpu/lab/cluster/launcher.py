@@ -16,7 +16,7 @@ still a daemon of this cluster, so other clusters on the host are left alone.
 
 With ``slurm_root=`` (a chroot made by ``scripts/slurm_chroot.sh``, e.g. Debian trixie's
 Slurm 24.11 or sid's 26.05) the daemons and commands are that chroot's
-(:mod:`slurmgpu.labcluster.chroot`): ``root`` is bind-mounted into it at the same path,
+(:mod:`slurmgpu.lab.cluster.chroot`): ``root`` is bind-mounted into it at the same path,
 ``root/sbin`` links to its binaries, and ``root/bin`` holds wrappers of its client
 commands (:attr:`LabCluster.bin_dir`, for ``CliSlurmClient(bin_dir=...)``).
 """
@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurmgpu.labcluster.chroot import ChrootError, SlurmChroot
-from slurmgpu.labcluster.render import (
+from slurmgpu.lab.cluster.chroot import ChrootError, SlurmChroot
+from slurmgpu.lab.cluster.render import (
     ClusterConfig,
     RenderError,
     detect_slurm_version,
@@ -266,7 +266,7 @@ class LabCluster:
 
     ``ctld_port`` is slurmctld's port; node ``gpuN`` listens on ``slurmd_port_base + N - 1``.
     ``templates`` overrides where the config templates are read from (default
-    ``$SGPU_CLUSTER_TEMPLATES``, else the repository's ``docker-slurm/conf``).
+    ``$SGPU_CLUSTER_TEMPLATES``, else the templates shipped in this package).
     """
 
     def __init__(

@@ -1,6 +1,6 @@
-"""One rank of a tiny DDP training (CPU, gloo) for tests/unit/test_elastic_torch.py.
+"""One rank of a tiny DDP training (CPU, gloo) for tests/integration/test_elastic_torch.py.
 
-``python -m tests.unit.elastic_torch_worker SCENARIO OUT`` with MASTER_ADDR, MASTER_PORT,
+``python -m tests.integration.elastic_torch_worker SCENARIO OUT`` with MASTER_ADDR, MASTER_PORT,
 RANK, WORLD_SIZE, SLURM_JOB_ID and SGPU_ELASTIC_DIR set like torchrun and Slurm would.
 
 - ``reference``: trains steps 1..STEPS (dropout on), checkpointing after SAVE_AT into the

@@ -1,6 +1,6 @@
 """Slurm from another Debian release, installed in a chroot (``scripts/slurm_chroot.sh``).
 
-The lab cluster (:class:`slurmgpu.labcluster.LabCluster` with ``slurm_root=``) runs that
+The lab cluster (:class:`slurmgpu.lab.cluster.LabCluster` with ``slurm_root=``) runs that
 chroot's daemons and commands instead of the host's. The lab's own directory is
 bind-mounted into the chroot at the *same* path, so slurm.conf, state, spool and logs have
 one path inside and outside, and the host reads the logs as for a native lab.
@@ -274,7 +274,7 @@ class SlurmChroot:
                 continue
             script = (
                 "#!/bin/sh\n"
-                f"# {cmd} from the Slurm chroot {self.path} (written by slurmgpu.labcluster)\n"
+                f"# {cmd} from the Slurm chroot {self.path} (written by slurmgpu.lab.cluster)\n"
                 f"PATH={_CHROOT_PATH} exec chroot {shlex.quote(str(self.path))} "
                 '/bin/sh -c \'cd "$0" 2>/dev/null || cd /; exec "$@"\' '
                 f'"$PWD" {inner} "$@"\n'

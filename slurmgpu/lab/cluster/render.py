@@ -1,16 +1,18 @@
-"""Render the lab cluster's Slurm config from the templates in ``docker-slurm/conf``.
+"""Render the lab cluster's Slurm config from the templates shipped with this package.
 
+The templates are package data (``slurmgpu/lab/cluster/templates``, found with
+:mod:`importlib.resources`), so an installed wheel renders the same files as a checkout.
 One set of templates serves both ways of running the lab cluster:
 
 * ``native``: slurmctld + N slurmd on 127.0.0.1 of this host, distinguished by port
-  (``slurmgpu.labcluster.launcher.LabCluster``);
+  (``slurmgpu.lab.cluster.LabCluster``);
 * ``docker``: one container per daemon, ``NodeAddr=gpuN`` and default ports
   (``docker-slurm/docker-compose.yml``).
 
 This module uses the standard library only, so the docker entrypoint can run it with the
 image's ``python3`` and no installed dependencies::
 
-    python3 -m slurmgpu.labcluster.render --mode docker --out /etc/slurm
+    python3 -m slurmgpu.lab.cluster --mode docker --out /etc/slurm
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Literal
@@ -41,6 +44,7 @@ __all__ = [
     "job_submit_source",
     "main",
     "node_range",
+    "packaged_templates",
     "render",
     "write",
 ]
@@ -56,9 +60,10 @@ CONFIG_FILES: Mapping[str, str] = {
 }
 _DBD_FILE = ("slurmdbd.conf", "slurmdbd.conf.in")
 
-# The real plugin, preferred over the placeholder template when the repository (or the
-# docker image) has it: <repo>/plugins/job_submit.lua next to <repo>/docker-slurm/conf.
-PLUGIN_RELPATH = Path("plugins") / "job_submit.lua"
+# The real plugin, preferred over the placeholder template when this package runs from a
+# source tree that has it: <tree>/plugins/job_submit.lua next to <tree>/slurmgpu (a checkout,
+# or /opt/slurmgpu in the docker image). An installed wheel has no such tree.
+SOURCE_PLUGIN = Path(__file__).resolve().parents[3] / "plugins" / "job_submit.lua"
 DEFAULT_RECOMMENDATIONS = "/etc/slurmgpu/recommendations.json"
 # the one line of plugins/job_submit.lua that names the recommendations file
 _RECOMMENDATIONS_LINE = re.compile(r'^local RECOMMENDATIONS_FILE = "[^"\n]*"$', re.MULTILINE)
@@ -267,37 +272,40 @@ def node_range(nodes: int) -> str:
     return "gpu1" if nodes == 1 else f"gpu[1-{nodes}]"
 
 
-def _default_template_dirs() -> list[Path]:
-    here = Path(__file__).resolve()
-    return [here.parents[2] / "docker-slurm" / "conf", here.parent / "templates"]
+def packaged_templates() -> Path:
+    """The templates shipped in this package (``slurmgpu/lab/cluster/templates``)."""
+    templates = resources.files("slurmgpu.lab.cluster") / "templates"
+    if not isinstance(templates, Path):  # a zip import: no directory to read from
+        raise RenderError(
+            f"the packaged templates are not on a file system ({templates}); "
+            f"set {TEMPLATES_ENV} to a directory holding them"
+        )
+    return templates
 
 
 def find_templates(templates: Path | str | None = None) -> Path:
     """The template directory: ``templates``, else ``$SGPU_CLUSTER_TEMPLATES``, else the
-    repository's ``docker-slurm/conf``. Raises ``RenderError`` naming what was tried."""
+    templates shipped in this package. Raises ``RenderError`` naming what was tried."""
     if templates is not None:
-        candidates = [Path(templates)]
+        candidate = Path(templates)
     elif os.environ.get(TEMPLATES_ENV):
-        candidates = [Path(os.environ[TEMPLATES_ENV])]
+        candidate = Path(os.environ[TEMPLATES_ENV])
     else:
-        candidates = _default_template_dirs()
+        candidate = packaged_templates()
     required = list(CONFIG_FILES.values())
-    for candidate in candidates:
-        if all((candidate / name).is_file() for name in required):
-            return candidate
-    tried = ", ".join(str(c) for c in candidates)
+    if all((candidate / name).is_file() for name in required):
+        return candidate
     raise RenderError(
-        f"lab cluster templates not found (need {', '.join(required)}); tried {tried}. "
-        f"Pass templates=... or set {TEMPLATES_ENV} to the docker-slurm/conf directory."
+        f"lab cluster templates not found (need {', '.join(required)}) in {candidate}. "
+        f"Pass templates=... or set {TEMPLATES_ENV} to a directory holding them."
     )
 
 
 def job_submit_source(templates: Path) -> Path:
-    """The job_submit.lua to install: ``plugins/job_submit.lua`` of the repository the
-    templates belong to (``templates/../../plugins``) if present, else the template's
-    placeholder ``job_submit.lua``."""
-    plugin = templates.parent.parent / PLUGIN_RELPATH
-    return plugin if plugin.is_file() else templates / "job_submit.lua"
+    """The job_submit.lua to install: the slurmgpu plugin of the source tree this package
+    runs from (:data:`SOURCE_PLUGIN`) if there is one, else the templates' placeholder
+    ``job_submit.lua`` (an installed wheel: the plugin is not package data)."""
+    return SOURCE_PLUGIN if SOURCE_PLUGIN.is_file() else templates / "job_submit.lua"
 
 
 def install_job_submit(text: str, recommendations_tsv: str) -> str:
@@ -400,7 +408,7 @@ def _parse_version(text: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m slurmgpu.labcluster.render",
+        prog="python -m slurmgpu.lab.cluster",
         description="Render the lab cluster's slurm.conf, gres.conf, cgroup.conf, job_submit.lua.",
     )
     parser.add_argument("--mode", choices=["native", "docker"], default="native")

@@ -51,7 +51,13 @@ def _ddp(world: int, scenario: str, state_dir: Path, out: Path) -> dict[str, Any
         }
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "tests.unit.elastic_torch_worker", scenario, str(out)],
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.integration.elastic_torch_worker",
+                    scenario,
+                    str(out),
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,

@@ -30,7 +30,6 @@ import contextlib
 import enum
 import os
 import random
-import re
 import signal
 import socket
 import threading
@@ -46,8 +45,6 @@ from slurmgpu.units import parse_duration
 
 PatternKind = Literal["constant", "idle-after", "bursty", "mem-growth"]
 
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgtp])(?:i?b)?|(b))?", re.IGNORECASE)
-_MIB_PER_UNIT = {"k": 1 / 1024, "m": 1.0, "g": 1024.0, "t": 1024.0**2, "p": 1024.0**3}
 _UNBOUNDED = {"inf", "infinite", "unlimited", "forever", "none"}
 DEFAULT_BURST_PERIOD_S = 10.0
 DEFAULT_RAMP_S = 60.0
@@ -55,24 +52,6 @@ DEFAULT_RAMP_S = 60.0
 
 class FakeloadError(ValueError):
     """A fakeload request that cannot run; the message says what to change."""
-
-
-def parse_size_mib(text: str) -> int:
-    """Return MiB for ``"10GiB"``, ``"512MiB"``, ``"8G"``, ``"1.5T"`` or a bare number of MiB.
-
-    Units are binary whatever the spelling (``G`` = ``GB`` = ``GiB`` = 1024 MiB), as in
-    Slurm's ``--mem``; a bare number is MiB, also as in Slurm.
-
-    >>> parse_size_mib("10GiB"), parse_size_mib("512MiB"), parse_size_mib("8G")
-    (10240, 512, 8192)
-    """
-    m = _SIZE.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(f'{text!r} is not a size like "10GiB", "512MiB" or "8G"')
-    number, unit, byte_unit = float(m.group(1)), m.group(2), m.group(3)
-    if byte_unit:
-        return round(number / (1024 * 1024))
-    return round(number * (_MIB_PER_UNIT[unit.lower()] if unit else 1.0))
 
 
 def parse_duration_s(text: str) -> float | None:

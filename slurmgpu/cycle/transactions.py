@@ -1,0 +1,121 @@
+"""Where resize transactions live: the protocol the resize executor
+(``actuate.resize.ResizeExecutor``) writes through, and an in-memory store for the
+simulator and tests.
+
+The daemon's store is SQL (``store.transactions.TransactionStore``: durable, so a
+restarted daemon recovers every open transaction); :class:`MemoryTransactions` keeps the
+same rules (one open transaction per job, compare-and-set on the state) in a dict, for
+a process that never restarts (the simulator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import datetime
+from typing import Any, Protocol
+
+from slurmgpu.elastic.spec import Ack
+from slurmgpu.store.transactions import TransactionRow
+
+__all__ = ["AckReader", "MemoryTransactions", "TransactionRow", "Transactions"]
+
+
+class AckReader(Protocol):
+    """Reads a job's newest checkpoint acknowledgement (``elastic.spec.read_ack``: the
+    ``ack.json`` its runtime writes in ``state_dir``; the simulator: SimSlurm's record)."""
+
+    def __call__(self, state_dir: str, job_id: int) -> Ack | None: ...
+
+
+class Transactions(Protocol):
+    """What the resize executor needs of a transaction store."""
+
+    def create(
+        self,
+        job_id: int,
+        kind: str,
+        state: str,
+        *,
+        at: datetime,
+        deadline: datetime | None,
+        payload: Mapping[str, Any],
+        open_states: Collection[str],
+    ) -> TransactionRow | None:
+        """Insert a transaction unless ``job_id`` already has one in ``open_states``."""
+        ...
+
+    def advance(
+        self,
+        row: TransactionRow,
+        state: str,
+        *,
+        at: datetime,
+        deadline: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+        error: str | None = None,
+    ) -> TransactionRow | None:
+        """Move ``row`` to ``state`` if it is still in ``row.state``; None when it was not."""
+        ...
+
+    def in_states(self, kinds: Collection[str], states: Collection[str]) -> list[TransactionRow]:
+        """Rows of ``kinds`` in ``states``, oldest first."""
+        ...
+
+
+class MemoryTransactions:
+    """Transactions in memory, with the SQL store's rules."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, TransactionRow] = {}
+        self._next = 1
+
+    def create(
+        self,
+        job_id: int,
+        kind: str,
+        state: str,
+        *,
+        at: datetime,
+        deadline: datetime | None,
+        payload: Mapping[str, Any],
+        open_states: Collection[str],
+    ) -> TransactionRow | None:
+        if any(r.job_id == job_id and r.state in open_states for r in self._rows.values()):
+            return None
+        row = TransactionRow(
+            self._next, job_id, kind, state, at, at, deadline, 0, dict(payload), None
+        )
+        self._rows[row.id] = row
+        self._next += 1
+        return row
+
+    def advance(
+        self,
+        row: TransactionRow,
+        state: str,
+        *,
+        at: datetime,
+        deadline: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+        error: str | None = None,
+    ) -> TransactionRow | None:
+        current = self._rows.get(row.id)
+        if current is None or current.state != row.state:
+            return None
+        new = TransactionRow(
+            row.id,
+            row.job_id,
+            row.kind,
+            state,
+            row.created_at,
+            at,
+            deadline,
+            row.attempts + 1,
+            {**row.payload, **(payload or {})},
+            error,
+        )
+        self._rows[row.id] = new
+        return new
+
+    def in_states(self, kinds: Collection[str], states: Collection[str]) -> list[TransactionRow]:
+        return [r for r in self._rows.values() if r.kind in kinds and r.state in states]

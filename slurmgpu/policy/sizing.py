@@ -1,0 +1,173 @@
+"""How big a request should be for what a job used: the one set of sizing rules.
+
+Rightsizing (:mod:`slurmgpu.policy.rightsize`, pending jobs), the submit-time export
+(:mod:`slurmgpu.policy.recommend`, read by ``plugins/job_submit.lua``) and ``sgpu eff``'s
+"next time ask for" notes (:mod:`slurmgpu.report.eff`) all size from usage with the
+functions below, so one usage gives one suggested size whichever of them a user meets.
+Pure arithmetic: numbers in, numbers out.
+
+The rules, one per quantity (the defaults are the module constants; rightsizing reads its
+own from ``[policy.rightsize]``, whose defaults are these):
+
+- **Time limit** = ``TIME_HEADROOM`` (1.3) * the run time, at least ``MIN_TIME_LIMIT``
+  (15 min), rounded up to ``TIME_ROUND`` (5 min). The run time is the 0.95 quantile of
+  past runs for rightsizing and the export, and the run itself for ``sgpu eff``. Five
+  minutes, not fifteen: the headroom is the safety margin, the rounding only keeps limits
+  tidy, and a limit 14 min too long is 14 min of backfill lost on every run. ``sgpu eff``
+  rounded to 15 min before and so told users a longer limit than the daemon would set.
+- **Memory per node** = ``ceil(MEMORY_HEADROOM (1.2) * peak MiB of the busiest node)``
+  (jobstats' rule), rounded up to ``MEMORY_ROUND_MIB`` (256 MiB), at least one step.
+  ``sgpu eff`` rounded to whole GiB before (``--mem=3G`` where rightsizing set 2560 MiB);
+  it now prints the same figure, in ``G`` when it is whole GiB and in ``M`` otherwise.
+- **CPUs** = ``ceil(CPU_HEADROOM (1.2) * busy cores)``, at least 1: per task for ``-c``
+  (``sgpu eff``), for the whole job for ``NumCPUs`` (rightsizing, which then keeps
+  ``target_cores_per_gpu`` per GPU, one per task and one per node on top; a rule about
+  feeding GPUs, not about what was used). The export carries no CPU figure: that floor
+  needs the submitted job's GPU count, which a per-key file cannot know.
+- **GPUs** = the most GPUs a run kept busy, at least 1.
+
+Every rounding-up ignores float noise below 1e-6 of a step (1.2 * 5120 MiB is 6144, not
+one step more): each rule used its own tolerance before.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:  # annotations only: settings.py takes its defaults from here
+    from slurmgpu.policy.priors import Estimate
+    from slurmgpu.policy.settings import RightsizeSettings
+
+__all__ = [
+    "CPU_HEADROOM",
+    "MEMORY_HEADROOM",
+    "MEMORY_ROUND_MIB",
+    "MIN_TIME_LIMIT",
+    "TIME_HEADROOM",
+    "TIME_ROUND",
+    "KeySizes",
+    "ceil_whole",
+    "cores_needed",
+    "gpus_needed",
+    "key_sizes",
+    "mem_text",
+    "memory_mib",
+    "round_up",
+    "time_limit_s",
+]
+
+TIME_HEADROOM = 1.3
+TIME_ROUND = timedelta(minutes=5)
+MIN_TIME_LIMIT = timedelta(minutes=15)
+MEMORY_HEADROOM = 1.2
+MEMORY_ROUND_MIB = 256
+CPU_HEADROOM = 1.2
+
+_TIME_ROUND_S = TIME_ROUND.total_seconds()
+_MIN_TIME_S = MIN_TIME_LIMIT.total_seconds()
+
+
+def ceil_whole(x: float) -> int:
+    """``ceil`` that ignores float noise below 1e-6.
+
+    >>> ceil_whole(1.2 * 5120 / 1024), ceil_whole(6.01)
+    (6, 7)
+    """
+    return math.ceil(round(x, 6))
+
+
+def round_up(value: float, step: float) -> int:
+    """``value`` rounded up to a whole number of ``step`` (> 0), as an int.
+
+    >>> round_up(601, 300), round_up(600, 300), round_up(0, 300)
+    (900, 600, 0)
+    """
+    return int(ceil_whole(value / step) * step)
+
+
+def time_limit_s(
+    run_s: float,
+    headroom: float = TIME_HEADROOM,
+    step_s: float = _TIME_ROUND_S,
+    minimum_s: float = _MIN_TIME_S,
+) -> int:
+    """The time limit (seconds) for runs of ``run_s`` seconds.
+
+    >>> time_limit_s(3600), time_limit_s(60), time_limit_s(3600, step_s=900)
+    (4800, 900, 5400)
+    """
+    return round_up(max(run_s * headroom, minimum_s), step_s)
+
+
+def memory_mib(
+    peak_mib: float, headroom: float = MEMORY_HEADROOM, step_mib: int = MEMORY_ROUND_MIB
+) -> int:
+    """The memory per node (MiB) for a busiest node that peaked at ``peak_mib``.
+
+    >>> memory_mib(5120), memory_mib(2000), memory_mib(0)
+    (6144, 2560, 256)
+    """
+    return max(step_mib, round_up(ceil_whole(headroom * peak_mib), step_mib))
+
+
+def mem_text(mib: float) -> str:
+    """A memory size as ``sbatch --mem`` takes it, never rounded: whole GiB in ``G``,
+    anything else in ``M`` (whole MiB, rounded up), at least 1M. The advice a user reads
+    (``sgpu eff``, the rightsizing email) names the figure rightsizing sets, not a
+    rounder one.
+
+    >>> mem_text(6144), mem_text(2560), mem_text(0.2)
+    ('6G', '2560M', '1M')
+    """
+    value = max(1, ceil_whole(mib))
+    return f"{value // 1024}G" if value % 1024 == 0 else f"{value}M"
+
+
+def cores_needed(busy_cores: float, headroom: float = CPU_HEADROOM) -> int:
+    """The cores for ``busy_cores`` cores kept busy on average (100 % = one core).
+
+    >>> cores_needed(2.5), cores_needed(5.0), cores_needed(0.0)
+    (3, 6, 1)
+    """
+    return max(1, ceil_whole(headroom * busy_cores))
+
+
+def gpus_needed(busy_gpus: int) -> int:
+    """The GPUs for a run that kept ``busy_gpus`` busy: never none.
+
+    >>> gpus_needed(0), gpus_needed(3)
+    (1, 3)
+    """
+    return max(1, busy_gpus)
+
+
+class KeySizes(NamedTuple):
+    """What one history key's runs need besides time (None: no suggestion)."""
+
+    memory_mib: int | None
+    cores: int | None
+    gpus: int | None
+
+
+def key_sizes(est: Estimate, s: RightsizeSettings) -> KeySizes:
+    """Memory per node, cores and GPUs for a history key's estimate, under ``s``.
+
+    Memory: none after a run ran out of memory (its peak is no measure of its need); a
+    run without a per-node figure counts with its total (only errs high), never total /
+    nodes (an uneven job would starve its busiest node). Cores: none when a run kept >= 90 %
+    of its cores busy (its demand is unknown). GPUs: only from ``min_history`` runs with
+    GPU samples.
+    """
+    peak = est.peak_node_memory_mib
+    memory = None
+    if s.memory and peak is not None and not est.oom_runs:
+        memory = memory_mib(peak, s.memory_headroom, s.memory_round_mib)
+    cores = None
+    if s.cpus and est.max_cpu_pct is not None and not est.cpu_saturated:
+        cores = cores_needed(est.max_cpu_pct / 100.0, s.cpu_headroom)
+    gpus = None
+    if s.gpus and est.gpus_used is not None and est.gpus_used_samples >= s.min_history:
+        gpus = gpus_needed(est.gpus_used)
+    return KeySizes(memory, cores, gpus)

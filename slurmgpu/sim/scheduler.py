@@ -1,0 +1,323 @@
+"""SimSlurm's scheduler model: Slurm's FIFO + EASY backfill over nodes, GPUs and shards.
+
+Pending jobs in priority order (submit order, behind any job of a lower ``Nice``, unless
+a ``priority`` key replaces it: how the Tiresias and QSSF baselines plug in); the first
+that does not fit gets a reservation at the earliest time it fits *by the running jobs'
+time limits*; later jobs start now only if they fit and either end by that time or leave
+the reserved GPUs alone. At most ``bf_max_job_test`` jobs are tried per pass. Also here:
+placement (best fit, typed nodes, shards), starting and stopping runs, and what a job's
+END, LIMIT, ELIGIBLE and CHECKPOINT events do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from slurmgpu.model import JobState
+from slurmgpu.sim.progress import ElasticRuntime, ProgressModel
+from slurmgpu.sim.state import JobRun, SimJob
+
+__all__ = ["PriorityKey", "SchedulerModel"]
+
+PriorityKey = Callable[["SimJob", float], tuple[float, ...]]
+
+
+class SchedulerModel(ProgressModel):
+    """Which pending job starts where, and the lifecycle of a run."""
+
+    gpus_per_node: int
+    shards_per_gpu: int
+    runtime: ElasticRuntime
+    priority: PriorityKey | None
+    bf_max_job_test: int
+    kill_wait_s: float
+    _free_counts: list[int]  # whole GPUs free, per node
+    _pending: dict[int, SimJob]
+    _running: dict[int, SimJob]
+    _throttle: dict[int, int]
+    _recent: list[SimJob]  # finished, listed until min_job_age_s
+    finished: list[SimJob]
+    listeners: list[Callable[[SimJob], None]]  # called when a job ends
+
+    def _fire(self, kind: int, job: SimJob) -> None:
+        if kind == self._END and job.state is JobState.RUNNING:
+            self._finish(job, JobState.COMPLETED)
+        elif kind == self._LIMIT and job.state is JobState.RUNNING:
+            # SIGTERM at the limit, SIGKILL ``kill_wait_s`` later: a runtime that can
+            # checkpoint in that window keeps its progress for a resubmission.
+            if self.runtime.checkpoint_s <= self.kill_wait_s:
+                job.checkpoint_work = job.work_at(self.now)
+            self._finish(job, JobState.TIMEOUT)
+        elif kind == self._ELIGIBLE:
+            self._dirty = True
+        elif kind == self._CHECKPOINT and job.state is JobState.RUNNING:
+            job.checkpoint_work = job.base_work
+            job.checkpointed_s = self.now
+            self._changed(job)
+
+    def _start(
+        self,
+        job: SimJob,
+        alloc: list[tuple[int, tuple[int, ...]]],
+        shard: tuple[int, int, int] | None,
+    ) -> None:
+        del self._pending[job.job_id]
+        self._running[job.job_id] = job
+        job.state = JobState.RUNNING
+        job.start_s = self.now
+        if math.isnan(job.first_start_s):
+            job.first_start_s = self.now
+        job.end_s = math.nan
+        job.alloc = alloc
+        job.shard_alloc = shard
+        for n, gpus in alloc:
+            for g in gpus:
+                self._nodes[n].gpu_owner[g] = job.job_id
+            self._free_counts[n] -= len(gpus)
+        if shard is not None:
+            n, g, s = shard
+            if not self._nodes[n].gpu_shards[g]:
+                self._free_counts[n] -= 1
+            self._nodes[n].gpu_shards[g][job.job_id] = s
+        share = job.allocated_gpus if shard is None else shard[2] / max(1, self.shards_per_gpu)
+        compute = float(job.allocated_gpus if shard is None else 1)
+        job.runs.append(
+            JobRun(
+                self.now,
+                math.nan,
+                float(share),
+                compute_gpus=compute,
+                by_type=self._by_type(job, float(share)),
+            )
+        )
+        startup = self.runtime.startup_s if job.restarts else 0.0
+        job.base_work = min(job.base_work, job.model.work)
+        job.busy_from = self.now + startup
+        job.rate = 0.0
+        self._rates_for([job, *self._sharers(job)])
+
+    def _close_run(self, job: SimJob) -> None:
+        if job.runs and math.isnan(job.runs[-1].end_s):
+            self._fold(job)
+            run = job.runs[-1]
+            run.end_s = self.now
+            job.attained_gpu_s += (run.end_s - run.start_s) * run.gpus
+
+    def _stop(self, job: SimJob) -> None:
+        """Take a running job off its GPUs (the caller sets its new state)."""
+        self._fold(job)
+        self._close_run(job)
+        sharers = self._sharers(job)
+        for n, gpus in job.alloc:
+            for g in gpus:
+                self._nodes[n].gpu_owner[g] = None
+            self._free_counts[n] += len(gpus)
+        if job.shard_alloc is not None:
+            n, g, _ = job.shard_alloc
+            self._nodes[n].gpu_shards[g].pop(job.job_id, None)
+            if not self._nodes[n].gpu_shards[g]:
+                self._free_counts[n] += 1
+        del self._running[job.job_id]
+        self._by_limit_remove(job)
+        job.version += 1
+        job.rate = 0.0
+        job.busy_from = math.inf
+        job.start_s = math.nan
+        self._rates_for(sharers)
+        self._dirty = True
+
+    def _finish(self, job: SimJob, state: JobState) -> None:
+        work = job.work_at(self.now)
+        self._stop(job)
+        job.base_work = work
+        job.state = state
+        job.end_s = self.now
+        self._ended(job)
+
+    def _ended(self, job: SimJob) -> None:
+        self._changed(job)
+        self._recent.append(job)
+        self.finished.append(job)
+        self._dirty = True
+        for listener in self.listeners:
+            listener(job)
+
+    def _eligible(self) -> list[SimJob]:
+        now = self.now
+        running_tasks: dict[int, int] = {}
+        if self._throttle:
+            for j in self._running.values():
+                if j.array_job_id is not None:
+                    running_tasks[j.array_job_id] = running_tasks.get(j.array_job_id, 0) + 1
+        out = []
+        for job in self._pending.values():
+            if job.held or job.eligible_s > now:
+                continue
+            if job.array_job_id is not None:
+                limit = self._throttle.get(job.array_job_id, 0)
+                if limit and running_tasks.get(job.array_job_id, 0) >= limit:
+                    continue
+                if limit:
+                    running_tasks[job.array_job_id] = running_tasks.get(job.array_job_id, 0) + 1
+            out.append(job)
+        if self.priority is None:
+            # priority/basic: submit order, less the nice (a higher nice waits behind)
+            out.sort(key=lambda j: (j.nice, j.submit_s, j.job_id))
+        else:
+            key = self.priority
+            out.sort(key=lambda j: (*key(j, now), j.submit_s, j.job_id))
+        return out
+
+    def _fit(self, job: SimJob, free: list[int]) -> list[tuple[int, int]] | None:
+        """Return (node, count) pairs for a whole-GPU job on ``free``, or None."""
+        need = job.gpus
+        if job.gpu_type is not None:  # only the nodes of the type it asked for
+            free = [
+                f if n.gpu_type == job.gpu_type else 0
+                for f, n in zip(free, self._nodes, strict=True)
+            ]
+        if job.gpus_per_node:
+            k = job.gpus_per_node
+            m = max(1, need // k)
+            nodes = sorted((f, i) for i, f in enumerate(free) if f >= k)
+            if len(nodes) < m:
+                return None
+            return [(i, k) for _, i in nodes[:m]]
+        if need <= self.gpus_per_node:
+            best = -1
+            for i, f in enumerate(free):
+                if f >= need and (best < 0 or f < free[best]):
+                    best = i
+                    if f == need:
+                        break
+            if best >= 0:
+                return [(best, need)]
+        if sum(free) < need:
+            return None
+        out: list[tuple[int, int]] = []
+        left = need
+        for f, i in sorted(
+            ((f, i) for i, f in enumerate(free) if f > 0), key=lambda x: (-x[0], x[1])
+        ):
+            take = min(f, left)
+            out.append((i, take))
+            left -= take
+            if left == 0:
+                return out
+        return None
+
+    def _fit_shard(self, job: SimJob) -> tuple[int, int, int] | None:
+        s = job.shards
+        fresh: tuple[int, int, int] | None = None
+        for n in self._nodes:
+            if job.gpu_type is not None and n.gpu_type != job.gpu_type:
+                continue
+            for g, owner in enumerate(n.gpu_owner):
+                if owner is not None:
+                    continue
+                used = sum(n.gpu_shards[g].values())
+                if used and used + s <= n.shards_per_gpu:
+                    return (n.index, g, s)
+                if not used and fresh is None and s <= n.shards_per_gpu:
+                    fresh = (n.index, g, s)
+        return fresh
+
+    def _free(self) -> list[int]:
+        return list(self._free_counts)
+
+    def _reservation(self, job: SimJob, free: list[int]) -> tuple[float, list[int]] | None:
+        """Earliest time (by time limits) ``job`` fits, and the GPUs it reserves per node."""
+        future = list(free)
+        for end, jid in self._by_limit:
+            if not math.isfinite(end):
+                break
+            other = self._running[jid]
+            for n, gpus in other.alloc:
+                future[n] += len(gpus)
+            if other.shard_alloc is not None:
+                n, g, _ = other.shard_alloc
+                if len(self._nodes[n].gpu_shards[g]) == 1:
+                    future[n] += 1
+            fit = self._fit(job, future)
+            if fit is not None:
+                reserved = [0] * len(free)
+                for n, c in fit:
+                    reserved[n] = c
+                return end, reserved
+        return None
+
+    def _schedule(self) -> None:
+        self._dirty = False
+        free = self._free()
+        if not any(free) and not self.shards_per_gpu:
+            return
+        queue = self._eligible()
+        if not queue:
+            return
+        shadow: float | None = None
+        reserved: list[int] | None = None
+        spare: list[int] | None = None  # free GPUs the reservation leaves, per node
+        failed: dict[tuple[bool, int, str], float] = {}
+        tested = 0
+        for job in queue:
+            if not any(free) and not self.shards_per_gpu:
+                break
+            if shadow is not None:
+                tested += 1
+                if tested > self.bf_max_job_test:
+                    break
+            if job.shards:
+                place = self._fit_shard(job)
+                if place is None:
+                    continue
+                n = place[0]
+                takes_fresh = not self._nodes[n].gpu_shards[place[1]]
+                if takes_fresh and reserved is not None and shadow is not None:
+                    ends = self.now + (job.time_limit_s or math.inf)
+                    if ends > shadow and free[n] - 1 < reserved[n]:
+                        continue
+                self._start(job, [], place)
+                if takes_fresh:
+                    free[n] -= 1
+                    spare = None
+                    failed.clear()
+                continue
+            if reserved is None:
+                fit = self._fit(job, free)
+                if fit is not None:
+                    self._start_whole(job, fit, free)
+                    continue
+                res = self._reservation(job, free)
+                if res is not None:
+                    shadow, reserved = res
+                continue
+            ends = self.now + (job.time_limit_s if job.time_limit_s is not None else math.inf)
+            assert shadow is not None
+            beyond = ends > shadow
+            # A job of N GPUs that did not fit on a vector that has not changed since
+            # means no job of N or more fits either (--gpus=N fits are monotone in N):
+            # this keeps a long backfill queue at O(1) per job.
+            key = (beyond, job.gpus_per_node or 0, job.gpu_type or "")
+            if job.gpus >= failed.get(key, math.inf):
+                continue
+            if beyond:
+                if spare is None:
+                    spare = [max(0, f - r) for f, r in zip(free, reserved, strict=True)]
+                fit = self._fit(job, spare)
+            else:
+                fit = self._fit(job, free)
+            if fit is None:
+                failed[key] = min(failed.get(key, math.inf), job.gpus)
+                continue
+            self._start_whole(job, fit, free)
+            spare = None
+            failed.clear()
+
+    def _start_whole(self, job: SimJob, fit: list[tuple[int, int]], free: list[int]) -> None:
+        alloc = []
+        for n, count in fit:
+            gpus = tuple(self._nodes[n].free_gpus()[:count])
+            alloc.append((n, gpus))
+            free[n] -= count
+        self._start(job, alloc, None)

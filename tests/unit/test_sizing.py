@@ -1,0 +1,193 @@
+"""One sizing rule (policy/sizing.py): rightsizing, the job_submit.lua export and ``sgpu eff``
+suggest the same size for the same usage."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmgpu.policy.recommend import recommendations
+from slurmgpu.policy.rightsize import RightsizePolicy
+from slurmgpu.policy.settings import RightsizeSettings
+from slurmgpu.policy.sizing import (
+    cores_needed,
+    gpus_needed,
+    mem_text,
+    memory_mib,
+    round_up,
+    time_limit_s,
+)
+from slurmgpu.report.eff import EffThresholds, job_efficiency, notes
+from slurmgpu.slurm.update import update_fields
+from slurmgpu.units import format_time_limit
+from tests.hypothesis_profiles import examples
+from tests.unit.policy_builders import pending_job, record, snapshot
+from tests.unit.test_eff import ended, host, make_job
+from tests.unit.test_eff import gpu as gpu_usage
+
+DAY = timedelta(days=1)
+
+
+def test_time_limit_is_headroom_times_run_time_at_least_the_minimum_in_5_minute_steps() -> None:
+    assert time_limit_s(3600) == 4800  # 1.3 * 3600 = 4680 s -> 16 * 300 s
+    assert time_limit_s(3300 / 1.3) == 3300  # 1.3 * that is 3300.0000000000005: no step more
+    assert time_limit_s(3693) == 5100  # 4800.9 s: one step more
+    assert time_limit_s(60) == 900  # never below 15 min
+    assert time_limit_s(3600, headroom=1.5, step_s=600, minimum_s=0) == 5400
+
+
+def test_memory_is_ceil_of_headroom_times_peak_in_256_mib_steps() -> None:
+    assert memory_mib(5120) == 6144  # 1.2 * 5120 is 6144 exactly, not a step more
+    assert memory_mib(8192) == 9984  # ceil(9830.4) = 9831 -> 39 * 256
+    assert memory_mib(0) == 256  # at least one step
+    assert memory_mib(1000, headroom=1.0, step_mib=1024) == 1024
+
+
+def test_cores_and_gpus_are_never_fewer_than_one() -> None:
+    assert cores_needed(2.5) == 3 and cores_needed(5.0) == 6 and cores_needed(0.0) == 1
+    assert gpus_needed(0) == 1 and gpus_needed(3) == 3
+    assert round_up(601, 300) == 900 and round_up(600, 300) == 600
+
+
+def test_mem_text_is_exact_in_slurm_units() -> None:
+    assert [mem_text(m) for m in (6144, 9984, 1024, 0.2, 2560.5)] == [
+        "6G",
+        "9984M",
+        "1G",
+        "1M",
+        "2561M",
+    ]
+
+
+def test_rightsize_settings_and_eff_thresholds_share_the_sizing_defaults() -> None:
+    rs, th = RightsizeSettings(), EffThresholds()
+    assert (rs.time_headroom, rs.time_round, rs.min_time_limit) == (
+        th.time_headroom,
+        th.time_round,
+        th.min_time_limit,
+    )
+    assert (rs.memory_headroom, rs.memory_round_mib, rs.cpu_headroom) == (
+        th.memory_headroom,
+        th.memory_round_mib,
+        th.cpu_headroom,
+    )
+
+
+def test_eff_sizes_by_the_sites_rightsize_settings() -> None:
+    site = RightsizeSettings(time_round=timedelta(minutes=10), memory_round_mib=1024)
+    done = make_job(elapsed=timedelta(seconds=7000), time_limit=30 * DAY, memory_mib=1_000_000)
+    report = job_efficiency(
+        done,
+        [gpu_usage(0, 70.0)],
+        [host("gpu1", 380.0, 4, memory_mib=8192.0)],
+        ended(done),
+        thresholds=EffThresholds.sized_as(site),
+    )
+    options = {n.kind: n.option for n in notes(report)}
+    # 1.3 * 7000 s = 9100 s -> 16 * 600 s; ceil(1.2 * 8192) = 9831 MiB -> 10 * 1024 MiB
+    assert options["time"] == "--time=02:40:00" and options["memory"] == "--mem=10G"
+    defaults = {n.kind: n.option for n in notes(replace(report, thresholds=EffThresholds()))}
+    assert defaults["time"] == "--time=02:35:00" and defaults["memory"] == "--mem=9984M"
+
+
+def _three_sizes(run_s: int, peak_mib: int, busy_cores: float) -> dict[str, dict[str, object]]:
+    """What rightsizing, the export and ``sgpu eff`` suggest for runs that ran ``run_s``,
+    peaked at ``peak_mib`` on their node, kept ``busy_cores`` busy and one of two GPUs."""
+    runs = [
+        record(
+            run_time=timedelta(seconds=run_s),
+            gpus_requested=2,
+            gpus_used=1,
+            cpus=64,
+            peak_memory_mib=float(peak_mib),
+            peak_node_memory_mib=float(peak_mib),
+            mean_cpu_pct=busy_cores * 100.0,
+        )
+        for _ in range(5)
+    ]
+    s = RightsizeSettings(apply_to_all=True)
+    policy = RightsizePolicy(s)
+    job = pending_job(
+        time_limit=30 * DAY, cpus=64, memory_mib=1_000_000, gpus_per_node=2, comment=""
+    )
+    snap = snapshot([job], history=runs)
+    (action,) = policy.propose(snap)
+    by_key, _ = recommendations(policy.priors(snap.history), s)
+    rec = by_key["alice|train|gpu"]
+
+    done = make_job(
+        elapsed=timedelta(seconds=run_s),
+        time_limit=30 * DAY,
+        cpus=64,
+        memory_mib=1_000_000,
+        gpus={"gpu1": (0, 1)},
+    )
+    report = job_efficiency(
+        done,
+        [gpu_usage(0, 70.0), gpu_usage(1, 0.0)],
+        [host("gpu1", busy_cores * 100.0, 64, memory_mib=float(peak_mib))],
+        ended(done),
+    )
+    eff = {n.kind: n.option for n in notes(report)}
+    fields = update_fields(action.intents, "")  # as the daemon spells them for Slurm
+    return {
+        "rightsize": {
+            "time": fields["TimeLimit"],
+            "mem": mem_text(int(fields["MinMemoryNode"])),
+            "cpus": int(fields["NumCPUs"]),
+            "gpus": fields["TresPerNode"].rpartition(":")[2],
+        },
+        "recommend": {
+            "time": format_time_limit(timedelta(minutes=int(rec["time_limit_min"] or 0))),
+            "mem": mem_text(int(rec["mem_mib"] or 0)),
+            "cpus": None,  # no CPU figure in the export (see policy.sizing)
+            "gpus": str(rec["gpus"]),
+        },
+        "eff": {
+            "time": (eff["time"] or "").removeprefix("--time="),
+            "mem": (eff["memory"] or "").removeprefix("--mem="),
+            "cpus": int((eff["cpu"] or "").removeprefix("-c ")),
+            "gpus": (eff["gpus"] or "").removeprefix("--gpus="),
+        },
+    }
+
+
+def test_rightsize_recommend_and_eff_suggest_the_same_size() -> None:
+    got = _three_sizes(run_s=7200, peak_mib=8192, busy_cores=20.0)
+    # 1.3 * 2 h = 9360 s -> 9600 s; ceil(1.2 * 8192) = 9831 -> 9984 MiB; 1.2 * 20 cores = 24;
+    # one GPU busy of two. Before issue 21 eff said --time=02:45:00 (15 min steps) and
+    # --mem=10G (whole GiB) for the same runs.
+    expected = {"time": "02:40:00", "mem": "9984M", "cpus": 24, "gpus": "1"}
+    assert got["rightsize"] == expected
+    assert got["eff"] == expected
+    assert got["recommend"] == {**expected, "cpus": None}
+
+
+@given(
+    run_s=st.integers(min_value=901, max_value=10 * 86400),
+    peak_mib=st.integers(min_value=1, max_value=400_000),
+    busy_cores=st.integers(min_value=11, max_value=40).map(lambda c: c + 0.5),
+)
+@settings(max_examples=examples(60), deadline=None)
+def test_the_three_agree_for_any_usage(run_s: int, peak_mib: int, busy_cores: float) -> None:
+    got = _three_sizes(run_s, peak_mib, busy_cores)
+    rightsize = got["rightsize"]
+    assert got["eff"] == rightsize
+    assert got["recommend"] == {**rightsize, "cpus": None}
+
+
+@pytest.mark.parametrize("round_s", [60, 90, 300, 900])
+def test_the_export_never_rounds_a_limit_below_what_rightsizing_sets(round_s: int) -> None:
+    # a time_round that is not whole minutes: the export's minutes are rounded up
+    s = RightsizeSettings(time_round=timedelta(seconds=round_s))
+    runs = [record(run_time=timedelta(seconds=1000), gpus_used=4) for _ in range(3)]
+    policy = RightsizePolicy(s)
+    by_key, _ = recommendations(policy.priors(tuple(runs)), s)
+    minutes = by_key["alice|train|gpu"]["time_limit_min"]
+    assert minutes is not None
+    seconds = time_limit_s(1000, s.time_headroom, round_s, s.min_time_limit.total_seconds())
+    assert minutes * 60 >= seconds > (minutes - 1) * 60
