@@ -27,6 +27,9 @@ measures in one process:
   history reload cost before statistics were carried over).
 
 Each figure is the median of ``--repeat`` runs (steady state: of ``--cycles`` cycles).
+Every decision of every timed cycle is recorded (whole, as JSON) and hashed: ``--dump
+FILE`` writes them, ``--check-against FILE`` fails unless a run (of the same size) decides
+exactly the same, which is how a faster policy path is shown to change nothing.
 Target (issue 4): decide <= 1 s, in the steady state and on a history reload.
 Run: ``.venv/bin/python bench/policy.py [--pending 100000 --running 20000]``.
 """
@@ -36,12 +39,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import hashlib
+import json
 import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import msgspec
 
@@ -49,6 +55,7 @@ from slurmgpu.daemon.diff import diff_jobs
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.policy import (
+    Decision,
     EngineSettings,
     GpuStat,
     HistoryRecord,
@@ -269,6 +276,19 @@ def reloaded(
     return (*kept, *new)
 
 
+def decision_record(decisions: Sequence[Decision]) -> list[str]:
+    """Every decision, whole (action with its fields, numbers and reason, mode, execute,
+    notify, suppressed), one JSON text each, sorted: what ``--dump`` writes and
+    ``--check-against`` compares, so a change to the policy code can be shown to decide
+    exactly as before."""
+    return sorted(msgspec.json.encode(d).decode() for d in decisions)
+
+
+def digest(record: Sequence[str]) -> str:
+    """A short hash of a decision record, to quote."""
+    return hashlib.sha256("\n".join(record).encode()).hexdigest()[:16]
+
+
 def median_time(fn: Callable[[], object], repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -299,6 +319,19 @@ def main() -> None:
         type=float,
         default=5.0,
         help="mean run time of the running jobs, for the heavier reload (see below)",
+    )
+    ap.add_argument(
+        "--dump",
+        type=Path,
+        metavar="FILE",
+        help="write every decision of the first cycle, each steady cycle and each reload "
+        "cycle to FILE (JSON), to compare a later run with (--check-against)",
+    )
+    ap.add_argument(
+        "--check-against",
+        type=Path,
+        metavar="FILE",
+        help="fail unless every decision is the one a --dump of the same size wrote to FILE",
     )
     add_arguments(ap, "2,000 pending, 400 running, 4,000 history records, 2 cycles")
     args = ap.parse_args()
@@ -342,6 +375,7 @@ def main() -> None:
     # Also in process CPU time (the wall figure counts other processes on a shared box),
     # and the history's priors build (grouping + every key computed, which the daemon's
     # first cycle pays too unless the recommendation export built them at history load).
+    records: dict[str, list[str]] = {}
     first_times, first_cpu, load_cpu = [], [], []
     for _ in range(args.repeat):
         rightsize = RightsizePolicy()
@@ -355,6 +389,9 @@ def main() -> None:
         decisions = engine.decide(snap)
         first_cpu.append(time.process_time() - cpu)
         first_times.append(time.perf_counter() - start)
+        record = decision_record(decisions)
+        if records.setdefault("first cycle", record) != record:
+            raise SystemExit("two first cycles on the same snapshot decided differently: a bug")
     first_s = statistics.median(first_times)
 
     # Steady state: the last engine goes on, one fresh snapshot per cycle.
@@ -370,11 +407,12 @@ def main() -> None:
         f"(built in {time.perf_counter() - t:.1f} s)"
     )
     steady_times = []
-    for cycle in cycles:
+    for k, cycle in enumerate(cycles):
         gc.collect()
         start = time.perf_counter()
         decisions = engine.decide(cycle)
         steady_times.append(time.perf_counter() - start)
+        records[f"steady cycle {k + 1}"] = decision_record(decisions)
     steady_s = statistics.median(steady_times)
     # The verdicts the steady state reused must be the ones a fresh policy gives.
     fresh_rs = RightsizePolicy()
@@ -408,6 +446,7 @@ def main() -> None:
             start = time.perf_counter()
             decisions = engine.decide(current)
             times.append(time.perf_counter() - start)
+            records[f"reload ({label}) {k + 1}"] = decision_record(decisions)
         reload_s[label] = (statistics.median(times), n, int(statistics.median(changed_users)))
         fresh_rs = RightsizePolicy()
         fresh_rs.priors(history)
@@ -428,6 +467,23 @@ def main() -> None:
         + "; identical to a fresh policy's"
     )
     print(f"executed: {sum(d.execute for d in decisions)} (cycle limit 20)")
+    print(
+        "decision hashes: "
+        + ", ".join(f"{label} {len(r):,} {digest(r)}" for label, r in records.items())
+    )
+    if args.dump:
+        args.dump.write_text(json.dumps(records))
+        print(f"decisions written to {args.dump}")
+    if args.check_against:
+        expected = json.loads(args.check_against.read_text())
+        if expected != records:
+            differ = sorted(set(expected) ^ set(records)) + [
+                label
+                for label in records
+                if label in expected and expected[label] != records[label]
+            ]
+            raise SystemExit(f"decisions differ from {args.check_against}'s: {', '.join(differ)}")
+        print(f"decisions identical to {args.check_against}'s ({len(records)} cycles)")
     print(f"history: {len(snap.history):,} records")
     print(f"baseline (iterate jobs):             {base_s * 1000:9.1f} ms")
     print(f"priors build, grouping:              {group_s * 1000:9.1f} ms")

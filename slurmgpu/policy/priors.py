@@ -35,7 +35,10 @@ run says little about what a full run needs (it may have stopped after a minute)
 timed-out run is a lower bound of its need and keeps the estimate high. Runs that ended
 ``OUT_OF_MEMORY`` are counted (``oom_runs``) so memory is never shrunk for that key.
 
-Building is O(n) dictionary work plus one sort of run times per key; ``estimate`` walks
+Building is O(n) dictionary work; a key's statistics are computed on first use, its
+run-time quantile read without a sort where it is the longest run (fewer than
+``1 / (1 - q)`` runs, most keys), and kept out of the garbage collector's sight (a
+daemon-sized heap costs 0.5-0.9 s per full collection, see ``_Agg``). ``estimate`` walks
 the fallback chain (at most six look-ups) once per (user, name, partition), then answers
 from a dictionary. Pure: no I/O, no clock.
 """
@@ -45,6 +48,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
+from itertools import compress
+from operator import mul
 
 import msgspec
 
@@ -77,8 +82,7 @@ def quantile_nearest_rank(sorted_values: Sequence[float], q: float) -> float:
     """
     if not sorted_values:
         raise ValueError("no values")
-    rank = math.ceil(q * len(sorted_values) - 1e-9)
-    return sorted_values[min(len(sorted_values), max(rank, 1)) - 1]
+    return sorted_values[_rank(q, len(sorted_values)) - 1]
 
 
 class Estimate(msgspec.Struct, frozen=True, gc=False):
@@ -137,63 +141,54 @@ def _state_kind(state: str) -> int:
     return kind
 
 
+def _rank(q: float, n: int) -> int:
+    """The nearest rank of the ``q`` quantile among ``n`` sorted values, 1-based."""
+    return min(n, max(math.ceil(q * n - 1e-9), 1))
+
+
 def _max(current: float | None, value: float | None) -> float | None:
     if value is None:
         return current
     return value if current is None or value > current else current
 
 
-class _Agg:
-    """Mergeable statistics of one group of history records."""
+class _Agg(msgspec.Struct, gc=False):
+    """Mergeable statistics of one group of history records.
 
-    __slots__ = (
-        "_sorted",
-        "cpu_max",
-        "cpu_n",
-        "cpu_saturated",
-        "cpu_sum",
-        "gpu_mem_max",
-        "gpu_util_n",
-        "gpu_util_sum",
-        "gpus_requested",
-        "gpus_used",
-        "gpus_used_n",
-        "mem_max",
-        "node_mem_max",
-        "oom",
-        "run_gpus",
-        "run_times",
-        "timeouts",
-    )
+    Untracked by the garbage collector, with its run times in tuples (which the collector
+    stops tracking once it has seen them), not lists: a build makes one per key, ~66k on
+    200k records, and as ~200k tracked objects they set off two full collections of the
+    daemon's heap per build (0.5-0.9 s each on bench/policy.py's case, half of what
+    computing every key cost). Nothing refers back to one (no cycle to collect)."""
 
-    def __init__(self) -> None:
-        self._sorted: list[float] | None = None  # run_times sorted, once built
-        self.run_times: list[float] = []
-        self.run_gpus: list[int] = []  # GPUs each sample asked for, parallel to run_times
-        self.timeouts = 0
-        self.oom = 0
-        self.mem_max: float | None = None
-        self.node_mem_max: float | None = None
-        self.cpu_sum = 0.0
-        self.cpu_n = 0
-        self.cpu_max: float | None = None
-        self.cpu_saturated = False
-        self.gpu_util_sum = 0.0
-        self.gpu_util_n = 0
-        self.gpu_mem_max: float | None = None
-        self.gpus_used: int | None = None
-        self.gpus_used_n = 0
-        self.gpus_requested = 0
+    _sorted: list[float] | None = None  # run_times sorted, once built
+    run_times: tuple[float, ...] = ()
+    run_gpus: tuple[int, ...] = ()  # GPUs each sample asked for, parallel to run_times
+    timeouts: int = 0
+    oom: int = 0
+    mem_max: float | None = None
+    node_mem_max: float | None = None
+    cpu_sum: float = 0.0
+    cpu_n: int = 0
+    cpu_max: float | None = None
+    cpu_saturated: bool = False
+    gpu_util_sum: float = 0.0
+    gpu_util_n: int = 0
+    gpu_mem_max: float | None = None
+    gpus_used: int | None = None
+    gpus_used_n: int = 0
+    gpus_requested: int = 0
 
     def add_records(self, records: Iterable[HistoryRecord]) -> None:
+        times, gpus = list(self.run_times), list(self.run_gpus)
         for r in records:
             kind = _state_kind(r.state)
             if kind >= _OOM:
                 if kind == _OOM:
                     self.oom += 1
                 continue
-            self.run_times.append(r.run_time.total_seconds())
-            self.run_gpus.append(r.gpus_requested)
+            times.append(r.run_time.total_seconds())
+            gpus.append(r.gpus_requested)
             if kind == _TIMEOUT:
                 self.timeouts += 1
             self.mem_max = _max(self.mem_max, r.peak_memory_mib)
@@ -219,10 +214,11 @@ class _Agg:
                 )
                 self.gpus_used_n += 1
             self.gpus_requested = max(self.gpus_requested, r.gpus_requested)
+        self.run_times, self.run_gpus = tuple(times), tuple(gpus)
 
     def merge(self, other: _Agg) -> None:
-        self.run_times.extend(other.run_times)
-        self.run_gpus.extend(other.run_gpus)
+        self.run_times += other.run_times
+        self.run_gpus += other.run_gpus
         self.timeouts += other.timeouts
         self.oom += other.oom
         self.mem_max = _max(self.mem_max, other.mem_max)
@@ -248,27 +244,59 @@ class _Agg:
             done = self._sorted = sorted(self.run_times)
         return done
 
-    def times_for(self, gpus: int | None, min_samples: int) -> tuple[list[float], int, bool]:
-        """Run times for a job of ``gpus`` GPUs (see the module docstring), sorted; how
-        many runs had exactly that count; whether other counts were scaled."""
+    def run_time(
+        self, gpus: int | None, q: float, min_samples: int
+    ) -> tuple[float, float, int, int, bool]:
+        """The run-time figures for a job of ``gpus`` GPUs (see the module docstring):
+        the nearest-rank ``q`` quantile and the longest of the run times it is taken
+        over, how many those are, how many runs had exactly ``gpus`` GPUs, and whether
+        other counts were scaled. Raises ValueError when no run time applies.
+
+        The same figures as sorting the run times that apply and reading them, without
+        the sort (or a Python loop: C-level passes) where the quantile is the longest run
+        (its rank is the last: fewer than ``1 / (1 - q)`` runs, 20 at 0.95, which is most
+        keys). Scaling by ``g / gpus`` keeps the order of runs (rounding is monotonic),
+        so the longest scaled run is the longest ``t * g`` scaled."""
+        run_times = self.run_times
+        n = len(run_times)
         if gpus is None or gpus <= 0:
-            return self.sorted_times(), 0, False
-        run_times, run_gpus = self.run_times, self.run_gpus
-        if gpus not in run_gpus:  # a C-level scan: no run asked for this many
-            if not run_times or min_samples <= 0:
-                return [], 0, False
-            same_n = 0
-        else:
-            same = [t for t, g in zip(run_times, run_gpus, strict=True) if g == gpus]
-            same_n = len(same)
-            if same_n >= min_samples or same_n == len(run_times):
-                same.sort()
-                return same, same_n, False
+            if not n:
+                raise ValueError("no values")
+            rank = _rank(q, n)
+            if rank == n and self._sorted is None:
+                top = max(run_times)
+                return top, top, n, 0, False
+            times = self.sorted_times()
+            return times[rank - 1], times[-1], n, 0, False
+        run_gpus = self.run_gpus
+        same_n = run_gpus.count(gpus)
+        if same_n >= min_samples or same_n == n:  # from the runs with as many GPUs only
+            if not same_n:
+                raise ValueError("no values")
+            same = list(compress(run_times, map(gpus.__eq__, run_gpus)))
+            if _rank(q, same_n) == same_n:
+                top = max(same)
+                return top, top, same_n, same_n, False
+            same.sort()
+            return same[_rank(q, same_n) - 1], same[-1], same_n, same_n, False
+        rank = _rank(q, n)
         if self.gpus_requested <= gpus:  # no run asked for more: none is scaled
-            return self.sorted_times(), same_n, True
-        scaled = [t * g / gpus if g > gpus else t for t, g in zip(run_times, run_gpus, strict=True)]
-        scaled.sort()
-        return scaled, same_n, True
+            if rank == n:
+                top = max(run_times)
+                return top, top, n, same_n, True
+            times = self.sorted_times()
+            return times[rank - 1], times[-1], n, same_n, True
+        if rank == n:
+            longest = max(compress(map(mul, run_times, run_gpus), map(gpus.__lt__, run_gpus)))
+            top = longest / gpus
+            unscaled = max(compress(run_times, map(gpus.__ge__, run_gpus)), default=None)
+            if unscaled is not None and unscaled > top:
+                top = unscaled
+            return top, top, n, same_n, True
+        scaled = sorted(
+            [t * g / gpus if g > gpus else t for t, g in zip(run_times, run_gpus, strict=True)]
+        )
+        return scaled[rank - 1], scaled[-1], n, same_n, True
 
     def estimate(
         self,
@@ -278,16 +306,16 @@ class _Agg:
         gpus: int | None = None,
         min_samples: int = 1,
     ) -> Estimate:
-        times, gpu_samples, scaled = self.times_for(gpus, min_samples)
+        quantile, longest, samples, gpu_samples, scaled = self.run_time(gpus, q, min_samples)
         # Positional, in Estimate's field order: a first cycle builds tens of thousands,
         # and msgspec matches 21 keywords by name on each.
         return Estimate(
             level,
             key,
-            len(times),
+            samples,
             q,
-            timedelta(seconds=quantile_nearest_rank(times, q)),
-            timedelta(seconds=times[-1]),
+            timedelta(seconds=quantile),
+            timedelta(seconds=longest),
             self.timeouts,
             self.mem_max,
             self.node_mem_max,
@@ -394,7 +422,16 @@ class Priors:
                     children.setdefault((5, user), []).append(user_partition)
                 else:
                     siblings.append(key)
-        return cls(groups, children, quantile=quantile, min_samples=min_samples, by_gpus=by_gpus)
+        # As tuples: untracked by the garbage collector once it has seen them (their
+        # records and keys are), where ~66k lists would stay tracked and set off full
+        # collections of the daemon's heap (see _Agg).
+        return cls(
+            {key: tuple(records) for key, records in groups.items()},
+            {key: tuple(finer) for key, finer in children.items()},
+            quantile=quantile,
+            min_samples=min_samples,
+            by_gpus=by_gpus,
+        )
 
     def __len__(self) -> int:
         """Return how many history keys there are, over all levels."""
@@ -553,9 +590,9 @@ class Priors:
         timedelta holds it), ``samples``, ``gpu_samples`` and ``gpu_scaled``."""
         agg = self._aggs.get(key) or self._agg(key)
         assert agg is not None  # the caller's key answers
-        times, same_n, scaled = agg.times_for(gpus, self.min_samples)
-        q = timedelta(seconds=quantile_nearest_rank(times, self.quantile)).total_seconds()
-        return q, len(times), same_n, scaled
+        q, _, samples, same_n, scaled = agg.run_time(gpus, self.quantile, self.min_samples)
+        # in seconds as the Estimate's timedelta holds it (to the microsecond)
+        return timedelta(seconds=q).total_seconds(), samples, same_n, scaled
 
     def estimate(self, job: Job, *, script_hash: str | None = None) -> Estimate | None:
         """Return the estimate for ``job``'s GPU count from the finest key with enough

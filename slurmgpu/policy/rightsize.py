@@ -76,7 +76,6 @@ __all__ = ["PriorsFactory", "RightsizePolicy"]
 PriorsFactory = Callable[[Sequence[HistoryRecord]], Priors]
 Numbers = dict[str, float | int | str | None]
 
-_JobKey = tuple[str, str, str, int]
 # History levels keyed by the job itself (its script or name), not the user's other jobs.
 _OWN_LEVELS = frozenset(level for level in LEVELS if "script" in level or "name" in level)
 
@@ -99,40 +98,47 @@ def _shrinks_enough(current: float, proposed: float, fraction: float) -> bool:
     return proposed < current and (current - proposed) >= fraction * current - 1e-9
 
 
-class _Inputs(msgspec.Struct, frozen=True, gc=False):
-    """What a pending job's verdict depends on besides the priors: its request, the
-    sibling floor of its time limit and its opt-in. Untracked by the collector (a cycle
-    builds one per pending job) and compared field by field in C."""
-
-    name: str
-    partition: str
-    # the GpuRequest's fields (its dataclass __eq__ would run in Python)
-    gpus: int
-    gpus_per_node: int | None
-    gpus_per_job: int | None
-    gpus_per_task: int | None
-    gpu_type: str | None
-    shards: int
-    time_limit: timedelta | None
-    memory_mib: int | None
-    node_count: int
-    cpus: int
-    tasks: int
-    array_task_spec: str | None
-    floor_s: int | None  # a running sibling's floor, where it binds (else None)
-    opted: bool
-
-
 class _Verdict(msgspec.Struct, frozen=True, gc=False):
-    """The action (or none) given for ``inputs``; ``history_time_s`` is the time limit
-    history alone gave, below which a running sibling's floor changes nothing. ``job``:
-    the object judged (the same object next cycle is the same request; its user's
-    history gave the verdict, kept across a reload that left that history the same)."""
+    """The action (or none) given for ``job``'s request (:func:`_same_request`), its
+    opt-in and ``floor_s``, the sibling floor of its time limit where it binds (else
+    None). ``history_time_s`` is the time limit history alone gave, below which a
+    running sibling's floor changes nothing. ``job``: the object judged (the same object
+    next cycle is the same request; its user's history gave the verdict, kept across a
+    reload that left that history the same). Untracked by the collector: a cycle builds
+    one per pending job."""
 
     job: Job
-    inputs: _Inputs
+    floor_s: int | None
+    opted: bool
     action: Action | None
     history_time_s: int | None
+
+
+def _same_request(a: Job, b: Job) -> bool:
+    """Whether two records of one job (by id) ask for the same: everything of the job a
+    verdict reads besides its opt-in and sibling floor. Field by field (``GpuRequest``'s
+    dataclass ``__eq__`` would build two tuples)."""
+    if not (
+        a.user == b.user
+        and a.name == b.name
+        and a.partition == b.partition
+        and a.time_limit == b.time_limit
+        and a.memory_mib == b.memory_mib
+        and a.node_count == b.node_count
+        and a.cpus == b.cpus
+        and a.tasks == b.tasks
+        and a.array_task_spec == b.array_task_spec
+    ):
+        return False
+    ga, gb = a.gpus, b.gpus
+    return ga is gb or (
+        ga.gpus == gb.gpus
+        and ga.per_node == gb.per_node
+        and ga.per_job == gb.per_job
+        and ga.per_task == gb.per_task
+        and ga.gpu_type == gb.gpu_type
+        and ga.shards == gb.shards
+    )
 
 
 class _Seconds(NamedTuple):
@@ -151,12 +157,14 @@ class _KeyDerived:
         "est",
         "gpus_used",
         "history_key",
+        "key",
         "memory_mib",
         "own_level",
         "user",
     )
 
-    def __init__(self, est: Estimate, s: RightsizeSettings) -> None:
+    def __init__(self, key: tuple[int | str, ...], est: Estimate, s: RightsizeSettings) -> None:
+        self.key = key  # the priors' key (Priors.answer)
         self.est = est
         self.user = est.key[0]
         self.history_key = "/".join(est.key)
@@ -167,49 +175,35 @@ class _KeyDerived:
         self.gpus_used: int | None = sizes.gpus
 
 
-class _Derived:
-    """What one key's estimate for one GPU count implies: the key's figures
-    (:class:`_KeyDerived`, shared) and the run-time part, which alone depends on the GPU
-    count. The same figures as the ``Estimate`` that ``Priors.estimate`` gives for such a
-    job, without building one per GPU count (a first cycle meets tens of thousands).
+class _Derived(msgspec.Struct, gc=False):
+    """What one key's estimate for one GPU count implies (built by :func:`_derive`): the
+    key's figures (:class:`_KeyDerived`, shared) and the run-time part, which alone
+    depends on the GPU count. The same figures as the ``Estimate`` that
+    ``Priors.estimate`` gives for such a job, without building one per GPU count (a
+    first cycle meets tens of thousands).
 
+    Untracked by the garbage collector (it refers to its key's figures, nothing refers
+    back): a first cycle keeps tens of thousands, and as tracked objects they tipped it
+    into a full collection of the daemon's heap (0.5-0.9 s on bench/policy.py's case).
     The numbers and reason text are made on first use: only estimates that lead to an
     action need them."""
 
-    __slots__ = (
-        "_numbers",
-        "gpu_samples",
-        "gpu_scaled",
-        "gpus",
-        "k",
-        "run_time_s",
-        "samples",
-        "time_s",
-    )
-
-    def __init__(
-        self,
-        k: _KeyDerived,
-        run: tuple[float, int, int, bool],
-        gpus: int | None,
-        s: RightsizeSettings,
-        c: _Seconds,
-    ) -> None:
-        self.k = k
-        self.run_time_s, self.samples, self.gpu_samples, self.gpu_scaled = run
-        self.gpus = gpus if gpus is not None and gpus > 0 else None
-        self._numbers: Numbers | None = None
-        self.time_s: int | None = None
-        if s.time_limit and k.own_level:
-            self.time_s = time_limit_s(self.run_time_s, s.time_headroom, c.round_s, c.min_time_s)
+    k: _KeyDerived
+    run_time_s: float
+    samples: int
+    gpu_samples: int
+    gpu_scaled: bool
+    gpus: int | None
+    time_s: int | None
+    numbers: Numbers | None = None  # history_numbers, once made
 
     @property
     def history_numbers(self) -> Numbers:
         """The history figures every action from this estimate records."""
-        numbers = self._numbers
+        numbers = self.numbers
         if numbers is None:
             est = self.k.est
-            numbers = self._numbers = {
+            numbers = self.numbers = {
                 "history_samples": self.samples,
                 "history_level": est.level,
                 "history_key": self.k.history_key,
@@ -225,6 +219,30 @@ class _Derived:
     def reason(self) -> str:
         """The start of every reason an action from this estimate gives."""
         return f"{self.samples} past runs ({self.k.est.level}) suggest "
+
+
+def _derive(
+    k: _KeyDerived,
+    run: tuple[float, int, int, bool],
+    gpus: int | None,
+    s: RightsizeSettings,
+    c: _Seconds,
+) -> _Derived:
+    """What the key's estimate for ``gpus`` GPUs implies, ``run`` its run-time part
+    (``Priors.run_time``)."""
+    run_time_s, samples, gpu_samples, gpu_scaled = run
+    time_s: int | None = None
+    if s.time_limit and k.own_level:
+        time_s = time_limit_s(run_time_s, s.time_headroom, c.round_s, c.min_time_s)
+    return _Derived(
+        k,
+        run_time_s,
+        samples,
+        gpu_samples,
+        gpu_scaled,
+        gpus if gpus is not None and gpus > 0 else None,
+        time_s,
+    )
 
 
 class RightsizePolicy:
@@ -255,10 +273,9 @@ class RightsizePolicy:
         # estimate implies, as long as the cached priors.
         self._derived: dict[tuple[int | str, ...], _KeyDerived] = {}
         self._timed: dict[tuple[tuple[int | str, ...], int | None], _Derived] = {}
-        # (user, name, partition, GPUs) -> what its estimate implies (None: no estimate),
-        # as long as the cached priors: most pending jobs are still pending next cycle,
-        # so a key costs one look-up after its first cycle.
-        self._keyed: dict[_JobKey, _Derived | None] = {}
+        # (user, name, partition) -> the key that answers for it (None: none does), as
+        # long as the cached priors: jobs of one name share it, whatever their GPUs.
+        self._by_name: dict[tuple[str, str, str], _KeyDerived | None] = {}
         # job id -> (what its verdict depends on besides the priors, that verdict), from
         # the last cycle; as long as the cached priors.
         self._memo: dict[int, _Verdict] = {}
@@ -280,13 +297,13 @@ class RightsizePolicy:
             changed = None if cached is None else priors.carry_over(cached[1])
             self._cached = (history, priors)
             if changed is None:
-                self._derived, self._timed, self._keyed, self._memo = {}, {}, {}, {}
+                self._derived, self._timed, self._by_name, self._memo = {}, {}, {}, {}
             elif changed:
                 # Estimates are per user (key[1], past the level tag); a verdict is its
                 # job's user's.
                 self._derived = {k: d for k, d in self._derived.items() if k[1] not in changed}
                 self._timed = {k: d for k, d in self._timed.items() if k[0][1] not in changed}
-                self._keyed = {k: v for k, v in self._keyed.items() if k[0] not in changed}
+                self._by_name = {k: v for k, v in self._by_name.items() if k[0] not in changed}
                 self._memo = {j: v for j, v in self._memo.items() if v.job.user not in changed}
             return priors
         return cached[1]
@@ -306,7 +323,8 @@ class RightsizePolicy:
         if not pending:
             return []
         priors = self.priors(snapshot.history)
-        keyed = self._keyed
+        by_name, timed = self._by_name, self._timed
+        by_gpus = priors.by_gpus
         # The longest a RUNNING job of the same user and name has run so far, as a floor
         # for the time limit (with the same headroom and rounding as history); by user,
         # then name, so a pending job's look-up builds no tuple.
@@ -360,84 +378,59 @@ class RightsizePolicy:
                     binding = None
             if (
                 last is not None
-                and last.job is job
-                and last.inputs.opted == is_opted
-                and last.inputs.floor_s == binding
+                and last.opted == is_opted
+                and last.floor_s == binding
+                and (last.job is job or _same_request(last.job, job))
             ):
                 # The daemon's snapshot hands an unchanged job over as the same object
                 # (daemon.diff): nothing to compare but the opt-in and the floor.
-                seen[job.job_id] = last
-                if last.action is not None:
-                    actions.append(last.action)
-                continue
-            request = job.gpus
-            inputs = _Inputs(
-                job.name,
-                job.partition,
-                request.gpus,
-                request.per_node,
-                request.per_job,
-                request.per_task,
-                request.gpu_type,
-                request.shards,
-                job.time_limit,
-                job.memory_mib,
-                job.node_count,
-                job.cpus,
-                job.tasks,
-                job.array_task_spec,
-                binding,
-                is_opted,
-            )
-            if last is not None and last.inputs == inputs and last.job.user == job.user:
                 if last.job is not job:  # an equal job parsed anew: known by identity next
                     last = msgspec.structs.replace(last, job=job)
                 seen[job.job_id] = last
                 if last.action is not None:
                     actions.append(last.action)
                 continue
-            job_key = (job.user, job.name, job.partition, job.gpus.gpus)
-            if job_key in keyed:
-                d = keyed[job_key]
+            # What the job's estimate implies: the key's figures once per (user, name,
+            # partition), the run time once per key and GPU count.
+            name_key = (job.user, job.name, job.partition)
+            if name_key in by_name:
+                k = by_name[name_key]
             else:
-                d = keyed[job_key] = self._resolve(job, priors)
+                k = by_name[name_key] = self._key_derived(name_key, priors)
             action: Action | None = None
             history_s: int | None = None
-            if d is not None:
+            if k is not None:
+                gpus = (job.gpus.gpus or None) if by_gpus else None
+                d = timed.get((k.key, gpus))
+                if d is None:
+                    d = timed[k.key, gpus] = _derive(
+                        k, priors.run_time(k.key, gpus), gpus, s, self._seconds
+                    )
                 time_s = history_s = d.time_s
                 if time_s is not None and floor is not None:
                     time_s = max(time_s, floor)
                 action = self._propose_one(job, d, time_s, sibling, is_opted)
                 if action is not None:
                     actions.append(action)
+            # as the next cycle will compare it: with the floor only where it binds
             binds = floor is not None and history_s is not None and floor > history_s
-            if inputs.floor_s != (floor if binds else None):
-                # as the next cycle will compare it: with the floor only where it binds
-                inputs = msgspec.structs.replace(inputs, floor_s=floor if binds else None)
-            seen[job.job_id] = _Verdict(job, inputs, action, history_s)
+            seen[job.job_id] = _Verdict(job, floor if binds else None, is_opted, action, history_s)
         self._memo = seen  # jobs no longer pending drop out
         return actions
 
-    def _resolve(self, job: Job, priors: Priors) -> _Derived | None:
-        """Return what the job's estimate (``priors.estimate(job)``) implies, or None.
-
-        Built from its parts (``Priors.answer``, ``key_estimate``, ``run_time``): the
-        key's figures once per key, the run time once per key and GPU count."""
-        key = priors.answer(job.user, job.name, job.partition)
+    def _key_derived(self, name_key: tuple[str, str, str], priors: Priors) -> _KeyDerived | None:
+        """Return what the estimate of jobs of this (user, name, partition) implies, run
+        times aside (``priors.estimate`` in parts: ``Priors.answer``, ``key_estimate``),
+        or None when no key answers; once per key for all the names it answers."""
+        key = priors.answer(*name_key)
         if key is None:
             return None
-        gpus = (job.gpus.gpus or None) if priors.by_gpus else None
-        timed = self._timed.get((key, gpus))
-        if timed is None:
-            k = self._derived.get(key)
-            if k is None:
-                est = priors.key_estimate(key)
-                assert est is not None  # an answering key has an estimate
-                k = self._derived[key] = _KeyDerived(est, self.settings)
-            timed = self._timed[key, gpus] = _Derived(
-                k, priors.run_time(key, gpus), gpus, self.settings, self._seconds
-            )
-        return timed
+        k = self._derived.get(key)
+        if k is None:
+            est = priors.key_estimate(key)
+            assert est is not None  # an answering key has an estimate
+            k = self._derived[key] = _KeyDerived(key, est, self.settings)
+        return k
 
     def _propose_one(
         self,

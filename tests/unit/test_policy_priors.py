@@ -283,3 +283,41 @@ def test_answer_key_estimate_and_run_time_are_estimate_in_parts() -> None:
                         est.gpu_scaled,
                     )
     assert answered > 100
+
+
+@pytest.mark.parametrize("quantile", [0.5, 0.8, 0.95, 1.0])
+def test_run_time_figures_equal_sorting_the_runs_that_apply(quantile: float) -> None:
+    """The estimate's run times (read without a sort where the quantile is the longest
+    run) equal the module docstring's definition, sorted and read, for groups small and
+    large, every GPU count and quantile: the runs that asked as many GPUs when there are
+    ``min_samples`` of them, else every run scaled by ``g / gpus`` where it had more."""
+    import random
+
+    rng = random.Random(11)
+    for size in (1, 2, 3, 5, 8, 19, 20, 21, 40, 120):
+        for min_samples in (1, 3, 5):
+            runs = [
+                (float(rng.randrange(60, 90_000)), rng.choice([0, 1, 1, 2, 3, 4, 8]))
+                for _ in range(size)
+            ]
+            history = [record(run_time=timedelta(seconds=t), gpus_requested=g) for t, g in runs]
+            priors = Priors.from_history(history, quantile=quantile, min_samples=min_samples)
+            for gpus in (0, 1, 2, 3, 4, 5, 8, 16):
+                est = priors.estimate(pending_job(gpus_per_node=gpus))
+                if size < min_samples:
+                    assert est is None
+                    continue
+                assert est is not None
+                same = sorted(t for t, g in runs if g == gpus)
+                if gpus and (len(same) >= min_samples or len(same) == size):
+                    times, scaled = same, False
+                elif gpus:
+                    times = sorted(t * g / gpus if g > gpus else t for t, g in runs)
+                    scaled = True
+                else:
+                    times, scaled = sorted(t for t, _ in runs), False
+                assert est.samples == len(times) and est.gpu_scaled is scaled
+                assert est.gpu_samples == (len(same) if gpus else 0)
+                want = quantile_nearest_rank(times, quantile)
+                assert est.run_time == timedelta(seconds=want)
+                assert est.max_run_time == timedelta(seconds=times[-1])

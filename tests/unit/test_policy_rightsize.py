@@ -20,7 +20,7 @@ from slurmgpu.intent import (
 from slurmgpu.model import GpuRequest, Job
 from slurmgpu.policy.base import Action, HistoryRecord
 from slurmgpu.policy.priors import Priors
-from slurmgpu.policy.rightsize import RightsizePolicy
+from slurmgpu.policy.rightsize import RightsizePolicy, _same_request
 from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.units import parse_time_limit
 from tests.hypothesis_profiles import examples
@@ -510,6 +510,38 @@ def test_a_kept_verdict_is_the_same_action_object() -> None:
         )
     )
     assert changed is not first and changed.numbers["time_limit_current_s"] == 12 * 3600
+
+
+def test_a_job_parsed_anew_keeps_its_verdict_only_while_its_request_is_the_same() -> None:
+    """What a kept verdict is compared on: every field of the job the verdict reads
+    (GpuRequest's field by field), nothing else (a new projected start changes none)."""
+    job = pending_job(time_limit=24 * HOUR, array_job_id=100, array_task_spec="1-9")
+    same = replace(job, start_time=T0 + HOUR, gpus=replace(job.gpus))
+    assert job.gpus is not same.gpus and _same_request(job, same)
+    changed = {
+        "user": replace(job, user="bob"),
+        "name": replace(job, name="eval"),
+        "partition": replace(job, partition="a100"),
+        "time_limit": replace(job, time_limit=12 * HOUR),
+        "memory_mib": replace(job, memory_mib=1024),
+        "node_count": replace(job, node_count=2),
+        "cpus": replace(job, cpus=8),
+        "tasks": replace(job, tasks=4),
+        "array_task_spec": replace(job, array_task_spec="2-9"),
+    }
+    request = job.gpus
+    for field, other_request in {
+        "gpus": replace(request, gpus=3),
+        "per_node": replace(request, per_node=3),
+        "per_job": replace(request, per_job=3),
+        "per_task": replace(request, per_task=3),
+        "gpu_type": replace(request, gpu_type="a100"),
+        "shards": replace(request, shards=3),
+    }.items():
+        changed[f"gpus.{field}"] = replace(job, gpus=other_request)
+    for field, other in changed.items():
+        assert not _same_request(job, other), field
+        assert not _same_request(other, job), field
 
 
 _RELOADS = st.lists(
