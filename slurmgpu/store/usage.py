@@ -129,6 +129,9 @@ def _sqlite_time(at: float) -> str:
     Samples of one batch share a few seconds, so the formatted second is cached.
     """
     second = int(at)
+    micro = round((at - second) * 1e6)
+    if micro >= 1_000_000:  # rounds up into the next second, as datetime.fromtimestamp does
+        second, micro = second + 1, micro - 1_000_000
     prefix = _SECOND_TEXT.get(second)
     if prefix is None:
         if len(_SECOND_TEXT) > 4096:
@@ -136,7 +139,7 @@ def _sqlite_time(at: float) -> str:
         prefix = _SECOND_TEXT[second] = datetime.fromtimestamp(second, UTC).strftime(
             "%Y-%m-%d %H:%M:%S"
         )
-    return f"{prefix}.{round((at - second) * 1e6) % 1_000_000:06d}"
+    return f"{prefix}.{micro:06d}"
 
 
 def _total_changes(conn: Any) -> int:
