@@ -43,7 +43,10 @@ def make_batches(n_batches: int, per_batch: int, tag: str) -> list[SampleBatch]:
         node = f"gpu{b % 64:03d}"
         gpu = [
             GpuSampleIn(
-                sample_uid=f"{tag}:{node}:{b}:{i}",
+                # Shaped as agents make them (agent.sampler.sample_uid: node first), so the
+                # daemon stores them as sent, like the baseline; a foreign-shaped id would
+                # be hashed per node (store.usage.node_scoped_uid), a path agents never take.
+                sample_uid=f"{node}:{tag}:{b}:{i}",
                 at=t0 + b * 10 + i * 0.001,
                 gpu_index=i % 8,
                 job_id=1000 + (i % 8) + 8 * (b % 64),
