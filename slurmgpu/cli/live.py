@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
+from types import FrameType
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -37,12 +41,46 @@ def watch(
     if not console.is_terminal:
         fail("--watch needs a terminal; use --json (or no --watch) in scripts", 2)
     stop = stop or threading.Event()
+    with _ctrl_c_sets(stop):
+        try:
+            with Live(render(), console=console, auto_refresh=False, transient=False) as live:
+                while not stop.wait(interval_s):
+                    live.update(render(), refresh=True)
+        except KeyboardInterrupt:  # a Ctrl-C from before the handler was in place
+            pass
+
+
+@contextmanager
+def _ctrl_c_sets(stop: threading.Event) -> Iterator[None]:
+    """While watching, Ctrl-C (SIGINT) only marks the watch stopped.
+
+    A KeyboardInterrupt raised wherever the main thread happens to be (inside a database
+    read, or rich's redraw) could leave it stuck instead of quitting (seen once in CI); a
+    flag read between redraws cannot. The handler only sets a flag: Event.set from a
+    signal handler can deadlock on the Event's own lock.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    asked = {"stop": False}
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        asked["stop"] = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    watcher = threading.Thread(target=_forward, args=(asked, stop), daemon=True)
+    watcher.start()
     try:
-        with Live(render(), console=console, auto_refresh=False, transient=False) as live:
-            while not stop.wait(interval_s):
-                live.update(render(), refresh=True)
-    except KeyboardInterrupt:
-        pass
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        asked["stop"] = True  # ends the forwarder
+
+
+def _forward(asked: dict[str, bool], stop: threading.Event) -> None:
+    while not asked["stop"]:
+        time.sleep(0.05)
+    stop.set()
 
 
 def stacked(*parts: RenderableType) -> RenderableType:
