@@ -481,7 +481,10 @@ def _release(meta: Meta | None) -> str:
     v = info.version
     if v is not None and v.major is not None and v.minor is not None:
         micro = v.micro if v.micro is not None else 0
-        return f"{int(v.major):02d}.{int(v.minor):02d}.{micro}"
+        try:  # 24.11+ send strings; a damaged document may send "" or words
+            return f"{int(v.major):02d}.{int(v.minor):02d}.{micro}"
+        except ValueError:
+            return ""  # the release is only informative: unknown, not a failed decode
     return ""
 
 

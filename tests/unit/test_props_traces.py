@@ -572,3 +572,13 @@ def test_a_known_header_with_random_rows_as_a_file(fmt: str, data: st.DataObject
         jobs: Any = _either(f"load_trace {fmt} (random rows)", lambda: load_trace(path, PROFILES))
         if jobs is not None:
             assert all(j.line >= 2 for j in jobs)
+
+
+def test_a_non_numeric_release_in_meta_leaves_the_release_unknown() -> None:
+    from slurmgpu.slurm.sacct import decode_sacct
+
+    doc = json.loads((GOLDEN / "slurm-22.05" / "sacct_nothing_found.json").read_bytes())
+    doc["meta"]["Slurm"]["version"]["minor"] = ""
+    del doc["meta"]["Slurm"]["release"]
+    # Found by hypothesis: int("") escaped as a ValueError instead of a clean decode.
+    assert decode_sacct(json.dumps(doc).encode()) is not None
