@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.cycle.guardrails import Taken
 from slurmgpu.policy.base import ORDERING_ALERT, Decision, PriorAlert
@@ -190,20 +191,23 @@ class AuditStore:
         out.sort(key=lambda p: p.at)
         return out
 
+    def _changes_since(self, since: datetime) -> ColumnElement[bool]:
+        """The executed changes after ``since``: what cooldowns and rate limits count
+        (reordering the queue is no change)."""
+        a = schema.actions
+        return and_(
+            a.c.cluster == self.cluster,
+            a.c.at >= since,
+            a.c.outcome == "done",
+            a.c.alert != ORDERING_ALERT,
+        )
+
     def last_action_since(self, since: datetime) -> dict[int, datetime]:
         """Job → time of its newest executed change after ``since`` (for cooldowns)."""
         a = schema.actions
         stmt = (
             select(a.c.job_id, func.max(a.c.at))
-            .where(
-                and_(
-                    a.c.cluster == self.cluster,
-                    a.c.at >= since,
-                    a.c.outcome == "done",
-                    a.c.alert != ORDERING_ALERT,  # reordering the queue is no change
-                    a.c.job_id.is_not(None),
-                )
-            )
+            .where(self._changes_since(since), a.c.job_id.is_not(None))
             .group_by(a.c.job_id)
         )
         with self.engine.connect() as conn:
@@ -214,15 +218,7 @@ class AuditStore:
         a = schema.actions
         stmt = (
             select(a.c.job_id, a.c.policy, a.c.at, a.c.id)
-            .where(
-                and_(
-                    a.c.cluster == self.cluster,
-                    a.c.at >= since,
-                    a.c.outcome == "done",
-                    a.c.alert != ORDERING_ALERT,  # reordering the queue is no change
-                    a.c.job_id.is_not(None),
-                )
-            )
+            .where(self._changes_since(since), a.c.job_id.is_not(None))
             .order_by(a.c.at, a.c.id)
         )
         out: dict[int, str] = {}
@@ -237,14 +233,7 @@ class AuditStore:
         a = schema.actions
         stmt = (
             select(a.c.job_id, a.c.user, a.c.policy, a.c.at)
-            .where(
-                and_(
-                    a.c.cluster == self.cluster,
-                    a.c.at >= since,
-                    a.c.outcome == "done",
-                    a.c.alert != ORDERING_ALERT,  # reordering the queue is no change
-                )
-            )
+            .where(self._changes_since(since))
             .order_by(a.c.at, a.c.id)
         )
         with self.engine.connect() as conn:
@@ -255,18 +244,7 @@ class AuditStore:
 
     def user_actions_since(self, since: datetime) -> dict[str, int]:
         a = schema.actions
-        stmt = (
-            select(a.c.user, func.count())
-            .where(
-                and_(
-                    a.c.cluster == self.cluster,
-                    a.c.at >= since,
-                    a.c.outcome == "done",
-                    a.c.alert != ORDERING_ALERT,
-                )
-            )
-            .group_by(a.c.user)
-        )
+        stmt = select(a.c.user, func.count()).where(self._changes_since(since)).group_by(a.c.user)
         with self.engine.connect() as conn:
             return {str(u): int(n) for u, n in conn.execute(stmt)}
 
