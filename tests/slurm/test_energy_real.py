@@ -80,6 +80,10 @@ def test_job_energy_matches_the_integral_of_the_simulated_power(stack: Telemetry
     t = stack
     trace = PowerTrace(t, "gpu1")
     trace.start()
+    wait_for("the power trace's first point", lambda: bool(trace.points), timeout_s=10)
+    # Slurm's start time is whole seconds: a job submitted within the trace's first second
+    # can "start" before the trace's first point. One full second later it cannot.
+    time.sleep(1.1)
     load = t.fakeload("--util", "80", "--mem", "2GiB", "--duration", "30s")
     job = t.submit("--gres=gpu:2", "-w", "gpu1", "--wrap", f"sleep 4; {load}; sleep 4")
     wait_for(
