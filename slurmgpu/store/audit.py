@@ -202,34 +202,9 @@ class AuditStore:
             a.c.alert != ORDERING_ALERT,
         )
 
-    def last_action_since(self, since: datetime) -> dict[int, datetime]:
-        """Job → time of its newest executed change after ``since`` (for cooldowns)."""
-        a = schema.actions
-        stmt = (
-            select(a.c.job_id, func.max(a.c.at))
-            .where(self._changes_since(since), a.c.job_id.is_not(None))
-            .group_by(a.c.job_id)
-        )
-        with self.engine.connect() as conn:
-            return {int(j): as_utc(at) for j, at in conn.execute(stmt)}
-
-    def last_action_policy_since(self, since: datetime) -> dict[int, str]:
-        """Job → the policy of its newest executed change after ``since``."""
-        a = schema.actions
-        stmt = (
-            select(a.c.job_id, a.c.policy, a.c.at, a.c.id)
-            .where(self._changes_since(since), a.c.job_id.is_not(None))
-            .order_by(a.c.at, a.c.id)
-        )
-        out: dict[int, str] = {}
-        with self.engine.connect() as conn:
-            for job_id, policy, _, _ in conn.execute(stmt):
-                out[int(job_id)] = str(policy)  # the newest wins
-        return out
-
     def taken_since(self, since: datetime) -> list[Taken]:
         """Changes made since ``since``, oldest first: what seeds the daemon's guardrail
-        records (``cycle.guardrails``), counted as the three queries above count them."""
+        records (``cycle.guardrails``): cooldowns, each job's last policy, each user's rate."""
         a = schema.actions
         stmt = (
             select(a.c.job_id, a.c.user, a.c.policy, a.c.at)
@@ -241,12 +216,6 @@ class AuditStore:
                 Taken(None if j is None else int(j), str(u), str(p), as_utc(at))
                 for j, u, p, at in conn.execute(stmt)
             ]
-
-    def user_actions_since(self, since: datetime) -> dict[str, int]:
-        a = schema.actions
-        stmt = select(a.c.user, func.count()).where(self._changes_since(since)).group_by(a.c.user)
-        with self.engine.connect() as conn:
-            return {str(u): int(n) for u, n in conn.execute(stmt)}
 
     # -- reading the audit -------------------------------------------------------
 

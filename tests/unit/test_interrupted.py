@@ -195,6 +195,11 @@ def test_interrupted_requeue_is_confirmed_or_redone_once(
     assert [r.outcome for r in requeues].count("done") == 1, requeues
 
 
+def _changed_since(audit: AuditStore, since: datetime) -> dict[int | None, datetime]:
+    """Job → its newest change the daemon's guardrails are seeded with."""
+    return {t.job_id: t.at for t in audit.taken_since(since)}
+
+
 @pytest.mark.parametrize("point", ["after_record", "after_execute"])
 def test_interrupted_time_limit_update_is_judged_by_the_new_limit(
     tmp_path: Path, point: str
@@ -211,13 +216,13 @@ def test_interrupted_time_limit_update_is_judged_by_the_new_limit(
             "done",
             "interrupted; taken (confirmed after restart): TimeLimit in place",
         )
-        assert audit.last_action_since(T0 - timedelta(minutes=1)) == {7: T0}  # cooldown
+        assert _changed_since(audit, T0 - timedelta(minutes=1)) == {7: T0}  # cooldown
     else:
         assert (row.outcome, row.error) == (
             "failed",
             "interrupted; not applied (checked after restart): TimeLimit 10:00:00",
         )
-        assert audit.last_action_since(T0 - timedelta(minutes=1)) == {}
+        assert _changed_since(audit, T0 - timedelta(minutes=1)) == {}
     assert len(slurm.updates) == (1 if point == "after_execute" else 0)  # never replayed
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmgpu.cycle.guardrails import GuardrailRecords, GuardrailView
 from slurmgpu.intent import Preempt, SetGpus, SetNice, SetTimeLimit
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec, Node
 from slurmgpu.policy.base import (
@@ -270,10 +271,9 @@ def test_audit_does_not_count_ordering_updates_as_changes(tmp_path: Path) -> Non
         at = T0 + i * MIN
         [row_id] = audit.record([Decision(action, Mode.ENFORCE, execute=True, notify=False)], at)
         audit.set_outcome(row_id, "done")
-    since = T0 - HOUR
-    assert audit.last_action_since(since) == {7: T0}  # the limit, not the reorder after it
-    assert audit.last_action_policy_since(since) == {7: "rightsize"}
-    assert audit.user_actions_since(since) == {job.user: 1}
+    # the limit, not the reorder after it, seeds the daemon's guardrails
+    view = GuardrailRecords(audit.taken_since(T0 - HOUR)).view(T0 + 2 * MIN, cooldown=HOUR)
+    assert view == GuardrailView({7: T0}, {7: "rightsize"}, {job.user: 1})
 
 
 def test_engine_holds_other_changes_while_the_jobs_resize_is_in_flight() -> None:
