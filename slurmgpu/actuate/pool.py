@@ -31,11 +31,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from slurmgpu.actuate.resize import ResizeError, state_dir_of
+from slurmgpu.cycle.transactions import TransactionRow
 from slurmgpu.elastic.spec import read_ack
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, slurm_job_ref
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
-from slurmgpu.store.transactions import TransactionRow, TransactionStore
+from slurmgpu.store.transactions import TransactionStore
 
 log = logging.getLogger("slurmgpu.actuate.pool")
 

@@ -63,14 +63,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.cycle.transactions import AckReader, Transactions
+from slurmgpu.cycle.transactions import AckReader, TransactionRow, Transactions
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, read_ack
 from slurmgpu.intent import Intent, Resize, SetGpus, SetNodes, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, is_preempt, slurm_job_ref
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
 from slurmgpu.slurm.update import update_fields
-from slurmgpu.store.transactions import TransactionRow
 
 log = logging.getLogger("slurmgpu.actuate.resize")
 

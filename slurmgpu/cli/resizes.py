@@ -11,9 +11,10 @@ from rich.table import Table
 from slurmgpu.actuate.pool import KIND as POOL_KIND
 from slurmgpu.actuate.resize import KIND, durations
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
+from slurmgpu.cycle.transactions import TransactionRow
 from slurmgpu.plaintext import plain
 from slurmgpu.store.database import StoreError
-from slurmgpu.store.transactions import TransactionRow, TransactionStore
+from slurmgpu.store.transactions import TransactionStore
 
 _STATE_STYLE = {"running": "green", "rolled_back": "yellow", "aborted": "yellow", "ended": "dim"}
 _PHASES = ("checkpoint", "stop", "requeue_delay", "scheduling", "total")

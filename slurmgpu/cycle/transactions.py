@@ -11,13 +11,30 @@ a process that never restarts (the simulator).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from slurmgpu.elastic.spec import Ack
-from slurmgpu.store.transactions import TransactionRow
 
 __all__ = ["AckReader", "MemoryTransactions", "TransactionRow", "Transactions"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionRow:
+    """One transaction as every store keeps it: a kind (``resize``, ``pool``), a state
+    moved by compare-and-set, a deadline for the current step and a JSON payload."""
+
+    id: int
+    job_id: int
+    kind: str
+    state: str
+    created_at: datetime
+    updated_at: datetime
+    deadline: datetime | None
+    attempts: int
+    payload: dict[str, Any]
+    error: str | None
 
 
 class AckReader(Protocol):

@@ -9,31 +9,17 @@ it left it and re-checks Slurm before acting again.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, and_, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
+from slurmgpu.cycle.transactions import TransactionRow
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError, durable_begin
 
-__all__ = ["TransactionRow", "TransactionStore"]
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionRow:
-    id: int
-    job_id: int
-    kind: str
-    state: str
-    created_at: datetime
-    updated_at: datetime
-    deadline: datetime | None
-    attempts: int
-    payload: dict[str, Any]
-    error: str | None
+__all__ = ["TransactionStore"]
 
 
 def _row(r: Any) -> TransactionRow:

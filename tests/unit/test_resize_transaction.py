@@ -27,6 +27,7 @@ from slurmgpu.actuate.resize import (
     durations,
     resize_fields,
 )
+from slurmgpu.cycle.transactions import TransactionRow
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.spec import Ack
 from slurmgpu.intent import Intent, Resize, SetNice, SetTimeLimit
@@ -34,7 +35,7 @@ from slurmgpu.model import ClusterSnapshot, GpuRequest, JobState, MalleableSpec
 from slurmgpu.policy.base import preempt_action, resize_action
 from slurmgpu.slurm.client import SlurmUnavailableError
 from slurmgpu.store import open_store
-from slurmgpu.store.transactions import TransactionRow, TransactionStore
+from slurmgpu.store.transactions import TransactionStore
 from tests.unit.resize_cluster import HELD, T0, USER_HELD, Killed, ResizeSlurm, gpu_job
 
 JOB = 42
