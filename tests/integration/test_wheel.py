@@ -43,9 +43,8 @@ def _build_wheel(tmp: Path) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(
-        ROOT / "slurmgpu", src / "slurmgpu", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for tree in ("slurmgpu", "plugins"):
+        shutil.copytree(ROOT / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__"))
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     dist = tmp / "dist"
     _run(
@@ -100,9 +99,18 @@ def test_the_installed_wheel_renders_the_lab_cluster_config(tmp_path: Path) -> N
     assert "${" not in slurm_conf
     assert "Name=gpu File=/dev/tty[0-3]" in files["gres.conf"].read_text()
     assert files["cgroup.conf"].read_text().splitlines()[-1] == "CgroupPlugin=disabled"
-    # no source tree around the installed package: the placeholder plugin, as documented
-    placeholder = ROOT / "slurmgpu" / "lab" / "cluster" / "templates" / "job_submit.lua"
-    assert files["job_submit.lua"].read_text() == placeholder.read_text()
+    # no source tree around the installed package: the plugin the wheel put in
+    # <venv>/share/slurmgpu/plugins (with the systemd units), pointed at the lab's advice
+    shared = venv / "share" / "slurmgpu" / "plugins"
+    assert sorted(p.name for p in shared.iterdir()) == sorted(
+        p.name for p in (ROOT / "plugins").iterdir()
+    )
+    plugin = (ROOT / "plugins" / "job_submit.lua").read_text()
+    assert (shared / "job_submit.lua").read_text() == plugin
+    installed = files["job_submit.lua"].read_text()
+    tsv = lab / "etc" / "slurmgpu" / "recommendations.tsv"
+    assert f'local RECOMMENDATIONS_FILE = "{tsv}"' in installed
+    assert installed.count("\n") == plugin.count("\n") and "function slurm_job_submit" in installed
 
     docker = tmp_path / "docker"
     docker_mode = ["--mode", "docker", "--accounting", "--slurm-version", "22.05"]

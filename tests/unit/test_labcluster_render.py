@@ -226,8 +226,9 @@ def test_docker_mode_plugin_keeps_the_default_recommendations_path() -> None:
 def test_placeholder_job_submit_lua_is_copied_verbatim_without_the_plugin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # what an installed wheel sees: no source tree with plugins/job_submit.lua around it
+    # no source tree with plugins/job_submit.lua around the package, and no installed copy
     monkeypatch.setattr(render_module, "SOURCE_PLUGIN", tmp_path / "plugins" / "job_submit.lua")
+    monkeypatch.setattr(render_module, "INSTALLED_PLUGINS", (tmp_path / "share" / "x.lua",))
 
     text = render(ClusterConfig.native(tmp_path / "lab"))["job_submit.lua"]
 

@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -60,10 +61,21 @@ CONFIG_FILES: Mapping[str, str] = {
 }
 _DBD_FILE = ("slurmdbd.conf", "slurmdbd.conf.in")
 
-# The real plugin, preferred over the placeholder template when this package runs from a
-# source tree that has it: <tree>/plugins/job_submit.lua next to <tree>/slurmgpu (a checkout,
-# or /opt/slurmgpu in the docker image). An installed wheel has no such tree.
+# The real plugin, preferred over the placeholder template: <tree>/plugins/job_submit.lua
+# next to <tree>/slurmgpu when this package runs from a source tree (a checkout, or
+# /opt/slurmgpu in the docker image); else the copy an installed wheel puts in
+# <prefix>/share/slurmgpu/plugins (pyproject's data-files), for the default or user scheme.
 SOURCE_PLUGIN = Path(__file__).resolve().parents[3] / "plugins" / "job_submit.lua"
+INSTALLED_PLUGINS: tuple[Path, ...] = tuple(
+    dict.fromkeys(
+        Path(sysconfig.get_path("data", scheme))
+        / "share"
+        / "slurmgpu"
+        / "plugins"
+        / "job_submit.lua"
+        for scheme in (sysconfig.get_default_scheme(), sysconfig.get_preferred_scheme("user"))
+    )
+)
 DEFAULT_RECOMMENDATIONS = "/etc/slurmgpu/recommendations.json"
 # the one line of plugins/job_submit.lua that names the recommendations file
 _RECOMMENDATIONS_LINE = re.compile(r'^local RECOMMENDATIONS_FILE = "[^"\n]*"$', re.MULTILINE)
@@ -303,9 +315,12 @@ def find_templates(templates: Path | str | None = None) -> Path:
 
 def job_submit_source(templates: Path) -> Path:
     """The job_submit.lua to install: the slurmgpu plugin of the source tree this package
-    runs from (:data:`SOURCE_PLUGIN`) if there is one, else the templates' placeholder
-    ``job_submit.lua`` (an installed wheel: the plugin is not package data)."""
-    return SOURCE_PLUGIN if SOURCE_PLUGIN.is_file() else templates / "job_submit.lua"
+    runs from (:data:`SOURCE_PLUGIN`), else the one an installed wheel ships
+    (:data:`INSTALLED_PLUGINS`), else the templates' placeholder ``job_submit.lua``."""
+    for plugin in (SOURCE_PLUGIN, *INSTALLED_PLUGINS):
+        if plugin.is_file():
+            return plugin
+    return templates / "job_submit.lua"
 
 
 def install_job_submit(text: str, recommendations_tsv: str) -> str:
