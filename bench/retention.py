@@ -9,7 +9,9 @@ counter, every host sample its iowait). From both, in the same run, the footprin
 1,000-GPU site sampled every 10 s: without retention (the baseline: per day and after 30
 days) and with the defaults (6 h raw + 90 days of hourly rollups).
 
-Target (issue 22): the defaults keep a 1,000-GPU site under 2 GB.
+Target (issue 22): the defaults keep a 1,000-GPU site under 2 GB. Also printed: the
+longest write transaction of the prune (what ingest and the observe cycle may wait), against
+the same hour pruned in one transaction on a copy of the store.
 Run: ``.venv/bin/python bench/retention.py [--gpus 128] [--interval 10] [--smoke]
 [--json-out PATH]`` (smoke: 256 GPUs every 300 s, 4,608 samples and 384 rollup rows:
 per-row sizes within a few pages of SQLite).
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.store import open_store
 from slurmgpu.store.retention import (
+    DEFAULT_MAX_SAMPLES,
     DEFAULT_ROLLUP_RETENTION,
     DEFAULT_SAMPLE_RETENTION,
     roll_up_and_prune,
@@ -102,9 +105,19 @@ def main(argv: list[str] | None = None) -> int:
         samples += len(gpu) + len(host)
     fill_s = time.perf_counter() - t0
     raw = _size(db) - empty
+    # The same hour pruned in one write transaction (as before chunking: the baseline
+    # for what other writers wait), on a copy, then with the defaults on the original.
+    whole_db = tmp / "whole.db"
+    shutil.copy2(db, whole_db)
+    whole = open_store(f"sqlite:///{whole_db}")
+    t0 = time.perf_counter()
+    one = roll_up_and_prune(whole.engine, "", now=start + timedelta(days=1), max_samples=2**62)
+    whole_s = time.perf_counter() - t0
+    whole.engine.dispose()
     t0 = time.perf_counter()
     result = roll_up_and_prune(store.engine, "", now=start + timedelta(days=1))
     prune_s = time.perf_counter() - t0
+    assert (one.deleted, one.rolled_up) == (result.deleted, result.rolled_up)
     rolled = _size(db) - empty
     conn = sqlite3.connect(db)
     try:
@@ -130,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     rows_day = site_gpus * 24 * (1 + 4 / GPUS_PER_NODE)
     keep_raw = per_hour * DEFAULT_SAMPLE_RETENTION.total_seconds() / 3600 * per_sample
     keep_rollups = rows_day * DEFAULT_ROLLUP_RETENTION.days * per_row
+    print(
+        f"longest write transaction: {result.longest_transaction_s:.2f} s in "
+        f"{result.transactions} of at most {DEFAULT_MAX_SAMPLES:,} samples (prune {prune_s:.2f}"
+        f" s); baseline, the hour in one: {one.longest_transaction_s:.2f} s (prune "
+        f"{whole_s:.2f} s)"
+    )
     print(f"1,000 GPUs every 10 s, baseline (no retention): {raw_day / 1e9:.2f} GB/day, "
           f"{30 * raw_day / 1e9:.1f} GB after 30 days")  # fmt: skip
     print(
@@ -141,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     run.baseline = {
         "no_retention_gb_per_day": raw_day / 1e9,
         "no_retention_gb_30d": 30 * raw_day / 1e9,
+        "one_transaction_longest_s": one.longest_transaction_s,
+        "one_transaction_prune_s": whole_s,
     }
     run.figures = {
         "samples": samples,
@@ -149,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         "rollup_rows": rows,
         "bytes_per_rollup_row": per_row,
         "prune_s": prune_s,
+        "transactions": result.transactions,
+        "longest_transaction_s": result.longest_transaction_s,
         "samples_deleted": result.deleted,
         "site_kept_raw_gb": keep_raw / 1e9,
         "site_kept_rollups_gb": keep_rollups / 1e9,

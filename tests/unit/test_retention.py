@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 
 from slurmgpu.store import open_store, schema
-from slurmgpu.store.retention import Retention, roll_up_and_prune
+from slurmgpu.store.retention import DEFAULT_MAX_SAMPLES, Retention, roll_up_and_prune
 from slurmgpu.store.usage import GpuEnergy, GpuUsage, HostUsage, UsageStore
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 
@@ -100,16 +100,30 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return pg
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_pruning_keeps_every_usage_figure(url: str, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "max_samples"), [(1, DEFAULT_MAX_SAMPLES), (2, DEFAULT_MAX_SAMPLES), (3, 1)]
+)
+def test_pruning_keeps_every_usage_figure(url: str, seed: int, max_samples: int) -> None:
+    """Also when each hour is rolled up node by node (``max_samples=1``: one write
+    transaction per node and hour), which must change no figure either."""
     store = open_store(url)
     usage = UsageStore(store.engine)
     _fill(usage, seed, NOW - timedelta(days=3), 72)
     before = _figures(usage)
     total = usage.count_samples()
-    result = roll_up_and_prune(store.engine, "", now=NOW, sample_retention=timedelta(hours=12))
+    result = roll_up_and_prune(
+        store.engine,
+        "",
+        now=NOW,
+        sample_retention=timedelta(hours=12),
+        max_samples=max_samples,
+    )
     left = usage.count_samples()
     assert result.deleted == total - left and result.deleted > 0.7 * total
+    with store.engine.connect() as conn:
+        hours = conn.execute(select(func.count(schema.sample_hours.c.hour.distinct()))).scalar()
+    assert hours and result.transactions == hours * (2 if max_samples == 1 else 1)
+    assert result.longest_transaction_s > 0
     with store.engine.connect() as conn:
         oldest = conn.execute(select(func.min(schema.samples.c.at))).scalar()
     assert schema.as_utc(oldest) >= NOW - timedelta(hours=13)
