@@ -41,46 +41,58 @@ def watch(
     if not console.is_terminal:
         fail("--watch needs a terminal; use --json (or no --watch) in scripts", 2)
     stop = stop or threading.Event()
-    with _ctrl_c_sets(stop):
+    with _ctrl_c_sets(stop) as stopped:
         try:
             with Live(render(), console=console, auto_refresh=False, transient=False) as live:
-                while not stop.wait(interval_s):
+                while not _wait(stopped, interval_s):
                     live.update(render(), refresh=True)
         except KeyboardInterrupt:  # a Ctrl-C from before the handler was in place
             pass
 
 
+# How often a wait looks at the flags: the most a Ctrl-C waits before the watch ends.
+_SLICE_S = 0.05
+
+
+def _wait(stopped: Callable[[], bool], seconds: float) -> bool:
+    """Sleep ``seconds`` in short slices, returning early (True) once ``stopped()``."""
+    end = time.monotonic() + seconds
+    while not stopped():
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, _SLICE_S))
+    return True
+
+
 @contextmanager
-def _ctrl_c_sets(stop: threading.Event) -> Iterator[None]:
-    """While watching, Ctrl-C (SIGINT) only marks the watch stopped.
+def _ctrl_c_sets(stop: threading.Event) -> Iterator[Callable[[], bool]]:
+    """While watching, Ctrl-C (SIGINT) only raises a flag; yields "was Ctrl-C pressed or
+    ``stop`` set?".
 
     A KeyboardInterrupt raised wherever the main thread happens to be (inside a database
     read, or rich's redraw) could leave it stuck instead of quitting (seen once in CI); a
-    flag read between redraws cannot. The handler only sets a flag: Event.set from a
-    signal handler can deadlock on the Event's own lock.
+    flag read between redraws cannot. The handler only sets a plain flag (Event.set from a
+    signal handler can deadlock on the Event's own lock), and the watch loop sleeps in
+    short slices, so it sees the flag without a helper thread.
     """
+    asked = [False]
+
+    def stopped() -> bool:
+        return asked[0] or stop.is_set()
+
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stop.is_set
         return
-    asked = {"stop": False}
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
-        asked["stop"] = True
+        asked[0] = True
 
     previous = signal.signal(signal.SIGINT, on_sigint)
-    watcher = threading.Thread(target=_forward, args=(asked, stop), daemon=True)
-    watcher.start()
     try:
-        yield
+        yield stopped
     finally:
         signal.signal(signal.SIGINT, previous)
-        asked["stop"] = True  # ends the forwarder
-
-
-def _forward(asked: dict[str, bool], stop: threading.Event) -> None:
-    while not asked["stop"]:
-        time.sleep(0.05)
-    stop.set()
 
 
 def stacked(*parts: RenderableType) -> RenderableType:
