@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
+# Byte-code caches: where PYTHONDONTWRITEBYTECODE is set (some CI images set it), every
+# pytest worker of every tier rewrites the asserts of all test modules again, and every
+# `sgpu` subprocess a test starts compiles slurmgpu from source. Here the caches
+# (__pycache__/, git-ignored) are written once, before the tiers, and reused by all.
+unset PYTHONDONTWRITEBYTECODE
+echo "== byte-code caches"
+.venv/bin/python -m compileall -q -j 0 slurmgpu >/dev/null
+.venv/bin/pytest -q -p no:cacheprovider --collect-only tests >/dev/null
 echo "== ruff"; .venv/bin/ruff check slurmgpu tests bench
 echo "== mypy"; .venv/bin/mypy
 # Two workers (pytest-xdist), each with its own lab cluster on its own ports: the
