@@ -18,10 +18,12 @@ echo "== mypy"; .venv/bin/mypy
 # Two workers (pytest-xdist), each with its own lab cluster on its own ports: the
 # real-cluster tests mostly wait on Slurm, so two run side by side in about half the time.
 # SGPU_TEST_WORKERS=0 runs in one process.
-# Property tests draw their full number of inputs, the same ones every run, here
-# (tests/hypothesis_profiles.py, profile "ci"); SGPU_HYPOTHESIS_PROFILE=dev draws a quarter
-# as many, new ones each run (the default by hand).
-export SGPU_HYPOTHESIS_PROFILE="${SGPU_HYPOTHESIS_PROFILE:-ci}"
+# Property tests (tests/hypothesis_profiles.py) draw the same inputs every run here. The
+# unit tier draws a quarter of them (profile "quick"), so it answers within a minute; the
+# properties tier then runs every property test of the unit tier again with all of them
+# ("ci"). With pytest arguments, "ci" (SGPU_HYPOTHESIS_PROFILE overrides both).
+profile="${SGPU_HYPOTHESIS_PROFILE:-}"
+export SGPU_HYPOTHESIS_PROFILE="${profile:-ci}"
 workers="${SGPU_TEST_WORKERS:-2}"
 if [ $# -gt 0 ]; then
   echo "== pytest $*"; .venv/bin/pytest -q -n "$workers" "$@"
@@ -31,15 +33,17 @@ else
   # The markers split the whole tree, so a test in a new directory runs in some tier;
   # docker tests run in the docker stage below.
   failed=()
-  tier() {  # NAME MARKER-EXPRESSION
+  tier() {  # NAME HYPOTHESIS-PROFILE MARKER-EXPRESSION
     local start=$SECONDS
-    echo "== pytest: $1 tier (-m \"$2\")"
-    .venv/bin/pytest -q -n "$workers" -m "$2" || failed+=("$1")
+    echo "== pytest: $1 tier (-m \"$3\")"
+    SGPU_HYPOTHESIS_PROFILE="${profile:-$2}" .venv/bin/pytest -q -n "$workers" -m "$3" ||
+      failed+=("$1")
     echo "== $1 tier: $((SECONDS - start)) s"
   }
-  tier unit "not slow and not slurm and not docker"
-  tier slow "slow and not slurm and not docker"
-  tier slurm "slurm and not docker"
+  tier unit quick "not slow and not slurm and not docker"
+  tier properties ci "hypothesis and not slow and not slurm and not docker"
+  tier slow ci "slow and not slurm and not docker"
+  tier slurm ci "slurm and not docker"
   if [ ${#failed[@]} -gt 0 ]; then
     echo "== failed tiers: ${failed[*]}"; exit 1
   fi
