@@ -65,7 +65,8 @@ if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
     root=$(./scripts/slurm_chroot.sh build "$suite")
     release=$(./scripts/slurm_chroot.sh version "$suite" | cut -d. -f1,2)
     SGPU_TEST_SLURM_ROOT="$root" SGPU_TEST_SLURM_RELEASE="$release" SGPU_TEST_SLURM_ACCOUNTING=1 \
-      .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py
+      .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py \
+      tests/slurm/test_malleable_torch_real.py
     ./scripts/slurm_chroot.sh umount "$suite"
   done
 fi
