@@ -416,36 +416,65 @@ class MalleablePolicy:
         more, while nobody waits (Pollux re-plans every job's size each interval)."""
         s = self.settings
         out: list[Action] = []
+        # Each recipient's savings by GPUs added (only those that can clear the dead
+        # band: the donor's loss is never negative), largest first; k is at most what
+        # the most generous donor can give.
+        movable = [
+            c
+            for c in candidates.values()
+            if c.job.job_id not in touched and not c.single_node and not c.job.gpus.gpu_type
+        ]
+        donors = [c for c in movable if c.gpus > c.spec.min_gpus]
+        gives = sorted((d.gpus - d.spec.min_gpus for d in donors), reverse=True)
+        recipients: list[tuple[float, _Running, dict[int, float]]] = []
+        for c in movable:
+            if not c.busy or c.gpus >= c.spec.max_gpus or not gives:
+                continue
+            ceiling = min(
+                c.spec.max_gpus,
+                math.floor(c.gpus * s.max_growth + _TINY),
+                self._measured_ceiling(c),
+                c.gpus + gives[0],  # one donor gives at most its GPUs above its minimum
+            )
+            now = c.rate(c.gpus)
+            band = s.min_gain * c.remaining_s
+            savings: dict[int, float] = {}
+            for k in range(1, ceiling - c.gpus + 1):
+                after = c.rate(c.gpus + k) * c.realloc
+                saving = c.remaining_s * (1.0 - now / max(_TINY, after)) - cost_s
+                if saving > band:
+                    savings[k] = saving
+            if savings:
+                recipients.append((max(savings.values()), c, savings))
+        recipients.sort(key=lambda x: (-x[0], x[1].job.job_id))
+        losses: dict[tuple[int, int], float] = {}
+
+        def loss_of(d: _Running, k: int) -> float:
+            key = (d.job.job_id, k)
+            got = losses.get(key)
+            if got is None:
+                slower = d.rate(d.gpus) / max(_TINY, d.rate(d.gpus - k) * d.realloc)
+                got = losses[key] = d.remaining_s * max(0.0, slower - 1.0) + cost_s * d.gpus / k
+            return got
+
         while True:
             best: tuple[float, _Running, _Running, int, float, float] | None = None
-            for r in candidates.values():
-                if r.job.job_id in touched or not r.busy or r.gpus >= r.spec.max_gpus:
+            for top, r, savings in recipients:
+                if r.job.job_id in touched:
                     continue
-                if r.single_node or r.job.gpus.gpu_type:
-                    continue
-                ceiling = min(
-                    r.spec.max_gpus,
-                    math.floor(r.gpus * s.max_growth + _TINY),
-                    self._measured_ceiling(r),
-                )
-                now_r = r.rate(r.gpus)
-                for d in candidates.values():
-                    if d is r or d.job.job_id in touched or d.gpus <= d.spec.min_gpus:
+                if best is not None and top <= best[0]:
+                    break  # no later recipient saves more than the best net found
+                band = s.min_gain * r.remaining_s
+                for d in donors:
+                    if d is r or d.job.job_id in touched:
                         continue
-                    if d.single_node or d.job.gpus.gpu_type:
-                        continue
-                    now_d = d.rate(d.gpus)
-                    for k in range(1, min(d.gpus - d.spec.min_gpus, ceiling - r.gpus) + 1):
-                        after = r.rate(r.gpus + k) * r.realloc
-                        saving = r.remaining_s * (1.0 - now_r / max(_TINY, after)) - cost_s
-                        if saving <= 0 or saving < s.min_gain * r.remaining_s:
+                    most = d.gpus - d.spec.min_gpus
+                    for k, saving in savings.items():
+                        if k > most or (best is not None and saving <= best[0]):
                             continue
-                        slower = now_d / max(_TINY, d.rate(d.gpus - k) * d.realloc)
-                        loss = d.remaining_s * max(0.0, slower - 1.0) + cost_s * d.gpus / k
+                        loss = loss_of(d, k)
                         net = saving - loss
-                        if net <= s.min_gain * r.remaining_s:
-                            continue
-                        if best is None or net > best[0]:
+                        if net > band and (best is None or net > best[0]):
                             best = (net, r, d, k, saving, loss)
             if best is None:
                 return out
