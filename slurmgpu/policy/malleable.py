@@ -528,6 +528,7 @@ class MalleablePolicy:
                         **r_numbers,
                     },
                     intents=r_limit,
+                    needs=d.job.job_id,
                 )
             )
 

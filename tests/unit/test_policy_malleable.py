@@ -617,6 +617,7 @@ def test_rebalance_moves_gpus_from_a_flat_job_to_a_linear_one_while_nobody_waits
     assert by_job[1].numbers["for_job"] == 2
     assert by_job[2].numbers["direction"] == "rebalance_expand"
     assert by_job[2].numbers["from_job"] == 1
+    assert by_job[2].needs == 1 and by_job[1].needs is None  # it grows only if 1 shrinks
     assert all(a.kind == "resize" and limit_of(a) is not None for a in actions)
 
 
