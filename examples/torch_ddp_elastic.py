@@ -21,7 +21,9 @@ too; ``--keep per-rank`` keeps the per-rank batch and scales the learning rate b
 rank checkpoint at the same step when any was signalled). Rank 0 appends one JSON line
 per step to ``--train-log`` (``step``, ``loss``, ``world``, ``restart``, ``lr``, ``epoch``, ``at``)
 and an ``event: start`` line per run, so a resized run's loss can be compared with an
-uninterrupted one of the same ``--seed``.
+uninterrupted one of the same ``--seed``. On fake GPUs (the lab cluster, the demo),
+``--sample-time`` sleeps per sample of a rank's batch in place of GPU compute, so more
+ranks make a step faster, as on real GPUs.
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--lr-rule", choices=RULES, default="sqrt")
     p.add_argument("--step-time", type=float, default=0.0, help="sleep per step (seconds)")
+    p.add_argument(
+        "--sample-time",
+        type=float,
+        default=0.0,
+        help="sleep per sample of this rank's batch (seconds): stands in for GPU compute on "
+        "fake GPUs, so a step at more ranks is faster as on real ones",
+    )
     p.add_argument("--save-every", type=int, default=0, help="periodic checkpoint (0: none)")
     p.add_argument(
         "--stop-at", type=int, default=0, help="end this run after this step (comparisons)"
@@ -160,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             run.step_done(samples=plan.global_batch, step=state.step)
-            if args.step_time:
-                time.sleep(args.step_time)
+            if args.step_time or args.sample_time:
+                time.sleep(args.step_time + args.sample_time * plan.local_batch)
             if etorch.agree(run):  # some rank was signalled: all checkpoint at this step
                 state.checkpoint()  # exits here once the job is requeued
                 emit({"event": "resumed_in_place", "step": state.step, "at": time.time()})

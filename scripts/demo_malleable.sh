@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Malleable training on the demo's running cluster and daemon: the example training
-# (examples/elastic_train.py, `sgpu submit --malleable 2:4`) runs on 4 GPUs of a full
-# cluster; a rigid 2-GPU job arrives and cannot start, so the daemon shrinks the
+# Malleable training on the demo's running cluster and daemon: a real PyTorch DDP training
+# under torchrun (examples/torch_ddp_elastic.py, gloo on CPU, one rank per GPU,
+# `sgpu submit --malleable 2:4`; `sgpu fakeload` beside it declares its load on the fake
+# GPUs) runs on 4 GPUs of a full cluster; a rigid 2-GPU job arrives and cannot start, so the daemon shrinks the
 # training to 2 GPUs (checkpoint -> requeue held -> update -> release) and the rigid job
 # starts on the GPUs given back; when it ends, the daemon grows the training back to 4.
 # Prints the history: the daemon's decisions (sgpu actions), the resize transactions
@@ -52,18 +53,26 @@ except FileNotFoundError:
 print(len(starts), starts[-1]["gpus"] if starts else 0)
 PY
 }
-wait_runs() {  # wait_runs N G WHAT: until the training's Nth run trains on G GPUs
-  for _ in $(seq 120); do [ "$(runs)" = "$1 $2" ] && return 0; sleep 1; done
+wait_runs() {  # wait_runs N G WHAT [SECONDS]: until the training's Nth run trains on G GPUs
+  for _ in $(seq "${4:-120}"); do [ "$(runs)" = "$1 $2" ] && return 0; sleep 1; done
   echo "demo_malleable: timed out waiting for $3" >&2; exit 1
 }
 state() { squeue -h -j "$1" -o %T 2>/dev/null || true; }
 
-echo "== malleable training: 4 GPUs, may shrink to 2 (sgpu submit --malleable 2:4)"
+echo "== malleable PyTorch training: torchrun, 4 ranks on 4 GPUs, may shrink to 2 (sgpu submit --malleable 2:4)"
+# One rank per GPU of this run ($SGPU_GPUS, set by sgpu launch); the fake GPUs see the
+# load sgpu fakeload declares, as a real GPU would show the training's. The fake GPUs do
+# not compute: --sample-time sleeps 10 ms per sample of a rank's share of the global
+# batch (64), so a step takes ~0.16 s at 4 ranks and ~0.32 s at 2, and the daemon
+# measures the speedup it grows the job back for. (With a fixed sleep per step the
+# measured speedup is ~1, and the daemon rightly never grows it back.)
 TRAIN=$(sgpu submit --parsable --malleable 2:4 --checkpoint-grace 30s --elastic-dir "$STATE" \
-  --gres=gpu:4 -J elastic-train -o "$JOBDIR/%j.out" \
-  --wrap "$PY_BIN $PWD/examples/elastic_train.py --steps 100000 --step-time 0.2 --sim-util 80 --log $LOG")
-wait_runs 1 4 "job $TRAIN training on 4 GPUs"
-echo "job $TRAIN trains on 4 GPUs"
+  --gres=gpu:4 -J torch-ddp -o "$JOBDIR/%j.out" \
+  --wrap "sgpu fakeload --util 80 --mem 8GiB --duration 2h --interval 2s & \
+OMP_NUM_THREADS=1 $PY_BIN -m torch.distributed.run --standalone --nproc-per-node=\$SGPU_GPUS \
+$PWD/examples/torch_ddp_elastic.py --steps 100000 --sample-time 0.01 --train-log $LOG")
+wait_runs 1 4 "job $TRAIN training on 4 GPUs" 180
+echo "job $TRAIN trains on 4 GPUs (torchrun: 4 DDP ranks)"
 
 echo "-- filling every other GPU with busy jobs"
 while read -r node free; do

@@ -28,6 +28,11 @@ case $suite in trixie|sid|forky|bookworm-backports|trixie-backports) ;; *)
 R=${SGPU_CHROOT_DIR:-/srv}/slurmgpu-chroot-$suite
 MIRROR=${SGPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 STAMP=$R/.slurmgpu-ready
+# Shared libraries the host's Python needs when a test runs it inside the chroot (a
+# torchrun job on this release: the checkout and the interpreter are bind-mounted,
+# LabCluster.share). A chroot built before they were added gets them on its next build.
+EXTRAS=(libffi8 libexpat1 libsqlite3-0)
+EXTRAS_STAMP=$R/.slurmgpu-extras-1
 
 do_mount() {
   mountpoint -q "$R/proc"    || mount -t proc proc "$R/proc"
@@ -53,7 +58,22 @@ mount) do_mount ;;
 umount) do_umount ;;
 version) chroot "$R" dpkg-query -W -f '${Version}\n' slurmctld ;;
 build)
-  if [ -f "$STAMP" ]; then echo "$R"; exit 0; fi
+  if [ -f "$STAMP" ] && [ -f "$EXTRAS_STAMP" ]; then echo "$R"; exit 0; fi
+  if [ -f "$STAMP" ]; then        # cached, but from before the extras
+    [ "$(id -u)" -eq 0 ] || { echo "slurm_chroot: needs root" >&2; exit 1; }
+    log=$(mktemp)
+    do_mount
+    if ! { chroot "$R" apt-get -o Acquire::Check-Valid-Until=false update -qq &&
+           chroot "$R" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+             --no-install-recommends "${EXTRAS[@]}" &&
+           chroot "$R" apt-get clean; } >"$log" 2>&1; then
+      do_umount
+      echo "slurm_chroot: apt-get of ${EXTRAS[*]} in $R failed:" >&2; tail -n 20 "$log" >&2
+      rm -f "$log"; exit 1
+    fi
+    do_umount
+    rm -f "$log"; touch "$EXTRAS_STAMP"; echo "$R"; exit 0
+  fi
   [ "$(id -u)" -eq 0 ] || { echo "slurm_chroot: needs root" >&2; exit 1; }
   command -v debootstrap >/dev/null 2>&1 || {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; }
@@ -78,7 +98,7 @@ build)
   [ -s "$R/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' > "$R/etc/hosts"
   do_mount
   trap do_umount EXIT
-  pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+  pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server "${EXTRAS[@]}")
   tgt=(); [ "$suite" != "$base" ] && tgt=(-t "$suite")
   if ! { chroot "$R" apt-get -o Acquire::Check-Valid-Until=false update -qq &&
          chroot "$R" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -90,6 +110,7 @@ build)
   [ -s "$R/etc/munge/munge.key" ] || chroot "$R" mungekey --create >/dev/null 2>&1 || true
   chroot "$R" chown munge:munge /etc/munge/munge.key
   chroot "$R" dpkg-query -W -f '${Version}\n' slurmctld > "$STAMP"
+  touch "$EXTRAS_STAMP"
   echo "slurm_chroot: $suite ready in $(( $(date +%s) - t0 )) s: Slurm $(cat "$STAMP")" >&2
   echo "$R" ;;
 *) usage ;;

@@ -5,15 +5,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
+# Byte-code caches: where PYTHONDONTWRITEBYTECODE is set (some CI images set it), every
+# pytest worker of every tier rewrites the asserts of all test modules again, and every
+# `sgpu` subprocess a test starts compiles slurmgpu from source. Here the caches
+# (__pycache__/, git-ignored) are written once, before the tiers, and reused by all.
+unset PYTHONDONTWRITEBYTECODE
+echo "== byte-code caches"
+.venv/bin/python -m compileall -q -j 0 slurmgpu >/dev/null
+.venv/bin/pytest -q -p no:cacheprovider --collect-only tests >/dev/null
 echo "== ruff"; .venv/bin/ruff check slurmgpu tests bench
 echo "== mypy"; .venv/bin/mypy
 # Two workers (pytest-xdist), each with its own lab cluster on its own ports: the
 # real-cluster tests mostly wait on Slurm, so two run side by side in about half the time.
 # SGPU_TEST_WORKERS=0 runs in one process.
-# Property tests draw their full number of inputs, the same ones every run, here
-# (tests/hypothesis_profiles.py, profile "ci"); SGPU_HYPOTHESIS_PROFILE=dev draws a quarter
-# as many, new ones each run (the default by hand).
-export SGPU_HYPOTHESIS_PROFILE="${SGPU_HYPOTHESIS_PROFILE:-ci}"
+# Property tests (tests/hypothesis_profiles.py) draw the same inputs every run here. The
+# unit tier draws a quarter of them (profile "quick"), so it answers within a minute; the
+# properties tier then runs every property test of the unit tier again with all of them
+# ("ci"). With pytest arguments, "ci" (SGPU_HYPOTHESIS_PROFILE overrides both).
+profile="${SGPU_HYPOTHESIS_PROFILE:-}"
+export SGPU_HYPOTHESIS_PROFILE="${profile:-ci}"
 workers="${SGPU_TEST_WORKERS:-2}"
 if [ $# -gt 0 ]; then
   echo "== pytest $*"; .venv/bin/pytest -q -n "$workers" "$@"
@@ -23,15 +33,17 @@ else
   # The markers split the whole tree, so a test in a new directory runs in some tier;
   # docker tests run in the docker stage below.
   failed=()
-  tier() {  # NAME MARKER-EXPRESSION
+  tier() {  # NAME HYPOTHESIS-PROFILE MARKER-EXPRESSION
     local start=$SECONDS
-    echo "== pytest: $1 tier (-m \"$2\")"
-    .venv/bin/pytest -q -n "$workers" -m "$2" || failed+=("$1")
+    echo "== pytest: $1 tier (-m \"$3\")"
+    SGPU_HYPOTHESIS_PROFILE="${profile:-$2}" .venv/bin/pytest -q -n "$workers" -m "$3" ||
+      failed+=("$1")
     echo "== $1 tier: $((SECONDS - start)) s"
   }
-  tier unit "not slow and not slurm and not docker"
-  tier slow "slow and not slurm and not docker"
-  tier slurm "slurm and not docker"
+  tier unit quick "not slow and not slurm and not docker"
+  tier properties ci "hypothesis and not slow and not slurm and not docker"
+  tier slow ci "slow and not slurm and not docker"
+  tier slurm ci "slurm and not docker"
   if [ ${#failed[@]} -gt 0 ]; then
     echo "== failed tiers: ${failed[*]}"; exit 1
   fi
@@ -53,7 +65,8 @@ if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
     root=$(./scripts/slurm_chroot.sh build "$suite")
     release=$(./scripts/slurm_chroot.sh version "$suite" | cut -d. -f1,2)
     SGPU_TEST_SLURM_ROOT="$root" SGPU_TEST_SLURM_RELEASE="$release" SGPU_TEST_SLURM_ACCOUNTING=1 \
-      .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py
+      .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py \
+      tests/slurm/test_malleable_torch_real.py
     ./scripts/slurm_chroot.sh umount "$suite"
   done
 fi

@@ -20,32 +20,15 @@ from datetime import datetime
 from typing import Protocol
 
 from slurmgpu.actuate.confirm import Verdict, judge
-from slurmgpu.actuate.separate import recover_separations, separate
+from slurmgpu.actuate.execute import execute_action
+from slurmgpu.actuate.separate import recover_separations
 from slurmgpu.model import Job
 from slurmgpu.policy.base import Action, Decision
 from slurmgpu.slurm.client import SlurmClient, SlurmError
-from slurmgpu.slurm.update import update_fields
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
 
 log = logging.getLogger("slurmgpu.actuate")
-
-
-def execute_action(slurm: SlurmClient, action: Action) -> None:
-    """Carry out one single-step action through Slurm (the simulator calls this too)."""
-    # Array tasks must be addressed as A_i: the bare array id would hit every task.
-    ref: str | int = action.slurm_id or action.job_id
-    if action.kind == "update":
-        slurm.update_job(ref, update_fields(action.intents, slurm.version()))
-    elif action.kind == "requeue" and action.intents:
-        # requeue held, update, release
-        separate(slurm, ref, update_fields(action.intents, slurm.version()))
-    elif action.kind == "requeue":
-        slurm.requeue(ref)
-    elif action.kind == "cancel":
-        slurm.cancel(ref)
-    elif action.kind != "warn":
-        raise ValueError(f"unknown action kind {action.kind!r}")
 
 
 class Notifier(Protocol):

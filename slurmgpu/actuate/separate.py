@@ -22,9 +22,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from slurmgpu.slurm.client import SlurmClient, SlurmError
-from slurmgpu.store.audit import AuditRecord
+
+if TYPE_CHECKING:  # the simulator loads this module without the store
+    from slurmgpu.store.audit import AuditRecord
 
 log = logging.getLogger("slurmgpu.actuate")
 

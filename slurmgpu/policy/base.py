@@ -167,6 +167,10 @@ class Action(msgspec.Struct, frozen=True, gc=False):
     separation of a shared GPU before an out-of-memory), so the engine's cooldown after
     that change does not hold it back; every other guardrail still applies.
 
+    ``needs``: the id of another job whose action, proposed by the same policy in the
+    same cycle, this one depends on (a rebalance grows one job into the GPUs another
+    gives up): the engine suppresses this action unless that one goes through too.
+
     A frozen ``msgspec.Struct``, not a dataclass: a cycle over a big queue builds tens of
     thousands of these and a frozen dataclass costs about ten times as much to build.
     Change one with ``msgspec.structs.replace``, not ``dataclasses.replace``.
@@ -188,6 +192,7 @@ class Action(msgspec.Struct, frozen=True, gc=False):
     requires_opt_in: bool = False
     slurm_id: str = ""
     protective: bool = False
+    needs: int | None = None
 
 
 class Decision(msgspec.Struct, frozen=True, gc=False):
@@ -233,12 +238,14 @@ def resize_action(
     priority: int = 0,
     intents: tuple[Intent, ...] = (),
     gpu_type: str | None = None,
+    needs: int | None = None,
 ) -> Action:
     """A ``resize`` of ``job`` from ``from_gpus`` to ``to_gpus`` (tasks, for an array pool).
 
     For a pool ``job`` is any record of the array; the action names the array id.
     ``intents`` are more changes for the held job's update (``SetTimeLimit``), sent with
-    the new GPU request; ``gpu_type`` moves the job to another GPU type.
+    the new GPU request; ``gpu_type`` moves the job to another GPU type; ``needs`` the
+    job whose change this one depends on (``Action.needs``).
     """
     if from_gpus < 0 or to_gpus < 0 or from_gpus == to_gpus:
         raise ValueError(f"not a resize: {from_gpus} -> {to_gpus}")
@@ -252,6 +259,7 @@ def resize_action(
         numbers={"from_gpus": from_gpus, "to_gpus": to_gpus, **(numbers or {})},
         intents=(*intents, Resize(from_gpus, to_gpus, gpu_type)),
         priority=priority,
+        needs=needs,
     )
 
 

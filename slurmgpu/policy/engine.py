@@ -41,7 +41,10 @@ is a requeue, resize or cancel (which stop the job anyway; a preemption carries 
    (``max_actions_per_cycle`` changes this cycle) — these bound what slurmgpu does, so
    they count and apply to changes of policies in ``enforce`` mode only, ordering
    updates excepted (the simulator and the audit do not count those either). Candidates are
-   taken in rank order, then oldest job first (submit time, then job id).
+   taken in rank order, then oldest job first (submit time, then job id);
+6. ``needs the … change of job J`` — ``Action.needs``: the action depends on the same
+   policy's action for job J this cycle (a rebalance's expansion on its donor's shrink),
+   which was itself suppressed or superseded.
 
 **Modes.** A suppressed decision neither executes nor notifies. Otherwise ``observe``:
 record only; ``advise``: notify, never execute; ``enforce``: changes execute and notify,
@@ -167,6 +170,18 @@ class PolicyEngine:
             if not why and modes[i] is enforce and action.kind in CHANGE_KINDS:
                 rated.append(i)
         self._rate_limit(rated, actions, owners, suppressed, by_id, snapshot)
+        for i in winner.values():
+            action = actions[i]
+            if action.needs is None or suppressed[i]:
+                continue
+            partner = winner.get(action.needs)
+            if (
+                partner is None
+                or suppressed[partner]
+                or actions[partner].policy != action.policy
+                or modes[partner] is not modes[i]
+            ):
+                suppressed[i] = f"needs the {action.policy} change of job {action.needs}"
         for i in ordering:
             action = actions[i]
             won = winner.get(action.job_id)

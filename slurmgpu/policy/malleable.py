@@ -53,6 +53,20 @@ least ``min_remaining`` and never past its time limit.
    ``(x(m) / x(k) - 1) / (m / k - 1)`` is below ``min_gain`` caps it at ``k`` (the prior
    curve is overruled there; also after a shrink from such a size).
 
+5. **Rebalance** (while ``shrink`` and ``expand``, and only when no pending job is
+   blocked or was helped this cycle: the GPUs would otherwise be the queue's): GPUs
+   move from a running job that gains little from them to one that gains more, as
+   Pollux re-plans every job's size each interval instead of sizing jobs only when
+   they start or when others wait. For a recipient ``r`` growing by ``k`` (within
+   ``max_gpus``, ``max_growth`` and its measured ceiling) and a donor ``d`` shrinking
+   by ``k`` (not below ``min_gpus``): ``saving = rem_r * (1 - x_r(g) / x_r(g + k)) -
+   cost``, ``loss = rem_d * (x_d(g) / x_d(g - k) - 1) + cost * g_d / k`` (the donor's
+   restart idles its ``g_d`` GPUs, priced per GPU moved as for a shrink); the pair of
+   largest ``saving - loss`` is resized when that exceeds ``min_gain * rem_r`` (the
+   expansion's dead band), then the next pair among the jobs not yet touched.
+   Per-node (``--gpus-per-node``) and typed requests are left out: their GPUs cannot
+   move to another job's nodes freely.
+
 **Re-allocation factor** (Pollux, OSDI'21 §4.2): a job's speed at any new size, grown
 or shrunk, counts ``(T - S * cost) / (T + cost)``, ``T`` its age since submission and
 ``S`` its restarts (``Job.restart_count``): a job restarted often for its age is resized
@@ -63,7 +77,7 @@ new size in the
 same update (:mod:`slurmgpu.policy.resize_limit`; ``scale_time_limit``), shown in the
 action's ``numbers`` (``time_limit_s``, ``time_limit_was_s``).
 
-5. **Type-aware** (``type_aware``, off by default; a cluster of several GPU types and a
+6. **Type-aware** (``type_aware``, off by default; a cluster of several GPU types and a
    ``type_speed`` table, :mod:`slurmgpu.policy.gputype`): a job that did not ask for a
    GPU type -- or whose type this policy chose -- grows on the type where it gains
    most: every type's sizes are tried, at ``x(g') * speed(type) / speed(now)`` where
@@ -379,12 +393,144 @@ class MalleablePolicy:
             blocked.append(job)
         actions[:0] = [self._shrink_action(sh, cost_s, snapshot) for sh in shrunk.values()]
 
+        queue_empty = not blocked and not actions
         if s.expand:
             reserve = 0
             if s.reserve_for_blocked and blocked:
                 reserve = min(free.total, _wants_gpus(blocked[0]))
             actions.extend(self._expansions(free, reserve, candidates, touched, cost_s, snapshot))
+        if s.expand and s.shrink and queue_empty:
+            actions.extend(self._rebalance(candidates, touched, cost_s, snapshot))
         return actions
+
+    # ---- rebalance
+
+    def _rebalance(
+        self,
+        candidates: dict[int, _Running],
+        touched: set[int],
+        cost_s: float,
+        snapshot: PolicySnapshot,
+    ) -> list[Action]:
+        """Move GPUs from a running job that gains little from them to one that gains
+        more, while nobody waits (Pollux re-plans every job's size each interval)."""
+        s = self.settings
+        out: list[Action] = []
+        # Each recipient's savings by GPUs added (only those that can clear the dead
+        # band: the donor's loss is never negative), largest first; k is at most what
+        # the most generous donor can give.
+        movable = [
+            c
+            for c in candidates.values()
+            if c.job.job_id not in touched and not c.single_node and not c.job.gpus.gpu_type
+        ]
+        donors = [c for c in movable if c.gpus > c.spec.min_gpus]
+        gives = sorted((d.gpus - d.spec.min_gpus for d in donors), reverse=True)
+        recipients: list[tuple[float, _Running, dict[int, float]]] = []
+        for c in movable:
+            if not c.busy or c.gpus >= c.spec.max_gpus or not gives:
+                continue
+            ceiling = min(
+                c.spec.max_gpus,
+                math.floor(c.gpus * s.max_growth + _TINY),
+                self._measured_ceiling(c),
+                c.gpus + gives[0],  # one donor gives at most its GPUs above its minimum
+            )
+            now = c.rate(c.gpus)
+            band = s.min_gain * c.remaining_s
+            savings: dict[int, float] = {}
+            for k in range(1, ceiling - c.gpus + 1):
+                after = c.rate(c.gpus + k) * c.realloc
+                saving = c.remaining_s * (1.0 - now / max(_TINY, after)) - cost_s
+                if saving > band:
+                    savings[k] = saving
+            if savings:
+                recipients.append((max(savings.values()), c, savings))
+        recipients.sort(key=lambda x: (-x[0], x[1].job.job_id))
+        losses: dict[tuple[int, int], float] = {}
+
+        def loss_of(d: _Running, k: int) -> float:
+            key = (d.job.job_id, k)
+            got = losses.get(key)
+            if got is None:
+                slower = d.rate(d.gpus) / max(_TINY, d.rate(d.gpus - k) * d.realloc)
+                got = losses[key] = d.remaining_s * max(0.0, slower - 1.0) + cost_s * d.gpus / k
+            return got
+
+        while True:
+            best: tuple[float, _Running, _Running, int, float, float] | None = None
+            for top, r, savings in recipients:
+                if r.job.job_id in touched:
+                    continue
+                if best is not None and top <= best[0]:
+                    break  # no later recipient saves more than the best net found
+                band = s.min_gain * r.remaining_s
+                for d in donors:
+                    if d is r or d.job.job_id in touched:
+                        continue
+                    most = d.gpus - d.spec.min_gpus
+                    for k, saving in savings.items():
+                        if k > most or (best is not None and saving <= best[0]):
+                            continue
+                        loss = loss_of(d, k)
+                        net = saving - loss
+                        if net > band and (best is None or net > best[0]):
+                            best = (net, r, d, k, saving, loss)
+            if best is None:
+                return out
+            _, r, d, k, saving, loss = best
+            touched.add(r.job.job_id)
+            touched.add(d.job.job_id)
+            d_to, r_to = d.gpus - k, r.gpus + k
+            d_limit, d_numbers = self._time_limit(
+                d.job, snapshot, (d.gpus, d_to), (d.rate(d.gpus), d.rate(d_to)), d.remaining_s
+            )
+            r_limit, r_numbers = self._time_limit(
+                r.job, snapshot, (r.gpus, r_to), (r.rate(r.gpus), r.rate(r_to)), r.remaining_s
+            )
+            common = {"saving_s": round(saving), "loss_s": round(loss), "cost_s": round(cost_s)}
+            out.append(
+                resize_action(
+                    self.name,
+                    d.job,
+                    d.gpus,
+                    d_to,
+                    f"shrink {d.gpus} -> {d_to} GPUs for job {r.job.display_id}, which grows "
+                    f"by them and finishes about {saving / 60:.0f} min sooner; this job "
+                    f"slows to {d.rate(d_to) / d.rate(d.gpus):.0%} of its speed "
+                    f"(about {loss / 60:.0f} min later)",
+                    numbers={
+                        "direction": "rebalance_shrink",
+                        "for_job": r.job.job_id,
+                        "throughput_now": d.rate(d.gpus),
+                        "throughput_after": d.rate(d_to),
+                        **common,
+                        **d_numbers,
+                    },
+                    intents=d_limit,
+                )
+            )
+            out.append(
+                resize_action(
+                    self.name,
+                    r.job,
+                    r.gpus,
+                    r_to,
+                    f"expand {r.gpus} -> {r_to} GPUs given up by job {d.job.display_id}: "
+                    f"{r.rate(r_to) / r.rate(r.gpus):.2f}x its speed, about "
+                    f"{saving / 60:.0f} min sooner after a {cost_s:.0f} s restart",
+                    numbers={
+                        "direction": "rebalance_expand",
+                        "from_job": d.job.job_id,
+                        "throughput_now": r.rate(r.gpus),
+                        "throughput_after": r.rate(r_to),
+                        **common,
+                        **r_numbers,
+                    },
+                    intents=r_limit,
+                    needs=d.job.job_id,
+                )
+            )
 
     # ---- estimates
 

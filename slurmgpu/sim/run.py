@@ -5,10 +5,10 @@ SlurmClient protocol (``jobs()``, ``nodes()``), builds the same
 :class:`~slurmgpu.policy.base.PolicySnapshot` the daemon builds (usage of running jobs
 from their workload model, history of finished jobs, prior alerts, the engine's
 cooldown and rate bookkeeping) and asks the daemon's PolicyEngine to decide. Decisions
-to execute are carried out by the actuator's own ``execute_action`` through SimSlurm;
-a ``resize`` is the Slurm transaction: checkpoint signal, ``requeue`` held, update
-the GPU request, release -- the job waits out the requeue delay and restarts at its new
-size, paying the checkpoint, the delay, scheduling and start-up.
+to execute are carried out by the actuator's own ``execute_action`` (``actuate.execute``)
+through SimSlurm; a ``resize`` is the Slurm transaction: checkpoint signal, ``requeue``
+held, update the GPU request, release -- the job waits out the requeue delay and restarts
+at its new size, paying the checkpoint, the delay, scheduling and start-up.
 
 A cycle is skipped when nothing changed since the last one, except that one runs at
 least every ``quiet_period_s`` (10 min) so time-based rules still fire, and at the
@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from slurmgpu.actuate.actuator import execute_action
+from slurmgpu.actuate.execute import execute_action
 from slurmgpu.cycle.core import MalleableView, PolicyCycle
 from slurmgpu.cycle.guardrails import GuardrailRecords
 from slurmgpu.intent import Resize, SetGpus, SetNice, SetTimeLimit, StartSoon, resize_of

@@ -11,7 +11,9 @@ batch shell, i.e. the launcher) the job checkpoints and the launcher requeues it
 next run resumes from that step.
 
 The resizes are driven by ``tests/slurm/resize_driver.py`` (the daemon's own
-MalleableActuator), as in test_malleable_real.py.
+MalleableActuator), as in test_malleable_real.py. The shrink-and-grow test is in the
+``release`` set too: scripts/test.sh runs it on Slurm 24.11 and 26.05 (chroots, with the
+checkout and this Python bound into them), after the host's 22.05 in the slurm tier.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,12 @@ TORCHRUN = f"{sys.executable} -m torch.distributed.run --standalone"
 
 
 @pytest.fixture
-def lab(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Lab]:
+def lab(slurm_cluster: LabCluster) -> Iterator[Lab]:
+    # Under the lab's root, which a Slurm chroot sees too; with a chroot (the release
+    # stage: 24.11, 26.05), the checkout and this Python are bound into it, so the jobs'
+    # sgpu launch, torchrun and workers run the same code as on the host's Slurm.
+    tmp_path = Path(tempfile.mkdtemp(prefix="torch-", dir=slurm_cluster.root))
+    slurm_cluster.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
     config = tmp_path / "config.toml"
     config.write_text('[slurm]\ncommand_timeout = "20s"\n')
     db = f"sqlite:///{tmp_path / 'state.db'}"
@@ -161,6 +169,7 @@ def _reference(lab: Lab, steps: int) -> dict[int, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.release
 def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None:
     job = _torch_job(lab, "ddp", "-t", "30")
     wait_for("the torch job at 4 GPUs", lambda: lab.running(job, 4))

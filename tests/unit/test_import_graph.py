@@ -9,6 +9,8 @@ functions (deliberately lazy ones) are left out. Importing ``a.b.c`` also runs t
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -186,3 +188,70 @@ def test_units_and_settings_table_are_leaves() -> None:
     graph = import_graph()
     assert graph["slurmgpu.units"] == set()
     assert graph["slurmgpu.settings_table"] == {"slurmgpu.units"}
+
+
+# What the simulator may load from the I/O packages: value parsers and renderers of Slurm's
+# syntax, the client protocol and its errors (SimSlurm implements it), the one executor
+# the daemon uses too, and the GPU power model. Nothing that opens a database, a socket
+# or a device. Function-level (lazy) imports, such as the sacct trace loader's, are not
+# module-level edges and are left out.
+SIM_IO_ALLOWED = frozenset(
+    {
+        "slurmgpu.slurm",
+        "slurmgpu.slurm.client",
+        "slurmgpu.slurm.parse",
+        "slurmgpu.slurm.update",
+        "slurmgpu.actuate",
+        "slurmgpu.actuate.confirm",
+        "slurmgpu.actuate.execute",
+        "slurmgpu.actuate.separate",
+        "slurmgpu.telemetry",
+        "slurmgpu.telemetry.gpupower",
+    }
+)
+
+
+def _closure(graph: dict[str, set[str]], roots: list[str]) -> dict[str, str]:
+    """Every module loading ``roots`` loads → the module that imports it (a path back)."""
+    via: dict[str, str] = {root: "" for root in roots}
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        for target in sorted(graph.get(module, ())):
+            if target not in via:
+                via[target] = module
+                todo.append(target)
+    return via
+
+
+def test_the_simulator_loads_no_io_module() -> None:
+    graph = import_graph()
+    via = _closure(graph, [m for m in graph if m.startswith("slurmgpu.sim")])
+    bad = sorted(
+        m
+        for m in via
+        if m.split(".")[1:2] and m.split(".")[1] in IO_PACKAGES
+        if m not in SIM_IO_ALLOWED
+    )
+
+    def chain(module: str) -> str:
+        out = [module]
+        while via[out[-1]]:
+            out.append(via[out[-1]])
+        return " <- ".join(out)
+
+    assert bad == [], "sim/ loads I/O modules:\n" + "\n".join(chain(m) for m in bad)
+    assert "slurmgpu.sim.run" in via and "slurmgpu.actuate.execute" in via  # the walk ran
+
+
+def test_the_simulator_runs_without_sqlalchemy_loaded() -> None:
+    """The graph above sees slurmgpu's own modules; this sees third-party ones too."""
+    code = (
+        "import sys; import slurmgpu.sim.run, slurmgpu.sim.policysets, slurmgpu.sim.metrics; "
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'sqlalchemy', 'alembic', 'psutil', 'pynvml', 'httpx', 'aiohttp'}); print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -343,3 +343,25 @@ def test_the_job_index_is_built_once_per_snapshot_and_is_not_part_of_its_value()
     assert dict(index) == {100: jobs[0], 101: jobs[1]}
     assert a.jobs_by_id() is index  # shared by the engine and every actuator
     assert a == b and hash(a) == hash(b) and "by_id" not in repr(a)
+
+
+def test_an_action_that_needs_another_jobs_change_goes_only_with_it() -> None:
+    # A rebalance: job 101 grows into the GPUs job 100 gives up. When the donor's
+    # change is held back (exempt user, or another policy's action wins its slot), the
+    # expansion is held back too; it would wait pending for GPUs nobody frees.
+    js = [running_job(100, user="root"), running_job(101), running_job(102), running_job(103)]
+    donor = act(100, "warn")
+    needing = Action(policy="p", kind="warn", job_id=101, user="alice", reason="t", needs=100)
+    fine = Action(policy="p", kind="warn", job_id=103, user="alice", reason="t", needs=102)
+    p = Fixed("p", [donor, needing, act(102, "warn"), fine])
+    rules = EngineSettings(exempt_users=frozenset({"root"}))
+    out = {d.action.job_id: d.suppressed for d in decide([(p, Mode.ENFORCE)], snapshot(js), rules)}
+    assert out == {100: "exempt user root", 101: "needs the p change of job 100", 102: "", 103: ""}
+    # the donor's slot taken by another policy's stronger action: the same
+    q = Fixed("q", [act(102, "cancel", policy="q")])
+    both = {
+        (d.action.policy, d.action.job_id): d.suppressed
+        for d in decide([(p, Mode.ENFORCE), (q, Mode.ENFORCE)], snapshot(js), rules)
+    }
+    assert both[("p", 103)] == "needs the p change of job 102"
+    assert both[("q", 102)] == ""

@@ -582,3 +582,64 @@ def test_a_small_donor_s_restart_weighs_little_for_a_large_waiting_job() -> None
     actions = MalleablePolicy().propose(s)
     assert sizes(actions) == {1: (2, 1)}
     assert actions[0].numbers["for_job"] == 3
+
+
+# ---- rebalance: GPUs from a job that gains little from them to one that gains more
+
+
+def anywhere(job: Job) -> Job:
+    """``job`` as a ``--gpus=N`` request: Slurm may place it on any nodes."""
+    n = job.allocated_gpus
+    return replace(job, gpus=GpuRequest(gpus=n, per_job=n, sources=("tres_per_job",)))
+
+
+FLAT = {2: 100.0, 4: 102.0}  # two more GPUs add 2 %
+LINEAR = {2: 100.0, 4: 200.0}
+
+
+def two_full_nodes() -> list[Job]:
+    return [
+        anywhere(running_job(1, gpus=four("gpu1"))),
+        anywhere(running_job(2, gpus=four("gpu2"), user="bob")),
+    ]
+
+
+def test_rebalance_moves_gpus_from_a_flat_job_to_a_linear_one_while_nobody_waits() -> None:
+    s = snap(two_full_nodes(), malleable={1: (1, 8), 2: (1, 8)}, throughput={1: FLAT, 2: LINEAR})
+    actions = MalleablePolicy().propose(s)
+    got = sizes(actions)
+    assert set(got) == {1, 2}
+    given = got[1][0] - got[1][1]
+    assert got[1][0] == 4 and given > 0  # the flat job gives GPUs ...
+    assert got[2] == (4, 4 + given)  # ... and the linear one grows by exactly those
+    by_job = {a.job_id: a for a in actions}
+    assert by_job[1].numbers["direction"] == "rebalance_shrink"
+    assert by_job[1].numbers["for_job"] == 2
+    assert by_job[2].numbers["direction"] == "rebalance_expand"
+    assert by_job[2].numbers["from_job"] == 1
+    assert by_job[2].needs == 1 and by_job[1].needs is None  # it grows only if 1 shrinks
+    assert all(a.kind == "resize" and limit_of(a) is not None for a in actions)
+
+
+def test_rebalance_leaves_two_jobs_that_scale_alike() -> None:
+    s = snap(two_full_nodes(), malleable={1: (1, 8), 2: (1, 8)}, throughput={1: LINEAR, 2: LINEAR})
+    assert MalleablePolicy().propose(s) == []
+
+
+def test_rebalance_waits_while_a_job_is_blocked() -> None:
+    # A waiting rigid job that no shrink can serve (it needs more than the donors could
+    # give): the GPUs a rebalance moves would be the queue's, so nothing moves.
+    waiting = pending_job(3, user="carol", gpus_per_node=None, gpus_per_job=16, time_limit=HOUR)
+    s = snap(
+        [*two_full_nodes(), waiting],
+        malleable={1: (1, 8), 2: (1, 8)},
+        throughput={1: FLAT, 2: LINEAR},
+    )
+    assert MalleablePolicy().propose(s) == []
+
+
+def test_rebalance_is_off_without_shrink_or_expand() -> None:
+    s = snap(two_full_nodes(), malleable={1: (1, 8), 2: (1, 8)}, throughput={1: FLAT, 2: LINEAR})
+    for off in ({"shrink": False}, {"expand": False}):
+        settings = replace(MalleableSettings(), **off)  # type: ignore[arg-type]
+        assert MalleablePolicy(settings).propose(s) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -114,14 +115,28 @@ def test_job_rows_round_trip_in_memory(job: Job) -> None:
     assert row_to_job(job_to_row(job)) == job
 
 
+@pytest.fixture(scope="module")
+def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty store at the newest schema, migrated once: examples copy it (a migration
+    per example took most of the test's time)."""
+    path = tmp_path_factory.mktemp("template") / "s.db"
+    store = open_store(f"sqlite:///{path}")
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.engine.dispose()
+    return path
+
+
 @settings(max_examples=examples(50), deadline=None)
 @given(jobs)
 def test_job_survives_a_database_round_trip(
-    tmp_path_factory: pytest.TempPathFactory, job: Job
+    tmp_path_factory: pytest.TempPathFactory, migrated_db: Path, job: Job
 ) -> None:
     from slurmgpu.daemon.diff import diff_jobs
 
-    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('db') / 's.db'}")
+    path = tmp_path_factory.mktemp("db") / "s.db"
+    shutil.copy2(migrated_db, path)
+    store = open_store(f"sqlite:///{path}", migrate=False)
     ids: dict[int, int] = {}
     store.apply_cycle(diff_jobs({}, [job]), ids, [], datetime(2026, 1, 1, tzinfo=UTC))
     (stored,) = store.jobs(job_ids=[job.job_id])

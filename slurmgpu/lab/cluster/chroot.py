@@ -19,6 +19,7 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -114,11 +115,18 @@ class SlurmChroot:
     def mount_base(self) -> None:
         """proc, sys, dev, dev/pts and a tmpfs /run inside the chroot (idempotent);
         an ``/etc/hosts`` naming localhost if the chroot has none (debootstrap makes
-        none, and slurmctld could not resolve ``AccountingStorageHost=localhost``)."""
+        none, and slurmctld could not resolve ``AccountingStorageHost=localhost``), and
+        this machine's name in it."""
         self.check()
         hosts = self.inside("/etc/hosts")
         if not hosts.exists():
             hosts.write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+        # This machine's own name too, as the host resolves it: a job's torchrun
+        # (--standalone) rendezvouses at it, and debootstrap's chroot cannot resolve it.
+        name = socket.gethostname()
+        if name and name not in hosts.read_text().split():
+            with hosts.open("a") as f:
+                f.write(f"127.0.1.1\t{name}\n")
         self._mount(self.inside("/proc"), "-t", "proc", "proc")
         self._mount(self.inside("/sys"), "-t", "sysfs", "sys")
         self._mount(self.inside("/dev"), "--bind", "/dev")

@@ -281,6 +281,7 @@ class LabCluster:
     ) -> None:
         self.root = Path(root).absolute()
         self.chroot = SlurmChroot(slurm_root) if slurm_root else None
+        self._shared: list[Path] = []  # host directories bound into the chroot by share()
         if accounting and self.chroot is None:
             raise LabClusterError("accounting (slurmdbd + MariaDB) needs a Slurm chroot")
         self.accounting = accounting
@@ -335,6 +336,17 @@ class LabCluster:
     @property
     def run_dir(self) -> Path:
         return self.root / "run"
+
+    def share(self, *host_dirs: Path) -> None:
+        """Make ``host_dirs`` visible to jobs at the same paths: bound into the Slurm
+        chroot (read-write, until :meth:`down`); without a chroot jobs already see them.
+        E.g. the checkout and the Python a job's ``torchrun`` comes from."""
+        if self.chroot is None:
+            return
+        for path in (d.absolute() for d in host_dirs):
+            if path not in self._shared:
+                self.chroot.bind(path)
+                self._shared.append(path)
 
     @property
     def bin_dir(self) -> Path | None:
@@ -812,6 +824,9 @@ class LabCluster:
             # jobs' slurmstepd (and their jobs) outlive slurmd; in a chroot they would
             # also hold the bind mount: end the ones of this lab (SLURM_CONF is ours)
             self.chroot.kill_leftovers(self.root)
+            for d in reversed(self._shared):
+                self.chroot.unbind(d)
+            self._shared.clear()
             self.chroot.unbind(self.root)
 
     def status(self) -> dict[str, Any]:
