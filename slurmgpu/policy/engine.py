@@ -59,7 +59,15 @@ import math
 from collections.abc import Mapping, Sequence
 
 from slurmgpu.model import Job, JobState
-from slurmgpu.policy.base import Action, Decision, Mode, Policy, PolicySnapshot, is_ordering
+from slurmgpu.policy.base import (
+    ORDERING_ALERT,
+    Action,
+    Decision,
+    Mode,
+    Policy,
+    PolicySnapshot,
+    is_ordering,
+)
 from slurmgpu.policy.isolate import PolicyFailure, propose_isolated
 from slurmgpu.policy.settings import EngineSettings
 
@@ -135,7 +143,8 @@ class PolicyEngine:
         contested: set[int] = set()
         ordering: list[int] = []
         for i, action in enumerate(actions):
-            if action.kind == "update" and is_ordering(action):
+            # the alert first: one comparison rules out nearly every proposal
+            if action.alert == ORDERING_ALERT and is_ordering(action):
                 ordering.append(i)
                 continue
             w = winner.setdefault(action.job_id, i)
@@ -190,14 +199,16 @@ class PolicyEngine:
         else:
             wide = [(-ACTION_PRIORITY.get(a.kind, 0), a.job_id) for a in actions]
             ordered = sorted(range(n), key=wide.__getitem__)
+        # Positional (action, mode, execute, notify, suppressed): msgspec matches keywords
+        # by name, and a big queue's cycle builds tens of thousands of decisions.
         return [
-            Decision(actions[i], modes[i], execute=False, notify=False, suppressed=suppressed[i])
+            Decision(actions[i], modes[i], False, False, suppressed[i])
             if suppressed[i]
             else Decision(
                 actions[i],
                 modes[i],
-                execute=modes[i] is enforce and actions[i].kind in CHANGE_KINDS,
-                notify=modes[i] is not observe and not is_ordering(actions[i]),
+                modes[i] is enforce and actions[i].kind in CHANGE_KINDS,
+                modes[i] is not observe and not is_ordering(actions[i]),
             )
             for i in ordered
         ]

@@ -125,10 +125,12 @@ class IdleGpuPolicy:
         # Nothing happens below the earliest threshold: skip busy jobs cheaply.
         earliest = min(s.warn_after, s.sliding_warn_after)
         actions: list[Action] = []
+        running = JobState.RUNNING  # once: an enum member look-up per job costs as much
+        usage_of = snapshot.usage.get
         for job in snapshot.cluster.jobs:
-            if job.state is not JobState.RUNNING:
+            if job.state is not running:
                 continue
-            usage = snapshot.usage.get(job.job_id)
+            usage = usage_of(job.job_id)
             if usage is None:
                 continue
             for g in usage.gpus:

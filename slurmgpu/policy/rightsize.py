@@ -48,6 +48,7 @@ quantile.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -148,31 +149,34 @@ class _Seconds(NamedTuple):
     round_s: float
 
 
-class _KeyDerived:
+class _KeyDerived(msgspec.Struct, gc=False):
     """What one history key's figures other than run times imply under the settings,
-    computed once per key (every GPU count of the key shares them)."""
+    computed once per key (every GPU count of the key shares them; built by
+    :func:`_key_derived`). Untracked by the collector, as :class:`_Derived` is: a first
+    cycle keeps one per key, tens of thousands, and nothing refers back to one."""
 
-    __slots__ = (
-        "cpus_needed",
-        "est",
-        "gpus_used",
-        "history_key",
-        "key",
-        "memory_mib",
-        "own_level",
-        "user",
+    key: tuple[int | str, ...]  # the priors' key (Priors.answer)
+    est: Estimate
+    history_key: str
+    own_level: bool
+    memory_mib: int | None
+    cpus_needed: int | None
+    gpus_used: int | None
+    gpus_requested: int  # the most GPUs a run at the key asked for
+
+
+def _key_derived(key: tuple[int | str, ...], est: Estimate, s: RightsizeSettings) -> _KeyDerived:
+    sizes = key_sizes(est, s)
+    return _KeyDerived(
+        key,
+        est,
+        "/".join(est.key),
+        s.time_from_other_jobs or est.level in _OWN_LEVELS,
+        sizes.memory_mib,
+        sizes.cores,
+        sizes.gpus,
+        est.gpus_requested,
     )
-
-    def __init__(self, key: tuple[int | str, ...], est: Estimate, s: RightsizeSettings) -> None:
-        self.key = key  # the priors' key (Priors.answer)
-        self.est = est
-        self.user = est.key[0]
-        self.history_key = "/".join(est.key)
-        self.own_level = s.time_from_other_jobs or est.level in _OWN_LEVELS
-        sizes = key_sizes(est, s)
-        self.memory_mib: int | None = sizes.memory_mib
-        self.cpus_needed: int | None = sizes.cores
-        self.gpus_used: int | None = sizes.gpus
 
 
 class _Derived(msgspec.Struct, gc=False):
@@ -196,6 +200,7 @@ class _Derived(msgspec.Struct, gc=False):
     gpus: int | None
     time_s: int | None
     numbers: Numbers | None = None  # history_numbers, once made
+    reason_text: str | None = None  # reason, once made
 
     @property
     def history_numbers(self) -> Numbers:
@@ -218,7 +223,10 @@ class _Derived(msgspec.Struct, gc=False):
     @property
     def reason(self) -> str:
         """The start of every reason an action from this estimate gives."""
-        return f"{self.samples} past runs ({self.k.est.level}) suggest "
+        text = self.reason_text
+        if text is None:
+            text = self.reason_text = f"{self.samples} past runs ({self.k.est.level}) suggest "
+        return text
 
 
 def _derive(
@@ -243,6 +251,12 @@ def _derive(
         gpus if gpus is not None and gpus > 0 else None,
         time_s,
     )
+
+
+class _Unseen(enum.Enum):
+    """A (user, name, partition) not looked up yet (None: looked up, no key answers)."""
+
+    UNSEEN = 0
 
 
 class RightsizePolicy:
@@ -276,9 +290,13 @@ class RightsizePolicy:
         # (user, name, partition) -> the key that answers for it (None: none does), as
         # long as the cached priors: jobs of one name share it, whatever their GPUs.
         self._by_name: dict[tuple[str, str, str], _KeyDerived | None] = {}
+        self._cores_per_gpu = s.target_cores_per_gpu
         # job id -> (what its verdict depends on besides the priors, that verdict), from
         # the last cycle; as long as the cached priors.
         self._memo: dict[int, _Verdict] = {}
+        # Users whose history changed since the memo was made: their verdicts in it are
+        # not reused (the memo is replaced by the next propose, so this is dropped then).
+        self._stale: frozenset[str] = frozenset()
         self._keep = 1.0 - s.min_change_fraction
         self._round_s = s.time_round.total_seconds()
         self._seconds = _Seconds(s.min_time_limit.total_seconds(), self._round_s)
@@ -298,13 +316,16 @@ class RightsizePolicy:
             self._cached = (history, priors)
             if changed is None:
                 self._derived, self._timed, self._by_name, self._memo = {}, {}, {}, {}
+                self._stale = frozenset()
             elif changed:
                 # Estimates are per user (key[1], past the level tag); a verdict is its
                 # job's user's.
                 self._derived = {k: d for k, d in self._derived.items() if k[1] not in changed}
                 self._timed = {k: d for k, d in self._timed.items() if k[0][1] not in changed}
                 self._by_name = {k: v for k, v in self._by_name.items() if k[0] not in changed}
-                self._memo = {j: v for j, v in self._memo.items() if v.job.user not in changed}
+                # A verdict is its job's user's: marked, not filtered out (a pass over
+                # every pending job's verdict, ~40 ms on 100k, for a few users' jobs).
+                self._stale |= changed
             return priors
         return cached[1]
 
@@ -312,12 +333,15 @@ class RightsizePolicy:
         """Return one ``update`` action per pending job whose requests history can shrink."""
         s = self.settings
         jobs = snapshot.cluster.jobs
+        # The members once, not per job: an enum member look-up costs as much as the rest
+        # of a test (Python 3.11).
+        pending_state, running_state = JobState.PENDING, JobState.RUNNING
         # A job carrying sgpu:norightsize is no candidate, opted in or not (as in
         # job_submit.lua); the substring test spares the parse for nearly every job.
         pending = [
             j
             for j in jobs
-            if j.state is JobState.PENDING
+            if j.state is pending_state
             and not (NORIGHTSIZE in j.comment and rightsize_opted_out(j.comment))
         ]
         if not pending:
@@ -331,7 +355,7 @@ class RightsizePolicy:
         at = snapshot.at
         longest: dict[str, dict[str, float]] = {}
         for j in jobs:
-            if j.state is JobState.RUNNING and j.start_time is not None:
+            if j.state is running_state and j.start_time is not None:
                 elapsed = (at - j.start_time).total_seconds()
                 if elapsed > 0.0:
                     names = longest.get(j.user)
@@ -355,9 +379,13 @@ class RightsizePolicy:
         # whose verdict inputs are what they were last cycle gets last cycle's verdict (the
         # same Action object, or none) for the price of comparing them.
         memo: dict[int, _Verdict] = self._memo
+        stale = self._stale
         seen: dict[int, _Verdict] = {}
         actions: list[Action] = []
+        unseen = _Unseen.UNSEEN
+        judge = self._propose_one
         for job in pending:
+            job_id = job.job_id
             sibling: float | None = None
             floor: int | None = None
             floors = sibling_s.get(job.user)
@@ -366,56 +394,56 @@ class RightsizePolicy:
                 if got is not None:
                     sibling, floor = got
             array_id = job.array_job_id
-            is_opted = job.job_id in opted or (array_id is not None and array_id in opted)
-            last = memo.get(job.job_id)
-            # A running sibling's floor matters only where it exceeds the history's limit
-            # (it grows 30 s a cycle, and mostly stays below): compared with last cycle's
-            # verdict only where it did.
-            binding = floor
-            if floor is not None and last is not None:
-                bound = last.history_time_s
-                if bound is None or floor <= bound:
-                    binding = None
-            if (
-                last is not None
-                and last.opted == is_opted
-                and last.floor_s == binding
-                and (last.job is job or _same_request(last.job, job))
-            ):
-                # The daemon's snapshot hands an unchanged job over as the same object
-                # (daemon.diff): nothing to compare but the opt-in and the floor.
-                if last.job is not job:  # an equal job parsed anew: known by identity next
-                    last = msgspec.structs.replace(last, job=job)
-                seen[job.job_id] = last
-                if last.action is not None:
-                    actions.append(last.action)
-                continue
+            is_opted = job_id in opted or (array_id is not None and array_id in opted)
+            last = memo.get(job_id)
+            if last is not None and not (stale and job.user in stale):
+                # A running sibling's floor matters only where it exceeds the history's
+                # limit (it grows 30 s a cycle, and mostly stays below): compared with last
+                # cycle's verdict only where it did.
+                binding = floor
+                if floor is not None:
+                    bound = last.history_time_s
+                    if bound is None or floor <= bound:
+                        binding = None
+                if (
+                    last.opted == is_opted
+                    and last.floor_s == binding
+                    and (last.job is job or _same_request(last.job, job))
+                ):
+                    # The daemon's snapshot hands an unchanged job over as the same object
+                    # (daemon.diff): nothing to compare but the opt-in and the floor.
+                    if last.job is not job:  # an equal job parsed anew: by identity next
+                        last = msgspec.structs.replace(last, job=job)
+                    seen[job_id] = last
+                    if last.action is not None:
+                        actions.append(last.action)
+                    continue
             # What the job's estimate implies: the key's figures once per (user, name,
             # partition), the run time once per key and GPU count.
             name_key = (job.user, job.name, job.partition)
-            if name_key in by_name:
-                k = by_name[name_key]
-            else:
+            k = by_name.get(name_key, unseen)
+            if k is unseen:
                 k = by_name[name_key] = self._key_derived(name_key, priors)
             action: Action | None = None
             history_s: int | None = None
             if k is not None:
                 gpus = (job.gpus.gpus or None) if by_gpus else None
-                d = timed.get((k.key, gpus))
+                timed_key = (k.key, gpus)
+                d = timed.get(timed_key)
                 if d is None:
-                    d = timed[k.key, gpus] = _derive(
+                    d = timed[timed_key] = _derive(
                         k, priors.run_time(k.key, gpus), gpus, s, self._seconds
                     )
                 time_s = history_s = d.time_s
-                if time_s is not None and floor is not None:
-                    time_s = max(time_s, floor)
-                action = self._propose_one(job, d, time_s, sibling, is_opted)
+                if floor is not None and time_s is not None and floor > time_s:
+                    time_s = floor
+                action = judge(job, d, time_s, sibling, is_opted)
                 if action is not None:
                     actions.append(action)
             # as the next cycle will compare it: with the floor only where it binds
             binds = floor is not None and history_s is not None and floor > history_s
-            seen[job.job_id] = _Verdict(job, floor if binds else None, is_opted, action, history_s)
-        self._memo = seen  # jobs no longer pending drop out
+            seen[job_id] = _Verdict(job, floor if binds else None, is_opted, action, history_s)
+        self._memo, self._stale = seen, frozenset()  # jobs no longer pending drop out
         return actions
 
     def _key_derived(self, name_key: tuple[str, str, str], priors: Priors) -> _KeyDerived | None:
@@ -429,7 +457,7 @@ class RightsizePolicy:
         if k is None:
             est = priors.key_estimate(key)
             assert est is not None  # an answering key has an estimate
-            k = self._derived[key] = _KeyDerived(key, est, self.settings)
+            k = self._derived[key] = _key_derived(key, est, self.settings)
         return k
 
     def _propose_one(
@@ -440,9 +468,9 @@ class RightsizePolicy:
         sibling_s: float | None,
         is_opted: bool,
     ) -> Action | None:
-        s = self.settings
+        """Return the action for ``job`` from its key's figures ``d`` and the time limit
+        ``time_s`` they (and a running sibling) give, or None: nothing shrinks enough."""
         k = d.k  # the key's figures (run times aside: those are d's)
-        est = k.est
         keep = self._keep  # a change must leave at most this share of the request
         nodes = job.node_count if job.node_count > 1 else 1
 
@@ -460,10 +488,13 @@ class RightsizePolicy:
                     new_time = time_s
         new_memory: int | None = None
         current_memory = 0
-        if k.memory_mib is not None and job.memory_mib:
-            current_memory = -(-job.memory_mib // nodes)
-            if k.memory_mib < current_memory and k.memory_mib <= keep * current_memory + 1e-6:
-                new_memory = k.memory_mib
+        memory = k.memory_mib
+        if memory is not None:
+            requested = job.memory_mib
+            if requested:
+                current_memory = -(-requested // nodes)
+                if memory < current_memory and memory <= keep * current_memory + 1e-6:
+                    new_memory = memory
         request = job.gpus
         gpus_after = request.gpus
         new_gpus: int | None = None  # per node, or per job for --gpus
@@ -473,60 +504,106 @@ class RightsizePolicy:
             used is not None
             and gpus_after > 0
             and not request.shards
-            and est.gpus_requested >= gpus_after
+            and k.gpus_requested >= gpus_after
         ):
+            fraction = self.settings.min_change_fraction
             if request.per_node:
                 per_node = -(-used // nodes)
-                if _shrinks_enough(request.per_node, per_node, s.min_change_fraction):
+                if _shrinks_enough(request.per_node, per_node, fraction):
                     new_gpus, gpus_after = per_node, per_node * nodes
             elif (
                 request.per_job
                 and not request.per_task
-                and _shrinks_enough(request.per_job, used, s.min_change_fraction)
+                and _shrinks_enough(request.per_job, used, fraction)
             ):
                 new_gpus, per_node_field, gpus_after = used, False, used
         new_cpus: int | None = None
-        cpus = job.cpus
-        if k.cpus_needed is not None and gpus_after > 0 and cpus > 0:
-            proposed_cpus = max(
-                k.cpus_needed, s.target_cores_per_gpu * gpus_after, job.tasks, nodes
-            )
-            if proposed_cpus < cpus and proposed_cpus <= keep * cpus + 1e-6:
-                new_cpus = proposed_cpus
+        cpus_needed = k.cpus_needed
+        if cpus_needed is not None and gpus_after > 0:
+            cpus = job.cpus
+            if cpus > 0:
+                proposed_cpus = max(cpus_needed, self._cores_per_gpu * gpus_after, job.tasks, nodes)
+                if proposed_cpus < cpus and proposed_cpus <= keep * cpus + 1e-6:
+                    new_cpus = proposed_cpus
         if new_time is None and new_memory is None and new_gpus is None and new_cpus is None:
             return None
+        return self._action(
+            job,
+            d,
+            new_time,
+            sibling_s,
+            new_memory,
+            current_memory,
+            new_gpus,
+            per_node_field,
+            gpus_after,
+            new_cpus,
+            nodes,
+            is_opted,
+        )
 
+    def _action(
+        self,
+        job: Job,
+        d: _Derived,
+        new_time: int | None,
+        sibling_s: float | None,
+        new_memory: int | None,
+        current_memory: int,
+        new_gpus: int | None,
+        per_node_field: bool,
+        gpus_after: int,
+        new_cpus: int | None,
+        nodes: int,
+        is_opted: bool,
+    ) -> Action:
+        """The ``update`` action for the fields :meth:`_propose_one` chose: intents,
+        numbers (current and proposed value of each field, history figures) and reason."""
+        est = d.k.est
         intents: list[Intent] = []
         numbers = dict(d.history_numbers)
         changes: list[str] = []
         if new_time is not None:
             limit = job.time_limit
+            current_s = limit.total_seconds() if limit is not None else None
             intents.append(SetTimeLimit(new_time))
-            text = _limit_text(new_time)
-            numbers["time_limit_current_s"] = limit.total_seconds() if limit is not None else None
-            numbers["time_limit_proposed_s"] = new_time
-            # the names the notification template reads
-            numbers["time_limit_s"] = numbers["time_limit_current_s"]
-            numbers["proposed_time_limit_s"] = new_time
-            numbers["run_time_quantile_s"] = d.run_time_s
-            numbers["sibling_elapsed_s"] = sibling_s
-            was = "UNLIMITED" if limit is None else _limit_text(limit.total_seconds())
-            changes.append(f"TimeLimit {text} (was {was})")
+            # the names the notification template reads: time_limit_s, proposed_time_limit_s
+            numbers.update(
+                {
+                    "time_limit_current_s": current_s,
+                    "time_limit_proposed_s": new_time,
+                    "time_limit_s": current_s,
+                    "proposed_time_limit_s": new_time,
+                    "run_time_quantile_s": d.run_time_s,
+                    "sibling_elapsed_s": sibling_s,
+                }
+            )
+            was = "UNLIMITED" if current_s is None else _limit_text(current_s)
+            changes.append(f"TimeLimit {_limit_text(new_time)} (was {was})")
         if new_memory is not None:
             intents.append(SetMemoryPerNode(new_memory))
-            numbers["memory_per_node_current_mib"] = current_memory
-            numbers["memory_per_node_proposed_mib"] = new_memory
-            numbers["memory_mib"] = current_memory
-            numbers["proposed_memory_mib"] = new_memory
-            numbers["peak_node_memory_mib"] = est.peak_node_memory_mib
+            numbers.update(
+                {
+                    "memory_per_node_current_mib": current_memory,
+                    "memory_per_node_proposed_mib": new_memory,
+                    "memory_mib": current_memory,
+                    "proposed_memory_mib": new_memory,
+                    "peak_node_memory_mib": est.peak_node_memory_mib,
+                }
+            )
             changes.append(f"MinMemoryNode {new_memory} MiB (was {current_memory} MiB)")
         if new_gpus is not None:
+            request = job.gpus
             intents.append(SetGpus(new_gpus, request.gpu_type, per_node=per_node_field))
-            numbers["gpus_current"] = request.gpus
-            numbers["gpus_proposed"] = gpus_after
-            numbers["gpus"] = request.gpus
-            numbers["proposed_gpus"] = gpus_after
-            numbers["gpus_used_max"] = est.gpus_used
+            numbers.update(
+                {
+                    "gpus_current": request.gpus,
+                    "gpus_proposed": gpus_after,
+                    "gpus": request.gpus,
+                    "proposed_gpus": gpus_after,
+                    "gpus_used_max": est.gpus_used,
+                }
+            )
             if per_node_field:
                 numbers["gpus_per_node_current"] = request.per_node
                 numbers["gpus_per_node_proposed"] = new_gpus
@@ -536,20 +613,28 @@ class RightsizePolicy:
         if new_cpus is not None:
             intents.append(SetCpus(new_cpus))
             intents.append(SetCpusPerNode(math.ceil(new_cpus / nodes)))
-            numbers["cpus_current"] = job.cpus
-            numbers["cpus_proposed"] = new_cpus
-            numbers["cpu_used_max_pct"] = est.max_cpu_pct
+            numbers.update(
+                {
+                    "cpus_current": job.cpus,
+                    "cpus_proposed": new_cpus,
+                    "cpu_used_max_pct": est.max_cpu_pct,
+                }
+            )
             changes.append(f"{new_cpus} CPUs (was {job.cpus})")
         numbers["opted_in"] = int(is_opted)
+        # Positional, in Action's field order: msgspec matches keywords by name, and a
+        # first cycle builds tens of thousands (policy, kind, job_id, user, reason,
+        # numbers, intents, alert, priority, requires_opt_in, slurm_id).
         return Action(
-            policy=self.name,
-            kind="update",
-            job_id=job.job_id,
-            user=job.user,
-            reason=d.reason + "; ".join(changes),
-            numbers=numbers,
-            intents=tuple(intents),
-            alert="rightsize",
-            requires_opt_in=not s.apply_to_all,
-            slurm_id=slurm_job_ref(job),
+            self.name,
+            "update",
+            job.job_id,
+            job.user,
+            d.reason + "; ".join(changes),
+            numbers,
+            tuple(intents),
+            "rightsize",
+            0,
+            not self.settings.apply_to_all,
+            slurm_job_ref(job),
         )

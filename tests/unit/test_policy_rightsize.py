@@ -599,3 +599,22 @@ def test_a_reload_keeps_the_verdicts_of_users_whose_runs_are_the_same() -> None:
     alice_again, bob_again = policy.propose(snapshot(jobs, at=T0 + MIN, history=reloaded))
     assert alice_again is alice  # bob's new run changes nothing of alice's
     assert bob_again is not bob and limit_of(bob_again) != limit_of(bob)
+
+
+def test_verdicts_of_users_changed_by_reloads_no_cycle_saw_are_judged_again() -> None:
+    """The daemon's export builds the priors at each history load: two reloads may come
+    before the next propose. Each one's changed users stay marked until a cycle judges
+    their jobs again, so alice's verdict (changed by the first reload) is not reused
+    after the second (which changed only bob)."""
+    policy = RightsizePolicy(ONLY_TIME)
+    jobs = [pending_job(100, time_limit=24 * HOUR), pending_job(101, user="bob")]
+    alice, _ = policy.propose(snapshot(jobs, history=_CYCLE_HISTORY))
+    longer = (*_CYCLE_HISTORY, *[record(run_time=9 * HOUR)] * 3)  # alice's runs grow
+    policy.priors(longer)  # the export's look at the reload; no cycle in between
+    both = (*(msgspec.structs.replace(r) for r in longer), record(user="bob", run_time=HOUR))
+    policy.priors(both)
+    snap = snapshot(jobs, at=T0 + MIN, history=both)
+    got = policy.propose(snap)
+    assert _comparable(got) == _comparable(RightsizePolicy(ONLY_TIME).propose(snap))
+    alice_now = next(a for a in got if a.job_id == 100)
+    assert limit_of(alice_now) != limit_of(alice)

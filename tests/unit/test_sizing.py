@@ -3,6 +3,7 @@ suggest the same size for the same usage."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ from slurmgpu.policy.recommend import recommendations
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.policy.sizing import (
+    ceil_whole,
     cores_needed,
     gpus_needed,
     mem_text,
@@ -51,6 +53,39 @@ def test_cores_and_gpus_are_never_fewer_than_one() -> None:
     assert cores_needed(2.5) == 3 and cores_needed(5.0) == 6 and cores_needed(0.0) == 1
     assert gpus_needed(0) == 1 and gpus_needed(3) == 3
     assert round_up(601, 300) == 900 and round_up(600, 300) == 600
+
+
+def _ceil_rounded(x: float) -> int:
+    """The rule ceil_whole states: ceil of x rounded to 6 decimals."""
+    return math.ceil(round(x, 6))
+
+
+def test_ceil_whole_ignores_noise_below_a_millionth_above_a_whole_number() -> None:
+    assert ceil_whole(6.0000004) == 6  # noise above 6: ignored
+    assert ceil_whole(6.0000011) == 7  # more than noise: the next whole number
+    assert ceil_whole(5.9999996) == 6 and ceil_whole(-2.5) == -2 and ceil_whole(7) == 7
+    # on and around the boundary, where ceil_whole leaves the value to round()
+    for whole in (-3, 0, 1, 17, 4096, 10**9):
+        for offset in (0.0, 1e-7, 4.9e-7, 5e-7, 5.1e-7, 9.99e-7, 1e-6, 1.01e-6, -1e-7, -1e-6):
+            x = whole + offset
+            assert ceil_whole(x) == _ceil_rounded(x), x
+
+
+@given(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False))
+@settings(max_examples=examples(300), deadline=None)
+def test_ceil_whole_is_ceil_of_the_value_rounded_to_6_decimals(x: float) -> None:
+    assert ceil_whole(x) == _ceil_rounded(x)
+    assert isinstance(ceil_whole(x), int)
+
+
+@given(
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(min_value=-2e-6, max_value=2e-6, allow_nan=False),
+)
+@settings(max_examples=examples(300), deadline=None)
+def test_ceil_whole_near_whole_numbers_matches_the_rounded_rule(whole: int, noise: float) -> None:
+    x = whole + noise
+    assert ceil_whole(x) == _ceil_rounded(x)
 
 
 def test_mem_text_is_exact_in_slurm_units() -> None:
