@@ -24,6 +24,7 @@ from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.summary import Summarizer
+from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store import JobStore
 from slurmgpu.store.retention import Retention
@@ -110,6 +111,18 @@ class Daemon:
                 lambda: dict(errors),
                 label="policy",
             )
+            rightsize = next(
+                (p for p, _ in cycle.engine.policies if isinstance(p, RightsizePolicy)), None
+            )
+            if rightsize is not None:
+                metrics.watch(
+                    "sgpu_rightsize_backlog_jobs",
+                    "Pending jobs rightsizing has yet to judge: more than "
+                    "policy.rightsize.max_judged_per_cycle were new (a first cycle on a "
+                    "deep queue) or had their history change; 0 once all are judged.",
+                    lambda: float(rightsize.backlog),
+                    kind="gauge",
+                )
 
         def on_cycle(result: CycleResult) -> None:
             if result.snapshot is None:

@@ -212,6 +212,12 @@ class RightsizeSettings:
       ``target_cores_per_gpu`` (12, JDS) per GPU.
     - ``min_history`` (3): past runs needed at a key before it is trusted.
     - ``min_change_fraction`` (0.2): smaller reductions are not proposed.
+    - ``max_judged_per_cycle`` (25,000; 0: no limit): pending jobs judged anew in one
+      cycle. A job keeps its verdict while it, its opt-in and its history stay the same,
+      so only a first cycle on a deep queue, or a reload that changed most users'
+      history, has more to judge; the rest wait for the next cycles, jobs without a
+      verdict first, each oldest first (the order the engine's rate limit takes
+      changes in). A job whose history changed keeps its last verdict until then.
 
     >>> RightsizeSettings.from_mapping({"time_headroom": 1.5}, "policy.rightsize").time_headroom
     1.5
@@ -234,6 +240,7 @@ class RightsizeSettings:
     min_history: int = 3
     target_cores_per_gpu: int = 12
     min_change_fraction: float = 0.2
+    max_judged_per_cycle: int = 25_000
 
     @classmethod
     def from_mapping(
@@ -265,6 +272,7 @@ class RightsizeSettings:
             min_change_fraction=t.number(
                 "min_change_fraction", 0.2, minimum=0.0, maximum=1.0, above_minimum=False
             ),
+            max_judged_per_cycle=t.integer("max_judged_per_cycle", 25_000, minimum=0),
         )
         t.finish()
         return s

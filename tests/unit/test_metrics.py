@@ -323,3 +323,51 @@ def test_what_the_slurm_decoders_left_out_is_in_metrics(tmp_path: Path) -> None:
     assert after[skipped] == before.get(skipped, 0) + 1
     assert after[unparsed] == before.get(unparsed, 0) + 1
     assert after[("sgpu_slurm_data_parser", (("known", "1"), ("version", "v0.0.45")))] == 1
+
+
+def test_the_daemon_exports_how_many_pending_jobs_rightsizing_has_yet_to_judge(
+    tmp_path: Path,
+) -> None:
+    """``sgpu_rightsize_backlog_jobs`` as the daemon wires it (daemon/app.py): three new
+    pending jobs, one judged a cycle (max_judged_per_cycle = 1)."""
+    from dataclasses import replace
+
+    from slurmgpu.config import Settings
+    from slurmgpu.daemon.app import Daemon as App
+    from slurmgpu.daemon.lease import DaemonLease
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    settings = Settings().with_database(url)
+    rightsize = replace(settings.policy.rightsize, max_judged_per_cycle=1)
+    settings = replace(settings, policy=replace(settings.policy, rightsize=rightsize))
+    store = open_store(url)
+    waiting = [
+        Job(
+            job_id=50 + i,
+            name="train",
+            user="alice",
+            state=JobState.PENDING,
+            cpus=4,
+            submit_time=datetime.now(UTC) - timedelta(minutes=i),
+        )
+        for i in range(3)
+    ]
+    lease = DaemonLease(store.engine, ttl=timedelta(seconds=60))
+    lease.acquire()
+    try:
+        app = App(settings, store, FakeSlurm(waiting, NODES), lease, poll=timedelta(seconds=30))
+        seen = []
+        for _ in range(4):
+            app.run_once()
+            text = app.metrics.exposition().decode()
+            (family,) = [
+                f
+                for f in text_string_to_metric_families(text)
+                if f.name == "sgpu_rightsize_backlog_jobs"
+            ]
+            assert family.type == "gauge"
+            seen.append(family.samples[0].value)
+        assert seen == [2, 1, 0, 0]
+    finally:
+        lease.release()
+        store.engine.dispose()

@@ -618,3 +618,88 @@ def test_verdicts_of_users_changed_by_reloads_no_cycle_saw_are_judged_again() ->
     assert _comparable(got) == _comparable(RightsizePolicy(ONLY_TIME).propose(snap))
     alice_now = next(a for a in got if a.job_id == 100)
     assert limit_of(alice_now) != limit_of(alice)
+
+
+# --- judging a deep queue over cycles (max_judged_per_cycle) --------------------------
+
+
+def _queue(n: int) -> list[Job]:
+    """``n`` pending jobs of alice's, 3 of them (ids 100, 101, 102 mixed among the
+    rest) the oldest by submit time, in a queue listed in no useful order."""
+    jobs = [
+        pending_job(100 + i, time_limit=24 * HOUR, submit_time=T0 - (i % 7 + 1) * MIN)
+        for i in range(n)
+    ]
+    oldest = {100: T0 - 3 * HOUR, 101: T0 - 2 * HOUR, 102: T0 - 90 * MIN}
+    jobs = [replace(j, submit_time=oldest.get(j.job_id, j.submit_time)) for j in jobs]
+    return jobs[::-1]
+
+
+def test_a_deep_queue_is_judged_over_cycles_oldest_first() -> None:
+    """A cycle judges at most max_judged_per_cycle jobs anew, oldest submit time first;
+    the others wait for the next cycles, and once every job is judged the policy
+    proposes exactly what one judging them all at once does."""
+    history = _CYCLE_HISTORY
+    jobs = _queue(10)
+    snap = snapshot(jobs, history=history)
+    policy = RightsizePolicy(RightsizeSettings(max_judged_per_cycle=3))
+    first = policy.propose(snap)
+    assert sorted(a.job_id for a in first) == [100, 101, 102]
+    assert policy.backlog == 7
+    cycles = 1
+    while policy.backlog:
+        got = policy.propose(snapshot(jobs, at=T0 + cycles * MIN, history=history))
+        cycles += 1
+    assert cycles == 4  # 3 + 3 + 3 + 1
+    whole = RightsizePolicy(RightsizeSettings(max_judged_per_cycle=0)).propose(snap)
+    assert _comparable(got) == _comparable(whole) and len(whole) == 10
+    # the verdicts made over cycles are kept as they are once all are judged
+    again = policy.propose(snapshot(jobs, at=T0 + 9 * MIN, history=history))
+    assert policy.backlog == 0 and sorted(map(id, again)) == sorted(map(id, got))
+
+
+def test_jobs_without_a_verdict_are_judged_before_reloaded_users_jobs() -> None:
+    """After a reload that changed a user's history, their jobs keep their last verdict
+    until a cycle has room to judge them again; jobs never judged go first."""
+    history = _CYCLE_HISTORY
+    policy = RightsizePolicy(replace(ONLY_TIME, max_judged_per_cycle=2))
+    old = [pending_job(100, time_limit=24 * HOUR), pending_job(101, time_limit=24 * HOUR)]
+    before = policy.propose(snapshot(old, history=history))
+    assert policy.backlog == 0 and len(before) == 2
+    # alice's runs grow (a reload), and two jobs of bob's are submitted
+    longer = (*_CYCLE_HISTORY, *[record(run_time=9 * HOUR)] * 3)
+    new = [
+        pending_job(102, user="bob", time_limit=24 * HOUR, submit_time=T0),
+        pending_job(103, user="bob", time_limit=24 * HOUR, submit_time=T0),
+    ]
+    snap = snapshot([*old, *new], at=T0 + MIN, history=longer)
+    got = {a.job_id: a for a in policy.propose(snap)}
+    assert policy.backlog == 2
+    # bob's new jobs were judged; alice's kept the verdicts of the old history meanwhile
+    assert sorted(got) == [100, 101, 102, 103]
+    assert got[100] is before[0] and got[101] is before[1]
+    later = {
+        a.job_id: a for a in policy.propose(snapshot([*old, *new], at=T0 + 2 * MIN, history=longer))
+    }
+    assert policy.backlog == 0
+    assert limit_of(later[100]) != limit_of(before[0])  # judged on alice's longer runs now
+    fresh = RightsizePolicy(ONLY_TIME).propose(snap)
+    assert _comparable(list(later.values())) == _comparable(fresh)
+
+
+def test_a_changed_request_beyond_the_budget_loses_its_old_verdict() -> None:
+    """An old verdict is kept for a job waiting its turn only when just its user's
+    history changed: a job whose request changed gets none until judged (its old
+    action would set values for a request it no longer has)."""
+    history = _CYCLE_HISTORY
+    policy = RightsizePolicy(replace(ONLY_TIME, max_judged_per_cycle=1))
+    first = pending_job(100, time_limit=24 * HOUR, submit_time=T0 - HOUR)
+    second = pending_job(101, time_limit=24 * HOUR, submit_time=T0 - 2 * HOUR)
+    policy.propose(snapshot([first, second], history=history))
+    policy.propose(snapshot([first, second], at=T0 + MIN, history=history))
+    assert policy.backlog == 0
+    # both change their request; only the older (101) is judged this cycle
+    shorter = [replace(first, time_limit=12 * HOUR), replace(second, time_limit=12 * HOUR)]
+    got = policy.propose(snapshot(shorter, at=T0 + 2 * MIN, history=history))
+    assert [a.job_id for a in got] == [101] and policy.backlog == 1
+    assert got[0].numbers["time_limit_current_s"] == 12 * 3600

@@ -34,7 +34,7 @@ def test_defaults_are_the_anchored_ones() -> None:
     assert (rs.time_quantile, rs.time_headroom, rs.memory_headroom) == (0.95, 1.3, 1.2)
     assert rs.min_time_limit == timedelta(minutes=15) and rs.time_round == timedelta(minutes=5)
     assert (rs.memory_round_mib, rs.min_history, rs.target_cores_per_gpu) == (256, 3, 12)
-    assert rs.min_change_fraction == 0.2
+    assert rs.min_change_fraction == 0.2 and rs.max_judged_per_cycle == 25_000
     eng = EngineSettings()
     assert (eng.max_actions_per_cycle, eng.max_actions_per_user_per_hour) == (20, 10)
     assert eng.job_cooldown == timedelta(minutes=30) and eng.exempt_interactive
@@ -64,10 +64,17 @@ def test_tables_are_parsed_into_typed_values() -> None:
     assert idle.second_warn_after is None and idle.action == "cancel"
     assert idle.exempt_partitions == frozenset({"interactive", "debug"})
     rs = RightsizeSettings.from_mapping(
-        {"apply_to_all": True, "time_quantile": 0.9, "min_time_limit": "30m", "gpus": False},
+        {
+            "apply_to_all": True,
+            "time_quantile": 0.9,
+            "min_time_limit": "30m",
+            "gpus": False,
+            "max_judged_per_cycle": 0,
+        },
         "policy.rightsize",
     )
     assert rs.apply_to_all and rs.time_quantile == 0.9 and not rs.gpus
+    assert rs.max_judged_per_cycle == 0  # no limit
     assert rs.min_time_limit == timedelta(minutes=30)
     eng = EngineSettings.from_mapping(
         {"exempt_users": ["root"], "exempt_qos": "urgent", "max_actions_per_cycle": 5},
@@ -91,6 +98,8 @@ def test_tables_are_parsed_into_typed_values() -> None:
         (RightsizeSettings, {"time_headroom": 0.5}, "time_headroom", ">= 1"),
         (RightsizeSettings, {"memory": "yes"}, "memory", "true or false"),
         (RightsizeSettings, {"min_history": 0}, "min_history", ">= 1"),
+        (RightsizeSettings, {"max_judged_per_cycle": -1}, "max_judged_per_cycle", ">= 0"),
+        (RightsizeSettings, {"max_judged_per_cycle": 2.5}, "max_judged_per_cycle", "integer"),
         (EngineSettings, {"exempt_users": [1]}, "exempt_users", "list of names"),
         (EngineSettings, {"max_actions_per_cycle": True}, "max_actions_per_cycle", "integer"),
     ],
