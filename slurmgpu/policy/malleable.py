@@ -114,7 +114,7 @@ from slurmgpu.policy.base import (
 )
 from slurmgpu.policy.gputype import slowest, speeds_for
 from slurmgpu.policy.priors import Priors
-from slurmgpu.policy.resize_limit import resized_time_limit
+from slurmgpu.policy.resize_limit import LONGEST, resized_time_limit
 from slurmgpu.policy.settings import MalleableSettings
 from slurmgpu.policy.speedup import DEFAULT_PRIOR, SpeedupCurve, SpeedupPrior, fit_speedup
 
@@ -723,7 +723,8 @@ class MalleablePolicy:
             return (), {}
         running = job.state is JobState.RUNNING and job.start_time is not None
         elapsed = snapshot.at - job.start_time if running and job.start_time else timedelta(0)
-        rem = remaining_s if math.isfinite(remaining_s) else 0.0
+        # an estimate past any time limit Slurm takes is as good as LONGEST
+        rem = min(remaining_s, LONGEST.total_seconds()) if math.isfinite(remaining_s) else 0.0
         new = resized_time_limit(
             job.time_limit,
             max(elapsed, timedelta(0)),

@@ -27,8 +27,13 @@ pending job), or the policy's estimate of its remaining time when that is longer
   their limit, all after expansions, in bench/sim_pollux.py's malleable and all sets).
   A job shrunk earlier gives back its raise this way as it uses it.
 
-Rounded up to whole minutes (Slurm's resolution). ``None`` when the limit stays as it
-is (no limit, no speed change, or nothing to raise or lower).
+Rounded up to whole minutes (Slurm's resolution), and never past ``LONGEST``, the
+longest finite limit Slurm stores (a uint32 of minutes below ``NO_VAL`` and
+``INFINITE``): a remaining-time estimate from a throughput near zero can be of any size,
+and a limit past Python's ``timedelta`` range raised ``OverflowError``, which cost the
+malleable policy a whole cycle's decisions (twice in ``bench/sim_pollux.py``: workload 1,
+seed 3, load 2.0). ``None`` when the limit stays as it is (no limit, no speed change, or
+nothing to raise or lower).
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-__all__ = ["DEFAULT_HEADROOM", "resized_time_limit"]
+__all__ = ["DEFAULT_HEADROOM", "LONGEST", "resized_time_limit"]
 
 DEFAULT_HEADROOM = 1.1
+LONGEST = timedelta(minutes=0xFFFFFFFD)  # Slurm's longest finite TimeLimit
+_LONGEST_MIN = LONGEST.total_seconds() / 60.0
 
 
 def resized_time_limit(
@@ -79,4 +86,4 @@ def resized_time_limit(
 
 
 def _minutes(seconds: float) -> timedelta:
-    return timedelta(minutes=math.ceil(seconds / 60.0 - 1e-6))
+    return timedelta(minutes=math.ceil(min(seconds / 60.0, _LONGEST_MIN) - 1e-6))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from slurmgpu.policy.resize_limit import resized_time_limit
+from slurmgpu.policy.resize_limit import LONGEST, resized_time_limit
 
 H = timedelta(hours=1)
 MIN = timedelta(minutes=1)
@@ -71,3 +71,14 @@ def test_no_limit_or_no_size_change_leaves_the_limit() -> None:
 def test_limits_are_whole_minutes_rounded_up() -> None:
     new = resized_time_limit(H, timedelta(0), 4, 2, 1.01, 1.0, headroom=1.0)
     assert new == 61 * MIN
+
+
+def test_a_remaining_estimate_of_any_size_gives_at_most_slurms_longest_limit() -> None:
+    """A throughput near zero makes the remaining-time estimate any size: the limit
+    stops at the longest Slurm stores instead of overflowing timedelta (which made the
+    malleable policy skip a whole cycle in the simulator)."""
+    huge = timedelta(days=900_000_000)  # near timedelta's own range
+    assert resized_time_limit(4 * H, H, 4, 2, 2.0, 1.0, remaining=huge) == LONGEST
+    assert resized_time_limit(4 * H, H, 4, 1, 4.0, 1.0, remaining=huge, max_time=5 * H) == 5 * H
+    assert resized_time_limit(4 * H, H, 2, 4, 1.0, 2.0, remaining=huge) is None  # not lowered
+    assert timedelta(minutes=4_294_967_293) == LONGEST
