@@ -568,10 +568,15 @@ class _Runner:
                 spec = MalleableSpec(job.job_id, m.min_gpus, m.max_gpus)
                 measured: dict[int, float] | None = None
                 if running:
-                    sizes = {int(r.gpus) for r in job.runs if r.gpus >= 1}
+                    # What the job's runtime reports (elastic/runtime.py): per GPU count,
+                    # the speed of its latest run at that count, on the layout it had.
+                    layouts: dict[int, tuple[int, ...]] = {}
+                    for r in job.runs:
+                        if r.gpus >= 1:
+                            g = int(r.gpus)
+                            layouts[g] = r.placement or packed(g, sim.gpus_per_node)
                     measured = {
-                        g: job.model.rate(packed(g, sim.gpus_per_node)) * factor
-                        for g in sorted(sizes)
+                        g: job.model.rate(layouts[g]) * factor for g in sorted(layouts)
                     }
                 hit = cache[job.job_id] = (key, spec, measured)
             specs[job.job_id] = hit[1]

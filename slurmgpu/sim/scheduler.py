@@ -92,6 +92,7 @@ class SchedulerModel(ProgressModel):
                 float(share),
                 compute_gpus=compute,
                 by_type=self._by_type(job, float(share)),
+                placement=job.placement if shard is None else (),
             )
         )
         startup = self.runtime.startup_s if job.restarts else 0.0

@@ -484,6 +484,7 @@ class SimSlurm(SchedulerModel):
                 float(job.gpus),
                 compute_gpus=float(job.gpus),
                 by_type=self._by_type(job, float(job.gpus)),
+                placement=job.placement,
             )
         )
         job.busy_from = max(job.busy_from, self.now) + self.runtime.reform_s

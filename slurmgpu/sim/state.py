@@ -28,6 +28,9 @@ class JobRun:
     # GPUs held per GPU type (heterogeneous clusters; empty when untyped): the run's
     # ``gpus`` and ``used_gpu_s`` split in these proportions.
     by_type: dict[str, float] = field(default_factory=dict)
+    # GPUs on each node the run held (SimJob.placement at its start; empty for shards):
+    # its speed, as the job's runtime measures it (a spread layout runs slower).
+    placement: tuple[int, ...] = ()
 
 
 class SimJob:
