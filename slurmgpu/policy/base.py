@@ -87,6 +87,10 @@ class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
     # Peak of the busiest node; ``peak_memory_mib`` is the job's total (the sum of its
     # nodes' peaks, like ``Job.memory_mib``). Multi-node memory rightsizing needs this.
     peak_node_memory_mib: float | None = None
+    # Times Slurm started the job again (a requeue: a resize, a preemption, the idle-GPU
+    # policy, a node failure). ``run_time`` is then the last run's only (Slurm's start
+    # time is the last start), not what the job needed in all.
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

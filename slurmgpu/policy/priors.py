@@ -30,6 +30,11 @@ most ``g / k`` times as long, and on more GPUs at most as long, so the limit bui
 errs long, never into a timeout. Runs and jobs without GPUs are not scaled. The other
 figures (memory, CPU, GPUs used) are over every run of the key, as before.
 
+A run of a job Slurm restarted (``HistoryRecord.restarts``: a resize, a preemption, a
+requeue) is a sample, counted in ``Estimate.restarted_runs``: its run time is its last
+run's only, so :func:`slurmgpu.policy.sizing.limit_from_history` sets no time limit from
+such a key; its other figures hold.
+
 Only runs that ended ``COMPLETED`` or ``TIMEOUT`` are samples: a cancelled or failed
 run says little about what a full run needs (it may have stopped after a minute); a
 timed-out run is a lower bound of its need and keeps the estimate high. Runs that ended
@@ -121,6 +126,9 @@ class Estimate(msgspec.Struct, frozen=True, gc=False):
     gpus: int | None = None  # the GPU count the run time is for (None: not GPU-aware)
     gpu_samples: int = 0  # runs that asked for exactly ``gpus``
     gpu_scaled: bool = False  # run times of other GPU counts were scaled to ``gpus``
+    # Samples whose job Slurm restarted (HistoryRecord.restarts): their run time is the
+    # last run's only, so the quantile may be short of what such a job needs in all.
+    restarted_runs: int = 0
 
 
 _SAMPLE, _TIMEOUT, _OOM, _IGNORED = range(4)
@@ -180,6 +188,7 @@ class _Agg(msgspec.Struct, gc=False):
     gpus_used: int | None = None
     gpus_used_n: int = 0
     gpus_requested: int = 0
+    restarted: int = 0  # samples whose job was restarted (their run time: the last run's)
 
     def add_records(self, records: Iterable[HistoryRecord]) -> None:
         times, gpus = list(self.run_times), list(self.run_gpus)
@@ -193,6 +202,8 @@ class _Agg(msgspec.Struct, gc=False):
             gpus.append(r.gpus_requested)
             if kind == _TIMEOUT:
                 self.timeouts += 1
+            if r.restarts:
+                self.restarted += 1
             self.mem_max = _max(self.mem_max, r.peak_memory_mib)
             # Without a per-node figure the job's total is a safe (high) stand-in.
             node_peak = r.peak_node_memory_mib
@@ -238,6 +249,7 @@ class _Agg(msgspec.Struct, gc=False):
             )
         self.gpus_used_n += other.gpus_used_n
         self.gpus_requested = max(self.gpus_requested, other.gpus_requested)
+        self.restarted += other.restarted
 
     def sorted_times(self) -> list[float]:
         """``run_times`` sorted (shared: not to be changed), once the group is complete."""
@@ -340,6 +352,7 @@ class _Agg(msgspec.Struct, gc=False):
             gpus if gpus is not None and gpus > 0 else None,
             gpu_samples,
             scaled,
+            self.restarted,
         )
 
 

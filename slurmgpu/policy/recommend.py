@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from slurmgpu.policy.priors import Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
-from slurmgpu.policy.sizing import key_sizes, time_limit_s
+from slurmgpu.policy.sizing import key_sizes, limit_from_history, time_limit_s
 
 
 def advice(est: Estimate, s: RightsizeSettings) -> dict[str, int | None]:
@@ -16,9 +16,11 @@ def advice(est: Estimate, s: RightsizeSettings) -> dict[str, int | None]:
     (:mod:`slurmgpu.policy.sizing`): the same time limit (in minutes, a whole number of
     ``time_round``), memory per node and GPUs. No CPU count: rightsizing keeps
     ``target_cores_per_gpu`` per GPU of the job, and a per-key export cannot know how
-    many GPUs the next submission asks for."""
+    many GPUs the next submission asks for. No time limit from a key with a restarted
+    run (:func:`~slurmgpu.policy.sizing.limit_from_history`; the levels are the
+    caller's: :func:`recommendations` leaves the user's fallback without one)."""
     time_min = None
-    if s.time_limit:
+    if s.time_limit and limit_from_history(est, from_other_jobs=True):
         seconds = time_limit_s(
             est.run_time.total_seconds(),
             s.time_headroom,

@@ -18,7 +18,9 @@ Rules (defaults in :class:`~slurmgpu.policy.settings.RightsizeSettings`):
   (``UNLIMITED``) gets one. Only from runs of the job's own script or name unless
   ``time_from_other_jobs``: the user's other jobs say little about this one's run time,
   and a limit too short is a killed run (on Pollux workloads 1, 2 and 4, 66 of the 71
-  timeouts after rightsizing came from the ``user+partition`` level).
+  timeouts after rightsizing came from the ``user+partition`` level). Never from a key
+  with a run Slurm restarted (a resize, a preemption, a requeue): its run time is the
+  last run's only (:func:`slurmgpu.policy.sizing.limit_from_history`).
 - memory per node (``SetMemoryPerNode``, MiB) = ``ceil(memory_headroom * peak of the busiest
   node)`` rounded up to ``memory_round_mib`` (256 MiB); a past run without a per-node
   figure counts with its total, which only errs high. Never when any run at the key ran
@@ -75,9 +77,9 @@ from slurmgpu.intent import (
 )
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_job_ref
-from slurmgpu.policy.priors import LEVELS, Estimate, Priors
+from slurmgpu.policy.priors import Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
-from slurmgpu.policy.sizing import key_sizes, time_limit_s
+from slurmgpu.policy.sizing import key_sizes, limit_from_history, time_limit_s
 from slurmgpu.tokens import NORIGHTSIZE, rightsize_opted_out
 from slurmgpu.units import format_time_limit
 
@@ -85,9 +87,6 @@ __all__ = ["PriorsFactory", "RightsizePolicy"]
 
 PriorsFactory = Callable[[Sequence[HistoryRecord]], Priors]
 Numbers = dict[str, float | int | str | None]
-
-# History levels keyed by the job itself (its script or name), not the user's other jobs.
-_OWN_LEVELS = frozenset(level for level in LEVELS if "script" in level or "name" in level)
 
 
 _LIMIT_TEXTS: dict[float, str] = {}
@@ -169,7 +168,7 @@ class _KeyDerived(msgspec.Struct, gc=False):
     key: tuple[int | str, ...]  # the priors' key (Priors.answer)
     est: Estimate
     history_key: str
-    own_level: bool
+    sets_limit: bool  # its run times may set a time limit (sizing.limit_from_history)
     memory_mib: int | None
     cpus_needed: int | None
     gpus_used: int | None
@@ -182,7 +181,7 @@ def _key_derived(key: tuple[int | str, ...], est: Estimate, s: RightsizeSettings
         key,
         est,
         "/".join(est.key),
-        s.time_from_other_jobs or est.level in _OWN_LEVELS,
+        limit_from_history(est, s.time_from_other_jobs),
         sizes.memory_mib,
         sizes.cores,
         sizes.gpus,
@@ -251,7 +250,7 @@ def _derive(
     (``Priors.run_time``)."""
     run_time_s, samples, gpu_samples, gpu_scaled = run
     time_s: int | None = None
-    if s.time_limit and k.own_level:
+    if s.time_limit and k.sets_limit:
         time_s = time_limit_s(run_time_s, s.time_headroom, c.round_s, c.min_time_s)
     return _Derived(
         k,

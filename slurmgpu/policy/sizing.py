@@ -11,7 +11,9 @@ own from ``[policy.rightsize]``, whose defaults are these):
 
 - **Time limit** = ``TIME_HEADROOM`` (1.3) * the run time, at least ``MIN_TIME_LIMIT``
   (15 min), rounded up to ``TIME_ROUND`` (5 min). The run time is the 0.95 quantile of
-  past runs for rightsizing and the export, and the run itself for ``sgpu eff``. Five
+  past runs for rightsizing and the export, and the run itself for ``sgpu eff``; none
+  where a run was restarted (:func:`limit_from_history`: Slurm's start time is the last
+  start, so the run time seen is the last run's only). Five
   minutes, not fifteen: the headroom is the safety margin, the rounding only keeps limits
   tidy, and a limit 14 min too long is 14 min of backfill lost on every run. ``sgpu eff``
   rounded to 15 min before and so told users a longer limit than the daemon would set.
@@ -52,6 +54,7 @@ __all__ = [
     "cores_needed",
     "gpus_needed",
     "key_sizes",
+    "limit_from_history",
     "mem_text",
     "memory_mib",
     "round_up",
@@ -160,6 +163,17 @@ class KeySizes(NamedTuple):
     memory_mib: int | None
     cores: int | None
     gpus: int | None
+
+
+def limit_from_history(est: Estimate, from_other_jobs: bool = False) -> bool:
+    """Whether a history key's run times may set a time limit: runs of the job's own
+    script or name (its level names one), or any key when ``from_other_jobs``
+    (``time_from_other_jobs``: the user's other jobs say little about this one's run
+    time); and no run of them restarted (``Estimate.restarted_runs``): a resized,
+    preempted or requeued job's run time is its last run's, which may be a fraction of
+    what it needed (a limit too short is a killed run)."""
+    own = from_other_jobs or "script" in est.level or "name" in est.level
+    return own and not est.restarted_runs
 
 
 def key_sizes(est: Estimate, s: RightsizeSettings) -> KeySizes:

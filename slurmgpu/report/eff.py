@@ -821,6 +821,7 @@ def _time_notes(eff: JobEfficiency) -> list[Note]:
     job = eff.job
     if (
         job.state is not JobState.COMPLETED
+        or job.restart_count  # elapsed is the last run's only: no measure of the need
         or eff.elapsed is None
         or job.time_limit is None
         or eff.time_use_pct is None

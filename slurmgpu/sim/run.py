@@ -252,6 +252,7 @@ def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
         mean_gpu_util_pct=job.model.util_pct,
         peak_gpu_memory_mib=job.model.memory_mib or None,
         ended_at=sim.at(job.end_s),
+        restarts=job.restarts,
     )
 
 
@@ -575,9 +576,7 @@ class _Runner:
                         if r.gpus >= 1:
                             g = int(r.gpus)
                             layouts[g] = r.placement or packed(g, sim.gpus_per_node)
-                    measured = {
-                        g: job.model.rate(layouts[g]) * factor for g in sorted(layouts)
-                    }
+                    measured = {g: job.model.rate(layouts[g]) * factor for g in sorted(layouts)}
                 hit = cache[job.job_id] = (key, spec, measured)
             specs[job.job_id] = hit[1]
             if hit[2] is not None:

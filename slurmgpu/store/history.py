@@ -73,6 +73,7 @@ def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryR
             j.c.gpus,
             j.c.cpus,
             j.c.memory_mib,
+            j.c.restart_count,
             s.c.summary,
         )
         .select_from(j.outerjoin(s, and_(s.c.cluster == j.c.cluster, s.c.job_id == j.c.job_id)))
@@ -112,6 +113,7 @@ def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryR
                     mean_gpu_util_pct=_float(usage.get("mean_gpu_util_pct")),
                     peak_gpu_memory_mib=_float(usage.get("peak_gpu_memory_mib")),
                     ended_at=end,
+                    restarts=int(r["restart_count"] or 0),
                 )
             )
     return out

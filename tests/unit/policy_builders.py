@@ -133,6 +133,7 @@ def record(
     peak_node_memory_mib: float | None = None,
     mean_cpu_pct: float | None = 800.0,
     script_hash: str | None = None,
+    restarts: int = 0,
 ) -> HistoryRecord:
     return HistoryRecord(
         user=user,
@@ -152,6 +153,7 @@ def record(
         peak_gpu_memory_mib=20_000.0,
         ended_at=T0 - timedelta(days=1),
         peak_node_memory_mib=peak_node_memory_mib,
+        restarts=restarts,
     )
 
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from datetime import timedelta
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -226,3 +227,30 @@ def test_the_export_never_rounds_a_limit_below_what_rightsizing_sets(round_s: in
     assert minutes is not None
     seconds = time_limit_s(1000, s.time_headroom, round_s, s.min_time_limit.total_seconds())
     assert minutes * 60 >= seconds > (minutes - 1) * 60
+
+
+def test_no_time_limit_anywhere_from_runs_slurm_restarted() -> None:
+    """A resized, preempted or requeued job's run time is its last run's only (Slurm's
+    start time is the last start): rightsizing, the export and ``sgpu eff`` set no time
+    limit from it, and still size memory from it. In the simulator such limits were the
+    nine timeouts of the 'all' set at load 2.0."""
+    s = RightsizeSettings(apply_to_all=True)
+    whole = [record(run_time=timedelta(hours=1), peak_node_memory_mib=8192.0) for _ in range(3)]
+    resized = [*whole[:2], msgspec.structs.replace(whole[2], restarts=2)]
+    job = pending_job(time_limit=30 * DAY, memory_mib=256 * 1024)
+    limits = {}
+    for label, runs in {"whole": whole, "resized": resized}.items():
+        policy = RightsizePolicy(s)
+        snap = snapshot([job], history=runs)
+        (action,) = policy.propose(snap)
+        fields = update_fields(action.intents, "")
+        assert fields["MinMemoryNode"] == "9984"  # memory is still sized from them
+        by_key, _ = recommendations(policy.priors(snap.history), s)
+        limits[label] = (fields.get("TimeLimit"), by_key["alice|train|gpu"]["time_limit_min"])
+    assert limits == {"whole": ("01:20:00", 80), "resized": (None, None)}
+
+    done = make_job(elapsed=timedelta(hours=1), time_limit=30 * DAY)
+    for restarts, expected in ((0, {"time"}), (1, set())):
+        ran = replace(done, restart_count=restarts)
+        report = job_efficiency(ran, [gpu_usage(0, 70.0)], [host("gpu1", 380.0, 4)], ended(ran))
+        assert {n.kind for n in notes(report)} & {"time"} == expected
