@@ -138,7 +138,15 @@ class Actuator:
         execute_action(self.slurm, action)
 
     def carry_out(self, decisions: Sequence[Decision], at: datetime) -> list[ActuationResult]:
-        """Audit, then execute and notify; never raises for Slurm or mail trouble."""
+        """Audit, then execute and notify; never raises for Slurm or mail trouble.
+
+        The outcome of a change made in Slurm is recorded as soon as it is known; those of
+        decisions that changed nothing (a notice, or a change that failed) together at
+        the end, in one transaction: a first cycle on a deep queue notifies thousands of
+        jobs, and a transaction each cost 0.25 ms apiece on SQLite (1,945 in 0.23 s on
+        bench/policy.py's snapshot). A daemon stopped in between leaves them ``pending``,
+        and the next one settles them (:meth:`recover`).
+        """
         try:
             ids = self.audit.record(decisions, at, slurm_version=self._version())
         except StoreError as exc:
@@ -146,16 +154,27 @@ class Actuator:
             log.error("%s; no action taken this cycle", exc)
             return []
         results = []
+        later: list[tuple[int, str, str | None]] = []  # (action id, outcome, error)
         for decision, action_id in zip(decisions, ids, strict=True):
             try:
-                results.append(self._one(decision, action_id, at))
+                result = self._one(decision, action_id, at)
             except Exception as exc:  # one job's trouble must not cost the others theirs
                 a = decision.action
                 log.exception("%s %s job %d raised; other jobs go on", a.policy, a.kind, a.job_id)
-                results.append(ActuationResult(decision, action_id, "failed", str(exc)[:200]))
+                result = ActuationResult(decision, action_id, "failed", str(exc)[:200])
+            results.append(result)
+            if result.outcome not in {"skipped", "done"}:
+                later.append((action_id, result.outcome, result.error))
+        if later:
+            try:
+                self.audit.set_outcomes(later)
+            except StoreError as exc:
+                log.error("%s", exc)
         return results
 
     def _one(self, decision: Decision, action_id: int, at: datetime) -> ActuationResult:
+        """Execute and notify one decision; record its outcome here only when it made a
+        change (``done``): the caller records the others."""
         action = decision.action
         if not (decision.execute or decision.notify):
             return ActuationResult(decision, action_id, "skipped")
@@ -181,8 +200,9 @@ class Actuator:
                 sent = self.notifier.notify(action, at=at)
                 if sent == "failed":
                     error = "email notification failed (see the daemon log)"
-        try:
-            self.audit.set_outcome(action_id, outcome, error)
-        except StoreError as exc:
-            log.error("%s", exc)
+        if outcome == "done":
+            try:
+                self.audit.set_outcome(action_id, outcome, error)
+            except StoreError as exc:
+                log.error("%s", exc)
         return ActuationResult(decision, action_id, outcome, error)

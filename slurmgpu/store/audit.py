@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, select, update
+from sqlalchemy import Engine, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -146,6 +146,28 @@ class AuditStore:
                 )
         except SQLAlchemyError as exc:
             raise StoreError(f"could not record the outcome of action {action_id}: {exc}") from exc
+
+    def set_outcomes(self, outcomes: Sequence[tuple[int, str, str | None]]) -> None:
+        """Record many ``(action id, outcome, error)`` in one transaction."""
+        if not outcomes:
+            return
+        a = schema.actions
+        stmt = (
+            update(a)
+            .where(a.c.id == bindparam("_id"))
+            .values(
+                outcome=bindparam("_outcome"), error=bindparam("_error"), taken=bindparam("_taken")
+            )
+        )
+        rows = [
+            {"_id": i, "_outcome": outcome, "_error": error, "_taken": outcome == "done"}
+            for i, outcome, error in outcomes
+        ]
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(stmt, rows)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not record the outcome of {len(rows)} actions: {exc}") from exc
 
     def pending(self) -> list[int]:
         """Ids of decisions recorded but never carried out (a daemon died in between)."""
