@@ -50,7 +50,7 @@ from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
-from slurmgpu.store.history import load_history
+from slurmgpu.store.history import HistoryLoader
 from slurmgpu.store.transactions import TransactionStore
 from slurmgpu.store.usage import GpuUsage, UsageStore
 from slurmgpu.tokens import rightsize_opted_in
@@ -109,6 +109,7 @@ class PolicyCycle:
     directory: MalleableDirectory | None = None
     _history: tuple[HistoryRecord, ...] = ()
     _history_at: datetime | None = None
+    _loader: HistoryLoader | None = None
     # Exceptions a policy (per job, or as a whole) or the cycle raised, by policy name
     # ("cycle" for the rest); exported as sgpu_policy_errors_total.
     errors: Counter[str] = field(default_factory=Counter)
@@ -139,7 +140,9 @@ class PolicyCycle:
                     since = at - timedelta(days=self.history_days)
                 except OverflowError:  # config refuses this; a caller may not have
                     since = datetime.min.replace(tzinfo=at.tzinfo)
-                self._history = tuple(load_history(self.usage.engine, self.usage.cluster, since))
+                if self._loader is None:
+                    self._loader = HistoryLoader(self.usage.engine, self.usage.cluster)
+                self._history = self._loader.load(since, at)
                 self._history_at = at
                 self._export()
             except StoreError as exc:

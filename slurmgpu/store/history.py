@@ -5,13 +5,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Engine, and_, or_, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.model import JobState
 from slurmgpu.policy.base import HistoryRecord
 from slurmgpu.store import schema
+from slurmgpu.store.database import StoreError
 from slurmgpu.store.schema import as_utc
 
 _FINISHED = [s.value for s in JobState if s.is_terminal and s is not JobState.UNKNOWN]
@@ -51,18 +53,105 @@ def _from_summary(summary: Mapping[str, Any] | None) -> dict[str, float | int | 
 
 
 def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryRecord]:
-    """Return finished jobs that ended after ``since``, with their usage when known.
+    """Return finished jobs that ended after ``since``, with their usage when known: one
+    record per job (its newest summary), oldest end first.
 
     User, name, partition and state strings are interned: a history holds few distinct
     ones, and the daemon reloads it every few minutes. One object per distinct string
     keeps 200,000 records small, and the priors' grouping and their comparison with the
-    last reload (``Priors.carry_over``) then hash and compare by identity.
+    last reload (``Priors.carry_over``) then hash and compare by identity. The daemon
+    reloads through a :class:`HistoryLoader`, which reads only what ended lately.
     """
+    return list(_read(engine, cluster, since).values())
+
+
+class HistoryLoader:
+    """The history window, read whole once, then only the jobs written since.
+
+    A whole read of 200,000 finished jobs costs ~3.5 s CPU on SQLite (JSON summaries,
+    rows, records), every ``history_refresh`` (10 min) inside a policy cycle. A reload
+    reads only the job rows and summaries written since the last load (the observer's
+    ``updated_at``, the summary's ``created_at``; ``overlap`` earlier, against a clock
+    step), ~0.12 s on that store, keeps the other records (the same objects: the priors'
+    comparison with the last reload is then by identity) and drops those that left the
+    window. A job among those read that is no longer a finished job in the window (one
+    requeued after it failed) leaves the history. Every ``full_every`` the window is read
+    whole again, which also catches rows deleted or written with an older clock.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        cluster: str,
+        *,
+        overlap: timedelta = timedelta(minutes=10),
+        full_every: timedelta = timedelta(hours=6),
+    ) -> None:
+        self.engine = engine
+        self.cluster = cluster
+        self.overlap = overlap
+        self.full_every = full_every
+        self._records: dict[int, HistoryRecord] = {}  # jobs row id -> record
+        self._full_at: datetime | None = None  # when the window was last read whole
+        self._read_at: datetime | None = None  # when it was last read at all
+        self.last_read = 0  # rows the last load read (whole: every job of the window)
+
+    def load(self, since: datetime, at: datetime) -> tuple[HistoryRecord, ...]:
+        """Return the finished jobs that ended after ``since`` (as :func:`load_history`),
+        read whole or by what was written since the last load; raises StoreError."""
+        if self._full_at is None or self._read_at is None or at - self._full_at >= self.full_every:
+            self._records = _read(self.engine, self.cluster, since)
+            self._full_at = self._read_at = at
+            self.last_read = len(self._records)
+            return tuple(self._records.values())
+        written = self._read_at - self.overlap
+        changed = _read(self.engine, self.cluster, since, written_since=written)
+        self._read_at = at
+        self.last_read = len(changed)
+        kept = {rid: r for rid, r in self._records.items() if r.ended_at >= since}
+        for rid, record in changed.items():
+            if record is None:
+                kept.pop(rid, None)
+            else:
+                kept[rid] = record
+        self._records = kept
+        return tuple(kept.values())
+
+
+@overload
+def _read(engine: Engine, cluster: str, since: datetime) -> dict[int, HistoryRecord]: ...
+
+
+@overload
+def _read(
+    engine: Engine, cluster: str, since: datetime, written_since: datetime
+) -> dict[int, HistoryRecord | None]: ...
+
+
+def _read(
+    engine: Engine, cluster: str, since: datetime, written_since: datetime | None = None
+) -> dict[int, HistoryRecord] | dict[int, HistoryRecord | None]:
+    """Jobs row id -> record of the finished jobs that ended at or after ``since``, oldest
+    end first, each with its newest summary. With ``written_since``: only the jobs whose
+    row or a summary was written since then, whatever they are; those that are not a
+    finished job of the window map to None, so a caller can forget them."""
     intern = sys.intern
     j, s = schema.jobs, schema.job_summaries
+    if written_since is None:
+        where = and_(
+            j.c.cluster == cluster,
+            j.c.state.in_(_FINISHED),
+            j.c.end_time >= since,
+            j.c.start_time.is_not(None),
+        )
+    else:  # a scan of the jobs table: ~0.12 s on 200,000 rows, no index needed
+        where = and_(
+            j.c.cluster == cluster,
+            or_(j.c.updated_at >= written_since, s.c.created_at >= written_since),
+        )
     stmt = (
         select(
-            j.c.job_id,
+            j.c.id,
             j.c.user,
             j.c.name,
             j.c.partition,
@@ -77,23 +166,25 @@ def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryR
             s.c.summary,
         )
         .select_from(j.outerjoin(s, and_(s.c.cluster == j.c.cluster, s.c.job_id == j.c.job_id)))
-        .where(
-            and_(
-                j.c.cluster == cluster,
-                j.c.state.in_(_FINISHED),
-                j.c.end_time >= since,
-                j.c.start_time.is_not(None),
-            )
-        )
-        .order_by(j.c.end_time)
+        .where(where)
+        .order_by(j.c.end_time, j.c.id, s.c.id)  # a job's newest summary last
     )
-    out = []
-    with engine.connect() as conn:
-        for r in conn.execute(stmt).mappings():
-            start, end = as_utc(r["start_time"]), as_utc(r["end_time"])
-            usage = _from_summary(r["summary"])
-            out.append(
-                HistoryRecord(
+    finished = frozenset(_FINISHED)
+    out: dict[int, HistoryRecord | None] = {}
+    try:
+        with engine.connect() as conn:
+            for r in conn.execute(stmt).mappings():
+                rid = int(r["id"])
+                start, end = r["start_time"], r["end_time"]
+                if r["state"] not in finished or start is None or end is None:
+                    out[rid] = None
+                    continue
+                start, end = as_utc(start), as_utc(end)
+                if end < since:
+                    out[rid] = None
+                    continue
+                usage = _from_summary(r["summary"])
+                out[rid] = HistoryRecord(
                     user=intern(r["user"]),
                     name=intern(r["name"]),
                     partition=intern(r["partition"]),
@@ -115,7 +206,8 @@ def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryR
                     ended_at=end,
                     restarts=int(r["restart_count"] or 0),
                 )
-            )
+    except SQLAlchemyError as exc:
+        raise StoreError(f"could not read the job history: {exc}") from exc
     return out
 
 

@@ -4,13 +4,16 @@ restarted job's runs: its run time is the last run's only)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from slurmgpu.daemon.observer import Observer
 from slurmgpu.model import Job, JobState
+from slurmgpu.policy.base import HistoryRecord
 from slurmgpu.store import open_store
-from slurmgpu.store.history import load_history
+from slurmgpu.store.history import HistoryLoader, load_history
+from slurmgpu.store.usage import UsageStore
 from tests.fakes import FakeSlurm
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
@@ -42,5 +45,94 @@ def test_history_carries_each_jobs_restart_count(tmp_path: Path) -> None:
             (timedelta(minutes=40), 0),
             (timedelta(minutes=40), 3),
         ]
+    finally:
+        store.engine.dispose()
+
+
+def _ended(job_id: int, end: datetime, *, state: JobState = JobState.COMPLETED) -> Job:
+    return replace(
+        _finished(job_id, 0),
+        state=state,
+        submit_time=end - timedelta(hours=3),
+        start_time=end - timedelta(hours=1),
+        end_time=end if state.is_terminal else None,
+    )
+
+
+def _summary(peak_mib: float) -> dict[str, object]:
+    return {"version": 1, "nodes": {"gpu1": {"host": {"memory_max_mib": peak_mib}}}}
+
+
+def test_a_reload_reads_what_ended_lately_and_gives_what_a_whole_read_gives(
+    tmp_path: Path,
+) -> None:
+    """The daemon's reload (HistoryLoader) against a whole read of the same store: a new
+    job, one stored late that ended a little before the newest known end, a job that
+    left the window, one requeued after it failed (no longer finished), and a newer
+    summary of a job are all as a whole read has them; the other records are the very
+    objects of the last load, and only the rows written since it were read."""
+    store = open_store(f"sqlite:///{tmp_path / 'h.db'}")
+    usage = UsageStore(store.engine, store.cluster)
+    clock = [NOW]
+    slurm = FakeSlurm([_ended(i, NOW - timedelta(days=10 - i)) for i in range(1, 10)])
+    observer = Observer(slurm, store, clock=lambda: clock[0])
+    window = timedelta(days=9, minutes=30)  # job 1 ended 9 days ago: in it, for 30 min
+    loader = HistoryLoader(store.engine, store.cluster)
+
+    def step(at: datetime, jobs: list[Job]) -> tuple[HistoryRecord, ...]:
+        clock[0] = at
+        slurm.set_jobs(jobs)
+        observer.cycle()
+        got = loader.load(at - window, at)
+        whole = load_history(store.engine, store.cluster, at - window)
+        assert sorted(got, key=_key) == sorted(whole, key=_key)
+        return got
+
+    try:
+        first = step(NOW, list(slurm.jobs()))
+        usage.save_summary(5, _summary(1000.0), NOW)
+        assert len(first) == 9 and loader.last_read == 9  # read whole
+        t1 = NOW + timedelta(minutes=30)
+        second = step(t1, [_ended(20, t1 - timedelta(minutes=5))])
+        assert loader.last_read == 10  # all written within 10 min (overlap) of the last load
+        t2 = NOW + timedelta(minutes=60)  # job 1 leaves the window
+        usage.save_summary(20, _summary(3000.0), t2)
+        usage.save_summary(20, _summary(4000.0), t2)  # the newer summary counts
+        got = step(
+            t2,
+            [
+                _ended(21, t1 - timedelta(minutes=30)),  # stored late: ended before job 20
+                replace(  # requeued after it failed: the same job, pending again
+                    _ended(9, NOW - timedelta(days=1)), state=JobState.PENDING, end_time=None
+                ),
+            ],
+        )
+        assert len(second) == 10 and len(got) == 9  # 2..8, 20, 21
+        assert {r.peak_memory_mib for r in got} == {None, 1000.0, 4000.0}
+        assert loader.last_read == 3  # jobs 20, 21 and 9: written since t1 (- 10 min)
+        kept = {id(r) for r in second}
+        assert sum(id(r) in kept for r in got) == 7  # jobs 2..8: the same objects
+    finally:
+        store.engine.dispose()
+
+
+def _key(r: HistoryRecord) -> tuple[datetime, float]:
+    return (r.ended_at, r.peak_memory_mib or 0.0)
+
+
+def test_every_six_hours_the_window_is_read_whole(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'h.db'}")
+    try:
+        old = [_ended(1, NOW - timedelta(days=5)), _ended(2, NOW - timedelta(days=2))]
+        Observer(FakeSlurm(old), store, clock=lambda: NOW).cycle()
+        loader = HistoryLoader(store.engine, store.cluster)
+        since = NOW - timedelta(days=90)
+        loader.load(since, NOW)
+        loader.load(since, NOW + timedelta(hours=1))
+        assert loader.last_read == 2  # written within 10 min of the last load
+        loader.load(since, NOW + timedelta(hours=2))
+        assert loader.last_read == 0  # nothing written since
+        assert len(loader.load(since, NOW + timedelta(hours=6))) == 2
+        assert loader.last_read == 2  # read whole
     finally:
         store.engine.dispose()
