@@ -110,6 +110,7 @@ class PolicyCycle:
     _history: tuple[HistoryRecord, ...] = ()
     _history_at: datetime | None = None
     _loader: HistoryLoader | None = None
+    _backlog: int = 0  # pending jobs rightsizing left unjudged last cycle
     # Exceptions a policy (per job, or as a whole) or the cycle raised, by policy name
     # ("cycle" for the rest); exported as sgpu_policy_errors_total.
     errors: Counter[str] = field(default_factory=Counter)
@@ -245,11 +246,32 @@ class PolicyCycle:
         other is logged with its traceback and counted, and the next cycle runs as usual.
         """
         try:
-            return self._core.step(cluster, at)
+            results = self._core.step(cluster, at)
         except Exception:
             self.errors["cycle"] += 1
             log.exception("policy cycle failed; the next cycle runs as usual")
             return []
+        self._report_backlog()
+        return results
+
+    def _report_backlog(self) -> None:
+        """One line when rightsizing starts leaving pending jobs for later cycles (a first
+        cycle on a deep queue, a reload that changed most users' history), one when it
+        has judged them all; the count in between is the sgpu_rightsize_backlog_jobs
+        gauge."""
+        if self.rightsize is None:
+            return
+        backlog = self.rightsize.backlog
+        if backlog and not self._backlog:
+            log.info(
+                "rightsize: %d pending jobs left to judge in the next cycles (at most %d "
+                "a cycle: policy.rightsize.max_judged_per_cycle)",
+                backlog,
+                self.rightsize.settings.max_judged_per_cycle,
+            )
+        elif self._backlog and not backlog:
+            log.info("rightsize: every pending job judged")
+        self._backlog = backlog
 
 
 class MailNotifier:

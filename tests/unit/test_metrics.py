@@ -9,6 +9,7 @@ is checked against what was set up.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -326,10 +327,11 @@ def test_what_the_slurm_decoders_left_out_is_in_metrics(tmp_path: Path) -> None:
 
 
 def test_the_daemon_exports_how_many_pending_jobs_rightsizing_has_yet_to_judge(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``sgpu_rightsize_backlog_jobs`` as the daemon wires it (daemon/app.py): three new
-    pending jobs, one judged a cycle (max_judged_per_cycle = 1)."""
+    pending jobs, one judged a cycle (max_judged_per_cycle = 1); the log says once when
+    jobs are left for later cycles and once when all are judged."""
     from dataclasses import replace
 
     from slurmgpu.config import Settings
@@ -356,6 +358,7 @@ def test_the_daemon_exports_how_many_pending_jobs_rightsizing_has_yet_to_judge(
     lease.acquire()
     try:
         app = App(settings, store, FakeSlurm(waiting, NODES), lease, poll=timedelta(seconds=30))
+        caplog.set_level(logging.INFO, logger="slurmgpu.daemon")
         seen = []
         for _ in range(4):
             app.run_once()
@@ -368,6 +371,12 @@ def test_the_daemon_exports_how_many_pending_jobs_rightsizing_has_yet_to_judge(
             assert family.type == "gauge"
             seen.append(family.samples[0].value)
         assert seen == [2, 1, 0, 0]
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rightsize")]
+        assert said == [
+            "rightsize: 2 pending jobs left to judge in the next cycles (at most 1 a cycle: "
+            "policy.rightsize.max_judged_per_cycle)",
+            "rightsize: every pending job judged",
+        ]
     finally:
         lease.release()
         store.engine.dispose()
