@@ -395,6 +395,7 @@ class RightsizePolicy:
             and not (NORIGHTSIZE in j.comment and rightsize_opted_out(j.comment))
         ]
         if not pending:
+            self.backlog = 0
             return []
         priors = self.priors(snapshot.history)
         by_name, timed = self._by_name, self._timed

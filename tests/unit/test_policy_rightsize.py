@@ -656,6 +656,12 @@ def test_a_deep_queue_is_judged_over_cycles_oldest_first() -> None:
     # the verdicts made over cycles are kept as they are once all are judged
     again = policy.propose(snapshot(jobs, at=T0 + 9 * MIN, history=history))
     assert policy.backlog == 0 and sorted(map(id, again)) == sorted(map(id, got))
+    # a queue that empties while jobs wait their turn leaves none waiting
+    fresh = RightsizePolicy(RightsizeSettings(max_judged_per_cycle=3))
+    fresh.propose(snap)
+    assert fresh.backlog == 7
+    assert fresh.propose(snapshot([], at=T0 + MIN, history=history)) == []
+    assert fresh.backlog == 0
 
 
 def test_jobs_without_a_verdict_are_judged_before_reloaded_users_jobs() -> None:
