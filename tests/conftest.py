@@ -219,3 +219,27 @@ def postgres_url() -> Iterator[str]:
         if started:
             run(bin_dir / "pg_ctl", "-D", data, "-m", "fast", "-w", "stop")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def empty_postgres_url(postgres_url: str) -> str:
+    """The session's PostgreSQL database, emptied (every table and the Alembic version)
+    for this test."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+    return postgres_url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of an empty database, once SQLite (in ``tmp_path``) and once the session's
+    PostgreSQL (``empty_postgres_url``): a test that takes it runs on both."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    url: str = request.getfixturevalue("empty_postgres_url")
+    return url

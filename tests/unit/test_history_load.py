@@ -36,8 +36,8 @@ def _finished(job_id: int, restarts: int) -> Job:
     )
 
 
-def test_history_carries_each_jobs_restart_count(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'h.db'}")
+def test_history_carries_each_jobs_restart_count(store_url: str) -> None:
+    store = open_store(store_url)
     try:
         Observer(FakeSlurm([_finished(1, 0), _finished(2, 3)]), store, clock=lambda: NOW).cycle()
         records = load_history(store.engine, store.cluster, NOW - timedelta(days=1))
@@ -64,14 +64,15 @@ def _summary(peak_mib: float) -> dict[str, object]:
 
 
 def test_a_reload_reads_what_ended_lately_and_gives_what_a_whole_read_gives(
-    tmp_path: Path,
+    store_url: str,
 ) -> None:
     """The daemon's reload (HistoryLoader) against a whole read of the same store: a new
     job, one stored late that ended a little before the newest known end, a job that
     left the window, one requeued after it failed (no longer finished), and a newer
     summary of a job are all as a whole read has them; the other records are the very
-    objects of the last load, and only the rows written since it were read."""
-    store = open_store(f"sqlite:///{tmp_path / 'h.db'}")
+    objects of the last load, and only the rows written since it were read. On SQLite
+    and PostgreSQL."""
+    store = open_store(store_url)
     usage = UsageStore(store.engine, store.cluster)
     clock = [NOW]
     slurm = FakeSlurm([_ended(i, NOW - timedelta(days=10 - i)) for i in range(1, 10)])

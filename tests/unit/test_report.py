@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import Engine, create_engine, insert, text
+from sqlalchemy import Engine, insert
 
 from slurmgpu.cli.main import main
 from slurmgpu.cli.report import parse_moment
@@ -26,18 +26,9 @@ from tests.unit.report_store import EXPECTED, SINCE, UNTIL
 approx = pytest.approx
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'state.db'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-        wipe = create_engine(url)
-        with wipe.begin() as conn:
-            conn.execute(text("DROP SCHEMA public CASCADE"))
-            conn.execute(text("CREATE SCHEMA public"))
-        wipe.dispose()
-    store = open_store(url)
+@pytest.fixture
+def engine(store_url: str) -> Iterator[Engine]:
+    store = open_store(store_url)
     report_store.fill(store.engine)
     yield store.engine
     store.engine.dispose()

@@ -5,11 +5,10 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from rich.console import Console, RenderableType
-from sqlalchemy import Engine, create_engine, text, update
+from sqlalchemy import Engine, text, update
 
 from slurmgpu.report.build import GroupBy, Report, build_report
 from slurmgpu.report.html_page import render_html
@@ -27,18 +26,9 @@ def render_text(renderable: RenderableType) -> str:
     return console.export_text()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'state.db'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-        wipe = create_engine(url)
-        with wipe.begin() as conn:
-            conn.execute(text("DROP SCHEMA public CASCADE"))
-            conn.execute(text("CREATE SCHEMA public"))
-        wipe.dispose()
-    store = open_store(url)
+@pytest.fixture
+def engine(store_url: str) -> Iterator[Engine]:
+    store = open_store(store_url)
     report_store.fill(store.engine)
     s = schema.job_summaries
     with store.engine.begin() as conn:

@@ -29,18 +29,9 @@ from tests.unit.report_store import EXPECTED, SINCE, UNTIL
 approx = pytest.approx
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'state.db'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-        wipe = create_engine(url)
-        with wipe.begin() as conn:
-            conn.execute(text("DROP SCHEMA public CASCADE"))
-            conn.execute(text("CREATE SCHEMA public"))
-        wipe.dispose()
-    store = open_store(url)
+@pytest.fixture
+def engine(store_url: str) -> Iterator[Engine]:
+    store = open_store(store_url)
     yield store.engine
     store.engine.dispose()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import func, select
 
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.retention import DEFAULT_MAX_SAMPLES, Retention, roll_up_and_prune
@@ -87,17 +87,9 @@ def _same(a: Sequence[Any], b: Sequence[Any]) -> None:
                 assert vx == vy, field
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 's.db'}"
-    pg: str = request.getfixturevalue("postgres_url")
-    wipe = create_engine(pg)
-    with wipe.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    wipe.dispose()
-    return pg
+@pytest.fixture
+def url(store_url: str) -> str:
+    return store_url
 
 
 @pytest.mark.parametrize(("seed", "max_samples"), [(1, DEFAULT_MAX_SAMPLES), (2, 1)])

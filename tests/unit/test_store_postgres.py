@@ -16,7 +16,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from hypothesis import HealthCheck, given, settings
-from sqlalchemy import DateTime, create_engine, inspect, text
+from sqlalchemy import DateTime, inspect, text
 
 from slurmgpu.daemon.diff import diff_jobs
 from slurmgpu.daemon.observer import Observer
@@ -35,14 +35,8 @@ CEST = timezone(timedelta(hours=2))
 
 
 @pytest.fixture
-def pg_url(postgres_url: str) -> str:
-    """The session's database, emptied (every table and the Alembic version) for this test."""
-    engine = create_engine(postgres_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return postgres_url
+def pg_url(empty_postgres_url: str) -> str:
+    return empty_postgres_url
 
 
 @pytest.fixture
