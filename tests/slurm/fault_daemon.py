@@ -5,7 +5,9 @@ Run as ``python -m tests.slurm.fault_daemon POINT MARKER sgpu-args...``. ``POINT
 
 - ``after_record``: the decision is in the audit (outcome ``pending``), nothing done;
 - ``after_execute``: Slurm has carried the change out, the audit still says ``pending``;
-- ``after_outcome``: the outcome is stored (the action is complete);
+- ``after_outcome``: the outcome is stored (the action is complete): at once for a change
+  made in Slurm (``AuditStore.set_outcome``), with the cycle's other outcomes for a
+  notice (``AuditStore.set_outcomes``);
 
 and KIND the action kind (``warn``, ``requeue``, ``update``, ``cancel``). The process
 writes MARKER (the point and the job id), then SIGKILLs itself, exactly there: the real
@@ -35,7 +37,8 @@ def main(argv: Sequence[str]) -> None:
         marker.write_text(f"{point} {job_id}\n")
         os.kill(os.getpid(), signal.SIGKILL)
 
-    record, execute, set_outcome = AuditStore.record, Actuator._execute, AuditStore.set_outcome
+    record, execute = AuditStore.record, Actuator._execute
+    set_outcome, set_outcomes = AuditStore.set_outcome, AuditStore.set_outcomes
 
     def record_then_die(
         self: AuditStore, decisions: Sequence[Decision], at: datetime, *, slurm_version: str = ""
@@ -60,9 +63,19 @@ def main(argv: Sequence[str]) -> None:
         if step == "after_outcome" and done_kind == kind:
             die(job_id)
 
+    def outcomes_then_die(
+        self: AuditStore, outcomes: Sequence[tuple[int, str, str | None]]
+    ) -> None:
+        set_outcomes(self, outcomes)
+        for action_id, _, _ in outcomes:
+            done_kind, job_id = kinds.get(action_id, ("", 0))
+            if step == "after_outcome" and done_kind == kind:
+                die(job_id)
+
     AuditStore.record = record_then_die  # type: ignore[method-assign]
     Actuator._execute = execute_then_die  # type: ignore[method-assign]
     AuditStore.set_outcome = outcome_then_die  # type: ignore[method-assign]
+    AuditStore.set_outcomes = outcomes_then_die  # type: ignore[method-assign]
 
     from slurmgpu.cli.main import main as sgpu
 
