@@ -60,7 +60,7 @@ def load_history(engine: Engine, cluster: str, since: datetime) -> list[HistoryR
     ones, and the daemon reloads it every few minutes. One object per distinct string
     keeps 200,000 records small, and the priors' grouping and their comparison with the
     last reload (``Priors.carry_over``) then hash and compare by identity. The daemon
-    reloads through a :class:`HistoryLoader`, which reads only what ended lately.
+    reloads through a :class:`HistoryLoader`, which reads only what was written since.
     """
     return list(_read(engine, cluster, since).values())
 
