@@ -5,7 +5,7 @@ decisions that raised) together in one transaction, whatever their number."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -13,24 +13,13 @@ from sqlalchemy import event
 
 from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.intent import SetTimeLimit
-from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, Decision, Mode
 from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.audit import AuditStore
 from tests.fakes import FakeSlurm
+from tests.unit.policy_builders import pending_job
 
 AT = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
-
-
-def _job(job_id: int) -> Job:
-    return Job(
-        job_id=job_id,
-        name="train",
-        user="alice",
-        state=JobState.PENDING,
-        cpus=4,
-        time_limit=timedelta(hours=8),
-    )
 
 
 def _decision(job_id: int, kind: str, *, execute: bool, notify: bool, why: str = "") -> Decision:
@@ -56,7 +45,7 @@ def store(tmp_path: Path) -> Iterator[JobStore]:
 
 
 def test_every_decision_gets_its_outcome_in_three_transactions(store: JobStore) -> None:
-    slurm = FakeSlurm([_job(1), _job(7)])  # job 99 is not in Slurm: its change fails
+    slurm = FakeSlurm([pending_job(1), pending_job(7)])  # job 99 is not in Slurm: its change fails
     audit = AuditStore(store.engine, store.cluster)
     actuator = Actuator(slurm, audit, Raising())
     notices = [_decision(100 + i, "warn", execute=False, notify=True) for i in range(50)]

@@ -33,6 +33,7 @@ from slurmgpu.store import open_store, schema
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import GpuSampleIn, SampleBatch, encode, hmac_header, node_token
 from tests.fakes import FakeSlurm
+from tests.unit.policy_builders import pending_job
 
 SECRET = b"m" * 64
 
@@ -344,15 +345,7 @@ def test_the_daemon_exports_how_many_pending_jobs_rightsizing_has_yet_to_judge(
     settings = replace(settings, policy=replace(settings.policy, rightsize=rightsize))
     store = open_store(url)
     waiting = [
-        Job(
-            job_id=50 + i,
-            name="train",
-            user="alice",
-            state=JobState.PENDING,
-            cpus=4,
-            submit_time=datetime.now(UTC) - timedelta(minutes=i),
-        )
-        for i in range(3)
+        pending_job(50 + i, submit_time=datetime.now(UTC) - timedelta(minutes=i)) for i in range(3)
     ]
     lease = DaemonLease(store.engine, ttl=timedelta(seconds=60))
     lease.acquire()
