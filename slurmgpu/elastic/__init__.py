@@ -9,7 +9,7 @@ learning-rate rules; :mod:`slurmgpu.elastic.torch` optional torch helpers.
 
 from __future__ import annotations
 
-from slurmgpu.elastic.runtime import ElasticRun, init
+from slurmgpu.elastic.runtime import ElasticRun, hard_exit, init
 from slurmgpu.elastic.scaling import (
     GradientNoise,
     adascale_gain,
@@ -23,6 +23,7 @@ __all__ = [
     "GradientNoise",
     "adascale_gain",
     "global_batch",
+    "hard_exit",
     "init",
     "scaled_lr",
     "statistical_efficiency",

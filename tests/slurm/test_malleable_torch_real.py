@@ -146,7 +146,7 @@ def _reference(lab: Lab, steps: int) -> dict[int, float]:
     ref.mkdir()
     env = {k: v for k, v in lab.env.items() if not k.startswith("SLURM_")}
     env["SGPU_ELASTIC_DIR"] = str(ref / "state")
-    subprocess.run(
+    done = subprocess.run(
         [
             *TORCHRUN.split(),
             "--nproc-per-node=2",
@@ -160,10 +160,12 @@ def _reference(lab: Lab, steps: int) -> dict[int, float]:
         ],
         cwd=ref,
         env=env,
-        check=True,
+        check=False,
         timeout=600,
         capture_output=True,
+        text=True,
     )
+    assert done.returncode == 0, f"reference run exited {done.returncode}:\n{done.stderr[-3000:]}"
     records = [json.loads(x) for x in (ref / "ref.jsonl").read_text().splitlines()]
     return {int(r["step"]): float(r["loss"]) for r in records if "event" not in r}
 
