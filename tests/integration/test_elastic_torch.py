@@ -34,27 +34,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# What gloo prints when a rank's process ends with one of its C++ threads still joinable
-# (pytorch/pytorch#190489): SIGABRT at interpreter teardown, after the run is done.
-_TEARDOWN_ABORT = "terminate called without an active exception"
-
-
 def _ddp(world: int, scenario: str, state_dir: Path, out: Path) -> dict[str, Any]:
-    """Run ``scenario`` on ``world`` gloo ranks; return rank 0's record. Run again, once,
-    only when a rank other than 0 aborted at teardown (gloo's SIGABRT above) after rank 0
-    got through the final barrier and wrote the record: the run itself was complete (it
-    happened once in CI, rank 1 of 'resume', in many passing runs)."""
+    """Run ``scenario`` on ``world`` gloo ranks; return rank 0's record."""
     codes, outputs = _ddp_once(world, scenario, state_dir, out)
-    aborted = [c == -6 and _TEARDOWN_ABORT in t for c, t in zip(codes, outputs, strict=True)]
-    if (
-        codes[0] == 0
-        and out.exists()
-        and any(aborted)
-        and all(c == 0 or a for c, a in zip(codes, aborted, strict=True))
-    ):
-        print(f"{scenario}: a rank aborted at gloo teardown; run again", file=sys.stderr)
-        out.unlink()
-        codes, outputs = _ddp_once(world, scenario, state_dir, out)
     for rank, (code, text) in enumerate(zip(codes, outputs, strict=True)):
         assert code == 0, f"rank {rank} of {scenario} exited {code}:\n{text}"
     result: dict[str, Any] = json.loads(out.read_text())
