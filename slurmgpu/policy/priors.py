@@ -405,6 +405,9 @@ class Priors:
         self._resolved = {}
         # (user, name, partition) -> the finest key with enough samples (``answer``)
         self._answers: dict[tuple[str, str, str], _Key | None] = {}
+        # The keys, at every level, whose runs differ from the priors the last
+        # carry_over took statistics from (empty until then).
+        self.changed_keys: frozenset[_Key] = frozenset()
 
     @classmethod
     def from_history(
@@ -464,17 +467,20 @@ class Priors:
         return sum(1 for key in (*self._groups, *self._children) if self._at(key) is not None)
 
     def carry_over(self, old: Priors) -> frozenset[str] | None:
-        """Take ``old``'s computed statistics over for every user whose history is the
-        same here; return the users whose history differs (None: nothing taken, ``old``
-        was built with other settings). ``old`` gives them up: it stays correct, and
-        computes again whatever it is asked.
+        """Take ``old``'s computed statistics over for every key whose runs are the same
+        here; return the users whose history differs (None: nothing taken, ``old`` was
+        built with other settings), and leave the keys that differ, at every level, in
+        :attr:`changed_keys`. ``old`` gives them up: it stays correct, and computes again
+        whatever it is asked.
 
-        Every key, at every level, holds one user's runs only, so a user whose finest
-        groups (script and name keys) hold equal records in equal order has the same
-        statistics at every key. A daemon reloads 90 days of history every few minutes
-        and only the users whose jobs ended since then differ: their keys are computed
-        again on first use, everyone else's are the ones already computed (the same
-        ``Estimate`` objects). Costs one list comparison per group, no statistics.
+        Every key, at every level, holds one user's runs only. A finest group (script
+        and name keys) holding equal records in equal order has the same statistics, and
+        so has a coarser key none of whose finer groups changed. A daemon reloads 90 days
+        of history every few minutes and only the groups whose jobs ended (or left the
+        window) since then differ: they and the coarser keys above them are computed
+        again on first use, every other key's are the ones already computed (the same
+        ``Estimate`` objects), the changed users' other names included. Costs one list
+        comparison per group, no statistics.
         """
         if (old.quantile, old.min_samples, old.by_gpus) != (
             self.quantile,
@@ -482,25 +488,30 @@ class Priors:
             self.by_gpus,
         ):
             return None
-        changed: set[str] = set()
         mine, theirs = self._groups, old._groups
-        for key, records in mine.items():
-            if theirs.get(key) != records:
-                changed.add(str(key[1]))
-        for key in theirs:
-            if key not in mine:
-                changed.add(str(key[1]))
-        # Take old's caches over (cheaper than copying the unchanged users' entries: a
-        # reload changes few users), less the changed users' entries, plus any entry
-        # computed here already. ``old`` is left with empty caches: still correct, it
-        # computes again what it is asked.
+        finest = [key for key, records in mine.items() if theirs.get(key) != records]
+        finest.extend(key for key in theirs if key not in mine)
+        changed_keys: set[_Key] = set()
+        changed: set[str] = set()
+        for key in finest:
+            tag, user, middle, partition = key
+            changed.add(str(user))
+            changed_keys.add(key)
+            if tag == 0:
+                changed_keys.add((1, user, middle))
+            else:
+                changed_keys.update(((3, user, middle), (4, user, partition), (5, user)))
+        # Take old's caches over (cheaper than copying the unchanged keys' entries: a
+        # reload changes few), less the changed keys' statistics and the changed users'
+        # answers, plus any entry computed here already. ``old`` is left with empty
+        # caches: still correct, it computes again what it is asked.
         aggs, estimates, resolved = old._aggs, old._estimates, old._resolved
         answers = old._answers
         old._aggs, old._estimates, old._resolved, old._answers = {}, {}, {}, {}
         if changed:
-            for key in [k for k in aggs if k[1] in changed]:
+            for key in [k for k in aggs if k in changed_keys]:
                 del aggs[key]
-            for memo in [m for m in estimates if m[0][1] in changed]:
+            for memo in [m for m in estimates if m[0] in changed_keys]:
                 del estimates[memo]
             for job_key in [k for k in resolved if k[0] in changed]:
                 del resolved[job_key]
@@ -512,7 +523,17 @@ class Priors:
         answers.update(self._answers)
         self._aggs, self._estimates, self._resolved = aggs, estimates, resolved
         self._answers = answers
+        self.changed_keys = frozenset(changed_keys)
         return frozenset(changed)
+
+    @staticmethod
+    def chain(user: str, name: str, partition: str) -> tuple[_Key, ...]:
+        """The keys :meth:`answer` tries for jobs of ``user``, ``name`` and
+        ``partition``, finest first: its answer is the first with enough samples, so it
+        stays the same while none of them up to it is among :attr:`changed_keys`."""
+        if partition and "," not in partition:
+            return ((2, user, name, partition), (3, user, name), (4, user, partition), (5, user))
+        return ((3, user, name), (5, user))
 
     def key_estimates(self) -> Iterable[tuple[tuple[str, str, str], Estimate]]:
         """(user, job name, partition) → estimate, for every such key that answers."""

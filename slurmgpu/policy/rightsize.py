@@ -113,9 +113,11 @@ class _Verdict(msgspec.Struct, frozen=True, gc=False):
     None). ``history_time_s`` is the time limit history alone gave, below which a
     running sibling's floor changes nothing. ``job``: the object judged (the same object
     next cycle is the same request). ``made``: the priors generation it was made under
-    (``RightsizePolicy._generation``); it is current while its user's history has not
-    changed since (a reload that left that history the same keeps it). Untracked by the
-    collector: a cycle builds one per pending job."""
+    (``RightsizePolicy._generation``); ``key``: the priors key that answered (None:
+    none did). It is current while none of the keys ``Priors.answer`` tries for the job,
+    up to ``key``, has changed since (a reload that left them the same keeps it, though
+    the user's other jobs ended). Untracked by the collector: a cycle builds one per
+    pending job."""
 
     job: Job
     floor_s: int | None
@@ -123,6 +125,7 @@ class _Verdict(msgspec.Struct, frozen=True, gc=False):
     action: Action | None
     history_time_s: int | None
     made: int
+    key: tuple[int | str, ...] | None
 
 
 def _same_request(a: Job, b: Job) -> bool:
@@ -338,10 +341,13 @@ class RightsizePolicy:
         # the last cycle; as long as the cached priors.
         self._memo: dict[int, _Verdict] = {}
         # The priors generation (one more at every new history) and, per user whose
-        # history changed since the memo was started, the generation it changed at: a
-        # verdict made before that is out of date (re-judged, kept until then).
+        # history changed since the memo was started, the generation it changed at; the
+        # same per priors key (``Priors.changed_keys``). A verdict made before one of the
+        # keys it rests on changed is out of date (re-judged, kept until then); the user's
+        # generation is the quick test that none did.
         self._generation = 0
         self._changed_at: dict[str, int] = {}
+        self._key_changed_at: dict[tuple[int | str, ...], int] = {}
         # Pending jobs left unjudged by the last propose (max_judged_per_cycle): they have
         # no verdict yet, or one from their user's history before it changed.
         self.backlog = 0
@@ -365,17 +371,26 @@ class RightsizePolicy:
             self._generation += 1
             if changed is None:
                 self._derived, self._timed, self._by_name, self._memo = {}, {}, {}, {}
-                self._changed_at = {}
+                self._changed_at, self._key_changed_at = {}, {}
             elif changed:
-                # Estimates are per user (key[1], past the level tag); a verdict is its
-                # job's user's.
-                self._derived = {k: d for k, d in self._derived.items() if k[1] not in changed}
-                self._timed = {k: d for k, d in self._timed.items() if k[0][1] not in changed}
+                # Estimates are per priors key; which key answers for a name is per user
+                # (cheap to find again: the unchanged keys' statistics are carried over).
+                keys = priors.changed_keys
+                self._derived = {k: d for k, d in self._derived.items() if k not in keys}
+                self._timed = {k: d for k, d in self._timed.items() if k[0] not in keys}
                 self._by_name = {k: v for k, v in self._by_name.items() if k[0] not in changed}
-                # A verdict is its job's user's: marked, not filtered out (a pass over
-                # every pending job's verdict, ~40 ms on 100k, for a few users' jobs).
+                # Verdicts are marked, not filtered out (a pass over every pending job's
+                # verdict, ~40 ms on 100k, for a few users' jobs). Marks older than the
+                # oldest verdict can mark nothing any more.
                 generation = self._generation
+                if self._memo:
+                    oldest = min(v.made for v in self._memo.values())
+                    self._changed_at = {u: g for u, g in self._changed_at.items() if g > oldest}
+                    self._key_changed_at = {
+                        k: g for k, g in self._key_changed_at.items() if g > oldest
+                    }
                 self._changed_at.update(dict.fromkeys(changed, generation))
+                self._key_changed_at.update(dict.fromkeys(keys, generation))
             return priors
         return cached[1]
 
@@ -434,7 +449,10 @@ class RightsizePolicy:
         seen: dict[int, _Verdict] = {}
         actions: list[Action] = []
         new: list[Job] = []  # to judge: no verdict, or one for another request
-        outdated: dict[int, _Verdict] = {}  # to judge: its user's history changed since
+        outdated: dict[int, _Verdict] = {}  # to judge: a key it rests on changed since
+        # (user, name, partition, answering key) -> the last generation any key it rests
+        # on changed at, once per such key in this cycle
+        rests_on: dict[tuple[str, str, str, tuple[int | str, ...] | None], int] = {}
         for job in pending:
             job_id = job.job_id
             last = memo.get(job_id)
@@ -460,8 +478,13 @@ class RightsizePolicy:
                 if last.job is not job:  # an equal job parsed anew: by identity next
                     last = msgspec.structs.replace(last, job=job)
                 if changed_at and changed_at.get(job.user, 0) > last.made:
-                    outdated[job_id] = last  # judged again, kept until then
-                    continue
+                    rests = (job.user, job.name, job.partition, last.key)
+                    latest = rests_on.get(rests)
+                    if latest is None:
+                        latest = rests_on[rests] = self._last_change(rests)
+                    if latest > last.made:
+                        outdated[job_id] = last  # judged again, kept until then
+                        continue
                 seen[job_id] = last
                 if last.action is not None:
                     actions.append(last.action)
@@ -506,7 +529,9 @@ class RightsizePolicy:
                 k = by_name[name_key] = self._key_derived(name_key, priors)
             action: Action | None = None
             history_s: int | None = None
+            answered: tuple[int | str, ...] | None = None
             if k is not None:
+                answered = k.key
                 gpus = (job.gpus.gpus or None) if by_gpus else None
                 timed_key = (k.key, gpus)
                 d = timed.get(timed_key)
@@ -523,10 +548,24 @@ class RightsizePolicy:
             # as the next cycle will compare it: with the floor only where it binds
             binds = floor is not None and history_s is not None and floor > history_s
             seen[job_id] = _Verdict(
-                job, floor if binds else None, is_opted, action, history_s, generation
+                job, floor if binds else None, is_opted, action, history_s, generation, answered
             )
         self._memo = seen  # jobs no longer pending drop out
         return actions
+
+    def _last_change(self, rests: tuple[str, str, str, tuple[int | str, ...] | None]) -> int:
+        """The last generation at which a key a verdict rests on changed, for jobs of
+        (user, name, partition) answered by ``rests[3]``: a key ``Priors.answer`` tries
+        before that one (which may now have enough samples) or that one (whose figures
+        may differ); every key tried, where none answered. 0: none changed."""
+        user, name, partition, answered = rests
+        key_changed_at = self._key_changed_at
+        latest = 0
+        for key in Priors.chain(user, name, partition):
+            latest = max(latest, key_changed_at.get(key, 0))
+            if key == answered:
+                break
+        return latest
 
     def _key_derived(self, name_key: tuple[str, str, str], priors: Priors) -> _KeyDerived | None:
         """Return what the estimate of jobs of this (user, name, partition) implies, run

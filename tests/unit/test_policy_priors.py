@@ -209,6 +209,46 @@ def test_a_reload_keeps_the_statistics_of_users_whose_runs_are_the_same() -> Non
     assert old.estimate(pending_job(user="bob")) is not bob
 
 
+def test_a_reload_recomputes_only_the_keys_whose_runs_changed() -> None:
+    """bob's new "eval" run changes his eval key and every coarser key over it, not his
+    "train" key: its statistics are carried over (the same Estimate), and a job whose
+    name has no runs of its own answers from bob's changed user-level keys."""
+    old_history = [record(user="bob", run_time=HOUR)] * 3 + [
+        record(user="bob", name="eval", run_time=2 * HOUR)
+    ] * 3
+    old = Priors.from_history(old_history)
+    train = old.estimate(pending_job(user="bob"))
+    sweep = old.estimate(pending_job(user="bob", name="sweep"))
+    assert train is not None and sweep is not None and sweep.level == "user+partition"
+    new_history = [msgspec.structs.replace(r) for r in old_history] + [
+        record(user="bob", name="eval", run_time=9 * HOUR, script_hash="s1")
+    ]
+    new = Priors.from_history(new_history)
+    assert new.carry_over(old) == frozenset({"bob"})
+    assert new.changed_keys == {
+        (0, "bob", "s1", "gpu"),
+        (1, "bob", "s1"),
+        (2, "bob", "eval", "gpu"),
+        (3, "bob", "eval"),
+        (4, "bob", "gpu"),
+        (5, "bob"),
+    }
+    assert new.estimate(pending_job(user="bob")) is train
+    fresh = Priors.from_history(new_history)
+    for name in ("eval", "sweep"):
+        job = pending_job(user="bob", name=name)
+        assert new.estimate(job) == fresh.estimate(job)
+    assert new.estimate(pending_job(user="bob", name="sweep")) != sweep
+    # what answer() tries for a name, finest first: one partition, or several
+    assert Priors.chain("bob", "eval", "gpu") == (
+        (2, "bob", "eval", "gpu"),
+        (3, "bob", "eval"),
+        (4, "bob", "gpu"),
+        (5, "bob"),
+    )
+    assert Priors.chain("bob", "eval", "gpu,a100") == ((3, "bob", "eval"), (5, "bob"))
+
+
 def test_a_user_gone_from_history_or_new_to_it_counts_as_changed() -> None:
     old = Priors.from_history([record(user="ann")] * 3)
     assert old.estimate(pending_job(user="ann")) is not None

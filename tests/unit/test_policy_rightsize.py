@@ -549,6 +549,7 @@ _RELOADS = st.lists(
         st.sampled_from(["same", "reload", "add", "drop"]),
         st.sampled_from(["alice", "bob", "carol"]),
         st.integers(1, 30),
+        st.sampled_from(["train", "eval", "sweep"]),
     ),
     min_size=1,
     max_size=12,
@@ -558,11 +559,13 @@ _RELOADS = st.lists(
 @given(_RELOADS)
 @settings(max_examples=examples(100), deadline=None)
 def test_kept_verdicts_match_a_fresh_policy_across_history_reloads(
-    reloads: list[tuple[str, str, int]],
+    reloads: list[tuple[str, str, int, str]],
 ) -> None:
-    """A new history tuple keeps the statistics and verdicts of users whose runs are the
-    same (a daemon reload): whatever each reload changes, the kept policy proposes what
-    a policy seeing the snapshot for the first time proposes."""
+    """A new history tuple keeps the statistics and verdicts resting on keys whose runs
+    are the same (a daemon reload): whatever each reload changes, the kept policy
+    proposes what a policy seeing the snapshot for the first time proposes. Jobs answer
+    at every level: their name's, their user's (``sweep`` until it has runs, a job on
+    two partitions), or none."""
     history = list(_CYCLE_HISTORY) + [record(user="carol", run_time=40 * MIN)] * 3
     jobs = [
         pending_job(100, time_limit=24 * HOUR),
@@ -570,16 +573,20 @@ def test_kept_verdicts_match_a_fresh_policy_across_history_reloads(
         pending_job(102, user="bob", time_limit=24 * HOUR),
         pending_job(103, user="carol", time_limit=24 * HOUR, gpus_per_node=2),
         pending_job(104, user="dave", time_limit=24 * HOUR),  # no history at all
+        pending_job(105, name="sweep", time_limit=24 * HOUR),
+        pending_job(106, partition="gpu,a100", time_limit=24 * HOUR),
     ]
     kept = RightsizePolicy()
     current = tuple(history)
-    for cycle, (change, user, amount) in enumerate(reloads):
+    for cycle, (change, user, amount, name) in enumerate(reloads):
         if change == "reload":  # equal records, new objects, as loaded from the store
             current = tuple(msgspec.structs.replace(r) for r in current)
         elif change == "add":
-            current = (*current, record(user=user, run_time=amount * 10 * MIN))
+            current = (*current, record(user=user, name=name, run_time=amount * 10 * MIN))
         elif change == "drop":
-            first = next((i for i, r in enumerate(current) if r.user == user), None)
+            first = next(
+                (i for i, r in enumerate(current) if r.user == user and r.name == name), None
+            )
             if first is not None:
                 current = current[:first] + current[first + 1 :]
         snap = snapshot(jobs, at=T0 + cycle * MIN, history=current)
@@ -599,6 +606,27 @@ def test_a_reload_keeps_the_verdicts_of_users_whose_runs_are_the_same() -> None:
     alice_again, bob_again = policy.propose(snapshot(jobs, at=T0 + MIN, history=reloaded))
     assert alice_again is alice  # bob's new run changes nothing of alice's
     assert bob_again is not bob and limit_of(bob_again) != limit_of(bob)
+
+
+def test_a_reload_keeps_a_changed_users_verdicts_whose_keys_are_the_same() -> None:
+    """alice's new "eval" runs change her eval key and her user-level keys: her "train"
+    job, answered by its own unchanged key, keeps its verdict (the same action); her
+    "eval" job, and a "sweep" job answered at her user level, are judged again."""
+    policy = RightsizePolicy()
+    jobs = [
+        pending_job(100, time_limit=24 * HOUR),
+        pending_job(101, name="eval", time_limit=24 * HOUR),
+        pending_job(102, name="sweep", time_limit=24 * HOUR),
+    ]
+    train, eval_, sweep = policy.propose(snapshot(jobs, history=_CYCLE_HISTORY))
+    assert "(user+partition)" in sweep.reason
+    bigger = record(name="eval", run_time=9 * HOUR, peak_memory_mib=30_000.0)
+    longer = (*_CYCLE_HISTORY, *[bigger] * 3)
+    snap = snapshot(jobs, at=T0 + MIN, history=longer)
+    got = {a.job_id: a for a in policy.propose(snap)}
+    assert got[100] is train
+    assert got[101].intents != eval_.intents and got[102].intents != sweep.intents
+    assert _comparable(list(got.values())) == _comparable(RightsizePolicy().propose(snap))
 
 
 def test_verdicts_of_users_changed_by_reloads_no_cycle_saw_are_judged_again() -> None:
