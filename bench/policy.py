@@ -23,7 +23,9 @@ measures in one process:
   checks that the decisions are exactly those of one cycle that judged every job (the
   same-run reference, timed too: "every job judged");
 - decide, history reload: the same engine given a new history tuple (records out of the
-  window, as many new ones, every record a new object as read from the store), priors
+  window, as many new ones; the others the same objects, as the daemon's
+  ``HistoryLoader`` hands out every record it reads again unchanged, or with
+  ``--fresh-records`` every record a new object, as a loader without that gives), priors
   built inside the timing; the statistics and verdicts of users whose runs are the same
   are carried over (``Priors.carry_over``). Two sizes: the rate of this history (its
   records ended over 60 days) and the rate the running jobs imply (``--mean-run-hours``);
@@ -254,24 +256,33 @@ def next_cycle(
 
 
 def reloaded(
-    history: tuple[HistoryRecord, ...], n: int, at: datetime, users: int, seed: int
+    history: tuple[HistoryRecord, ...],
+    n: int,
+    at: datetime,
+    users: int,
+    seed: int,
+    fresh: bool = False,
 ) -> tuple[HistoryRecord, ...]:
     """The history a daemon's reload gives ``history_refresh`` later: the ``n`` first
-    (oldest) records out of its window, ``n`` jobs that ended since in, and every record a
-    new object (as read from the store) with its strings interned, as ``load_history``
-    interns them."""
+    (oldest) records out of its window, ``n`` jobs that ended since in, strings interned
+    as ``load_history`` interns them. The other records are the same objects, as
+    ``HistoryLoader`` gives them; ``fresh``: each a new object, as read from the store."""
     rng = random.Random(seed)
     replace = msgspec.structs.replace
-    kept = [
-        replace(
-            r,
-            user=sys.intern(_fresh(r.user)),
-            name=sys.intern(_fresh(r.name)),
-            partition=sys.intern(_fresh(r.partition)),
-            state=sys.intern(_fresh(r.state)),
-        )
-        for r in history[n:]
-    ]
+    kept = (
+        [
+            replace(
+                r,
+                user=sys.intern(_fresh(r.user)),
+                name=sys.intern(_fresh(r.name)),
+                partition=sys.intern(_fresh(r.partition)),
+                state=sys.intern(_fresh(r.state)),
+            )
+            for r in history[n:]
+        ]
+        if fresh
+        else list(history[n:])
+    )
     new = [
         replace(
             rng.choice(history),
@@ -327,6 +338,12 @@ def main() -> None:
         type=float,
         default=5.0,
         help="mean run time of the running jobs, for the heavier reload (see below)",
+    )
+    ap.add_argument(
+        "--fresh-records",
+        action="store_true",
+        help="make every record of a reloaded history a new object (a loader that does not "
+        "hand out the last load's object for an unchanged record, as HistoryLoader does)",
     )
     ap.add_argument(
         "--dump",
@@ -506,7 +523,9 @@ def main() -> None:
         for k in range(args.repeat):
             current = next_cycle(current, args.churn, seed=200 + k, volatile=args.volatile)
             gone = {r.user for r in history[:n]}
-            history = reloaded(history, n, current.at, args.users, seed=300 + k)
+            history = reloaded(
+                history, n, current.at, args.users, seed=300 + k, fresh=args.fresh_records
+            )
             changed_users.append(len(gone | {r.user for r in history[len(history) - n :]}))
             current = dataclasses.replace(current, history=history)
             gc.collect()
@@ -570,7 +589,8 @@ def main() -> None:
             f"decide, history reload:             {took * 1000:9.1f} ms  "
             f"{took / base_s:5.0f}x baseline  target <= 1000 ms: "
             f"{'OK' if took <= 1.0 else 'MISSED'}  ({label}: {n} records in and {n} out, "
-            f"{users} of {args.users} users changed; priors built inside)"
+            f"{users} of {args.users} users changed; priors built inside; "
+            f"{'every record a new object' if args.fresh_records else 'unchanged records kept'})"
         )
         print(f"  history reload, CPU time:          {reload_cpu[label] * 1000:9.1f} ms")
         catch = reload_catch_cpu.get(label, [])

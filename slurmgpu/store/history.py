@@ -72,11 +72,15 @@ class HistoryLoader:
     rows, records), every ``history_refresh`` (10 min) inside a policy cycle. A reload
     reads only the job rows and summaries written since the last load (the observer's
     ``updated_at``, the summary's ``created_at``; ``overlap`` earlier, against a clock
-    step), ~0.12 s on that store, keeps the other records (the same objects: the priors'
-    comparison with the last reload is then by identity) and drops those that left the
+    step), ~0.12 s on that store, keeps the other records and drops those that left the
     window. A job among those read that is no longer a finished job in the window (one
     requeued after it failed) leaves the history. Every ``full_every`` the window is read
     whole again, which also catches rows deleted or written with an older clock.
+
+    A record read again (the overlap, a whole read) that equals the last load's is
+    handed out as that object: the priors' comparison with the last reload
+    (``Priors.carry_over``) is then by identity, not field by field (~80 ms on 200,000
+    records, in the cycle).
     """
 
     def __init__(
@@ -99,21 +103,27 @@ class HistoryLoader:
     def load(self, since: datetime, at: datetime) -> tuple[HistoryRecord, ...]:
         """Return the finished jobs that ended after ``since`` (as :func:`load_history`),
         read whole or by what was written since the last load; raises StoreError."""
+        last = self._records
         if self._full_at is None or self._read_at is None or at - self._full_at >= self.full_every:
-            self._records = _read(self.engine, self.cluster, since)
+            whole = _read(self.engine, self.cluster, since)
+            for rid, record in whole.items():
+                before = last.get(rid)
+                if before is not None and before == record:
+                    whole[rid] = before
+            self._records = whole
             self._full_at = self._read_at = at
-            self.last_read = len(self._records)
-            return tuple(self._records.values())
+            self.last_read = len(whole)
+            return tuple(whole.values())
         written = self._read_at - self.overlap
         changed = _read(self.engine, self.cluster, since, written_since=written)
         self._read_at = at
         self.last_read = len(changed)
-        kept = {rid: r for rid, r in self._records.items() if r.ended_at >= since}
-        for rid, record in changed.items():
-            if record is None:
+        kept = {rid: r for rid, r in last.items() if r.ended_at >= since}
+        for rid, read in changed.items():
+            if read is None:
                 kept.pop(rid, None)
-            else:
-                kept[rid] = record
+            elif (before := kept.get(rid)) is None or before != read:
+                kept[rid] = read
         self._records = kept
         return tuple(kept.values())
 

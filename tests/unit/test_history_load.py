@@ -69,9 +69,9 @@ def test_a_reload_reads_what_ended_lately_and_gives_what_a_whole_read_gives(
     """The daemon's reload (HistoryLoader) against a whole read of the same store: a new
     job, one stored late that ended a little before the newest known end, a job that
     left the window, one requeued after it failed (no longer finished), and a newer
-    summary of a job are all as a whole read has them; the other records are the very
-    objects of the last load, and only the rows written since it were read. On SQLite
-    and PostgreSQL."""
+    summary of a job are all as a whole read has them; the other records, those read
+    again unchanged included, are the very objects of the last load, and only the rows
+    written since it were read. On SQLite and PostgreSQL."""
     store = open_store(store_url)
     usage = UsageStore(store.engine, store.cluster)
     clock = [NOW]
@@ -96,6 +96,8 @@ def test_a_reload_reads_what_ended_lately_and_gives_what_a_whole_read_gives(
         t1 = NOW + timedelta(minutes=30)
         second = step(t1, [_ended(20, t1 - timedelta(minutes=5))])
         assert loader.last_read == 10  # all written within 10 min (overlap) of the last load
+        # read again, and equal but for job 5 (a summary since): the last load's objects
+        assert sum(any(r is f for f in first) for r in second) == 8
         t2 = NOW + timedelta(minutes=60)  # job 1 leaves the window
         usage.save_summary(20, _summary(3000.0), t2)
         usage.save_summary(20, _summary(4000.0), t2)  # the newer summary counts
@@ -133,7 +135,9 @@ def test_every_six_hours_the_window_is_read_whole(tmp_path: Path) -> None:
         assert loader.last_read == 2  # written within 10 min of the last load
         loader.load(since, NOW + timedelta(hours=2))
         assert loader.last_read == 0  # nothing written since
-        assert len(loader.load(since, NOW + timedelta(hours=6))) == 2
+        before = loader.load(since, NOW + timedelta(hours=3))
+        whole = loader.load(since, NOW + timedelta(hours=6))
         assert loader.last_read == 2  # read whole
+        assert len(whole) == 2 and all(a is b for a, b in zip(whole, before, strict=True))
     finally:
         store.engine.dispose()
