@@ -4,17 +4,22 @@ restarted job's runs: its run time is the last run's only)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from slurmgpu.daemon.observer import Observer
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import HistoryRecord
 from slurmgpu.store import open_store
-from slurmgpu.store.history import HistoryLoader, load_history
+from slurmgpu.store.history import HistoryLoader, _from_summary, _usage, load_history
 from slurmgpu.store.usage import UsageStore
 from tests.fakes import FakeSlurm
+from tests.hypothesis_profiles import examples
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 
@@ -141,3 +146,105 @@ def test_every_six_hours_the_window_is_read_whole(tmp_path: Path) -> None:
         assert len(whole) == 2 and all(a is b for a, b in zip(whole, before, strict=True))
     finally:
         store.engine.dispose()
+
+
+# --- a summary's figures, read straight from its JSON text -----------------------------
+
+_NUMBER = st.one_of(
+    st.none(),
+    st.integers(-(10**6), 10**9),
+    st.floats(allow_nan=False, allow_infinity=False, width=64),
+)
+_ODD = st.one_of(st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2))
+
+
+def _fields(names: dict[str, st.SearchStrategy[object]]) -> st.SearchStrategy[dict[str, object]]:
+    """Dicts holding any of ``names`` (each with its values) and, now and then, a field
+    the reader does not know."""
+    return st.fixed_dictionaries(
+        {}, optional={**names, "other": st.integers(), "samples": st.lists(st.integers())}
+    )
+
+
+_GPU = _fields(
+    {
+        "util_pct_mean": _NUMBER,
+        "memory_max_mib": _NUMBER,
+        "never_busy": st.one_of(st.none(), st.booleans()),
+    }
+)
+_HOST = _fields({"memory_max_mib": _NUMBER, "cpu_pct_mean": _NUMBER})
+_NODE = _fields(
+    {"host": st.one_of(st.none(), _HOST), "gpus": st.dictionaries(st.text(max_size=2), _GPU)}
+)
+_SUMMARY = _fields(
+    {
+        "version": st.integers(),
+        "nodes": st.one_of(st.none(), st.dictionaries(st.text(max_size=4), _NODE)),
+    }
+)
+
+
+def _known(figures: dict[str, float | int | None]) -> dict[str, float | int]:
+    """The figures a record gets (a missing one and a None are the same to it)."""
+    return {name: value for name, value in figures.items() if value is not None}
+
+
+_TWO_NODES = {
+    "version": 1,
+    "nodes": {
+        "gpu1": {
+            "host": {"memory_max_mib": 9000, "cpu_pct_mean": 750.5},
+            "gpus": {
+                "0": {"util_pct_mean": 80.0, "memory_max_mib": 30000.0, "never_busy": False},
+                "1": {"util_pct_mean": 0.0, "memory_max_mib": 10.0, "never_busy": True},
+            },
+        },
+        "gpu2": {
+            "host": {"memory_max_mib": 4000.5, "cpu_pct_mean": None},
+            "gpus": {"0": {"util_pct_mean": 55, "memory_max_mib": 20000}},
+        },
+    },
+}
+
+
+@given(_SUMMARY)
+@example(_TWO_NODES)
+@settings(max_examples=examples(300), deadline=None)
+def test_a_summarys_figures_read_from_its_text_are_those_of_the_parsed_summary(
+    summary: dict[str, object],
+) -> None:
+    """The typed decoder of a whole read gives exactly what a walk of the parsed JSON
+    gives, whatever fields are there, missing, null or unknown."""
+    assert _known(_usage(json.dumps(summary))) == _known(_from_summary(summary))
+
+
+@given(_SUMMARY, st.sampled_from(["host", "gpus", "nodes", "never_busy"]), _ODD)
+@settings(max_examples=examples(150), deadline=None)
+def test_a_summary_of_another_shape_is_read_the_general_way_or_not_at_all(
+    summary: dict[str, object], field: str, odd: object
+) -> None:
+    """A field of an unexpected type (not as the daemon writes it) falls back to the
+    walk of the parsed JSON; a summary even that cannot read gives no figures, never an
+    error that would stop the whole read."""
+    nodes = summary.get("nodes")
+    if field == "nodes" or not isinstance(nodes, dict) or not nodes:
+        summary["nodes"] = odd
+    else:
+        node = next(iter(nodes.values()))
+        gpus = node.get("gpus")
+        if field == "never_busy" and isinstance(gpus, dict) and gpus:
+            next(iter(gpus.values()))["never_busy"] = odd
+        else:
+            node["host" if field == "never_busy" else field] = odd
+    try:
+        expected = _from_summary(summary)
+    except (ValueError, TypeError, AttributeError):
+        expected = {}
+    assert _known(_usage(json.dumps(summary))) == _known(expected)
+
+
+def test_a_summary_that_is_no_json_object_gives_no_figures() -> None:
+    for text in ("not json", "[]", "[1, 2]", '"a"', "null", '{"nodes": [1]}'):
+        assert _usage(text) == {}, text
+    assert _usage(None) == {}
