@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, overload
 
@@ -64,11 +64,40 @@ def _usage(text: str | bytes | None) -> dict[str, float | int | None]:
         except (ValueError, TypeError, AttributeError) as exc:
             log.debug("a job summary not read for the history: %s", exc)
             return {}
+    return _totals((figures.nodes or {}).values())
+
+
+def _from_summary(summary: Mapping[str, Any] | None) -> dict[str, float | int | None]:
+    """Peak memory, mean CPU, GPU util, peak GPU memory and GPUs used, from a parsed
+    summary: the general way, for one the typed decoder of :func:`_usage` refuses
+    (numbers as strings, an empty host); raises on one that is no mapping of mappings."""
+    if not summary:
+        return {}
+    nodes = []
+    for node in (summary.get("nodes") or {}).values():
+        host = node.get("host") or {}
+        gpus = {
+            index: _GpuFigures(
+                _float(gpu.get("util_pct_mean")),
+                _float(gpu.get("memory_max_mib")),
+                bool(gpu.get("never_busy", True)),
+            )
+            for index, gpu in (node.get("gpus") or {}).items()
+        }
+        figures = _HostFigures(_float(host.get("memory_max_mib")), _float(host.get("cpu_pct_mean")))
+        nodes.append(_NodeFigures(figures, gpus))
+    return _totals(nodes)
+
+
+def _totals(nodes: Iterable[_NodeFigures]) -> dict[str, float | int | None]:
+    """The job's figures over its nodes: memory peaks summed (the job's) and the largest
+    (a node's), CPU summed, GPU utilisation averaged, the largest GPU memory peak, and
+    how many GPUs were ever busy (None without any GPU utilisation)."""
     peak_mem = peak_node = cpu = None
     utils: list[float] = []
     gpu_mem: list[float] = []
     used = 0
-    for node in (figures.nodes or {}).values():
+    for node in nodes:
         host = node.host
         if host is not None:
             if host.memory_max_mib is not None:
@@ -83,39 +112,6 @@ def _usage(text: str | bytes | None) -> dict[str, float | int | None]:
             if gpu.memory_max_mib is not None:
                 gpu_mem.append(gpu.memory_max_mib)
             if not gpu.never_busy:
-                used += 1
-    return {
-        "peak_memory_mib": peak_mem,
-        "peak_node_memory_mib": peak_node,
-        "mean_cpu_pct": cpu,
-        "mean_gpu_util_pct": sum(utils) / len(utils) if utils else None,
-        "peak_gpu_memory_mib": max(gpu_mem) if gpu_mem else None,
-        "gpus_used": used if utils else None,
-    }
-
-
-def _from_summary(summary: Mapping[str, Any] | None) -> dict[str, float | int | None]:
-    """Peak memory, mean CPU, GPU util, peak GPU memory and GPUs used, from a summary."""
-    if not summary:
-        return {}
-    peak_mem = peak_node = cpu = None
-    utils: list[float] = []
-    gpu_mem: list[float] = []
-    used = 0
-    for node in (summary.get("nodes") or {}).values():
-        host = node.get("host") or {}
-        if host.get("memory_max_mib") is not None:
-            node_peak = float(host["memory_max_mib"])
-            peak_mem = (peak_mem or 0.0) + node_peak  # the job's total over its nodes
-            peak_node = max(peak_node or 0.0, node_peak)
-        if host.get("cpu_pct_mean") is not None:
-            cpu = (cpu or 0.0) + float(host["cpu_pct_mean"])
-        for gpu in (node.get("gpus") or {}).values():
-            if gpu.get("util_pct_mean") is not None:
-                utils.append(float(gpu["util_pct_mean"]))
-            if gpu.get("memory_max_mib") is not None:
-                gpu_mem.append(float(gpu["memory_max_mib"]))
-            if not gpu.get("never_busy", True):
                 used += 1
     return {
         "peak_memory_mib": peak_mem,

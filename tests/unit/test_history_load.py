@@ -248,3 +248,17 @@ def test_a_summary_that_is_no_json_object_gives_no_figures() -> None:
     for text in ("not json", "[]", "[1, 2]", '"a"', "null", '{"nodes": [1]}'):
         assert _usage(text) == {}, text
     assert _usage(None) == {}
+
+
+def test_a_two_node_summary_gives_the_jobs_figures() -> None:
+    """Memory peaks summed over nodes (the job's) and the largest (a node's), CPU summed,
+    GPU utilisation averaged over the GPUs that sent one, the largest GPU memory peak,
+    and the GPUs ever busy (a GPU that does not say counts as never busy)."""
+    assert _usage(json.dumps(_TWO_NODES)) == {
+        "peak_memory_mib": 13000.5,
+        "peak_node_memory_mib": 9000.0,
+        "mean_cpu_pct": 750.5,
+        "mean_gpu_util_pct": 45.0,
+        "peak_gpu_memory_mib": 30000.0,
+        "gpus_used": 1,
+    }
