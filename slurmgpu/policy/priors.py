@@ -615,9 +615,9 @@ class Priors:
             if agg is not None and len(agg.run_times) >= min_samples:
                 answers[memo] = key
                 return key
-            keys: tuple[_Key, ...] = ((3, user, name), (4, user, partition), (5, user))
+            keys = self.chain(user, name, partition)[1:]
         else:
-            keys = ((3, user, name), (5, user))
+            keys = self.chain(user, name, partition)
         for key in keys:
             agg = aggs.get(key) or self._agg(key)
             if agg is not None and len(agg.run_times) >= min_samples:
