@@ -133,8 +133,7 @@ def test_the_readers_return_a_record_or_none_for_anything_a_user_leaves(
         ack, progress = read_ack(state, JOB), read_progress(state, JOB)
     assert _well_formed_ack(ack) and _well_formed_progress(progress)
     # Not a regular file, behind a link, too large or too deep: refused.
-    refused = isinstance(thing, str) or len(thing) > MAX_FILE_BYTES
-    if refused or depth_exceeds(thing, MAX_DEPTH):
+    if isinstance(thing, str) or len(thing) > MAX_FILE_BYTES or depth_exceeds(thing, MAX_DEPTH):
         assert ack is None and progress is None
 
 
