@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from typing import Final
 
-__all__ = ["MAX_REMEMBERED", "SOURCES", "counts", "rejected"]
+__all__ = ["MAX_REMEMBERED", "SOURCES", "counts", "forget_logged", "rejected"]
 
 log = logging.getLogger("slurmgpu.userinput")
 
@@ -53,3 +53,10 @@ def counts() -> dict[str, int]:
     """Refusals since the process started, by source (every one of :data:`SOURCES`)."""
     with _lock:
         return {source: _counts.get(source, 0) for source in (*SOURCES, *_counts)}
+
+
+def forget_logged() -> None:
+    """Forget which refusals were logged (the counts stay): the next of each is logged
+    again. The daemon never needs it; tests do, so each starts afresh."""
+    with _lock:
+        _logged.clear()

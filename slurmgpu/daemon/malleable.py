@@ -57,7 +57,7 @@ def spec_from(job: Job, submission: dict[str, Any] | None) -> MalleableSpec | No
             "comment",
             job.job_id,
             problem,
-            what="a comment token",
+            what="comment token",
             consequence="the token is ignored (its default applies)",
         )
     recorded_dir = str(hints.get("elastic_dir") or "") if isinstance(hints, dict) else ""
