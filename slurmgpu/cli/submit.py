@@ -176,6 +176,15 @@ def malleable_request(values: dict[str, str], pool: bool, args: list[str]) -> Ma
         sig = checkpoint_signal(values.get("--checkpoint-signal", "USR2"))
     except ValueError as exc:
         raise ValueError(f"--checkpoint-signal: {exc}") from None
+    own = _sbatch_option(args, "--signal")
+    if own is not None:  # kept instead of ours: the time limit's checkpoint request
+        flags, _, rest = own.rpartition(":")
+        try:
+            checkpoint_signal(rest.split("@", 1)[0])
+            if flags.strip("RB"):
+                raise ValueError(f"{flags!r} is not R, B or RB")
+        except ValueError as exc:
+            raise ValueError(f"--signal {own[:40]!r} of a malleable job: {exc}") from None
     grace = parse_duration(values.get("--checkpoint-grace", "120s"))
     grace_s = int(grace.total_seconds())
     if not 1 <= grace_s <= 65535:

@@ -139,3 +139,16 @@ def test_the_comment_token_takes_the_same_signals() -> None:
     assert CHECKPOINT_SIGNALS == CATCHABLE
     assert {"USR1", "USR2", "TERM", "INT", "HUP"} <= CATCHABLE
     assert not {"KILL", "STOP"} & CATCHABLE
+
+
+@pytest.mark.parametrize("given", ["B:KILL@60", "KILL@60", "9", "R:SIGSTOP@30", "X:USR1@60"])
+def test_a_malleable_jobs_own_sbatch_signal_must_be_catchable_too(given: str) -> None:
+    with pytest.raises(ValueError, match=r"^--signal '.*' of a malleable job: "):
+        malleable_request({"--malleable": "2:4"}, False, [f"--signal={given}", "--wrap=x"])
+
+
+@pytest.mark.parametrize("given", ["B:USR1@60", "USR1@60", "R:TERM", "10@30"])
+def test_a_malleable_jobs_own_catchable_sbatch_signal_is_kept(given: str) -> None:
+    req = malleable_request({"--malleable": "2:4"}, False, [f"--signal={given}", "--wrap=x"])
+    out = malleable_args(req, [f"--signal={given}", "--wrap=x"])
+    assert f"--signal={given}" in out and not [a for a in out if a.startswith("--signal=B:USR2")]
