@@ -3,7 +3,8 @@
 Python's ``json`` (and msgspec) decode nested arrays and objects by recursion: 60,000
 ``[`` in a 60 KB file raise :class:`RecursionError` (not a ``ValueError``), which a
 caller that catches decode errors does not expect. :func:`loads` measures the nesting
-first, with a linear scan that never recurses, and refuses a document deeper than its
+first, with a linear scan that never recurses (regular expressions and C loops), and
+refuses a document deeper than its
 bound before ``json`` sees it; whatever still goes wrong in the decoder (bad UTF-8, a
 syntax error, an integer of more digits than Python converts, memory) is the same one
 :class:`JsonRejected`, whose ``cause`` is a short phrase for a log line.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import accumulate
 from typing import Any, Final
 
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_DEPTH", "JsonRejected", "depth_exceeds", "loads"]
@@ -31,13 +33,11 @@ __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_DEPTH", "JsonRejected", "depth_exce
 DEFAULT_MAX_BYTES: Final = 64 * 1024
 DEFAULT_MAX_DEPTH: Final = 16
 
-# The bytes that matter to nesting: brackets, and the quotes and backslashes that say
-# whether a bracket is inside a string.
-_SPECIAL: Final = re.compile(rb'[\[\]{}"\\]')
-_OPEN: Final = frozenset(b"[{")
-_CLOSE: Final = frozenset(b"]}")
-_QUOTE: Final = ord('"')
-_BACKSLASH: Final = ord("\\")
+# A string, escapes included; one left open runs to the end (so no match ever fails,
+# and the scan stays linear whatever the quotes and backslashes).
+_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_NOT_BRACKET: Final = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP: Final = tuple(1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
 
 
 class JsonRejected(ValueError):
@@ -51,35 +51,20 @@ class JsonRejected(ValueError):
 def depth_exceeds(data: bytes, max_depth: int) -> bool:
     """True when arrays and objects in ``data`` nest deeper than ``max_depth``.
 
-    Brackets inside strings do not count. A document that is not JSON may give either
-    answer; :func:`loads` refuses it anyway. One pass, no recursion, stops at the first
-    bracket too deep.
+    Brackets inside strings do not count. Linear, in C loops (no recursion, no Python
+    loop per byte): strings are cut out, the brackets kept, and the most brackets open
+    at once is the largest running sum of +1 per opener and -1 per closer. For JSON
+    that is its depth; for text that is not JSON it is at least how deep a decoder gets
+    before it fails (it fails at the first closer too many, before the sum drops below
+    zero), which is what matters; :func:`loads` refuses such text anyway.
 
     >>> depth_exceeds(b'{"a": "[[[["}', 1), depth_exceeds(b'[[1]]', 1)
     (False, True)
     """
-    depth = 0
-    in_string = False
-    escaped_at = -1  # the position of the byte a backslash escapes
-    for m in _SPECIAL.finditer(data):
-        at = m.start()
-        if at == escaped_at:
-            continue
-        byte = data[at]
-        if in_string:
-            if byte == _BACKSLASH:
-                escaped_at = at + 1
-            elif byte == _QUOTE:
-                in_string = False
-        elif byte == _QUOTE:
-            in_string = True
-        elif byte in _OPEN:
-            depth += 1
-            if depth > max_depth:
-                return True
-        elif byte in _CLOSE:
-            depth = max(depth - 1, 0)
-    return False
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
+    if len(brackets) <= max_depth:
+        return False
+    return max(accumulate(map(_STEP.__getitem__, brackets))) > max_depth
 
 
 def loads(

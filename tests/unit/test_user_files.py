@@ -214,6 +214,13 @@ def test_bounded_json_measures_depth_outside_strings_only() -> None:
     with pytest.raises(JsonRejected, match="nested deeper than 2"):
         loads(b"[[[1]]]", max_depth=2)
     assert loads(b"[[1]]", max_depth=2) == [[1]]
+    # An unterminated string hides its brackets; the text is refused as not JSON.
+    assert not depth_exceeds(b'["' + b"[" * 100, 2)
+    with pytest.raises(JsonRejected, match="not valid JSON"):
+        loads(b'["' + b"[" * 100, max_depth=2)
+    # Not JSON either way: refused, whichever cause is found first.
+    with pytest.raises(JsonRejected):
+        loads(b"[]]" + b"[" * 60_000, max_depth=2)
 
 
 def test_a_reader_that_raises_costs_its_job_only(caplog: pytest.LogCaptureFixture) -> None:
