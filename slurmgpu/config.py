@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 # ConfigError and parse_duration stay importable from here: they are this module's API
 # (cli/submit.py and the tests read them from config).
+from slurmgpu.listen_address import parse_listen
 from slurmgpu.settings_table import ConfigError, TableReader
 from slurmgpu.units import parse_duration
 
@@ -321,7 +322,7 @@ def _parse_document(doc: dict[str, Any], text: str, path: Path | None) -> Settin
         ),
         max_backoff=d.duration("max_backoff", timedelta(minutes=5), minimum=timedelta(seconds=1)),
         database=d.string("database", default_database_url()),
-        listen=d.string("listen", "127.0.0.1:8787"),
+        listen=_listen(d, "listen", "127.0.0.1:8787"),
         mode=d.string("mode", "advise", choices=MODES),
         vanish_after_cycles=d.integer("vanish_after_cycles", 2, minimum=1),
         api=d.boolean("api", True),
@@ -350,6 +351,19 @@ def _parse_document(doc: dict[str, Any], text: str, path: Path | None) -> Settin
     policy = _parse_policy(doc, text, path, daemon.mode)
     notify = _parse_notify(doc, text, path)
     return Settings(daemon=daemon, slurm=slurm, policy=policy, notify=notify, source=path)
+
+
+def _listen(reader: _Reader, key: str, default: str) -> str:
+    """The API's HOST:PORT, checked now (:func:`slurmgpu.listen_address.parse_listen`),
+    not when the daemon first binds it."""
+    value = reader.string(key, default)
+    try:
+        parse_listen(value)
+    except ValueError as exc:
+        raise reader.fail(
+            key, f'must be HOST:PORT like "127.0.0.1:8787", not {value[:80]!r}: {exc}'
+        ) from None
+    return value
 
 
 def _uids(reader: _Reader, key: str, default: tuple[int, ...]) -> tuple[int, ...]:

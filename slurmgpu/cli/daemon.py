@@ -12,6 +12,7 @@ import click
 from slurmgpu.cli import logs
 from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
 from slurmgpu.daemon.app import DaemonError, run_daemon
+from slurmgpu.listen_address import parse_listen
 
 # How each kind of DaemonError leaves the command (exit statuses: cli/context.py).
 _EXIT_CODES = {"usage": 2, "store": EXIT_STORE, "slurm": EXIT_SLURM, "other": 1}
@@ -54,6 +55,11 @@ def daemon(
     """Run the slurmgpu daemon: observe → store, and ingest agents' usage samples."""
     if log_format is not None:
         logs.set_format(log_format)
+    if listen is not None:
+        try:
+            parse_listen(listen)
+        except ValueError as exc:
+            fail(f"--listen {listen[:80]!r}: {exc}", 2)
     settings = app.settings
     poll = (
         timedelta(seconds=duration_option(interval)) if interval else settings.daemon.poll_interval

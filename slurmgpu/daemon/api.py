@@ -715,11 +715,3 @@ class ApiServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=10)
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """Return (host, port) from ``"127.0.0.1:8787"``, ``"[::1]:8787"`` or ``":8787"``."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"listen address {listen!r} must look like 127.0.0.1:8787")
-    return (host.strip("[]") or "127.0.0.1"), int(port)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from slurmgpu.config import Settings
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
+from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
@@ -24,6 +24,7 @@ from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.summary import Summarizer
+from slurmgpu.listen_address import parse_listen
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store import JobStore
@@ -189,7 +190,7 @@ class Daemon:
         try:
             host, port = parse_listen(listen)
         except ValueError as exc:
-            raise DaemonError(str(exc), "usage") from None
+            raise DaemonError(f"listen address {listen[:80]!r}: {exc}", "usage") from None
         try:
             secret = load_or_create_site_secret(Path(settings.daemon.secret_file))
         except (AuthError, OSError) as exc:

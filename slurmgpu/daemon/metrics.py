@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from slurmgpu import userinput_stats
 from slurmgpu.daemon.observer import CycleResult
 from slurmgpu.model import ClusterSnapshot
 from slurmgpu.slurm import decode_stats
@@ -117,6 +118,7 @@ class _StoreCollector(Collector):
             )
         yield from self._gpus()
         yield from _slurm_decode_metrics()
+        yield _user_input_metric()
         try:
             yield from self._store_counts()
             yield from self._power()
@@ -250,6 +252,20 @@ class _StoreCollector(Collector):
                 txs.add_metric([kind, state], int(n))
         yield actions
         yield txs
+
+
+def _user_input_metric() -> Metric:
+    """What users wrote that the daemon refused (this process), by source."""
+    rejected = CounterMetricFamily(
+        "sgpu_user_input_rejected",
+        "User-written input refused (a malleable job's ack.json or progress.json: a "
+        "FIFO, a link, too large or too deeply nested...; a malformed comment token); "
+        "that job alone goes without it.",
+        labels=["source"],
+    )
+    for source, n in sorted(userinput_stats.counts().items()):
+        rejected.add_metric([source], n)
+    return rejected
 
 
 def _slurm_decode_metrics() -> Iterator[Metric]:

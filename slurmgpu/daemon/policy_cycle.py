@@ -193,12 +193,14 @@ class PolicyCycle:
         resize_cost, last_resize = (
             self.malleable.history() if self.malleable is not None and specs else (None, {})
         )
+        measured = self.directory.measure(cluster, specs) if self.directory and specs else None
+        if measured is not None and measured.refused:
+            # A job whose files were refused is not resized on them: not malleable here.
+            specs = {k: v for k, v in specs.items() if k not in measured.refused}
         return MalleableView(
             specs=specs,
             resizing=self.malleable.in_flight if self.malleable is not None else frozenset(),
-            throughput=(
-                self.directory.throughput(cluster, specs) if self.directory and specs else {}
-            ),
+            throughput=measured.throughput if measured is not None else {},
             resize_cost=resize_cost,
             last_resize_at=last_resize,
         )
@@ -339,6 +341,7 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         slurm, TransactionStore(store.engine, store.cluster), audit, p.resize
     )
     malleable.recover(datetime.now(UTC))
+    errors: Counter[str] = Counter()  # the cycle's and the directory's, one metric
     return PolicyCycle(
         engine,
         UsageStore(store.engine, store.cluster),
@@ -349,5 +352,6 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         export=RecommendationExport(p.recommendations_file) if p.recommendations_file else None,
         rightsize=rightsize,
         malleable=malleable,
-        directory=MalleableDirectory(store),
+        directory=MalleableDirectory(store, errors=errors),
+        errors=errors,
     )
