@@ -154,7 +154,7 @@ class PolicyCycle:
         if self.export is None or self.rightsize is None:
             return
         by_key, fallback = recommendations(
-            self.rightsize.priors(self._history), self.rightsize.settings
+            self.rightsize.priors(self._history), self.rightsize.settings, self.rightsize.sizing
         )
         try:
             result = self.export.write(by_key, fallback)
@@ -313,11 +313,11 @@ class MailNotifier:
 def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) -> PolicyCycle:
     """The engine with every policy in its configured mode, wired to the store and Slurm."""
     p = settings.policy
-    rightsize = RightsizePolicy(p.rightsize)
+    rightsize = RightsizePolicy(p.rightsize, sizing=p.sizing)
     policies: list[tuple[Policy, Mode]] = [
         (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
         (rightsize, p.rightsize.mode),
-        (ColocatePolicy(p.colocate), p.colocate.mode),
+        (ColocatePolicy(p.colocate, sizing=p.sizing), p.colocate.mode),
     ]
     if p.las.enabled:  # the site's opt-in ([policy.las] enabled = true)
         policies.append((AttainedServicePolicy(p.las), p.las.mode))

@@ -47,6 +47,7 @@ from slurmgpu.policy.settings import (
     MalleableSettings,
     RightsizeSettings,
 )
+from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.sim.gputypes import SPEED, known_types, type_speeds
 
 __all__ = [
@@ -70,9 +71,11 @@ BATCH_ADAPTIVE = frozenset({"malleable", "malleable-types", "all"})
 class SimPolicies:
     """The settings the simulator builds policies from (the daemon's setting classes).
 
-    ``colocate``, ``malleable`` and ``las`` left at ``None`` take the set's default."""
+    ``colocate``, ``malleable`` and ``las`` left at ``None`` take the set's default;
+    ``sizing`` is the site's sizing rules (rightsize and colocate take it)."""
 
     engine: EngineSettings = field(default_factory=EngineSettings)
+    sizing: SizingRules = field(default_factory=SizingRules)
     rightsize: RightsizeSettings = field(
         default_factory=lambda: RightsizeSettings(apply_to_all=True)
     )
@@ -83,7 +86,7 @@ class SimPolicies:
 
 
 def _rightsize(s: SimPolicies) -> Policy:
-    return RightsizePolicy(replace(s.rightsize, mode=Mode.ENFORCE))
+    return RightsizePolicy(replace(s.rightsize, mode=Mode.ENFORCE), sizing=s.sizing)
 
 
 def _idle(s: SimPolicies) -> Policy:
@@ -99,7 +102,7 @@ def _colocate(s: SimPolicies) -> Policy:
         convert_gpu_requests="always",
         device_memory_mib=32_768,
     )
-    return ColocatePolicy(settings)
+    return ColocatePolicy(settings, sizing=s.sizing)
 
 
 def _malleable(s: SimPolicies) -> Policy:
