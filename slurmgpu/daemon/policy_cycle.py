@@ -44,6 +44,7 @@ from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.las import AttainedServicePolicy
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.recommend import recommendations
+from slurmgpu.policy.registry import in_pipeline_order
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.report.energy import JobEnergy, job_energy
 from slurmgpu.slurm.client import SlurmClient
@@ -318,11 +319,12 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
         (rightsize, p.rightsize.mode),
         (ColocatePolicy(p.colocate, sizing=p.sizing), p.colocate.mode),
+        (MalleablePolicy(p.malleable), p.malleable.mode),
     ]
     if p.las.enabled:  # the site's opt-in ([policy.las] enabled = true)
         policies.append((AttainedServicePolicy(p.las), p.las.mode))
-    policies.append((MalleablePolicy(p.malleable), p.malleable.mode))
-    engine = PolicyEngine(policies, p.engine)
+    # the engine's pipeline order is the registry's, the simulator's too
+    engine = PolicyEngine(in_pipeline_order(policies), p.engine)
     notifier = None
     if settings.notify.enabled:
         from slurmgpu.notify.mailer import Mailer
