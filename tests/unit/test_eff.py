@@ -15,7 +15,7 @@ from rich.console import Console
 from slurmgpu.cli.context import AppContext
 from slurmgpu.cli.eff import eff as eff_command
 from slurmgpu.daemon.diff import diff_jobs
-from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
+from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.report.eff import (
     EffThresholds,
@@ -667,6 +667,43 @@ def test_eff_of_a_job_without_samples_uses_the_stored_summary(
     data = json.loads(result.output)
     assert data["source"] == "summary"
     assert data["gpu"]["util_pct"] == 66.0 and data["cpu"]["util_pct"] == 75.0
+
+
+def _light_job_on_shard_nodes(url: str, config: Path, colocate: str) -> None:
+    """A finished 1-GPU job that used 10 % and 4 GiB of a 40 GiB GPU, on a node the store
+    knows with 4 shards per GPU, and a site config with ``colocate`` in [policy.colocate]."""
+    config.write_text(f"[policy.colocate]\n{colocate}\n")
+    job = make_job(job_id=400, cpus=4)
+    store = open_store(url)
+    node = Node(name="gpu1", state="idle", gpus=4, shards=16, partitions=("gpu",))
+    store.apply_cycle(diff_jobs({}, [job]), {}, [node], T0)
+    samples = [
+        GpuSampleIn(
+            sample_uid=f"g-{minute}", at=(T0 + timedelta(minutes=minute)).timestamp(),
+            gpu_index=0, job_id=400, util_pct=10.0, memory_used_mib=4096.0,
+            memory_total_mib=40960.0, processes=1,
+        )
+        for minute in range(121)
+    ]  # fmt: skip
+    UsageStore(store.engine, store.cluster).ingest(SampleBatch(node="gpu1", gpu=samples))
+
+
+def test_eff_advises_the_clusters_shards_by_the_sites_colocate_settings(
+    db: tuple[str, AppContext],
+) -> None:
+    url, app = db
+    assert app.config_path is not None
+    _light_job_on_shard_nodes(url, app.config_path, "max_util_pct = 40")
+    result = CliRunner().invoke(eff_command, ["400", "--json"], obj=app)
+    assert result.exit_code == 0, result.output
+    options = {n["kind"]: n["option"] for n in json.loads(result.output)["notes"]}
+    # 4 shards per GPU on gpu1 (from the store), at most 2 jobs a GPU: 2 of 4
+    assert options["shard"] == "--gres=shard:2"
+    strict = AppContext(config_path=app.config_path, db_override=url)
+    app.config_path.write_text("[policy.colocate]\nmax_util_pct = 5\n")
+    result = CliRunner().invoke(eff_command, ["400", "--json"], obj=strict)
+    kinds_seen = {n["kind"] for n in json.loads(result.output)["notes"]}
+    assert "shard" not in kinds_seen  # 10 % is too busy to share on this site
 
 
 def test_eff_of_a_job_with_no_samples_asks_whether_the_agent_runs(
