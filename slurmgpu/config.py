@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         MalleableSettings,
         RightsizeSettings,
     )
+    from slurmgpu.policy.sizing import SizingRules
 
 __all__ = [
     "BACKENDS",
@@ -136,6 +137,12 @@ def _rightsize() -> RightsizeSettings:
     return RightsizeSettings()
 
 
+def _sizing() -> SizingRules:
+    from slurmgpu.policy.sizing import SizingRules
+
+    return SizingRules()
+
+
 def _idle_gpu() -> IdleGpuSettings:
     from slurmgpu.policy.settings import IdleGpuSettings
 
@@ -179,9 +186,14 @@ class PolicySettings:
     A policy table without ``mode`` takes ``daemon.mode`` (advise on a fresh install).
     ``history_days``: how far back priors learn from finished jobs. ``[policy.resize]``
     paces the resizes the malleable policy decides (``actuate.resize.ResizeSettings``).
+    ``sizing``: the site's one set of sizing rules (``policy.sizing.SizingRules``), whose
+    knobs the file writes in ``[policy.rightsize]`` and ``[policy.colocate]``
+    (``policy.settings.SIZING_KEYS``); rightsizing, co-location, the export and ``sgpu
+    eff`` all take it.
     """
 
     engine: EngineSettings = field(default_factory=_engine)
+    sizing: SizingRules = field(default_factory=_sizing)
     rightsize: RightsizeSettings = field(default_factory=_rightsize)
     idle_gpu: IdleGpuSettings = field(default_factory=_idle_gpu)
     colocate: ColocateSettings = field(default_factory=_colocate)
@@ -390,6 +402,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
         MalleableSettings,
         PolicyConfigError,
         RightsizeSettings,
+        sizing_from_mappings,
     )
 
     raw = doc.get("policy", {})
@@ -415,11 +428,13 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
     reader.finish()
     resize = _parse_resize(tables["resize"], text, path)
     try:
+        sizing, rightsize, colocate = sizing_from_mappings(tables["rightsize"], tables["colocate"])
         return PolicySettings(
             engine=EngineSettings.from_mapping(tables["engine"], "policy.engine"),
-            rightsize=RightsizeSettings.from_mapping(tables["rightsize"], "policy.rightsize"),
+            sizing=sizing,
+            rightsize=RightsizeSettings.from_mapping(rightsize, "policy.rightsize"),
             idle_gpu=IdleGpuSettings.from_mapping(tables["idle_gpu"], "policy.idle_gpu"),
-            colocate=ColocateSettings.from_mapping(tables["colocate"], "policy.colocate"),
+            colocate=ColocateSettings.from_mapping(colocate, "policy.colocate"),
             malleable=MalleableSettings.from_mapping(tables["malleable"], "policy.malleable"),
             las=AttainedServiceSettings.from_mapping(tables["las"], "policy.las"),
             resize=resize,

@@ -44,6 +44,7 @@ from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.las import AttainedServicePolicy
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.recommend import recommendations
+from slurmgpu.policy.registry import in_pipeline_order
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.report.energy import JobEnergy, job_energy
 from slurmgpu.slurm.client import SlurmClient
@@ -154,7 +155,7 @@ class PolicyCycle:
         if self.export is None or self.rightsize is None:
             return
         by_key, fallback = recommendations(
-            self.rightsize.priors(self._history), self.rightsize.settings
+            self.rightsize.priors(self._history), self.rightsize.settings, self.rightsize.sizing
         )
         try:
             result = self.export.write(by_key, fallback)
@@ -315,16 +316,17 @@ class MailNotifier:
 def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) -> PolicyCycle:
     """The engine with every policy in its configured mode, wired to the store and Slurm."""
     p = settings.policy
-    rightsize = RightsizePolicy(p.rightsize)
+    rightsize = RightsizePolicy(p.rightsize, sizing=p.sizing)
     policies: list[tuple[Policy, Mode]] = [
         (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
         (rightsize, p.rightsize.mode),
-        (ColocatePolicy(p.colocate), p.colocate.mode),
+        (ColocatePolicy(p.colocate, sizing=p.sizing), p.colocate.mode),
+        (MalleablePolicy(p.malleable), p.malleable.mode),
     ]
     if p.las.enabled:  # the site's opt-in ([policy.las] enabled = true)
         policies.append((AttainedServicePolicy(p.las), p.las.mode))
-    policies.append((MalleablePolicy(p.malleable), p.malleable.mode))
-    engine = PolicyEngine(policies, p.engine)
+    # the engine's pipeline order is the registry's, the simulator's too
+    engine = PolicyEngine(in_pipeline_order(policies), p.engine)
     notifier = None
     if settings.notify.enabled:
         from slurmgpu.notify.mailer import Mailer
