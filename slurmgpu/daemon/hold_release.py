@@ -44,16 +44,24 @@ class HoldRelease:
         ending in this cycle: the caller summarises them next). None when the store failed."""
         try:
             released = self.usage.hold.release(self.runs, now=result.at.timestamp())
-        except StoreError as exc:
+        except StoreError as exc:  # the store away: said once, tried again next cycle
             if str(exc) != self._trouble:
                 log.warning("held samples not checked this cycle: %s", exc)
+            self._trouble = str(exc)
+            return None
+        except Exception as exc:  # a bug on some row must not cost the cycle's summaries
+            if str(exc) != self._trouble:
+                log.exception("held samples not checked this cycle")
             self._trouble = str(exc)
             return None
         if self._trouble is not None:
             log.info("held samples are checked again")
             self._trouble = None
         if released.kept or released.dropped:
-            log.info(
+            # Releases are routine (every job's first samples): said at INFO only when
+            # some were dropped (each node's first drop is also a store WARNING).
+            log.log(
+                logging.INFO if released.dropped else logging.DEBUG,
                 "held samples: %d released to %d job(s), %d dropped",
                 released.kept,
                 len(released.jobs),

@@ -34,7 +34,7 @@ from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import JobStore, create_store_engine, open_store, schema, upgrade
-from slurmgpu.store.database import alembic_config, current_revision
+from slurmgpu.store.database import StoreError, alembic_config, current_revision
 from slurmgpu.store.sample_hold import SampleHold
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
@@ -414,3 +414,35 @@ def test_migration_0010_goes_down_and_up_again_to_the_declared_schema(store_url:
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), schema.metadata) == []
     engine.dispose()
+
+
+def test_a_failing_release_is_said_once_and_the_cycle_goes_on(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = daemon
+    d.cycle([])
+    assert d.usage.ingest_batch(_real_run(1010)).held == 10
+    real = d.usage.hold.release
+    failures = iter([StoreError("database is locked"), StoreError("database is locked")])
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(d.usage.hold, "release", flaky)
+    with caplog.at_level(logging.DEBUG, logger="slurmgpu.daemon"):
+        d.cycle([_job(1010)])
+        d.cycle([_job(1010)])
+        assert d.held() == 10
+        d.cycle([_job(1010)])
+    said = [r.getMessage() for r in caplog.records if "held samples" in r.getMessage()]
+    assert said == [
+        "held samples not checked this cycle: database is locked",
+        "held samples are checked again",
+        "held samples: 10 released to 1 job(s), 0 dropped",
+    ]
+    assert d.held() == 0
+    summary = d.usage.summary(1010)  # written when it ended, again once released
+    assert summary is not None and list(summary["nodes"]) == ["gpu1"]
