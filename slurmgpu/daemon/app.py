@@ -16,6 +16,7 @@ from typing import Literal
 
 from slurmgpu.config import Settings
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.hold_release import HoldRelease
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
@@ -85,9 +86,15 @@ class Daemon:
                 f"cannot load state from {settings.daemon.database}: {exc}", "store"
             ) from None
         self.observer = observer
-        # Samples are kept only for jobs that ran on the posting node, on that node's GPUs.
-        usage.placement = SnapshotPlacement(lambda: observer.latest, store.engine, store.cluster)
+        # Samples are kept only where and when their job ran (node, its GPUs, its run);
+        # those of jobs not seen yet are held until a cycle lists them, as long as raw
+        # samples are kept at most.
+        usage.placement = placement = SnapshotPlacement(
+            lambda: observer.latest, store.engine, store.cluster
+        )
+        usage.hold.ttl = settings.daemon.sample_retention
         summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
+        hold_release = HoldRelease(usage, placement, store, summarizer)
         cycle = build_policy_cycle(settings, store, slurm) if policies else None
         self.metrics = metrics = DaemonMetrics(
             store.engine, store.cluster, snapshot=lambda: observer.latest
@@ -128,6 +135,8 @@ class Daemon:
         def on_cycle(result: CycleResult) -> None:
             if result.snapshot is None:
                 return
+            if lease.valid():  # before the summaries: they count what it releases
+                hold_release.after_cycle(result)
             ended = set(result.ended)
             for job in result.snapshot.jobs:
                 if job.job_id in ended:

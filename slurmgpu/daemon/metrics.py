@@ -358,23 +358,40 @@ class DaemonMetrics:
         self._collector.watched.append(_Watched(name, help_text, kind, label, read))
 
     def watch_usage(self, usage: UsageStore) -> None:
-        """Export what ingest counts per sample: refused, kept unchecked, skewed, and
+        """Export what ingest counts per sample: refused, held, dropped from the hold, skewed, and
         the agents' spool drops."""
         self.watch(
             "sgpu_samples_refused",
-            "Agent samples left out: job not on the posting node, no such GPU.",
+            "Agent samples refused at ingest: job not on the posting node, GPU not allocated"
+            " to the job, outside the job's run, no such GPU, stamped in the future.",
             lambda: dict(usage.refused),
             label="reason",
         )
         self.watch(
             "sgpu_ingest_samples_unverified",
-            "Agent samples of a job the daemon had not seen (yet), kept unchecked, by node.",
+            "Agent samples of a job the daemon had not seen (yet), held until Slurm lists"
+            " it, by node.",
             lambda: dict(usage.unverified),
             label="node",
         )
         self.watch(
+            "sgpu_samples_dropped",
+            "Held samples dropped: not fitting their job's node, GPUs or run once listed"
+            " (unverified_job), job not run within the hold's age limit (hold_expired),"
+            " the node's hold full (hold_full).",
+            lambda: dict(usage.hold.dropped),
+            label="reason",
+        )
+        self.watch(
+            "sgpu_samples_held",
+            "Samples held (jobs not seen yet) after the last observe cycle.",
+            lambda: float(usage.hold.held_now),
+            kind="gauge",
+        )
+        self.watch(
             "sgpu_samples_skewed",
-            f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (stored), by node.",
+            f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (behind:"
+            " stored; ahead: refused), by node.",
             lambda: dict(usage.skewed),
             label="node",
         )
