@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING, NoReturn
 import pytest
 
 from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages
-from tests import hypothesis_profiles  # noqa: F401 - registers and loads the profile
+from tests import (
+    hypothesis_profiles,  # noqa: F401 - registers and loads the profile
+    tier_guard,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -50,16 +53,29 @@ _TIER_OF_DIR = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A run that selected tests (-m, -k, paths) fails when all of them skipped, or when a
+    # tier it asked for lacks a prerequisite (tests/tier_guard.py; README "Test tiers").
+    tier_guard.pytest_configure(config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist = config.pluginmanager.hasplugin("xdist")
     for item in items:
         for directory, mark in _TIER_OF_DIR.items():
             if directory in item.path.parents:
                 item.add_marker(mark)
+        if xdist and item.get_closest_marker("docker"):
+            # one worker brings the containerised lab up, not one per worker
+            # (scripts/test.sh runs a selection holding docker tests with --dist loadgroup)
+            item.add_marker(pytest.mark.xdist_group("docker"))
 
 
 def _skip(reason: str) -> NoReturn:
+    """A missing prerequisite of the slurm and release tiers: ``-m slurm`` (or release)
+    then fails naming it (tests/tier_guard.py), other runs skip these tests."""
     print(f"\nslurm_cluster: skipping: {reason}", file=sys.stderr)
-    pytest.skip(reason)
+    tier_guard.skip_missing(("slurm", "release"), reason)
 
 
 @pytest.fixture(scope="session")
