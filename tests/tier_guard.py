@@ -137,8 +137,12 @@ class TierGuard:
             self.skipped[report.nodeid] = _reason(report)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if hasattr(self.config, "workerinput") or not self.selection:
-            return  # an xdist worker (the controller judges), or nothing was asked for
+        if (
+            hasattr(self.config, "workerinput")  # the controller judges
+            or not self.selection  # nothing was asked for
+            or self.config.option.collectonly  # nothing was to be run
+        ):
+            return
         skipped_only = set(self.skipped) - self.tested
         if self.missing:
             self.verdict = (

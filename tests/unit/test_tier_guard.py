@@ -151,6 +151,16 @@ def test_a_run_without_a_selection_is_not_judged(tree: pytest.Pytester) -> None:
     assert (ret, GUARD in out) == (0, False)
 
 
+def test_collecting_only_is_not_judged(tree: pytest.Pytester) -> None:
+    # scripts/test.sh collects everything first (byte-code caches); a module skipped at
+    # import (torch missing) must not fail that
+    tree.makepyfile(test_no_torch="import pytest\npytest.importorskip('no_such_module')\n")
+    ret, out = _run(tree, "--collect-only", "test_no_torch.py")
+    assert (ret, GUARD in out) == (5, False)  # pytest's own "no tests collected"
+    ret, out = _run(tree, "--collect-only", "test_no_torch.py", "test_unit.py")
+    assert (ret, GUARD in out) == (0, False)
+
+
 def test_a_failure_stays_a_failure(tree: pytest.Pytester) -> None:
     tree.makepyfile(test_fails="def test_x():\n    assert False\n")
     ret, _ = _run(tree, "test_fails.py", "test_only_skips.py")
