@@ -108,6 +108,7 @@ class TierGuard:
         self.tested: set[str] = set()  # ran: passed, failed, errored, xfailed
         self.skipped: dict[str, str] = {}  # nodeid -> reason
         self.missing: Counter[str] = Counter()  # prerequisite of an asked tier -> tests
+        self.short: set[str] = set()  # the asked tiers it is missing for
         self.verdict: str | None = None
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -129,8 +130,10 @@ class TierGuard:
             reason = _reason(report)
             self.skipped[report.nodeid] = reason
             needed = prerequisite(reason)
-            if needed is not None and set(needed[0]) & set(self.asked):
+            short = set(needed[0]) & set(self.asked) if needed is not None else set()
+            if needed is not None and short:
                 self.missing[needed[1]] += 1
+                self.short |= short
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.skipped:  # a whole module skipped (importorskip at import)
@@ -145,9 +148,11 @@ class TierGuard:
             return
         skipped_only = set(self.skipped) - self.tested
         if self.missing:
+            tiers = [t for t in self.asked if t in self.short]
             self.verdict = (
-                f"{self.selection} asked for the {', '.join(self.asked)} tier, but a "
-                f"prerequisite is missing: {_counted(self.missing)}"
+                f"{self.selection} asked for the {', '.join(tiers)} "
+                f"tier{'s' * (len(tiers) > 1)}, but a prerequisite is missing: "
+                f"{_counted(self.missing)}"
             )
         elif skipped_only and not self.tested:
             reasons = Counter(self.skipped[n] for n in skipped_only)

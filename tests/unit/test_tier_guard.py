@@ -124,6 +124,12 @@ def test_an_asked_for_tier_missing_a_prerequisite_fails_though_others_passed(
     assert "asked for the slurm tier, but a prerequisite is missing: the lab needs root" in out
 
 
+def test_the_verdict_names_the_tier_short_of_a_prerequisite(tree: pytest.Pytester) -> None:
+    ret, out = _run(tree, "-m", "docker or slurm", "test_docker.py", "test_slurm_legit.py")
+    assert ret == 1
+    assert "asked for the docker tier, but a prerequisite is missing: no container engine" in out
+
+
 def test_ordinary_skips_beside_passing_tests_do_not_fail_a_tier(tree: pytest.Pytester) -> None:
     ret, out = _run(tree, "-m", "slurm and not docker", "test_slurm_legit.py")
     assert (ret, GUARD in out) == (0, False)
