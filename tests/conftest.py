@@ -60,15 +60,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    xdist = config.pluginmanager.hasplugin("xdist")
     for item in items:
         for directory, mark in _TIER_OF_DIR.items():
             if directory in item.path.parents:
                 item.add_marker(mark)
-        if xdist and item.get_closest_marker("docker"):
-            # one worker brings the containerised lab up, not one per worker
-            # (scripts/test.sh runs a selection holding docker tests with --dist loadgroup)
-            item.add_marker(pytest.mark.xdist_group("docker"))
 
 
 def _skip(reason: str) -> NoReturn:

@@ -169,13 +169,15 @@ def test_asking_for_docker_tests_prepares_the_engine_and_enables_them(repo: Repo
     assert rc == 0
     assert repo.calls("docker_prepare.sh") == ["docker_prepare.sh --build"]  # once, not again
     run = [c for c in repo.calls("pytest") if "--collect-only" not in c]
-    assert len(run) == 1 and "--dist loadgroup" in run[0] and "docker=1" in run[0]
+    assert len(run) == 1 and "-p no:xdist" in run[0] and "docker=1" in run[0]
 
 
 def test_a_selection_without_docker_tests_leaves_the_engine_alone(repo: Repo) -> None:
     rc, _ = repo.run("-m", "not slurm and not docker", FAKE_TIERS="slow\n")
     assert rc == 0
     assert repo.calls("docker_prepare.sh") == [] and _release_runs(repo) == []
+    run = [c for c in repo.calls("pytest") if "--collect-only" not in c]
+    assert len(run) == 1 and "-n 2" in run[0]  # two workers as ever
 
 
 # ------------------------------------------------------------------- slurm_chroot.sh
