@@ -34,13 +34,39 @@ STAMP=$R/.slurmgpu-ready
 EXTRAS=(libffi8 libexpat1 libsqlite3-0)
 EXTRAS_STAMP=$R/.slurmgpu-extras-1
 
-do_mount() {
-  mountpoint -q "$R/proc"    || mount -t proc proc "$R/proc"
-  mountpoint -q "$R/sys"     || mount -t sysfs sys "$R/sys"
-  mountpoint -q "$R/dev"     || mount --bind /dev "$R/dev"
-  mountpoint -q "$R/dev/pts" || mount --bind /dev/pts "$R/dev/pts"
-  mountpoint -q "$R/run"     || mount -t tmpfs -o mode=755 tmpfs "$R/run"
+# What this run mounted (do_mount), so a stage that fails half-way undoes exactly that.
+mounted=()
+mount_one() {  # TARGET MOUNT-ARGS...
+  local target=$1; shift
+  mountpoint -q "$R/$target" && return 0
+  mount "$@" "$R/$target"
+  mounted=("$target" ${mounted[@]+"${mounted[@]}"})
 }
+do_mount() {
+  mount_one proc -t proc proc
+  mount_one sys -t sysfs sys
+  mount_one dev --bind /dev
+  mount_one dev/pts --bind /dev/pts
+  mount_one run -t tmpfs -o mode=755 tmpfs
+}
+undo_mounts() {  # unmount what this run mounted, newest first
+  local m
+  for m in ${mounted[@]+"${mounted[@]}"}; do
+    if mountpoint -q "$R/$m"; then umount "$R/$m" || umount -l "$R/$m" || true; fi
+  done
+  mounted=()
+}
+# A stage that fails (set -e), is interrupted (^C) or killed by a timeout's SIGTERM
+# leaves nothing mounted: `mount` undoes what it mounted unless it succeeded, `build`
+# unmounts everything as it would at its end.
+on_exit() {
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then undo_mounts; fi
+  exit "$rc"
+}
+trap on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 do_umount() {
   local m pid
   if [ -s "$R/run/munge/munged.pid" ]; then  # the lab's munged (started by the launcher)
@@ -62,17 +88,16 @@ build)
   if [ -f "$STAMP" ]; then        # cached, but from before the extras
     [ "$(id -u)" -eq 0 ] || { echo "slurm_chroot: needs root" >&2; exit 1; }
     log=$(mktemp)
+    trap 'do_umount; rm -f "$log"' EXIT
     do_mount
     if ! { chroot "$R" apt-get -o Acquire::Check-Valid-Until=false update -qq &&
            chroot "$R" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
              --no-install-recommends "${EXTRAS[@]}" &&
            chroot "$R" apt-get clean; } >"$log" 2>&1; then
-      do_umount
       echo "slurm_chroot: apt-get of ${EXTRAS[*]} in $R failed:" >&2; tail -n 20 "$log" >&2
-      rm -f "$log"; exit 1
+      exit 1
     fi
-    do_umount
-    rm -f "$log"; touch "$EXTRAS_STAMP"; echo "$R"; exit 0
+    touch "$EXTRAS_STAMP"; echo "$R"; exit 0
   fi
   [ "$(id -u)" -eq 0 ] || { echo "slurm_chroot: needs root" >&2; exit 1; }
   command -v debootstrap >/dev/null 2>&1 || {
@@ -96,8 +121,8 @@ build)
   fi
   printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
   [ -s "$R/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' > "$R/etc/hosts"
-  do_mount
   trap do_umount EXIT
+  do_mount
   pkgs=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server "${EXTRAS[@]}")
   tgt=(); [ "$suite" != "$base" ] && tgt=(-t "$suite")
   if ! { chroot "$R" apt-get -o Acquire::Check-Valid-Until=false update -qq &&

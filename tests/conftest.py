@@ -25,7 +25,10 @@ import pytest
 
 from slurmgpu import userinput_stats
 from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages
-from tests import hypothesis_profiles  # noqa: F401 - registers and loads the profile
+from tests import (
+    hypothesis_profiles,  # noqa: F401 - registers and loads the profile
+    tier_guard,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -58,6 +61,12 @@ def _user_input_refusals_logged_afresh() -> None:
     userinput_stats.forget_logged()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A run that selected tests (-m, -k, paths) fails when all of them skipped, or when a
+    # tier it asked for lacks a prerequisite (tests/tier_guard.py; README "Test tiers").
+    tier_guard.pytest_configure(config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for directory, mark in _TIER_OF_DIR.items():
@@ -66,8 +75,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _skip(reason: str) -> NoReturn:
+    """A missing prerequisite of the slurm and release tiers: ``-m slurm`` (or release)
+    then fails naming it (tests/tier_guard.py), other runs skip these tests."""
     print(f"\nslurm_cluster: skipping: {reason}", file=sys.stderr)
-    pytest.skip(reason)
+    tier_guard.skip_missing(("slurm", "release"), reason)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,9 @@ calling the Slurm commands in the controller container) and takes the cluster do
 Run by ``scripts/test.sh`` after ``scripts/docker_prepare.sh`` (root): it sets
 ``SGPU_DOCKER_TESTS=1``, and then an engine that does not answer is a failure, never a skip.
 Without that variable these tests skip (with this reason), so a plain ``pytest`` on a machine
-without an engine does not start one.
+without an engine does not start one; but a run that asks for them (``pytest -m docker``)
+then fails naming it (tests/tier_guard.py), and ``scripts/test.sh -m docker`` prepares the
+engine and sets the variable.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.tier_guard import skip_missing
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -55,9 +59,10 @@ def _run(argv: list[str], *, env: dict[str, str] | None = None, timeout: float =
 def _require_engine() -> None:
     """Skip (with the reason) unless enabled; once enabled, a missing engine fails."""
     if os.environ.get(ENABLE_ENV) != "1":
-        pytest.skip(
+        skip_missing(
+            "docker",
             f"docker tests run only with {ENABLE_ENV}=1 (scripts/test.sh sets it after "
-            "scripts/docker_prepare.sh has installed and started the engine)"
+            "scripts/docker_prepare.sh has installed and started the engine)",
         )
     if shutil.which("docker") is None:
         pytest.fail("no docker CLI: run scripts/docker_prepare.sh (as root) first", pytrace=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 from slurmgpu.cli.cluster import cluster
 from slurmgpu.lab.cluster import LabCluster
 from tests import polling
+from tests.lab_processes import job_processes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -143,6 +145,30 @@ def test_job_submit_lua_plugin_runs_and_accepts_jobs(
         "job_submit.lua log line",
     )
     wait_state(job, "COMPLETED")
+
+
+def test_a_jobs_processes_are_its_labs_not_a_decoys_with_the_same_job_id(
+    slurm_cluster: LabCluster, tmp_path: Path
+) -> None:
+    """Another lab on this machine has its own job of the same id: its processes carry
+    that SLURM_JOB_ID too, but their lab's SLURM_CONF (tests/lab_processes.py)."""
+    job = sbatch("-o", str(tmp_path / "sleep.out"), "--wrap", "sleep 300")
+    decoy = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"],
+        env={**os.environ, "SLURM_JOB_ID": str(job), "SLURM_CONF": str(tmp_path / "x.conf")},
+    )
+    try:
+        wait_state(job, "RUNNING")
+        procs = wait_for(lambda: job_processes(job, slurm_cluster.conf_path) or None, "procs")
+        assert decoy.pid not in {p.pid for p in procs}
+        assert "sleep" in {p.name() for p in procs}  # the batch script's own command
+        assert all(p.environ()["SLURM_CONF"] == str(slurm_cluster.conf_path) for p in procs)
+    finally:
+        subprocess.run(["scancel", str(job)], timeout=15, check=False)
+        decoy.kill()
+        decoy.wait(timeout=10)
+    wait_state(job, "CANCELLED")
+    wait_for(lambda: not job_processes(job, slurm_cluster.conf_path) or None, "no job process")
 
 
 def test_running_job_survives_slurmctld_stop_and_start(

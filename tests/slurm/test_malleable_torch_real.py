@@ -5,7 +5,8 @@
 cluster and grows back to 4 after it: every step once, each run resuming at the step the
 last one checkpointed, the loss following an uninterrupted run of the same seed (the
 global batch is kept, so only the all-reduce's summation order differs), the rigid job
-started, no process of an earlier run left in the process table, the three runs' output
+started, no process of an earlier run left in the process table (this lab's job: its
+``SLURM_CONF`` too, not only its id; tests/lab_processes.py), the three runs' output
 appended to one log. At the time limit (``--signal=B:USR2@grace``, which reaches only the
 batch shell, i.e. the launcher) the job checkpoints and the launcher requeues it; the
 next run resumes from that step.
@@ -18,6 +19,7 @@ checkout and this Python bound into them), after the host's 22.05 in the slurm t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -34,10 +36,10 @@ import pytest
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job
 from slurmgpu.slurm.cli import CliSlurmClient
+from tests.lab_processes import job_processes
 from tests.polling import wait_for
 from tests.slurm.test_malleable_real import Lab
-
-pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+from tests.tier_guard import skip_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_ddp_elastic.py"
@@ -46,6 +48,8 @@ TORCHRUN = f"{sys.executable} -m torch.distributed.run --standalone"
 
 @pytest.fixture
 def lab(slurm_cluster: LabCluster) -> Iterator[Lab]:
+    if importlib.util.find_spec("torch") is None:  # the jobs' torchrun needs it
+        skip_missing("release", "torch is not installed (pip install torch==2.13.0)")
     # Under the lab's root, which a Slurm chroot sees too; with a chroot (the release
     # stage: 24.11, 26.05), the checkout and this Python are bound into it, so the jobs'
     # sgpu launch, torchrun and workers run the same code as on the host's Slurm.
@@ -128,16 +132,9 @@ def _last_step_per_run(records: list[dict[str, Any]]) -> list[int]:
     return out
 
 
-def _job_processes(job_id: int) -> list[psutil.Process]:
-    """Processes of ``job_id`` (SLURM_JOB_ID in their environment), zombies left out."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("SLURM_JOB_ID") == str(job_id) and p.status() != "zombie":
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
+def _job_processes(lab: Lab, job_id: int) -> list[psutil.Process]:
+    """Processes of ``job_id`` of this session's lab (not another lab's job of that id)."""
+    return job_processes(job_id, lab.env["SLURM_CONF"])
 
 
 def _reference(lab: Lab, steps: int) -> dict[int, float]:
@@ -176,7 +173,7 @@ def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None
     job = _torch_job(lab, "ddp", "-t", "30")
     wait_for("the torch job at 4 GPUs", lambda: lab.running(job, 4))
     wait_for("10 steps at 4 ranks", lambda: len(_steps(lab, "ddp")) >= 10, timeout_s=120)
-    first_run = _job_processes(job)
+    first_run = _job_processes(lab, job)
     assert len(first_run) >= 6  # the launcher, torchrun and 4 workers (and a shell)
     fillers = [lab.sbatch("--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
     wait_for("the fillers running", lambda: all(lab.running(f) for f in fillers))
@@ -193,7 +190,7 @@ def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None
     wait_for(
         "the rigid job done", lambda: (j := lab.job(rigid)) and j.state.is_terminal, timeout_s=90
     )
-    second_run = _job_processes(job)
+    second_run = _job_processes(lab, job)
     lab.drive("--start", f"{job}:2:4")
     resized = wait_for("the torch job at 4 GPUs again", lambda: lab.running(job, 4))
     assert resized.restart_count == 2
@@ -217,7 +214,7 @@ def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None
 
     lab.slurm.cancel(job)
     wait_for("the torch job gone", lambda: (j := lab.job(job)) is None or j.state.is_terminal)
-    wait_for("no process of the job left", lambda: not _job_processes(job), timeout_s=30)
+    wait_for("no process of the job left", lambda: not _job_processes(lab, job), timeout_s=30)
 
     # The loss carries on as if nothing happened: an uninterrupted run of the same seed.
     losses = {int(s["step"]): float(s["loss"]) for s in _steps(lab, "ddp")}

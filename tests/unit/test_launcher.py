@@ -90,7 +90,7 @@ class Launched:
             self.proc.wait(timeout=30)
         for p in psutil.process_iter():
             try:
-                if str(self.log) in " ".join(p.environ().values()):
+                if p.environ().get("LAUNCH_TEST_LOG") == str(self.log):  # this test's only
                     p.kill()
             except psutil.Error:
                 continue
