@@ -219,14 +219,17 @@ def test_one_address_cannot_take_every_connection_slot(tmp_path: Path) -> None:
 # -- issue 36, finding 3: forged headers, log floods, slowloris from several addresses ----
 
 
+@pytest.mark.parametrize("form", ["before issue 36", "now"])
 def test_a_forged_token_header_claiming_a_large_body_is_refused_before_the_body(
-    served: Served,
+    served: Served, form: str
 ) -> None:
-    # A real node name, a current timestamp, a made-up signature over an 8 MiB body: the
-    # signature is checked from the header alone, so not one byte of the body is read.
+    # A real node name, a current timestamp, a made-up signature, an 8 MiB body announced
+    # and none sent: the header alone must be refused (the 401 comes without the body).
     now = int(time.time())
     forged = (
-        f"Sgpu-HMAC node=gpu1,ts={now},nonce={'0' * 32},len={MAX_BODY_BYTES},"
+        f"Sgpu-HMAC node=gpu1,ts={now},sig={'0' * 64}"
+        if form == "before issue 36"
+        else f"Sgpu-HMAC node=gpu1,ts={now},nonce={'0' * 32},len={MAX_BODY_BYTES},"
         f"sha256={'0' * 64},sig={'0' * 64}"
     )
     s = served.raw()
@@ -237,7 +240,7 @@ def test_a_forged_token_header_claiming_a_large_body_is_refused_before_the_body(
     reply = _reply(s)
     s.close()
     assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
-    assert b"bad signature for node gpu1" in reply
+    assert served.server.stats.timeouts == 0  # answered, not cut off waiting for the body
 
 
 def test_a_signed_header_must_name_the_content_length_it_comes_with(served: Served) -> None:
@@ -291,8 +294,16 @@ def test_slow_headers_from_five_addresses_do_not_keep_agents_from_a_slot(tmp_pat
                 c.sendall(b"POST /v1/samples HTTP/1.1\r\nHost: x\r\nX-Pad: a")
                 slow.append(c)
         _wait_for(
-            lambda: served.server.stats.pending + served.server.stats.active >= 10,
-            "ten slow connections taken in",
+            lambda: (
+                (
+                    getattr(served.server.stats, "pending", 0)  # (no such stage before issue 36)
+                    + served.server.stats.active
+                    + served.server.stats.overloaded
+                    + served.server.stats.peer_overloaded
+                )
+                >= 10
+            ),
+            "ten slow connections taken in or refused",
         )
         assert served.agent_post("during") == 200
         assert served.server.stats.overloaded == 0
