@@ -11,6 +11,8 @@ spooled batch deleted; when the daemon comes back every sequence number reaches 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,13 +23,13 @@ from pathlib import Path
 import pytest
 
 from slurmgpu.agent.loop import AgentLoop
-from slurmgpu.agent.sender import DaemonClient, HmacAuth, SendOutcome
+from slurmgpu.agent.sender import DaemonClient, HmacAuth, MungeAuth, SendOutcome
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.model import ClusterSnapshot, Node
-from slurmgpu.replyauth import REPLY_HEADER
+from slurmgpu.replyauth import REPLY_HEADER, ReplyAuthError, reply_message
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
-from slurmgpu.wire import encode, hmac_header, node_token
+from slurmgpu.wire import encode, hmac_header, munge_available, munge_header, node_token
 from tests.unit.test_agent_loop import NODE, SECRET, gres_conf, make_loop, sim_dir
 
 __all__ = ["gres_conf", "sim_dir"]  # fixtures, used by name
@@ -253,3 +255,41 @@ def test_a_genuine_reply_replayed_to_a_later_request_for_the_same_batch_does_not
     assert impostor.posted() == 1
     assert result.outcome is SendOutcome.RETRY and result.unauthenticated
     assert "signature does not fit this request" in result.error
+
+
+# -- MUNGE: the reply's credential must be the daemon uid's, for this request -----------
+
+
+def _munge_as(uid: int, payload: bytes) -> str:
+    """A credential made by ``uid`` (what an unprivileged user on a cluster host can make)."""
+    import subprocess
+
+    argv = (
+        ["munge"]
+        if uid == os.geteuid()
+        else ["setpriv", f"--reuid={uid}", "--clear-groups", "munge"]
+    )
+    out = subprocess.run(argv, input=payload, capture_output=True, check=True, timeout=20)
+    return "Munge " + out.stdout.decode().strip()
+
+
+@pytest.mark.skipif(
+    not munge_available() or os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs munged, root and setpriv (a credential of another uid)",
+)
+def test_a_munge_reply_counts_only_from_the_daemons_uid_and_only_once() -> None:
+    auth = MungeAuth(frozenset({0}))
+    request = munge_header(NODE, b"{}")
+    reply = b'{"accepted": 1, "duplicates": 0}'
+    message = reply_message(NODE, request, b"{}", 200, reply)
+    genuine = _munge_as(0, message)
+    auth.check_reply(NODE, request, b"{}", 200, reply, genuine)  # the daemon's: fine
+    with pytest.raises(ReplyAuthError, match="credential rejected"):  # replayed
+        auth.check_reply(NODE, request, b"{}", 200, reply, genuine)
+    with pytest.raises(ReplyAuthError, match="signed by uid 65534, not the daemon's"):
+        auth.check_reply(NODE, request, b"{}", 200, reply, _munge_as(65534, message))
+    other = munge_header(NODE, b"{}")  # the same batch, sent again: a new request
+    with pytest.raises(ReplyAuthError, match="does not fit this request"):
+        auth.check_reply(NODE, other, b"{}", 200, reply, _munge_as(0, message))
+    with pytest.raises(ReplyAuthError, match="without the daemon's"):
+        auth.check_reply(NODE, request, b"{}", 200, reply, None)
