@@ -29,7 +29,14 @@ from slurmgpu.model import ClusterSnapshot, Node
 from slurmgpu.replyauth import REPLY_HEADER, ReplyAuthError, reply_message
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
-from slurmgpu.wire import encode, hmac_header, munge_available, munge_header, node_token
+from slurmgpu.wire import (
+    SampleBatch,
+    encode,
+    hmac_header,
+    munge_available,
+    munge_header,
+    node_token,
+)
 from tests.unit.test_agent_loop import NODE, SECRET, gres_conf, make_loop, sim_dir
 
 __all__ = ["gres_conf", "sim_dir"]  # fixtures, used by name
@@ -293,3 +300,32 @@ def test_a_munge_reply_counts_only_from_the_daemons_uid_and_only_once() -> None:
         auth.check_reply(NODE, other, b"{}", 200, reply, _munge_as(0, message))
     with pytest.raises(ReplyAuthError, match="without the daemon's"):
         auth.check_reply(NODE, request, b"{}", 200, reply, None)
+
+
+@pytest.mark.skipif(not munge_available(), reason="munged is not running here")
+def test_the_daemon_signs_munge_replies_that_the_agent_takes_only_from_its_uid(
+    tmp_path: Path,
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    snap = ClusterSnapshot(
+        taken_at=datetime.now(UTC), jobs=(), nodes=(Node(NODE, "mixed", address="127.0.0.1"),)
+    )
+    directory = NodeDirectory(lambda: snap)
+    auth = Authenticator(
+        allow_munge=True,
+        agent_uids=frozenset({os.geteuid()}),
+        node_addresses=directory.addresses,
+    )
+    usage = UsageStore(store.engine)
+    daemon = Daemon(usage, IngestService(usage, auth, directory)).start()
+    try:
+        body = encode(SampleBatch(node=NODE))
+        mine = DaemonClient(daemon.url, NODE, MungeAuth(frozenset({os.geteuid()})))
+        assert mine.post_samples(body).outcome is SendOutcome.SENT
+        assert mine.fetch_jobs().node == NODE
+        elsewhere = DaemonClient(daemon.url, NODE, MungeAuth(frozenset({os.geteuid() + 4242})))
+        refused = elsewhere.post_samples(body)
+        assert refused.outcome is SendOutcome.RETRY and refused.unauthenticated
+        assert f"signed by uid {os.geteuid()}, not the daemon's" in refused.error
+    finally:
+        daemon.stop()
