@@ -699,6 +699,10 @@ class _BoundedServer(ThreadingHTTPServer):
     for as long as it takes to answer it."""
 
     daemon_threads = True
+    # socketserver's default backlog is 5: while attackers' connections arrive by the
+    # thousand a second, an agent's SYN finds the queue full, is dropped, and is sent
+    # again only after TCP's 1 s retransmission timeout (the agents' p99 was ~1 s).
+    request_queue_size = 1024
 
     def __init__(
         self,

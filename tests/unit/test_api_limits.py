@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import logging
+import select
 import socket
 import threading
 import time
@@ -376,3 +377,32 @@ def test_an_address_refused_too_often_is_answered_at_accept_and_agents_are_not(
         assert served.agent_post() == 200  # another address: served as before
     finally:
         serving.close()
+
+
+def test_the_accept_queue_holds_a_burst_of_connections(tmp_path: Path) -> None:
+    # With socketserver's backlog of 5, a burst of attackers' connections filled the
+    # accept queue and an agent's SYN was dropped, to be resent by TCP a second later.
+    # The server is not accepting here: every connection of the burst must still be
+    # queued by the kernel (its handshake completes), not dropped.
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    snap = snapshot()
+    directory = NodeDirectory(lambda: snap)
+    auth = Authenticator(site_secret=SECRET, node_addresses=directory.addresses)
+    server = ApiServer(IngestService(UsageStore(store.engine), auth, directory), "127.0.0.1", 0)
+    burst: list[socket.socket] = []
+    try:
+        for _ in range(64):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(server.address)
+            burst.append(c)
+        waiting, until = set(burst), time.monotonic() + 10
+        while waiting and time.monotonic() < until:
+            _, writable, _ = select.select([], list(waiting), [], 0.5)
+            waiting -= set(writable)
+        assert not waiting, f"{64 - len(waiting)} of 64 connections queued"
+        assert all(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for c in burst)
+    finally:
+        for c in burst:
+            c.close()
+        server.httpd.server_close()
