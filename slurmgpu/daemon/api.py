@@ -73,6 +73,7 @@ from slurmgpu.wire import (
 log = logging.getLogger("slurmgpu.api")
 
 
+
 class AuthBusyError(AuthError):
     """Too many MUNGE credentials are being decoded at once: retry later (503)."""
 
@@ -456,10 +457,6 @@ class ApiLimits:
     idle_timeout_s: float = 10.0  # one read or write waiting longer closes the connection
     request_timeout_s: float = 30.0  # a whole request: its wait, headers and body
     retry_after_s: int = 5  # what a 503 tells the client to wait
-    # An address refused this often within the refusal log's interval (a minute) has its
-    # connections answered 503 at accept, no thread started, until the interval ends (0:
-    # never). An agent whose credentials are refused backs off far below it.
-    penalty_after: int = 100
 
 
 @dataclass
@@ -471,7 +468,6 @@ class ApiStats:
     overloaded: int = 0  # connections answered 503 because every slot was taken
     peer_overloaded: int = 0  # answered 503 because their address held max_per_peer
     pending_overloaded: int = 0  # closed at once: too many connections sending headers
-    penalized: int = 0  # answered 503 at accept: their address was refused too often
     timeouts: int = 0  # connections closed because a read or a request took too long
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -731,20 +727,11 @@ class _BoundedServer(ThreadingHTTPServer):
         ).encode() + body
         super().__init__(address, handler)
 
-    def _busy(self, request: Any, peer: str, penalized: bool = False) -> None:
-        if penalized:
-            self.stats.add("penalized")
-            self.rejections.record(
-                "penalized",
-                peer,
-                f"{self.limits.penalty_after} or more refusals within a minute: "
-                "its connections are answered 503 at once",
-            )
-        else:
-            self.stats.add("pending_overloaded")
-            self.rejections.record(
-                "busy_peer", peer, "too many connections sending headers: connection closed"
-            )
+    def _busy(self, request: Any, peer: str) -> None:
+        self.stats.add("pending_overloaded")
+        self.rejections.record(
+            "busy_peer", peer, "too many connections sending headers: connection closed"
+        )
         try:
             request.settimeout(1.0)
             request.sendall(self._busy_reply)
@@ -812,9 +799,6 @@ class _BoundedServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         peer = str(client_address[0])
-        if self.limits.penalty_after and self.rejections.recent(peer) >= self.limits.penalty_after:
-            self._busy(request, peer, penalized=True)
-            return
         if not self._take_pending(request, peer):
             self._busy(request, peer)
             return
@@ -883,12 +867,6 @@ class _ApiCollector(Collector):
         pending.add_metric(["all"], limits.max_pending)
         pending.add_metric(["peer"], limits.max_pending_per_peer)
         yield pending
-        yield CounterMetricFamily(
-            "sgpu_api_penalized",
-            "API connections answered 503 at accept: their address was refused"
-            " penalty_after times within a minute.",
-            value=stats.penalized,
-        )
         yield CounterMetricFamily(
             "sgpu_api_pending_overloaded",
             "API connections closed at once: too many were sending headers.",

@@ -5,9 +5,6 @@ count of the ones not logged, not 1,500 lines.
 The first refusal of a (reason, peer) is logged at once; later ones in the same interval
 are counted only; the next one after the interval is logged with how many were left out
 since that pair's last line (those left out and never followed by another are in /metrics only).
-
-:meth:`recent` says how many refusals a peer had in its current interval, so the server
-can close a flooding address's connections at accept (``ApiLimits.penalty_after``).
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ class RejectionLog:
     counts: dict[str, int] = field(default_factory=dict)  # reason → refusals, for /metrics
     lines: int = 0  # lines logged
     _seen: dict[tuple[str, str], _Seen] = field(default_factory=dict)
-    _by_peer: dict[str, tuple[float, int]] = field(default_factory=dict)  # interval start, n
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, reason: str, peer: str, message: str) -> None:
@@ -46,10 +42,6 @@ class RejectionLog:
         now = self.clock()
         with self._lock:
             self.counts[reason] = self.counts.get(reason, 0) + 1
-            start, n = self._by_peer.pop(peer, (now, 0))
-            self._by_peer[peer] = (start, n + 1) if now - start < self.interval_s else (now, 1)
-            if len(self._by_peer) > MAX_TRACKED:
-                del self._by_peer[next(iter(self._by_peer))]
             key = (reason, peer)
             seen = self._seen.get(key)
             if seen is not None and now - seen.logged_at < self.interval_s:
@@ -67,12 +59,6 @@ class RejectionLog:
             else ""
         )
         self.logger.warning("rejected request from %s: %s%s", peer, message, tail)
-
-    def recent(self, peer: str) -> int:
-        """Refusals of ``peer`` in its current interval."""
-        with self._lock:
-            start, n = self._by_peer.get(peer, (0.0, 0))
-            return n if self.clock() - start < self.interval_s else 0
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
