@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from slurmgpu import wire
-from slurmgpu.daemon.api import ApiLimits, ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, Node
 from slurmgpu.store import open_store
@@ -326,12 +326,6 @@ def main() -> int:
     ap.add_argument("--forged-addresses", type=int, default=4)
     ap.add_argument("--bad-auth", type=int, default=8, help="bad-credential request threads")
     ap.add_argument("--idle", type=int, default=20, help="clients that connect and say nothing")
-    ap.add_argument(
-        "--penalty-after",
-        type=int,
-        default=None,
-        help="ApiLimits.penalty_after (default: the library's; 0: off)",
-    )
     add_arguments(ap, "3 s phases, 2 agents, 10 slow, 8 forged, 2 bad-auth, 4 idle clients")
     a = ap.parse_args()
     if a.smoke:
@@ -352,10 +346,7 @@ def main() -> int:
             site_secret=SECRET, allow_munge=False, node_addresses=directory.addresses
         )
         service = IngestService(UsageStore(store.engine), auth, directory)
-        limits = (
-            ApiLimits() if a.penalty_after is None else ApiLimits(penalty_after=a.penalty_after)
-        )
-        server = ApiServer(service, "127.0.0.1", 0, limits)
+        server = ApiServer(service, "127.0.0.1", 0)
         server.start()
         port = server.address[1]
         try:
