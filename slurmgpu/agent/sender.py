@@ -333,7 +333,7 @@ class DaemonClient:
                     result.error,
                 )
                 self._impostor_error = result.error
-        elif result.status is not None and self._impostor_error is not None:
+        elif result.outcome is not SendOutcome.RETRY and self._impostor_error is not None:
             log.info("daemon %s signs its replies again", self.base_url)
             self._impostor_error = None
         if result.outcome is SendOutcome.RETRY:
