@@ -178,7 +178,7 @@ def _bad_auth_client(port: int, until: float) -> None:
     """Small requests with bad credentials, each on a new connection, as fast as answered."""
     request = (
         b"GET /v1/nodes/node000/jobs HTTP/1.1\r\nHost: x\r\n"
-        b"Authorization: Sgpu-HMAC node=node000,ts=1,sig=00\r\n\r\n"
+        b"Authorization: Sgpu-HMAC node=node000,ts=1,sig=00\r\nConnection: close\r\n\r\n"
     )
     while time.monotonic() < until:
         try:
@@ -327,9 +327,18 @@ def main() -> int:
     ap.add_argument("--bad-auth", type=int, default=8, help="bad-credential request threads")
     ap.add_argument("--idle", type=int, default=20, help="clients that connect and say nothing")
     add_arguments(ap, "3 s phases, 2 agents, 10 slow, 8 forged, 2 bad-auth, 4 idle clients")
+    ap.add_argument(
+        "--only",
+        choices=["slow", "forged", "bad-auth", "idle"],
+        action="append",
+        help="run only these attackers (repeatable; default: all), to see each one's cost",
+    )
     a = ap.parse_args()
     if a.smoke:
         a.seconds, a.agents, a.slow, a.forged, a.bad_auth, a.idle = 3.0, 2, 10, 8, 2, 4
+    for kind in ("slow", "forged", "bad-auth", "idle") if a.only else ():
+        if kind not in a.only:
+            setattr(a, kind.replace("-", "_"), 0)
     attack = Attack(a.slow, a.slow_addresses, a.forged, a.forged_addresses, a.bad_auth, a.idle)
     run = BenchRun.from_args("api_load", a)
     api_log = logging.getLogger("slurmgpu.api")
