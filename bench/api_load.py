@@ -6,17 +6,29 @@ One API server (slurmgpu.daemon.api, default ApiLimits) on a loopback port of it
 - baseline: ``--agents`` authenticated agents, each POSTing a signed batch of
   ``--per-batch`` samples every ``--every`` seconds, one connection per request, as
   ``sgpu agent`` does (a 503 is retried after its Retry-After, at most 5 times);
-- under attack: the same agents while, in another process, ``--slow`` clients trickle
-  request headers a byte at a time (slowloris), ``--oversized`` unauthenticated clients
-  send 8 MiB POSTs again and again, and ``--idle`` clients open connections and send
-  nothing, all from 127.0.0.2 (another host; agents come from 127.0.0.1). Every attacker
-  stops when the phase ends.
+- under attack: the same agents while, in another process (agents come from 127.0.0.1;
+  every attacker from other loopback addresses, i.e. other hosts):
+
+  - ``--slow`` slowloris clients trickling request headers a byte every 0.5 s, spread over
+    ``--slow-addresses`` addresses (127.0.0.10…);
+  - ``--forged`` clients sending POST headers with a made-up ``Sgpu-HMAC`` signature of a
+    real node and a current timestamp that claim an 8 MiB body, then streaming it, over
+    ``--forged-addresses`` addresses (127.0.0.20…) (issue 36: before the signature
+    covered the body's length and digest, such a header passed the pre-body check);
+  - ``--bad-auth`` threads sending small requests with bad credentials as fast as they
+    are answered, from 127.0.0.30 (the log flood of issue 36);
+  - ``--idle`` clients that connect and say nothing, from 127.0.0.2.
+
+  Every attacker stops when the phase ends.
 
 Printed and recorded: agent batches stored / sent, agent request latency (median, p99),
-503s the agents met, the server's threads and resident memory at their peak, and what
-the server refused (401s, 503s, timeouts). Target: every agent batch is stored under
-attack, threads stay within the connection limit, memory grows less than one 8 MiB body
-per attacker would make it grow.
+503s the agents met, the server's threads and resident memory at their peak, what the
+server refused (by reason, and 503s and timeouts) and the log lines it wrote about it.
+Targets: every agent batch is stored under attack; threads stay within the connection
+limits (served + pending); memory grows less than the pre-authentication bound (every
+pending and served connection holding its read buffer, headers and thread stack: no
+unauthenticated body is ever read); at most one log line per refusal reason and peer per
+minute.
 
 Run: ``.venv/bin/python bench/api_load.py [--seconds 20]`` (``--smoke``: 3 s).
 """
@@ -35,6 +47,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from slurmgpu import wire
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, Node
@@ -45,6 +58,11 @@ from slurmgpu.wire import MAX_BODY_BYTES, GpuSampleIn, SampleBatch, encode, hmac
 SECRET = b"L" * 64
 NODES = 64
 ATTACKER = ("127.0.0.2", 0)  # another loopback address: the attackers are another host
+SLOW_BASE, FORGED_BASE, BAD_AUTH = 10, 20, "127.0.0.30"
+# Before issue 36 a token header did not name the body's length and digest: the bench
+# forges the form the library under test reads, so it can be run against either.
+_NEW_HEADER = hasattr(wire, "parse_hmac")
+PENDING_STACK_KIB = 64  # a thread's stack pages touched while it reads headers (measured ~40)
 
 
 def _batch(node: str, seq: int, per_batch: int) -> bytes:
@@ -111,12 +129,12 @@ def _agent(
         time.sleep(every)
 
 
-def _slow_client(port: int, until: float) -> None:
+def _slow_client(port: int, until: float, source: str) -> None:
     """Slowloris: request headers a byte at a time, a new connection when cut off."""
     line = b"POST /v1/samples HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100_000
     while time.monotonic() < until:
         try:
-            with socket.create_connection(("127.0.0.1", port), 5, ATTACKER) as s:
+            with socket.create_connection(("127.0.0.1", port), 5, (source, 0)) as s:
                 for b in line:
                     if time.monotonic() >= until:
                         return
@@ -126,19 +144,48 @@ def _slow_client(port: int, until: float) -> None:
             time.sleep(0.2)
 
 
-def _oversized_client(port: int, until: float) -> None:
-    """8 MiB unauthenticated POSTs, body streamed, again and again."""
+def _forged_header() -> str:
+    now = int(time.time())
+    if _NEW_HEADER:
+        return (
+            f"Sgpu-HMAC node=node000,ts={now},nonce={'0' * 32},len={MAX_BODY_BYTES},"
+            f"sha256={'0' * 64},sig={'0' * 64}"
+        )
+    return f"Sgpu-HMAC node=node000,ts={now},sig={'0' * 64}"
+
+
+def _forged_client(port: int, until: float, source: str) -> None:
+    """POSTs with a made-up signature of a real node claiming 8 MiB, body streamed."""
     chunk = b"x" * 65536
-    head = f"POST /v1/samples HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n"
     while time.monotonic() < until:
+        head = (
+            f"POST /v1/samples HTTP/1.1\r\nHost: x\r\nAuthorization: {_forged_header()}\r\n"
+            f"Content-Length: {MAX_BODY_BYTES}\r\n\r\n"
+        )
         try:
-            with socket.create_connection(("127.0.0.1", port), 5, ATTACKER) as s:
+            with socket.create_connection(("127.0.0.1", port), 5, (source, 0)) as s:
                 s.sendall(head.encode())
                 for _ in range(MAX_BODY_BYTES // len(chunk)):
                     if time.monotonic() >= until:
                         return
                     s.sendall(chunk)
                 s.recv(4096)
+        except OSError:
+            time.sleep(0.05)
+
+
+def _bad_auth_client(port: int, until: float) -> None:
+    """Small requests with bad credentials, each on a new connection, as fast as answered."""
+    request = (
+        b"GET /v1/nodes/node000/jobs HTTP/1.1\r\nHost: x\r\n"
+        b"Authorization: Sgpu-HMAC node=node000,ts=1,sig=00\r\nConnection: close\r\n\r\n"
+    )
+    while time.monotonic() < until:
+        try:
+            with socket.create_connection(("127.0.0.1", port), 5, (BAD_AUTH, 0)) as s:
+                s.sendall(request)
+                while s.recv(65536):
+                    pass
         except OSError:
             time.sleep(0.05)
 
@@ -154,14 +201,40 @@ def _idle_client(port: int, until: float) -> None:
             time.sleep(0.05)
 
 
-def _attackers(port: int, seconds: float, slow: int, oversized: int, idle: int) -> None:
+@dataclass(frozen=True)
+class Attack:
+    slow: int
+    slow_addresses: int
+    forged: int
+    forged_addresses: int
+    bad_auth: int
+    idle: int
+
+
+def _attackers(port: int, seconds: float, attack: Attack) -> None:
     """Child process: every attacker as a thread; all end when the phase does."""
     until = time.monotonic() + seconds
-    threads = [threading.Thread(target=_slow_client, args=(port, until)) for _ in range(slow)]
-    threads += [
-        threading.Thread(target=_oversized_client, args=(port, until)) for _ in range(oversized)
+    threads = [
+        threading.Thread(
+            target=_slow_client,
+            args=(port, until, f"127.0.0.{SLOW_BASE + i % attack.slow_addresses}"),
+        )
+        for i in range(attack.slow)
     ]
-    threads += [threading.Thread(target=_idle_client, args=(port, until)) for _ in range(idle)]
+    threads += [
+        threading.Thread(
+            target=_forged_client,
+            args=(port, until, f"127.0.0.{FORGED_BASE + i % attack.forged_addresses}"),
+        )
+        for i in range(attack.forged)
+    ]
+    threads += [
+        threading.Thread(target=_bad_auth_client, args=(port, until))
+        for _ in range(attack.bad_auth)
+    ]
+    threads += [
+        threading.Thread(target=_idle_client, args=(port, until)) for _ in range(attack.idle)
+    ]
     for t in threads:
         t.daemon = True
         t.start()
@@ -176,15 +249,15 @@ def _rss_mib() -> float:
     return 0.0
 
 
-def phase(port: int, a: argparse.Namespace, attack: bool) -> tuple[AgentFigures, int, float, float]:
+def phase(
+    port: int, a: argparse.Namespace, attack: Attack | None
+) -> tuple[AgentFigures, int, float, float]:
     """Run agents (and attackers) for ``a.seconds``; return agents' figures, peak threads,
     peak RSS and RSS before."""
     attackers = None
-    if attack:
+    if attack is not None:
         ctx = multiprocessing.get_context("spawn")
-        attackers = ctx.Process(
-            target=_attackers, args=(port, a.seconds, a.slow, a.oversized, a.idle), daemon=True
-        )
+        attackers = ctx.Process(target=_attackers, args=(port, a.seconds, attack), daemon=True)
         attackers.start()
         time.sleep(1.0)  # let them take their connections first
     rss0 = _rss_mib()
@@ -217,6 +290,30 @@ def phase(port: int, a: argparse.Namespace, attack: bool) -> tuple[AgentFigures,
     return total, peak_threads, peak_rss, rss0
 
 
+class _LineCounter(logging.Handler):
+    """Counts the lines the API logs at WARNING or above (written nowhere)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines = 0
+        self.sample: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines += 1
+        if len(self.sample) < 3:
+            self.sample.append(record.getMessage()[:160])
+
+
+def _pre_auth_bound_mib(limits: object) -> float:
+    """What every connection the server takes in may hold before it is authenticated:
+    its 64 KiB read buffer, its headers (at most max_header_bytes) and its thread's stack,
+    for every pending and served connection; no unauthenticated body is read."""
+    pending = int(getattr(limits, "max_pending", 0))
+    served = int(getattr(limits, "max_connections", 32))
+    header = int(getattr(limits, "max_header_bytes", 65536 * 100)) / 1024
+    return (pending + served) * (64 + header + PENDING_STACK_KIB) / 1024
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
@@ -224,14 +321,31 @@ def main() -> int:
     ap.add_argument("--every", type=float, default=0.25, help="seconds between an agent's batches")
     ap.add_argument("--per-batch", type=int, default=200)
     ap.add_argument("--slow", type=int, default=40, help="slowloris clients")
-    ap.add_argument("--oversized", type=int, default=6, help="8 MiB unauthenticated clients")
+    ap.add_argument("--slow-addresses", type=int, default=5)
+    ap.add_argument("--forged", type=int, default=32, help="forged-signature 8 MiB clients")
+    ap.add_argument("--forged-addresses", type=int, default=4)
+    ap.add_argument("--bad-auth", type=int, default=8, help="bad-credential request threads")
     ap.add_argument("--idle", type=int, default=20, help="clients that connect and say nothing")
-    add_arguments(ap, "3 s phases, 2 agents, 10 slow, 2 oversized, 4 idle clients")
+    add_arguments(ap, "3 s phases, 2 agents, 10 slow, 8 forged, 2 bad-auth, 4 idle clients")
+    ap.add_argument(
+        "--only",
+        choices=["slow", "forged", "bad-auth", "idle"],
+        action="append",
+        help="run only these attackers (repeatable; default: all), to see each one's cost",
+    )
     a = ap.parse_args()
     if a.smoke:
-        a.seconds, a.agents, a.slow, a.oversized, a.idle = 3.0, 2, 10, 2, 4
+        a.seconds, a.agents, a.slow, a.forged, a.bad_auth, a.idle = 3.0, 2, 10, 8, 2, 4
+    for kind in ("slow", "forged", "bad-auth", "idle") if a.only else ():
+        if kind not in a.only:
+            setattr(a, kind.replace("-", "_"), 0)
+    attack = Attack(a.slow, a.slow_addresses, a.forged, a.forged_addresses, a.bad_auth, a.idle)
     run = BenchRun.from_args("api_load", a)
-    logging.getLogger("slurmgpu.api").setLevel(logging.ERROR)  # a line per refused attacker
+    api_log = logging.getLogger("slurmgpu.api")
+    api_log.setLevel(logging.WARNING)
+    api_log.propagate = False
+    counter = _LineCounter()
+    api_log.addHandler(counter)
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/s.db")
         nodes = tuple(Node(f"node{i:03d}", "mixed", address="127.0.0.1") for i in range(NODES))
@@ -245,49 +359,68 @@ def main() -> int:
         server.start()
         port = server.address[1]
         try:
-            base, base_threads, base_rss, rss0 = phase(port, a, attack=False)
-            hit, hit_threads, hit_rss, _ = phase(port, a, attack=True)
+            base, base_threads, base_rss, rss0 = phase(port, a, None)
+            base_lines = counter.lines
+            hit, hit_threads, hit_rss, _ = phase(port, a, attack)
+            hit_lines = counter.lines - base_lines
             stats = server.stats
             stored_rows = service.usage.count_samples()
         finally:
             server.stop()
+    rejections = getattr(service, "rejections", None)
+    by_reason = rejections.snapshot() if rejections is not None else {"all": service.rejected}
 
     def lat(f: AgentFigures, q: float) -> float:
         xs = sorted(f.latencies)
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
 
-    limit = server.limits.max_connections
+    limits = server.limits
+    limit = limits.max_connections
+    pending_limit = int(getattr(limits, "max_pending", 0))
     print(
         f"{a.seconds:g} s per phase, {a.agents} agents every {a.every:g} s "
-        f"({a.per_batch} samples a batch); attack: {a.slow} slow, {a.oversized} x 8 MiB "
-        f"unauthenticated, {a.idle} idle clients; connection limit {limit}"
+        f"({a.per_batch} samples a batch); attack: {a.slow} slow from {a.slow_addresses} "
+        f"addresses, {a.forged} forged 8 MiB from {a.forged_addresses}, {a.bad_auth} bad-auth "
+        f"threads, {a.idle} idle; limits: {limit} served, {pending_limit} pending"
+        f"{'' if _NEW_HEADER else ' (library before issue 36: old header form)'}"
     )
     print(
         f"{'':28}{'stored/sent':>12}{'median ms':>11}{'p99 ms':>9}{'503s':>6}"
-        f"{'threads':>9}{'RSS MiB':>9}"
+        f"{'threads':>9}{'RSS MiB':>9}{'log lines':>10}"
     )
-    for label, f, th, rss in (
-        ("baseline (agents alone)", base, base_threads, base_rss),
-        ("under attack", hit, hit_threads, hit_rss),
+    for label, f, th, rss, lines in (
+        ("baseline (agents alone)", base, base_threads, base_rss, base_lines),
+        ("under attack", hit, hit_threads, hit_rss, hit_lines),
     ):
         print(
             f"{label:28}{f'{f.stored}/{f.sent}':>12}{lat(f, 0.5):>11.1f}{lat(f, 0.99):>9.1f}"
-            f"{f.retries_503:>6}{th:>9}{rss:>9.0f}"
+            f"{f.retries_503:>6}{th:>9}{rss:>9.0f}{lines:>10}"
         )
     print(
         f"server: {stats.overloaded} connections answered 503 (slots full), "
         f"{stats.peer_overloaded} (their address's slots full), "
-        f"{stats.timeouts} cut off by a timeout, {service.rejected} requests refused "
-        f"(401/403/413); {stored_rows:,} samples stored"
+        f"{getattr(stats, 'pending_overloaded', 0)} closed (too many sending headers), "
+        f"{stats.timeouts} cut off by a timeout; refused by reason: "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(by_reason.items()))
+        + f"; {stored_rows:,} samples stored"
     )
+    for line in counter.sample:
+        print(f"  log: {line}")
     all_stored = hit.stored == hit.sent and base.stored == base.sent
-    threads_ok = hit_threads <= limit + 4
+    thread_limit = limit + pending_limit + 4
+    threads_ok = hit_threads <= thread_limit
     growth = hit_rss - rss0
-    rss_ok = growth < 8 * a.oversized
+    bound = _pre_auth_bound_mib(limits)
+    rss_ok = growth < bound
+    peers = a.slow_addresses + a.forged_addresses + 2  # + the bad-auth and idle addresses
+    line_limit = peers * max(1, len(by_reason)) * (1 + int(a.seconds // 60))
+    lines_ok = hit_lines <= line_limit
     print(
         f"every agent batch stored: {'OK' if all_stored else 'MISSED'}; server threads "
-        f"{hit_threads} <= {limit} + 4: {'OK' if threads_ok else 'MISSED'}; RSS grew "
-        f"{growth:.0f} MiB < {8 * a.oversized} MiB: {'OK' if rss_ok else 'MISSED'}"
+        f"{hit_threads} <= {thread_limit}: {'OK' if threads_ok else 'MISSED'}; RSS grew "
+        f"{growth:.0f} MiB < pre-auth bound {bound:.0f} MiB: {'OK' if rss_ok else 'MISSED'}; "
+        f"log lines {hit_lines} <= {line_limit} (reasons x peers x minutes): "
+        f"{'OK' if lines_ok else 'MISSED'}"
     )
     run.baseline = {
         "stored": base.stored,
@@ -296,6 +429,7 @@ def main() -> int:
         "p99_ms": lat(base, 0.99),
         "threads": base_threads,
         "rss_mib": base_rss,
+        "log_lines": base_lines,
     }
     run.figures = {
         "stored": hit.stored,
@@ -305,14 +439,19 @@ def main() -> int:
         "agent_503s": hit.retries_503,
         "threads": hit_threads,
         "rss_mib": hit_rss,
+        "rss_growth_mib": growth,
+        "log_lines": hit_lines,
         "server_overloaded": stats.overloaded,
         "server_peer_overloaded": stats.peer_overloaded,
+        "server_pending_overloaded": getattr(stats, "pending_overloaded", 0),
         "server_timeouts": stats.timeouts,
         "server_refused": service.rejected,
+        "refused_by_reason": by_reason,
     }
     run.target("agent_batches_stored", hit.stored / max(hit.sent, 1), "== 1", all_stored)
-    run.target("server_threads", hit_threads, f"<= {limit + 4}", threads_ok)
-    run.target("rss_growth_mib", growth, f"< {8 * a.oversized}", rss_ok)
+    run.target("server_threads", hit_threads, f"<= {thread_limit}", threads_ok)
+    run.target("rss_growth_mib", growth, f"< {bound:.0f}", rss_ok)
+    run.target("log_lines", hit_lines, f"<= {line_limit}", lines_ok)
     run.write(a.json_out)
     return 0
 

@@ -6,10 +6,14 @@ types checked, sizes bounded). Every request carries one ``Authorization`` heade
 - ``Munge <credential>``: a MUNGE credential (the Slurm-native way) whose payload is
   ``"<node>\\n<sha256 of the body>"``. The daemon decodes it with ``unmunge``: munged
   checks it was made on a host sharing the key, refuses replays and gives the uid.
-- ``Sgpu-HMAC node=<node>,ts=<epoch>,sig=<hex>``: when munged is not running. Each
-  node holds only its own token, ``HMAC(site_secret, "node:" + node)``, in a 0600 file, and
-  signs ``ts\\nnode\\nsha256(body)`` with it; the daemon, which holds the site secret,
-  recomputes the token, so a node can only speak for itself.
+- ``Sgpu-HMAC node=<node>,ts=<epoch>,nonce=<hex>,len=<bytes>,sha256=<hex>,sig=<hex>``: when
+  munged is not running. Each node holds only its own token, ``HMAC(site_secret, "node:" +
+  node)``, in a 0600 file, and signs ``ts, node, nonce, body length, sha256(body)`` with it;
+  the daemon, which holds the site secret, recomputes the token, so a node can only speak
+  for itself. The header names the body's length and digest, so the daemon verifies the
+  signature, and the length against its limits, before it reads a byte of the body; then
+  it reads exactly that many bytes and checks the digest. The nonce makes every request's
+  header unique, so the daemon's signed reply (``slurmgpu.replyauth``) is bound to it.
 """
 
 from __future__ import annotations
@@ -193,11 +197,46 @@ def node_token(site_secret: bytes, node: str) -> bytes:
     return hmac.new(site_secret, b"node:" + node.encode(), hashlib.sha256).digest()
 
 
-def hmac_header(token: bytes, node: str, body: bytes, *, now: float | None = None) -> str:
-    ts = int(time.time() if now is None else now)
-    msg = f"{ts}\n{node}\n{body_digest(body)}".encode()
-    sig = hmac.new(token, msg, hashlib.sha256).hexdigest()
-    return f"Sgpu-HMAC node={node},ts={ts},sig={sig}"
+@dataclass(frozen=True, slots=True)
+class HmacClaim:
+    """What an ``Sgpu-HMAC`` header says, before its signature is checked."""
+
+    node: str
+    ts: int
+    nonce: str
+    length: int
+    digest: str
+    sig: str
+
+    def message(self) -> bytes:
+        return (
+            f"sgpu-request\n{self.ts}\n{self.node}\n{self.nonce}\n{self.length}\n{self.digest}"
+        ).encode()
+
+
+_HMAC_HEADER = re.compile(
+    r"Sgpu-HMAC node=([^,\s]{1,128}),ts=(\d{1,12}),nonce=([0-9a-f]{32}),len=(\d{1,12}),"
+    r"sha256=([0-9a-f]{64}),sig=([0-9a-f]{64})"
+)
+
+
+def hmac_header(
+    token: bytes, node: str, body: bytes, *, now: float | None = None, nonce: str | None = None
+) -> str:
+    """The ``Authorization`` header of one request: a fresh nonce each call."""
+    claim = HmacClaim(
+        node=node,
+        ts=int(time.time() if now is None else now),
+        nonce=secrets.token_hex(16) if nonce is None else nonce,
+        length=len(body),
+        digest=body_digest(body),
+        sig="",
+    )
+    sig = hmac.new(token, claim.message(), hashlib.sha256).hexdigest()
+    return (
+        f"Sgpu-HMAC node={node},ts={claim.ts},nonce={claim.nonce},len={claim.length},"
+        f"sha256={claim.digest},sig={sig}"
+    )
 
 
 class AuthError(Exception):
@@ -214,25 +253,54 @@ class Caller:
     host_addr: str | None = None
 
 
+def parse_hmac(header: str) -> HmacClaim:
+    m = _HMAC_HEADER.fullmatch(header.strip())
+    if not m:
+        raise AuthError("malformed Sgpu-HMAC authorization header")
+    return HmacClaim(
+        node=m.group(1),
+        ts=int(m.group(2)),
+        nonce=m.group(3),
+        length=int(m.group(4)),
+        digest=m.group(5),
+        sig=m.group(6),
+    )
+
+
+def verify_hmac_header(
+    header: str, site_secret: bytes, *, now: float | None = None
+) -> tuple[Caller, HmacClaim]:
+    """Check an ``Sgpu-HMAC`` header alone (before the body is read): its form, freshness and
+    signature; the body it names is checked against it by :func:`check_body`."""
+    claim = parse_hmac(header)
+    current = time.time() if now is None else now
+    if abs(current - claim.ts) > HMAC_MAX_SKEW_S:
+        raise AuthError(
+            f"signature timestamp is {current - claim.ts:+.0f}s off (clock skew or replay)"
+        )
+    token = node_token(site_secret, claim.node)
+    expected = hmac.new(token, claim.message(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, claim.sig):
+        raise AuthError(f"bad signature for node {claim.node}")
+    return Caller(node=claim.node, method="hmac"), claim
+
+
+def check_body(claim: HmacClaim, body: bytes) -> None:
+    """Raise AuthError unless ``body`` is the one the signed header names."""
+    if len(body) != claim.length or not hmac.compare_digest(body_digest(body), claim.digest):
+        raise AuthError("body does not match the signed length and digest")
+
+
 def verify_hmac(
     header: str, body: bytes, site_secret: bytes, *, now: float | None = None
 ) -> Caller:
-    m = re.fullmatch(r"Sgpu-HMAC node=([^,\s]+),ts=(\d{1,12}),sig=([0-9a-f]{64})", header.strip())
-    if not m:
-        raise AuthError("malformed Sgpu-HMAC authorization header")
-    node, ts, sig = m.group(1), int(m.group(2)), m.group(3)
-    current = time.time() if now is None else now
-    if abs(current - ts) > HMAC_MAX_SKEW_S:
-        raise AuthError(f"signature timestamp is {current - ts:+.0f}s off (clock skew or replay)")
-    expected = hmac_header(node_token(site_secret, node), node, body, now=ts).rsplit("sig=", 1)[1]
-    if not hmac.compare_digest(expected, sig):
-        raise AuthError(f"bad signature for node {node}")
-    return Caller(node=node, method="hmac")
+    caller, claim = verify_hmac_header(header, site_secret, now=now)
+    check_body(claim, body)
+    return caller
 
 
-def munge_header(node: str, body: bytes, *, timeout_s: float = 10.0) -> str:
-    """Return a ``Munge`` authorization header (runs the ``munge`` client)."""
-    payload = f"{node}\n{body_digest(body)}".encode()
+def munge_encode(payload: bytes, *, timeout_s: float = 10.0) -> str:
+    """Return a MUNGE credential carrying ``payload`` (runs the ``munge`` client)."""
     try:
         proc = subprocess.run(
             ["munge"], input=payload, capture_output=True, timeout=timeout_s, check=False
@@ -241,7 +309,13 @@ def munge_header(node: str, body: bytes, *, timeout_s: float = 10.0) -> str:
         raise AuthError(f"munge failed: {exc}") from None
     if proc.returncode != 0:
         raise AuthError(f"munge failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
-    return "Munge " + proc.stdout.decode().strip()
+    return proc.stdout.decode().strip()
+
+
+def munge_header(node: str, body: bytes, *, timeout_s: float = 10.0) -> str:
+    """Return a ``Munge`` authorization header (runs the ``munge`` client)."""
+    payload = f"{node}\n{body_digest(body)}".encode()
+    return "Munge " + munge_encode(payload, timeout_s=timeout_s)
 
 
 def verify_munge(header: str, body: bytes, *, timeout_s: float = 10.0) -> Caller:
@@ -252,11 +326,18 @@ def verify_munge(header: str, body: bytes, *, timeout_s: float = 10.0) -> Caller
     return caller
 
 
-def decode_munge(header: str, *, timeout_s: float = 10.0) -> tuple[Caller, str]:
-    """Decode a ``Munge`` header with ``unmunge`` (before the body is read): the caller it
-    proves, and the body digest its payload binds (checked by the caller against the body).
-    munged refuses a credential decoded twice (replay), so decode each request once."""
-    cred = header.strip().removeprefix("Munge").strip()
+@dataclass(frozen=True, slots=True)
+class MungeCredential:
+    """A credential as ``unmunge`` decoded it: who made it, where, and its payload."""
+
+    uid: int | None
+    host_addr: str | None
+    payload: str
+
+
+def unmunge(credential: str, *, timeout_s: float = 10.0) -> MungeCredential:
+    """Decode one credential with ``unmunge`` (munged refuses one decoded twice: a replay)."""
+    cred = credential.strip()
     if not re.fullmatch(r"MUNGE:[A-Za-z0-9+/=:_-]{16,4096}", cred):
         raise AuthError("malformed MUNGE credential")
     try:
@@ -273,15 +354,22 @@ def decode_munge(header: str, *, timeout_s: float = 10.0) -> tuple[Caller, str]:
     fields = dict(
         (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in head.splitlines())
     )
-    node, _, digest = payload.rstrip("\n").partition("\n")
     uid_m = re.search(r"\((\d+)\)", fields.get("UID", ""))
     addr_m = re.search(r"\(([^)]+)\)", fields.get("ENCODE_HOST", ""))
-    caller = Caller(
-        node=node,
-        method="munge",
+    return MungeCredential(
         uid=int(uid_m.group(1)) if uid_m else None,
         host_addr=addr_m.group(1) if addr_m else None,
+        payload=payload.rstrip("\n"),
     )
+
+
+def decode_munge(header: str, *, timeout_s: float = 10.0) -> tuple[Caller, str]:
+    """Decode a ``Munge`` header with ``unmunge`` (before the body is read): the caller it
+    proves, and the body digest its payload binds (checked by the caller against the body).
+    munged refuses a credential decoded twice (replay), so decode each request once."""
+    cred = unmunge(header.strip().removeprefix("Munge").strip(), timeout_s=timeout_s)
+    node, _, digest = cred.payload.partition("\n")
+    caller = Caller(node=node, method="munge", uid=cred.uid, host_addr=cred.host_addr)
     return caller, digest
 
 

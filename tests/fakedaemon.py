@@ -8,7 +8,8 @@ It implements the two endpoints the agent calls with the daemon's contract:
   ``{"error": ...}``;
 
 authenticating every request with ``wire.verify_hmac`` (or ``wire.verify_munge`` for a
-``Munge`` header). ``script`` queues canned answers (e.g. a 503) for the next POSTs.
+``Munge`` header) and signing every reply to an authenticated request as the daemon does
+(``replyauth``). ``script`` queues canned answers (e.g. a 503) for the next POSTs.
 ``stop()`` closes the socket (connection refused) and ``start()`` listens again on the same
 port, which is how tests take "the daemon" down and bring it back.
 """
@@ -22,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from slurmgpu.replyauth import REPLY_HEADER, hmac_reply, munge_reply
 from slurmgpu.wire import (
     MAX_BODY_BYTES,
     AuthError,
@@ -32,6 +34,7 @@ from slurmgpu.wire import (
     WireError,
     decode_batch,
     encode,
+    node_token,
     verify_hmac,
     verify_munge,
 )
@@ -103,17 +106,26 @@ class FakeDaemon:
             return verify_hmac(header, body, self.site_secret)
         raise AuthError("missing or unknown Authorization scheme")
 
-    def handle(self, method: str, path: str, header: str, body: bytes) -> tuple[int, bytes]:
+    def handle(
+        self, method: str, path: str, header: str, body: bytes
+    ) -> tuple[int, bytes, str | None]:
+        """The reply's status, body and ``Sgpu-Reply`` header (None for a 401)."""
         caller: Caller | None = None
+        signature: str | None = None
         try:
             caller = self._authenticate(header, body)
         except AuthError as exc:
             status, payload = 401, _error(str(exc))
         else:
             status, payload = self._route(method, path, caller, body)
+            if caller.method == "hmac":
+                token = node_token(self.site_secret, caller.node)
+                signature = hmac_reply(token, caller.node, header, body, status, payload)
+            else:
+                signature = munge_reply(caller.node, header, body, status, payload)
         with self._lock:
             self.requests.append(RecordedRequest(method, path, status, header, body, caller))
-        return status, payload
+        return status, payload, signature
 
     def _route(self, method: str, path: str, caller: Caller, body: bytes) -> tuple[int, bytes]:
         if method == "GET":
@@ -154,20 +166,21 @@ def _error(message: str) -> bytes:
 
 def _handler_for(daemon: FakeDaemon) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, payload: bytes) -> None:
+        def _answer(self, status: int, payload: bytes, signature: str | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
+            if signature is not None:
+                self.send_header(REPLY_HEADER, signature)
             if status == 503 and daemon.retry_after is not None:
                 self.send_header("Retry-After", daemon.retry_after)
             self.end_headers()
             self.wfile.write(payload)
 
         def do_GET(self) -> None:
-            status, payload = daemon.handle(
-                "GET", self.path, self.headers.get("Authorization", ""), b""
+            self._answer(
+                *daemon.handle("GET", self.path, self.headers.get("Authorization", ""), b"")
             )
-            self._answer(status, payload)
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
@@ -175,10 +188,9 @@ def _handler_for(daemon: FakeDaemon) -> type[BaseHTTPRequestHandler]:
                 self._answer(413, _error(f"body of {length} bytes exceeds {MAX_BODY_BYTES}"))
                 return
             body = self.rfile.read(length)
-            status, payload = daemon.handle(
-                "POST", self.path, self.headers.get("Authorization", ""), body
+            self._answer(
+                *daemon.handle("POST", self.path, self.headers.get("Authorization", ""), body)
             )
-            self._answer(status, payload)
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # tests assert on recorded requests, not on stderr

@@ -15,6 +15,17 @@ the token file re-read, MUNGE availability re-checked) and the batch kept); ``RE
 (400/413 and other 4xx: sending the same bytes again cannot succeed, so the batch is
 dropped and counted, never retried forever).
 
+Every reply that would make the agent let go of a batch (200, or a 4xx that drops it) must
+prove it comes from the daemon and answers this very request (``slurmgpu.replyauth``: the
+daemon's ``Sgpu-Reply`` signature over the request's header and body and the reply's
+status and body, with this node's token or a MUNGE credential of a daemon uid). A reply
+that does not is ``RETRY`` with ``unauthenticated`` set: whoever answered on the daemon's
+port is not the daemon (it was stopped, and someone else bound the port), so nothing is
+deleted and the client backs off as from an unreachable daemon. The job list is checked
+the same way, and the agent asks for it before it sends any samples in a cycle: a peer
+that cannot sign that reply gets no samples at all (the request is the challenge, its
+unique header the nonce).
+
 After a failed attempt the client backs off: it sends nothing (``RETRY`` at once, the
 batch kept) for ``Backoff.delay`` (exponential from ``base_s`` to ``cap_s``, each drawn
 between half and all of it, so a cluster's agents do not come back in step after an
@@ -44,6 +55,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from slurmgpu.replyauth import REPLY_HEADER, ReplyAuthError, check_hmac_reply, check_munge_reply
 from slurmgpu.wire import (
     AuthError,
     IngestResult,
@@ -69,17 +81,37 @@ class AgentAuthError(Exception):
 
 
 class Authenticator(Protocol):
-    """Makes the ``Authorization`` header of one request."""
+    """Makes the ``Authorization`` header of one request, and checks the daemon's reply."""
 
     method: str
 
     def header(self, node: str, body: bytes) -> str: ...
 
+    def check_reply(
+        self,
+        node: str,
+        authorization: str,
+        body: bytes,
+        status: int,
+        reply: bytes,
+        reply_auth: str | None,
+    ) -> None:
+        """Raise ReplyAuthError unless ``reply_auth`` proves the daemon sent this reply to
+        this request."""
+        ...
+
+
+DEFAULT_DAEMON_UIDS = frozenset({0})
+
 
 class MungeAuth:
-    """``Munge <credential>`` from the local munged (the Slurm-native way)."""
+    """``Munge <credential>`` from the local munged (the Slurm-native way); replies must
+    carry a credential of one of ``daemon_uids`` (root, or the SlurmUser the daemon runs as)."""
 
     method = "munge"
+
+    def __init__(self, daemon_uids: frozenset[int] = DEFAULT_DAEMON_UIDS) -> None:
+        self.daemon_uids = daemon_uids
 
     def header(self, node: str, body: bytes) -> str:
         try:
@@ -87,9 +119,21 @@ class MungeAuth:
         except AuthError as exc:
             raise AgentAuthError(str(exc)) from None
 
+    def check_reply(
+        self,
+        node: str,
+        authorization: str,
+        body: bytes,
+        status: int,
+        reply: bytes,
+        reply_auth: str | None,
+    ) -> None:
+        check_munge_reply(self.daemon_uids, node, authorization, body, status, reply, reply_auth)
+
 
 class HmacAuth:
-    """``Sgpu-HMAC`` signed with this node's token (``wire.node_token``)."""
+    """``Sgpu-HMAC`` signed with this node's token (``wire.node_token``); replies must be
+    signed with it too."""
 
     method = "hmac"
 
@@ -98,6 +142,17 @@ class HmacAuth:
 
     def header(self, node: str, body: bytes) -> str:
         return hmac_header(self._token, node, body)
+
+    def check_reply(
+        self,
+        node: str,
+        authorization: str,
+        body: bytes,
+        status: int,
+        reply: bytes,
+        reply_auth: str | None,
+    ) -> None:
+        check_hmac_reply(self._token, node, authorization, body, status, reply, reply_auth)
 
 
 def read_node_token(path: Path) -> bytes:
@@ -138,10 +193,12 @@ def read_node_token(path: Path) -> bytes:
     )
 
 
-def choose_auth(mode: str, token_file: Path) -> Authenticator:
+def choose_auth(
+    mode: str, token_file: Path, daemon_uids: frozenset[int] = DEFAULT_DAEMON_UIDS
+) -> Authenticator:
     """Return the authenticator for ``mode`` (``auto``: MUNGE when munged answers, else HMAC)."""
     if mode == "munge" or (mode == "auto" and munge_available()):
-        return MungeAuth()
+        return MungeAuth(daemon_uids)
     if mode not in ("auto", "hmac"):
         raise ValueError(f"unknown authentication mode {mode!r}")
     return HmacAuth(read_node_token(token_file))
@@ -161,11 +218,13 @@ class SendResult:
     status: int | None = None  # HTTP status, None when no response came back
     error: str = ""
     ingest: IngestResult | None = None
+    unauthenticated: bool = False  # a reply came, but not provably the daemon's
 
     @property
     def unreachable(self) -> bool:
-        """True when no HTTP response came back at all (refused, reset, timed out)."""
-        return self.outcome is SendOutcome.RETRY and self.status is None
+        """True when no reply from the daemon came back at all (refused, reset, timed out,
+        or answered by someone who is not the daemon)."""
+        return self.outcome is SendOutcome.RETRY and (self.status is None or self.unauthenticated)
 
 
 class JobsUnavailableError(Exception):
@@ -253,6 +312,7 @@ class DaemonClient:
         self.retry_at = 0.0  # clock() before which nothing is sent
         self._last_error = ""
         self._credentials_error: str | None = None
+        self._impostor_error: str | None = None  # logged once until the daemon signs again
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def _request(self, method: str, path: str, body: bytes) -> tuple[SendResult, bytes]:
@@ -262,6 +322,20 @@ class DaemonClient:
             wait = f"backing off {self.retry_at - now:.0f}s after {self.failures} failed attempt(s)"
             return SendResult(SendOutcome.RETRY, None, f"{wait}: {self._last_error}"), b""
         result, payload, retry_after = self._attempt(method, path, body)
+        if result.unauthenticated:
+            if result.error != self._impostor_error:
+                log.error(
+                    "%s answered %s %s without proving it is the daemon (%s); keeping "
+                    "batches, backing off",
+                    self.base_url,
+                    method,
+                    path,
+                    result.error,
+                )
+                self._impostor_error = result.error
+        elif result.outcome is not SendOutcome.RETRY and self._impostor_error is not None:
+            log.info("daemon %s signs its replies again", self.base_url)
+            self._impostor_error = None
         if result.outcome is SendOutcome.RETRY:
             self.failures += 1
             self._last_error = result.error
@@ -325,6 +399,7 @@ class DaemonClient:
             with self._opener.open(request, timeout=self.timeout_s) as response:
                 status = int(response.status)
                 payload = response.read(_MAX_RESPONSE_BYTES)
+                reply_auth = response.headers.get(REPLY_HEADER)
         except urllib.error.HTTPError as exc:
             status = exc.code
             try:
@@ -339,6 +414,12 @@ class DaemonClient:
             )
             if status >= 500 or status in _RETRYABLE_STATUS or status in _CREDENTIALS_REFUSED:
                 return SendResult(SendOutcome.RETRY, status, text), b""
+            # Dropping the batch for good needs the daemon's word for it.
+            reply_auth = exc.headers.get(REPLY_HEADER) if exc.headers else None
+            if (
+                bad := self._check(authorization, body, status, error_body, reply_auth)
+            ) is not None:
+                return bad, b""
             return SendResult(SendOutcome.REJECTED, status, text), b""
         except TimeoutError:
             return SendResult(SendOutcome.RETRY, None, f"no answer within {self.timeout_s:g}s"), b""
@@ -349,9 +430,22 @@ class DaemonClient:
         except (OSError, http.client.HTTPException) as exc:  # reset, bad status line, ...
             error = _one_line(f"{type(exc).__name__}: {exc}")
             return SendResult(SendOutcome.RETRY, None, error), b""
+        if (bad := self._check(authorization, body, status, payload, reply_auth)) is not None:
+            return bad, b""
         if status != 200:
             return SendResult(SendOutcome.REJECTED, status, f"unexpected HTTP {status}"), b""
         return SendResult(SendOutcome.SENT, status), payload
+
+    def _check(
+        self, authorization: str, body: bytes, status: int, reply: bytes, reply_auth: str | None
+    ) -> SendResult | None:
+        """None when the reply provably comes from the daemon for this request, else the
+        RETRY it amounts to (nothing is deleted on the word of an impostor)."""
+        try:
+            self.auth.check_reply(self.node, authorization, body, status, reply, reply_auth)
+        except ReplyAuthError as exc:
+            return SendResult(SendOutcome.RETRY, status, _one_line(str(exc)), unauthenticated=True)
+        return None
 
     def post_samples(self, body: bytes) -> SendResult:
         """POST one encoded ``SampleBatch``; never raises."""

@@ -196,6 +196,16 @@ def _open_probe(
     help="This node's token (mode 600), used when munged is not running.",
 )
 @click.option(
+    "--daemon-uid",
+    "daemon_uids",
+    type=click.IntRange(min=0),
+    multiple=True,
+    default=(0,),
+    show_default=True,
+    help="With MUNGE: a uid the daemon runs as (root, or SlurmUser); repeatable. A reply "
+    "signed by any other uid is not the daemon's, and nothing is deleted on its word.",
+)
+@click.option(
     "--spool-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default=str(DEFAULT_SPOOL_DIR),
@@ -233,6 +243,7 @@ def agent(
     gres_conf: Path | None,
     auth_mode: str,
     token_file: Path,
+    daemon_uids: tuple[int, ...],
     spool_dir: Path,
     spool_max_bytes: int,
     sim_model: str | None,
@@ -252,7 +263,7 @@ def agent(
     if os.geteuid() != 0:
         log.warning("not running as root: processes of other users cannot be attributed to jobs")
     try:
-        auth = choose_auth(auth_mode, token_file)
+        auth = choose_auth(auth_mode, token_file, frozenset(daemon_uids))
     except AgentAuthError as exc:
         raise _Fail(str(exc)) from None
     gres_path = gres_conf if gres_conf is not None else default_gres_conf()
@@ -281,7 +292,7 @@ def agent(
                 spool,
                 once,
                 cycles,
-                lambda: choose_auth(auth_mode, token_file),
+                lambda: choose_auth(auth_mode, token_file, frozenset(daemon_uids)),
             )
     finally:
         probe.close()

@@ -15,8 +15,16 @@ Endpoints (JSON; see slurmgpu.wire for the schemas and authentication):
 
 Status codes: 400 bad payload, 401 not authenticated, 403 authenticated but not for that
 node, 404 unknown path, 413 body too large, 503 busy (database, connections or MUNGE
-decodes; retry after ``Retry-After``). Every rejection is logged as one line with the peer
-address and the reason. The limits (``ApiLimits``, docs/reliability.md) are in /metrics.
+decodes; retry after ``Retry-After``). Refusals are counted by reason in /metrics
+(``sgpu_api_rejected_total``) and logged one line per reason and peer per minute, with
+the count of those not logged (``RejectionLog``). The limits (``ApiLimits``,
+docs/reliability.md) are in /metrics.
+
+A request's credentials are checked in full from its headers before its body is read (a
+token header signs the body's length and digest; a MUNGE credential is decoded), so an
+unauthenticated request costs the daemon its headers and no more. Every reply to an
+authenticated agent request carries the daemon's signature bound to that request
+(``slurmgpu.replyauth``): agents delete spooled batches only on such a reply.
 """
 
 from __future__ import annotations
@@ -25,7 +33,6 @@ import io
 import json
 import logging
 import pwd
-import re
 import socket
 import threading
 import time
@@ -39,11 +46,12 @@ from urllib.parse import parse_qs
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from slurmgpu.daemon.rejections import RejectionLog
 from slurmgpu.model import ClusterSnapshot, JobState
+from slurmgpu.replyauth import REPLY_HEADER, hmac_reply, munge_reply
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import (
-    HMAC_MAX_SKEW_S,
     MAX_BODY_BYTES,
     AuthError,
     Caller,
@@ -57,13 +65,13 @@ from slurmgpu.wire import (
     decode_batch,
     decode_munge,
     encode,
+    node_token,
     verify_hmac,
+    verify_hmac_header,
 )
 
 log = logging.getLogger("slurmgpu.api")
 
-
-_HMAC_HEADER = re.compile(r"Sgpu-HMAC node=([^,\s]+),ts=(\d{1,12}),sig=([0-9a-f]{64})")
 
 
 class AuthBusyError(AuthError):
@@ -75,10 +83,12 @@ class Authenticator:
     """Checks a request's Authorization header and that the caller may speak for a node.
 
     :meth:`screen` checks what the header alone can prove, before the server reads a body:
-    the scheme, a token's freshness and node, and a MUNGE credential in full (``unmunge``
-    with a timeout, at most ``max_munge_decodes`` at once). The decoded credential is kept
-    for the same request's :meth:`authenticate` on this thread, which then checks that the
-    body is the one it was made for: munged refuses a credential decoded twice (replay).
+    the scheme; a token header in full (freshness, node, and the signature over the body's
+    length and digest, the length matched to Content-Length); a MUNGE credential in full
+    (``unmunge`` with a timeout, at most ``max_munge_decodes`` at once). The decoded
+    credential is kept for the same request's :meth:`authenticate` on this thread, which
+    then checks that the body is the one it was made for: munged refuses a credential
+    decoded twice (replay). :meth:`reply_header` signs the reply for the same caller.
     """
 
     site_secret: bytes | None = None
@@ -120,10 +130,14 @@ class Authenticator:
             return kept[1], kept[2]
         return self._decode_munge(header)
 
-    def screen(self, header: str | None, *, user: bool = False) -> None:
-        """Check the header before the body is read (raise AuthError, PermissionError).
+    def screen(
+        self, header: str | None, *, user: bool = False, length: int | None = None
+    ) -> Caller:
+        """Check the header before the body is read (raise AuthError, PermissionError);
+        return the caller it proves.
 
         ``user``: a status request, which only the caller's own MUNGE credential proves.
+        ``length``: the request's Content-Length, which a token header must have signed.
         """
         self._screened.value = None
         if not header:
@@ -135,22 +149,48 @@ class Authenticator:
             if not user and caller.uid not in self.agent_uids:
                 raise AuthError(f"uid {caller.uid} may not report samples")
             self._screened.value = (header, caller, digest)
-            return
+            return caller
         if user:
             raise AuthError("status requests need the caller's own MUNGE credential")
         if header.startswith("Sgpu-HMAC "):
             if self.site_secret is None:
                 raise AuthError("token authentication is not configured on this daemon")
-            m = _HMAC_HEADER.fullmatch(header.strip())
-            if not m:
-                raise AuthError("malformed Sgpu-HMAC authorization header")
-            skew = time.time() - int(m.group(2))
-            if abs(skew) > HMAC_MAX_SKEW_S:
-                raise AuthError(f"signature timestamp is {skew:+.0f}s off (clock skew or replay)")
-            if self.node_addresses(m.group(1)) is None:
-                raise PermissionError(f"unknown node {m.group(1)!r}")
-            return  # the signature covers the body: checked once it is read
+            caller, claim = verify_hmac_header(header, self.site_secret)
+            if self.node_addresses(caller.node) is None:
+                raise PermissionError(f"unknown node {caller.node!r}")
+            if length is not None and claim.length != length:
+                raise AuthError(
+                    f"signed body length {claim.length} is not the Content-Length {length}"
+                )
+            return caller  # the body's digest is checked once it is read
         raise AuthError("unsupported Authorization scheme")
+
+    def reply_header(
+        self,
+        caller: Caller,
+        authorization: str,
+        request_body: bytes,
+        status: int,
+        reply_body: bytes,
+    ) -> str | None:
+        """The ``Sgpu-Reply`` header proving this reply comes from the daemon, for this
+        request (``slurmgpu.replyauth``); None when it cannot be made (munged away)."""
+        if caller.method == "hmac" and self.site_secret is not None:
+            token = node_token(self.site_secret, caller.node)
+            return hmac_reply(token, caller.node, authorization, request_body, status, reply_body)
+        if caller.method == "munge":
+            try:
+                return munge_reply(
+                    caller.node,
+                    authorization,
+                    request_body,
+                    status,
+                    reply_body,
+                    timeout_s=self.munge_timeout_s,
+                )
+            except AuthError as exc:
+                log.warning("cannot sign a reply to node %s: %s", caller.node, exc)
+        return None
 
     def authenticate(self, header: str | None, body: bytes) -> Caller:
         if not header:
@@ -260,18 +300,20 @@ class IngestService:
         auth: Authenticator,
         directory: NodeDirectory,
         metrics: Callable[[], bytes] | None = None,
+        rejections: RejectionLog | None = None,
     ) -> None:
         self.usage = usage
         self.auth = auth
         self.directory = directory
         self.metrics = metrics  # the /metrics exposition, when the daemon has metrics
+        self.rejections = rejections or RejectionLog(log)
         self.accepted = 0
         self.rejected = 0
         self._store_trouble: str | None = None  # logged once until an ingest succeeds
 
     def _reject(self, peer: str, status: HTTPStatus, reason: str) -> tuple[int, bytes]:
         self.rejected += 1
-        log.warning("rejected request from %s: %d %s", peer, status.value, reason)
+        self.rejections.record(_REASONS.get(status, "other"), peer, f"{status.value} {reason}")
         return status.value, json.dumps({"error": reason}).encode()
 
     def _not_ready(self) -> tuple[int, bytes] | None:
@@ -285,14 +327,14 @@ class IngestService:
         return None
 
     def screen(
-        self, peer: str, header: str | None, *, user: bool = False
-    ) -> tuple[int, bytes] | None:
-        """Check a request's header before its body is read: ``None`` when it may go on,
+        self, peer: str, header: str | None, *, user: bool = False, length: int | None = None
+    ) -> Caller | tuple[int, bytes]:
+        """Check a request's header before its body is read: the caller when it may go on,
         else the reply (401/403; 503 while starting or while MUNGE decodes are all busy)."""
         if (busy := self._not_ready()) is not None:
             return busy
         try:
-            self.auth.screen(header, user=user)
+            return self.auth.screen(header, user=user, length=length)
         except AuthBusyError as exc:
             log.debug("request from %s deferred: %s", peer, exc)
             return HTTPStatus.SERVICE_UNAVAILABLE.value, json.dumps({"error": str(exc)}).encode()
@@ -300,7 +342,10 @@ class IngestService:
             return self._reject(peer, HTTPStatus.UNAUTHORIZED, str(exc))
         except PermissionError as exc:
             return self._reject(peer, HTTPStatus.FORBIDDEN, str(exc))
-        return None
+
+    def refuse(self, peer: str, status: HTTPStatus, reason: str) -> tuple[int, bytes]:
+        """Refuse a request the server itself judged (413, 404, 411), counted and logged."""
+        return self._reject(peer, status, reason)
 
     def post_samples(self, peer: str, header: str | None, body: bytes) -> tuple[int, bytes]:
         if (busy := self._not_ready()) is not None:
@@ -385,6 +430,18 @@ class IngestService:
         return HTTPStatus.OK.value, encode(JobsStatus(caller_uid=uid, admin=admin, jobs=jobs))
 
 
+# A refusal's reason in sgpu_api_rejected_total, by status; the server adds its own
+# ("slow_headers", "slow_body", "headers_too_large", "busy_peer").
+_REASONS = {
+    HTTPStatus.BAD_REQUEST: "bad_payload",
+    HTTPStatus.UNAUTHORIZED: "unauthenticated",
+    HTTPStatus.FORBIDDEN: "forbidden",
+    HTTPStatus.NOT_FOUND: "not_found",
+    HTTPStatus.LENGTH_REQUIRED: "no_length",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "too_large",
+}
+
+
 def _user_name(uid: int) -> str | None:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -396,8 +453,15 @@ def _user_name(uid: int) -> str | None:
 class ApiLimits:
     """How much of the daemon one peer, or all of them, can hold (docs/reliability.md)."""
 
-    max_connections: int = 32  # served at once; one more is answered 503 + Retry-After
+    max_connections: int = 32  # served at once (headers in); one more is answered 503
     max_per_peer: int = 8  # of those, from one address (a node's agent needs one)
+    # Connections still sending their request line and headers: each holds a thread and
+    # at most max_header_bytes, for at most header_timeout_s; they take no served slot, so
+    # clients trickling headers (slowloris) cannot keep an agent's request from a slot.
+    max_pending: int = 256
+    max_pending_per_peer: int = 16
+    header_timeout_s: float = 5.0  # the request line and headers, from the connection's start
+    max_header_bytes: int = 16 * 1024
     idle_timeout_s: float = 10.0  # one read or write waiting longer closes the connection
     request_timeout_s: float = 30.0  # a whole request: its wait, headers and body
     retry_after_s: int = 5  # what a 503 tells the client to wait
@@ -407,9 +471,11 @@ class ApiLimits:
 class ApiStats:
     """What the server counts for /metrics."""
 
-    active: int = 0
+    active: int = 0  # connections served (their headers in)
+    pending: int = 0  # connections still sending their headers
     overloaded: int = 0  # connections answered 503 because every slot was taken
     peer_overloaded: int = 0  # answered 503 because their address held max_per_peer
+    pending_overloaded: int = 0  # closed at once: too many connections sending headers
     timeouts: int = 0  # connections closed because a read or a request took too long
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -418,31 +484,56 @@ class ApiStats:
             setattr(self, name, getattr(self, name) + n)
 
 
+class _HeadersTooLargeError(OSError):
+    """The request line and headers went past ``max_header_bytes``."""
+
+
 class _DeadlineReader(io.RawIOBase):
     """A connection's reads, each at most ``idle_s``, all of one request before ``deadline``:
     a client that trickles a byte at a time cannot hold a worker past the deadline (a socket
-    timeout alone restarts with every byte)."""
+    timeout alone restarts with every byte). While the headers are read (``header_budget``
+    not None) no read asks for more than the bytes the headers may still take."""
 
-    def __init__(self, sock: socket.socket, idle_s: float, stats: ApiStats) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        idle_s: float,
+        stats: ApiStats,
+        on_timeout: Callable[[str], None],
+    ) -> None:
         self.sock = sock
         self.idle_s = idle_s
         self.stats = stats
+        self.on_timeout = on_timeout
         self.deadline = float("inf")
+        self.header_budget: int | None = None
 
     def readable(self) -> bool:
         return True
 
+    def _timed_out(self, why: str) -> TimeoutError:
+        self.stats.add("timeouts")
+        phase = "headers" if self.header_budget is not None else "body"
+        self.on_timeout(f"slow_{phase}")
+        return TimeoutError(f"{phase}: {why}")
+
     def readinto(self, buffer: Any) -> int:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            self.stats.add("timeouts")
-            raise TimeoutError("request took too long")
+            raise self._timed_out("request took too long")
+        view = memoryview(buffer)
+        if self.header_budget is not None:
+            if self.header_budget <= 0:
+                raise _HeadersTooLargeError("request headers too large")
+            view = view[: self.header_budget]
         self.sock.settimeout(min(self.idle_s, left))
         try:
-            return self.sock.recv_into(buffer)
+            n = self.sock.recv_into(view)
         except TimeoutError:
-            self.stats.add("timeouts")
-            raise
+            raise self._timed_out("idle") from None
+        if self.header_budget is not None:
+            self.header_budget -= n
+        return n
 
 
 def _handler(
@@ -457,15 +548,49 @@ def _handler(
         # for the client's delayed ACK of the headers (~40 ms a request on Linux).
         disable_nagle_algorithm = True
         timeout = limits.idle_timeout_s  # writes (and reads, set per read below)
+        server: _BoundedServer
 
         def setup(self) -> None:
             super().setup()
-            self._reader = _DeadlineReader(self.connection, limits.idle_timeout_s, stats)
+            self._peer = str(self.client_address[0])
+            self._reader = _DeadlineReader(
+                self.connection, limits.idle_timeout_s, stats, self._timed_out
+            )
             self.rfile = io.BufferedReader(self._reader, 65536)
+            self._reply_auth: str | None = None
 
-        def handle_one_request(self) -> None:
-            self._reader.deadline = time.monotonic() + limits.request_timeout_s
-            super().handle_one_request()
+        def _timed_out(self, reason: str) -> None:
+            what = "headers" if reason == "slow_headers" else "request body"
+            service.rejections.record(reason, self._peer, f"{what} too slow: connection closed")
+
+        def handle(self) -> None:
+            """One request per connection: a kept-alive connection would wait for the next
+            request's headers in a served slot (agents open one per request)."""
+            started = time.monotonic()
+            self._reader.deadline = started + min(limits.header_timeout_s, limits.request_timeout_s)
+            self._reader.header_budget = limits.max_header_bytes
+            self._request_deadline = started + limits.request_timeout_s
+            self.close_connection = True
+            try:
+                self.handle_one_request()
+            except _HeadersTooLargeError:
+                service.rejections.record(
+                    "headers_too_large",
+                    self._peer,
+                    f"request headers over {limits.max_header_bytes} bytes: connection closed",
+                )
+
+        def parse_request(self) -> bool:
+            if not super().parse_request():
+                return False
+            self.close_connection = True
+            self._reader.header_budget = None
+            self._reader.deadline = self._request_deadline
+            refused = self.server.promote(self.request, self._peer)
+            if refused is not None:
+                self._send(503, b'{"error": "server busy, retry"}')
+                return False
+            return True
 
         def handle_expect_100(self) -> bool:
             return True  # "100 Continue" only once the header passed (do_POST)
@@ -479,6 +604,8 @@ def _handler(
             self.send_header("Content-Length", str(len(body)))
             if status == HTTPStatus.SERVICE_UNAVAILABLE:
                 self.send_header("Retry-After", retry_after)
+            if self._reply_auth is not None:
+                self.send_header(REPLY_HEADER, self._reply_auth)
             if self.close_connection:
                 self.send_header("Connection", "close")
             # Headers and body leave in one write (one send, one return to the GIL: with
@@ -489,13 +616,20 @@ def _handler(
             except OSError:  # the client went away: nothing to tell it
                 self.close_connection = True
 
-        def _refuse(self, reply: tuple[int, bytes]) -> None:
-            """Answer without reading the body: the connection cannot be reused after."""
-            self.close_connection = True
-            self._send(*reply)
+        def _signed(
+            self, caller: Caller, auth: str, request_body: bytes, reply: tuple[int, bytes]
+        ) -> None:
+            """Send ``reply`` signed for ``caller`` (agents trust nothing else); a 401 is
+            not signed: the request's own credentials failed."""
+            status, body = reply
+            if status != HTTPStatus.UNAUTHORIZED:
+                self._reply_auth = service.auth.reply_header(
+                    caller, auth, request_body, status, body
+                )
+            self._send(status, body)
 
         def do_GET(self) -> None:
-            peer = self.client_address[0]
+            peer = self._peer
             path, _, query = self.path.partition("?")
             parts = path.strip("/").split("/")
             auth = self.headers.get("Authorization")
@@ -504,59 +638,75 @@ def _handler(
             elif parts == ["metrics"] and service.metrics is not None:
                 self._send(200, service.metrics(), "text/plain; version=0.0.4; charset=utf-8")
             elif parts == ["v1", "jobs"]:
-                if (no := service.screen(peer, auth, user=True)) is not None:
-                    self._send(*no)
+                if isinstance(screened := service.screen(peer, auth, user=True), tuple):
+                    self._send(*screened)
                     return
                 users = parse_qs(query).get("user")
                 self._send(*service.get_jobs(peer, auth, users[0] if users else None))
             elif len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] == "jobs":
-                if (no := service.screen(peer, auth)) is not None:
-                    self._send(*no)
+                if isinstance(screened := service.screen(peer, auth), tuple):
+                    self._send(*screened)
                     return
-                self._send(*service.get_node_jobs(peer, auth, parts[2]))
+                assert auth is not None  # screened
+                self._signed(screened, auth, b"", service.get_node_jobs(peer, auth, parts[2]))
             else:
                 self._send(404, b'{"error": "not found"}')
 
         def do_POST(self) -> None:
-            peer = self.client_address[0]
+            peer = self._peer
             if self.path.split("?", 1)[0].rstrip("/") != "/v1/samples":
-                self._refuse((404, b'{"error": "not found"}'))
+                self._send(*service.refuse(peer, HTTPStatus.NOT_FOUND, "not found"))
                 return
             try:
                 length = int(self.headers.get("Content-Length", ""))
             except ValueError:
-                self._refuse((411, b'{"error": "Content-Length required"}'))
-                return
-            if length < 0 or length > MAX_BODY_BYTES:
-                self._refuse(
-                    service._reject(
-                        peer, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes"
-                    )
+                self._send(
+                    *service.refuse(peer, HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
                 )
                 return
             auth = self.headers.get("Authorization")
-            if (no := service.screen(peer, auth)) is not None:
-                self._refuse(no)  # before a byte of the body is read
+            # Before a byte of the body is read: a token header signs the body's length.
+            if isinstance(caller := service.screen(peer, auth, length=length), tuple):
+                self._send(*caller)
+                return
+            assert auth is not None  # screened
+            if length < 0 or length > MAX_BODY_BYTES:
+                reply = service.refuse(
+                    peer,
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"body of {length} bytes exceeds {MAX_BODY_BYTES}",
+                )
+                self._signed(caller, auth, b"", reply)
                 return
             if self.headers.get("Expect", "").lower() == "100-continue":
                 self.send_response_only(HTTPStatus.CONTINUE)
                 self.end_headers()
             body = self.rfile.read(length)
             if len(body) < length:
-                self.close_connection = True
                 return  # the client went away mid-body
-            self._send(*service.post_samples(peer, auth, body))
+            self._signed(caller, auth, body, service.post_samples(peer, auth, body))
 
     return Handler
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` at once and ``max_per_peer``
-    from one address: one more connection is answered ``503`` with ``Retry-After`` by the
-    accepting thread and closed, so slow or hostile peers cannot make the daemon start
-    threads without bound, nor one host take every slot from the agents."""
+    """A thread per connection, in two stages, each bounded in all and per address:
+
+    - pending (``max_pending``, ``max_pending_per_peer``): the connection is sending its
+      request line and headers, at most ``max_header_bytes`` within ``header_timeout_s``;
+      one more is closed at once by the accepting thread (no thread started);
+    - served (``max_connections``, ``max_per_peer``): its headers are in and it is being
+      answered; one more is answered ``503`` with ``Retry-After``.
+
+    A slow or hostile peer holds at most its pending and served shares, each for a bounded
+    time; an agent's request, whose headers come in one packet, needs a served slot only
+    for as long as it takes to answer it."""
 
     daemon_threads = True
+    # socketserver's default backlog is 5: while attackers' connections arrive by the
+    # thousand a second, an agent's SYN finds the queue full, is dropped, and is sent
+    # again only after TCP's 1 s retransmission timeout (the agents' p99 was ~1 s).
+    request_queue_size = 1024
 
     def __init__(
         self,
@@ -564,11 +714,17 @@ class _BoundedServer(ThreadingHTTPServer):
         handler: type[BaseHTTPRequestHandler],
         limits: ApiLimits,
         stats: ApiStats,
+        rejections: RejectionLog,
     ) -> None:
         self.limits = limits
         self.stats = stats
+        self.rejections = rejections
         self._slots = threading.BoundedSemaphore(limits.max_connections)
         self._peers: dict[str, int] = {}  # connections being served, by address
+        self._pending: dict[str, int] = {}  # connections sending headers, by address
+        self._pending_total = 0
+        # What each connection (by id()) holds: "pending", "served" or "" (refused a slot).
+        self._held: dict[int, str] = {}
         self._peers_lock = threading.Lock()
         body = b'{"error": "server busy, retry"}'
         self._busy_reply = (
@@ -579,8 +735,11 @@ class _BoundedServer(ThreadingHTTPServer):
         ).encode() + body
         super().__init__(address, handler)
 
-    def _busy(self, request: Any, counter: str) -> None:
-        self.stats.add(counter)
+    def _busy(self, request: Any, peer: str) -> None:
+        self.stats.add("pending_overloaded")
+        self.rejections.record(
+            "busy_peer", peer, "too many connections sending headers: connection closed"
+        )
         try:
             request.settimeout(1.0)
             request.sendall(self._busy_reply)
@@ -588,43 +747,80 @@ class _BoundedServer(ThreadingHTTPServer):
             pass
         self.shutdown_request(request)
 
-    def _take(self, peer: str) -> str | None:
-        """Take a connection slot for ``peer``; the counter to bump when there is none."""
+    def _take_pending(self, request: Any, peer: str) -> bool:
         with self._peers_lock:
+            if (
+                self._pending.get(peer, 0) >= self.limits.max_pending_per_peer
+                or self._pending_total >= self.limits.max_pending
+            ):
+                return False
+            self._pending[peer] = self._pending.get(peer, 0) + 1
+            self._pending_total += 1
+            self._held[id(request)] = "pending"
+        self.stats.add("pending")
+        return True
+
+    def _drop_pending(self, peer: str) -> None:
+        left = self._pending.get(peer, 1) - 1
+        if left:
+            self._pending[peer] = left
+        else:
+            self._pending.pop(peer, None)
+        self._pending_total -= 1
+
+    def promote(self, request: Any, peer: str) -> str | None:
+        """Move a connection whose headers are in from pending to served; the counter to
+        bump (and the connection to refuse) when there is no served slot for it."""
+        with self._peers_lock:
+            if self._held.get(id(request)) != "pending":
+                return None
+            self._drop_pending(peer)
+            refused: str | None = None
             if self._peers.get(peer, 0) >= self.limits.max_per_peer:
-                return "peer_overloaded"
-            if not self._slots.acquire(blocking=False):
-                return "overloaded"
-            self._peers[peer] = self._peers.get(peer, 0) + 1
+                refused = "peer_overloaded"
+            elif not self._slots.acquire(blocking=False):
+                refused = "overloaded"
+            else:
+                self._peers[peer] = self._peers.get(peer, 0) + 1
+            self._held[id(request)] = "" if refused else "served"
+        self.stats.add("pending", -1)
+        if refused is not None:
+            self.stats.add(refused)
+            return refused
         self.stats.add("active")
         return None
 
-    def _give_back(self, peer: str) -> None:
+    def _give_back(self, request: Any, peer: str) -> None:
         with self._peers_lock:
-            left = self._peers.get(peer, 1) - 1
-            if left:
-                self._peers[peer] = left
-            else:
-                self._peers.pop(peer, None)
-            self._slots.release()
-        self.stats.add("active", -1)
+            held = self._held.pop(id(request), "")
+            if held == "served":
+                left = self._peers.get(peer, 1) - 1
+                if left:
+                    self._peers[peer] = left
+                else:
+                    self._peers.pop(peer, None)
+                self._slots.release()
+            elif held == "pending":
+                self._drop_pending(peer)
+        if held:
+            self.stats.add("active" if held == "served" else "pending", -1)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         peer = str(client_address[0])
-        if (refused := self._take(peer)) is not None:
-            self._busy(request, refused)
+        if not self._take_pending(request, peer):
+            self._busy(request, peer)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._give_back(peer)
+            self._give_back(request, peer)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._give_back(str(client_address[0]))
+            self._give_back(request, str(client_address[0]))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """One line, not a traceback on stderr: a peer that went away mid-reply is routine."""
@@ -666,9 +862,46 @@ class _ApiCollector(Collector):
             " the request timeout.",
             value=stats.timeouts,
         )
+        yield GaugeMetricFamily(
+            "sgpu_api_pending_connections",
+            "API connections still sending their request line and headers.",
+            value=stats.pending,
+        )
+        pending = GaugeMetricFamily(
+            "sgpu_api_pending_connections_limit",
+            "API connections sending headers at once, in all and from one address.",
+            labels=["scope"],
+        )
+        pending.add_metric(["all"], limits.max_pending)
+        pending.add_metric(["peer"], limits.max_pending_per_peer)
+        yield pending
+        yield CounterMetricFamily(
+            "sgpu_api_pending_overloaded",
+            "API connections closed at once: too many were sending headers.",
+            value=stats.pending_overloaded,
+        )
+        rejected = CounterMetricFamily(
+            "sgpu_api_rejected",
+            "API requests refused, by reason (each logged at most once a minute per peer).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.server.service.rejections.snapshot().items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        yield CounterMetricFamily(
+            "sgpu_api_rejection_log_lines",
+            "Log lines written about refused API requests (the rest were counted only).",
+            value=self.server.service.rejections.lines,
+        )
+        yield GaugeMetricFamily(
+            "sgpu_api_max_header_bytes",
+            "Largest request line and headers read.",
+            value=limits.max_header_bytes,
+        )
         timeouts = GaugeMetricFamily(
             "sgpu_api_timeout_seconds", "API time limits by kind.", labels=["kind"]
         )
+        timeouts.add_metric(["headers"], limits.header_timeout_s)
         timeouts.add_metric(["idle"], limits.idle_timeout_s)
         timeouts.add_metric(["request"], limits.request_timeout_s)
         timeouts.add_metric(["munge"], auth.munge_timeout_s)
@@ -701,7 +934,11 @@ class ApiServer:
         self.limits = limits or ApiLimits()
         self.stats = ApiStats()
         self.httpd = _BoundedServer(
-            (host, port), _handler(service, self.limits, self.stats), self.limits, self.stats
+            (host, port),
+            _handler(service, self.limits, self.stats),
+            self.limits,
+            self.stats,
+            service.rejections,
         )
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, name="sgpu-api", daemon=True

@@ -8,7 +8,10 @@ checks what the server answered, and that an authenticated agent is still served
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import logging
+import select
 import socket
 import threading
 import time
@@ -135,16 +138,28 @@ def test_a_client_trickling_bytes_is_cut_off_and_agents_are_still_served(served:
     assert served.agent_post() == 200
 
 
+def _held_post(port: int, source: str = "127.0.0.1", node: str = "gpu1") -> socket.socket:
+    """An authenticated POST's headers, its body held back: a connection being served."""
+    body = batch(node)
+    header = hmac_header(node_token(SECRET, node), node, body)
+    s = socket.create_connection(("127.0.0.1", port), 20, (source, 0))
+    s.sendall(
+        f"POST /v1/samples HTTP/1.1\r\nAuthorization: {header}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    return s
+
+
 def test_connections_beyond_the_limit_get_503_with_retry_after(served: Served) -> None:
-    idle = [served.raw() for _ in range(3)]
+    held = [_held_post(served.port) for _ in range(3)]
     _wait_for(lambda: served.server.stats.active == 3, "three connections being served")
-    s = served.raw()
+    s = _held_post(served.port)
     reply = _reply(s)
     s.close()
     assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
     assert b"Retry-After: 5" in reply
     assert served.server.stats.overloaded == 1
-    for c in idle:  # the idle ones time out (idle_timeout_s) or are closed here
+    for c in held:  # the held ones time out (idle_timeout_s) or are closed here
         c.close()
     _wait_for(lambda: served.server.stats.active == 0, "the slots to free")
     assert served.agent_post() == 200
@@ -188,12 +203,9 @@ def test_one_address_cannot_take_every_connection_slot(tmp_path: Path) -> None:
     serving = _serve(tmp_path, ApiLimits(max_connections=4, max_per_peer=2, idle_timeout_s=5.0))
     served = next(serving)
     try:
-        other = [
-            socket.create_connection(("127.0.0.1", served.port), 20, ("127.0.0.2", 0))
-            for _ in range(2)
-        ]
+        other = [_held_post(served.port, "127.0.0.2", "gpu2") for _ in range(2)]
         _wait_for(lambda: served.server.stats.active == 2, "two connections from 127.0.0.2")
-        third = socket.create_connection(("127.0.0.1", served.port), 20, ("127.0.0.2", 0))
+        third = _held_post(served.port, "127.0.0.2", "gpu2")
         reply = _reply(third)
         third.close()
         assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
@@ -203,3 +215,175 @@ def test_one_address_cannot_take_every_connection_slot(tmp_path: Path) -> None:
             c.close()
     finally:
         serving.close()
+
+
+# -- issue 36, finding 3: forged headers, log floods, slowloris from several addresses ----
+
+
+@pytest.mark.parametrize("form", ["before issue 36", "now"])
+def test_a_forged_token_header_claiming_a_large_body_is_refused_before_the_body(
+    served: Served, form: str
+) -> None:
+    # A real node name, a current timestamp, a made-up signature, an 8 MiB body announced
+    # and none sent: the header alone must be refused (the 401 comes without the body).
+    now = int(time.time())
+    forged = (
+        f"Sgpu-HMAC node=gpu1,ts={now},sig={'0' * 64}"
+        if form == "before issue 36"
+        else f"Sgpu-HMAC node=gpu1,ts={now},nonce={'0' * 32},len={MAX_BODY_BYTES},"
+        f"sha256={'0' * 64},sig={'0' * 64}"
+    )
+    s = served.raw()
+    s.sendall(
+        f"POST /v1/samples HTTP/1.1\r\nAuthorization: {forged}\r\n"
+        f"Content-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
+    )
+    reply = _reply(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+    assert served.server.stats.timeouts == 0  # answered, not cut off waiting for the body
+
+
+def test_a_signed_header_must_name_the_content_length_it_comes_with(served: Served) -> None:
+    # A genuine header (captured) sent with a larger Content-Length: refused unread.
+    body = batch("gpu1")
+    header = hmac_header(node_token(SECRET, "gpu1"), "gpu1", body)
+    s = served.raw()
+    s.sendall(
+        f"POST /v1/samples HTTP/1.1\r\nAuthorization: {header}\r\n"
+        f"Content-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
+    )
+    reply = _reply(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+    assert b"is not the Content-Length" in reply
+
+
+def test_refusals_are_logged_once_per_peer_and_reason_and_counted_by_reason(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="slurmgpu.api"):
+        for source in ("127.0.0.2", "127.0.0.3"):
+            for _ in range(20):
+                conn = socket.create_connection(("127.0.0.1", served.port), 20, (source, 0))
+                conn.sendall(b"GET /v1/nodes/gpu1/jobs HTTP/1.1\r\nAuthorization: Bearer x\r\n\r\n")
+                assert _reply(conn).startswith(b"HTTP/1.1 401")
+                conn.close()
+    lines = [r.getMessage() for r in caplog.records if "rejected request" in r.getMessage()]
+    assert len(lines) == 2, lines  # one per peer for this reason in the interval
+    assert {line.split()[3] for line in lines} == {"127.0.0.2:", "127.0.0.3:"}
+    registry = CollectorRegistry()
+    served.server.export_metrics(registry)
+    text = generate_latest(registry).decode()
+    assert 'sgpu_api_rejected_total{reason="unauthenticated"} 40.0' in text
+    assert "sgpu_api_rejection_log_lines_total 2.0" in text
+
+
+def test_slow_headers_from_five_addresses_do_not_keep_agents_from_a_slot(tmp_path: Path) -> None:
+    # Each address stays within its own connection share, but five of them together hold
+    # more connections than there are slots: while they trickle their headers, agents
+    # (whose headers come at once) must still be served.
+    serving = _serve(tmp_path, ApiLimits(max_connections=4, max_per_peer=2, idle_timeout_s=20.0))
+    served = next(serving)
+    slow: list[socket.socket] = []
+    try:
+        for i in range(5):
+            for _ in range(2):
+                c = socket.create_connection(
+                    ("127.0.0.1", served.port), 20, (f"127.0.0.{i + 2}", 0)
+                )
+                c.sendall(b"POST /v1/samples HTTP/1.1\r\nHost: x\r\nX-Pad: a")
+                slow.append(c)
+        _wait_for(
+            lambda: (
+                (
+                    getattr(served.server.stats, "pending", 0)  # (no such stage before issue 36)
+                    + served.server.stats.active
+                    + served.server.stats.overloaded
+                    + served.server.stats.peer_overloaded
+                )
+                >= 10
+            ),
+            "ten slow connections taken in or refused",
+        )
+        assert served.agent_post("during") == 200
+        assert served.server.stats.overloaded == 0
+    finally:
+        for c in slow:
+            c.close()
+        serving.close()
+
+
+def test_slow_headers_are_cut_off_logged_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    serving = _serve(tmp_path, ApiLimits(header_timeout_s=0.5, max_pending_per_peer=2))
+    served = next(serving)
+    try:
+        with caplog.at_level(logging.WARNING, logger="slurmgpu.api"):
+            slow = [
+                socket.create_connection(("127.0.0.1", served.port), 20, ("127.0.0.2", 0))
+                for _ in range(3)
+            ]
+            for c in slow:
+                c.sendall(b"POST /v1/samples HTTP/1.1\r\n")
+            replies = [_reply(c) for c in slow]  # each ends: refused, or cut off
+            for c in slow:
+                c.close()
+        assert sum(r.startswith(b"HTTP/1.1 503") for r in replies) == 1  # the third: over 2
+        assert served.server.stats.pending_overloaded == 1
+        assert served.server.service.rejections.counts.get("slow_headers") == 2
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("headers too slow" in m for m in messages) == 1  # two, logged once
+        assert served.agent_post() == 200
+    finally:
+        serving.close()
+
+
+def test_headers_past_the_size_limit_are_cut_off(tmp_path: Path) -> None:
+    serving = _serve(tmp_path, ApiLimits(max_header_bytes=1024))
+    served = next(serving)
+    try:
+        s = served.raw()
+        with contextlib.suppress(OSError):
+            s.sendall(
+                b"POST /v1/samples HTTP/1.1\r\nX-Pad: " + b"a" * 900 + b"\r\nX-More: " + b"b" * 900
+            )
+        _reply(s)
+        s.close()
+        _wait_for(
+            lambda: served.server.service.rejections.counts.get("headers_too_large") == 1,
+            "the header limit",
+        )
+        assert served.agent_post() == 200
+    finally:
+        serving.close()
+
+
+def test_the_accept_queue_holds_a_burst_of_connections(tmp_path: Path) -> None:
+    # With socketserver's backlog of 5, a burst of attackers' connections filled the
+    # accept queue and an agent's SYN was dropped, to be resent by TCP a second later.
+    # The server is not accepting here: every connection of the burst must still be
+    # queued by the kernel (its handshake completes), not dropped.
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    snap = snapshot()
+    directory = NodeDirectory(lambda: snap)
+    auth = Authenticator(site_secret=SECRET, node_addresses=directory.addresses)
+    server = ApiServer(IngestService(UsageStore(store.engine), auth, directory), "127.0.0.1", 0)
+    burst: list[socket.socket] = []
+    try:
+        for _ in range(64):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(server.address)
+            burst.append(c)
+        waiting, until = set(burst), time.monotonic() + 10
+        while waiting and time.monotonic() < until:
+            _, writable, _ = select.select([], list(waiting), [], 0.5)
+            waiting -= set(writable)
+        assert not waiting, f"{64 - len(waiting)} of 64 connections queued"
+        assert all(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for c in burst)
+    finally:
+        for c in burst:
+            c.close()
+        server.httpd.server_close()
