@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -217,7 +218,8 @@ def _one_batch(loop: AgentLoop) -> bytes:
     """A batch of this node the daemon will take (sampled now, not part of the loop's run)."""
     from slurmgpu.wire import SampleBatch
 
-    gpu, host = loop.sampler.sample(loop.jobs, 2e9)
+    # Stamped now: the daemon refuses samples stamped ahead of its clock (issue 36 item 5).
+    gpu, host = loop.sampler.sample(loop.jobs, time.time())
     return encode(SampleBatch(node=NODE, gpu=gpu, host=host))
 
 
