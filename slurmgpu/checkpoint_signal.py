@@ -7,6 +7,8 @@ STOP cannot be caught: "checkpoint now" would kill or freeze the job instead, so
 are refused wherever a signal is read. :func:`checkpoint_signal` reads a name or a number
 (``USR2``, ``SIGUSR2``, ``usr2``, ``12``) and gives its canonical name without ``SIG``
 (what sbatch and the token take); :func:`checkpoint_signal_number` the signal itself.
+The grace a job gets to checkpoint is :data:`MIN_GRACE_S` to :data:`MAX_GRACE_S` seconds
+(the most sbatch's ``--signal=...@GRACE`` carries), wherever it is read or written.
 
 Examples:
     >>> checkpoint_signal("sigusr1"), checkpoint_signal("15"), checkpoint_signal("IOT")
@@ -22,7 +24,14 @@ from __future__ import annotations
 import signal
 from typing import Final
 
-__all__ = ["CATCHABLE", "UNCATCHABLE", "checkpoint_signal", "checkpoint_signal_number"]
+__all__ = [
+    "CATCHABLE",
+    "MAX_GRACE_S",
+    "MIN_GRACE_S",
+    "UNCATCHABLE",
+    "checkpoint_signal",
+    "checkpoint_signal_number",
+]
 
 UNCATCHABLE: Final = frozenset({signal.SIGKILL, signal.SIGSTOP})
 # Names (without SIG) of the signals a checkpoint request may use.
@@ -31,6 +40,10 @@ CATCHABLE: Final = frozenset(
     for s in signal.Signals
     if s.name.startswith("SIG") and s not in UNCATCHABLE
 )
+# Seconds before the time limit that the signal comes: sbatch's --signal=...@GRACE takes
+# 0 to 65535; no grace at all is no time to checkpoint.
+MIN_GRACE_S: Final = 1
+MAX_GRACE_S: Final = 65535
 
 
 def checkpoint_signal_number(text: str) -> signal.Signals:

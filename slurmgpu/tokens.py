@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from slurmgpu.checkpoint_signal import CATCHABLE
+from slurmgpu.checkpoint_signal import CATCHABLE, MAX_GRACE_S, MIN_GRACE_S
 
 __all__ = [
     "CHECKPOINT_SIGNALS",
@@ -73,7 +73,6 @@ POOL = "sgpu:pool"
 CKPT = "sgpu:ckpt"
 EDIR = "sgpu:edir"
 
-MAX_GRACE_S = 65535  # what sbatch --signal accepts
 MAX_DIR_CHARS = 1024
 # Signals a checkpoint request may use: any catchable one (never KILL or STOP).
 CHECKPOINT_SIGNALS = CATCHABLE
@@ -187,7 +186,8 @@ def parse(comment: str) -> Tokens:
         elif name == CKPT:
             if sig is None:
                 m = _CKPT_RE.fullmatch(word)
-                if m and m.group(1) in CHECKPOINT_SIGNALS and 1 <= int(m.group(2)) <= MAX_GRACE_S:
+                grace_ok = m is not None and MIN_GRACE_S <= int(m.group(2)) <= MAX_GRACE_S
+                if m and m.group(1) in CHECKPOINT_SIGNALS and grace_ok:
                     sig, grace = m.group(1), int(m.group(2))
                 else:
                     problems.append(f"{shown} is not {CKPT}=SIGNAL:SECONDS")

@@ -36,8 +36,10 @@ from datetime import UTC, datetime
 import click
 import click.shell_completion
 
+from slurmgpu.checkpoint_signal import MAX_GRACE_S, MIN_GRACE_S
 from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
 from slurmgpu.cli.launchwrap import check_script, wrap_command
+from slurmgpu.slurm import sbatch
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
 from slurmgpu.store import StoreError, open_store
 from slurmgpu.tokens import (
@@ -187,7 +189,7 @@ def malleable_request(values: dict[str, str], pool: bool, args: list[str]) -> Ma
             raise ValueError(f"--signal {own[:40]!r} of a malleable job: {exc}") from None
     grace = parse_duration(values.get("--checkpoint-grace", "120s"))
     grace_s = int(grace.total_seconds())
-    if not 1 <= grace_s <= 65535:
+    if not MIN_GRACE_S <= grace_s <= MAX_GRACE_S:  # what sbatch's --signal carries
         raise ValueError("--checkpoint-grace must be between 1s and 18h")
     elastic_dir = os.path.abspath(values.get("--elastic-dir", DEFAULT_ELASTIC_DIR))
     return MalleableRequest(lo, hi, pool, sig, grace_s, elastic_dir)
@@ -203,7 +205,7 @@ def malleable_args(req: MalleableRequest, args: list[str]) -> list[str]:
     if "--no-requeue" not in out:
         head.append("--requeue")
     if _sbatch_option(out, "--signal") is None:
-        head.append(f"--signal=B:{req.signal}@{min(req.grace_s, 65535)}")
+        head.extend(sbatch.checkpoint_signal(req.signal, req.grace_s).argv)
     if _sbatch_option(out, "--open-mode") is None:
         head.append("--open-mode=append")  # a requeued run must not overwrite the log
     for i, arg in enumerate(out):

@@ -27,8 +27,10 @@ Variables every template sees:
 
 Filters: ``minutes`` (``135`` → ``"2 h 15 min"``), ``slurm_time`` (seconds →
 ``"01:30:00"`` / ``"2-00:00:00"``), ``slurm_mem`` (MiB → ``"10G"`` / ``"9984M"``, exact),
-``plus_minutes`` (datetime + minutes), ``clock`` (datetime → local
-``"2025-03-01 14:30 CET"``).
+``sbatch_time``, ``sbatch_mem``, ``sbatch_gpus`` (the same numbers as the options to ask
+for: ``"--time=01:30:00"``, ``"--mem=10G"``, ``"--gpus=2"``, spelt by
+:mod:`slurmgpu.slurm.sbatch`), ``plus_minutes`` (datetime + minutes), ``clock`` (datetime
+→ local ``"2025-03-01 14:30 CET"``).
 
 The numbers each shipped template expects from the policy are in ``REQUIRED_NUMBERS`` and
 ``OPTIONAL_NUMBERS``.
@@ -48,7 +50,9 @@ import jinja2
 
 from slurmgpu.plaintext import template_finalize
 from slurmgpu.policy.base import Action
-from slurmgpu.policy.sizing import mem_text
+from slurmgpu.policy.sizing import ceil_whole
+from slurmgpu.slurm import sbatch
+from slurmgpu.units import format_time_limit
 
 GENERIC_TEMPLATE = "generic"
 
@@ -200,21 +204,46 @@ def minutes_text(value: float) -> str:
     return " ".join(parts)
 
 
+def _limit(seconds: float) -> timedelta:
+    # whole seconds, rounded up (a limit is never shortened); a number below 0 is none
+    return timedelta(seconds=max(0, math.ceil(float(seconds))))
+
+
+def _mib(mib: float) -> int:
+    # whole MiB, rounded up (float noise aside), at least 1
+    return max(1, ceil_whole(float(mib)))
+
+
 def slurm_time(seconds: float) -> str:
-    """Return a Slurm ``--time`` value: ``5400`` → ``"01:30:00"``, ``172800`` → ``"2-00:00:00"``."""
-    total = max(0, math.ceil(float(seconds)))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    mins, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{mins:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
+    """Return a Slurm ``--time`` value (:func:`slurmgpu.units.format_time_limit`):
+    ``5400`` → ``"01:30:00"``, ``172800`` → ``"2-00:00:00"``."""
+    return format_time_limit(_limit(seconds))
 
 
 def slurm_mem(mib: float) -> str:
-    """Return a Slurm ``--mem`` value, exact (:func:`slurmgpu.policy.sizing.mem_text`):
+    """Return a Slurm ``--mem`` value, exact (:func:`slurmgpu.slurm.sbatch.mem_size`):
     ``10240`` → ``"10G"``, ``9984`` → ``"9984M"``: the figure rightsizing set, not a
     rounder one."""
-    return mem_text(float(mib))
+    return sbatch.mem_size(_mib(mib))
+
+
+def sbatch_time(seconds: float) -> str:
+    """The option asking for a time limit of ``seconds``: ``5400`` → ``"--time=01:30:00"``."""
+    return str(sbatch.time_limit(_limit(seconds)))
+
+
+def sbatch_mem(mib: float) -> str:
+    """The option asking for ``mib`` MiB per node: ``10240`` → ``"--mem=10G"``."""
+    return str(sbatch.mem(_mib(mib)))
+
+
+def sbatch_gpus(count: float) -> str:
+    """The option asking for ``count`` GPUs: ``2`` → ``"--gpus=2"`` (a count that is not
+    whole is a ValueError, not an option sbatch refuses)."""
+    number = float(count)
+    if not number.is_integer():
+        raise ValueError(f"{count!r} is not a whole number of GPUs")
+    return str(sbatch.gpus(int(number)))
 
 
 def _interval_text(interval: timedelta) -> str:
@@ -260,6 +289,9 @@ class AlertTemplates:
             minutes=minutes_text,
             slurm_time=slurm_time,
             slurm_mem=slurm_mem,
+            sbatch_time=sbatch_time,
+            sbatch_mem=sbatch_mem,
+            sbatch_gpus=sbatch_gpus,
             plus_minutes=_plus_minutes,
             clock=_clock,
         )

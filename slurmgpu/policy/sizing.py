@@ -70,7 +70,6 @@ __all__ = [
     "gpus_needed",
     "key_sizes",
     "limit_from_history",
-    "mem_text",
     "memory_mib",
     "round_up",
     "shards_needed",
@@ -142,19 +141,6 @@ def memory_mib(
     (6144, 2560, 256)
     """
     return max(step_mib, round_up(ceil_whole(headroom * peak_mib), step_mib))
-
-
-def mem_text(mib: float) -> str:
-    """A memory size as ``sbatch --mem`` takes it, never rounded: whole GiB in ``G``,
-    anything else in ``M`` (whole MiB, rounded up), at least 1M. The advice a user reads
-    (``sgpu eff``, the rightsizing email) names the figure rightsizing sets, not a
-    rounder one.
-
-    >>> mem_text(6144), mem_text(2560), mem_text(0.2)
-    ('6G', '2560M', '1M')
-    """
-    value = max(1, ceil_whole(mib))
-    return f"{value // 1024}G" if value % 1024 == 0 else f"{value}M"
 
 
 def cores_needed(busy_cores: float, headroom: float = CPU_HEADROOM) -> int:

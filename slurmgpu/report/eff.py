@@ -65,11 +65,11 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from slurmgpu.model import Job, JobState
-from slurmgpu.policy import sizing
 from slurmgpu.policy.colocate import hints_from_comment, shard_fit
 from slurmgpu.policy.settings import ColocateSettings
 from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.report.energy import JobEnergy, energy_sentence, energy_to_json
+from slurmgpu.slurm import sbatch
 from slurmgpu.store.usage import GpuUsage, HostUsage
 from slurmgpu.units import format_time_limit
 
@@ -619,10 +619,9 @@ def notes(eff: JobEfficiency) -> list[Note]:
     busy = [g for g in whole if g.ever_busy]
     if len(whole) >= 2 and not unknown and 1 <= len(busy) < len(whole):
         k = len(busy)
-        option = f"--gpus={k}"
-        busy_nodes = {g.node for g in busy}
-        if len({g.node for g in whole}) > 1 and len(busy_nodes) == 1:
-            option = f"--nodes=1 --gpus={k}"
+        # a multi-node job whose busy GPUs are all on one node: ask for that one node
+        one_node = len({g.node for g in whole}) > 1 and len({g.node for g in busy}) == 1
+        option = str(sbatch.gpus(k, nodes=1 if one_node else None))
         unused = [g for g in whole if not g.ever_busy]
         out.append(
             Note(
@@ -678,7 +677,7 @@ def notes(eff: JobEfficiency) -> list[Note]:
             needed = max(g.max_memory_mib, float(declared))
             n = suggested_shards(g.mean_util_pct, needed, g.memory_total_mib, th)
             if n is not None:
-                option = f"--gres=shard:{n}"
+                option = str(sbatch.shards(n))
                 out.append(
                     Note(
                         "shard",
@@ -795,7 +794,7 @@ def _cpu_notes(eff: JobEfficiency, so_far: str, was: str) -> list[Note]:
         f"({busy_cores:.1f} busy on average)"
     )
     if k < cores_per_task:
-        option = f"-c {k}"
+        option = str(sbatch.cpus_per_task(k))
         per = " per task" if tasks_per_node > 1 else ""
         return [Note("cpu", "warn", f"{text}; next time ask for {option}{per}", option)]
     return [Note("cpu", "warn", f"{text}: check that the program uses its cores")]
@@ -814,7 +813,7 @@ def _memory_notes(eff: JobEfficiency, so_far: str) -> list[Note]:
     mib = suggested_mem_mib(node_peak, th)
     if mib >= per_node_request:
         return []
-    option = f"--mem={sizing.mem_text(mib)}"
+    option = str(sbatch.mem(mib))
     per = " (per node)" if node_count > 1 else ""
     verb = "has used" if so_far else "used"
     return [
@@ -845,7 +844,7 @@ def _time_notes(eff: JobEfficiency) -> list[Note]:
     suggestion = suggested_time(eff.elapsed, th)
     if suggestion >= job.time_limit:
         return []
-    option = f"--time={format_time_limit(suggestion)}"
+    option = str(sbatch.time_limit(suggestion))
     severity: Severity = "warn" if eff.time_use_pct < th.time_red_pct else "info"
     return [
         Note(

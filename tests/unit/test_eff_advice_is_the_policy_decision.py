@@ -17,9 +17,8 @@ from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node
 from slurmgpu.policy.base import HistoryRecord, PolicySnapshot
 from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.rightsize import RightsizePolicy
-from slurmgpu.policy.sizing import mem_text
 from slurmgpu.report.eff import EffThresholds, job_efficiency, notes
-from slurmgpu.units import format_time_limit
+from slurmgpu.slurm import sbatch
 from tests.hypothesis_profiles import examples
 from tests.unit.policy_builders import T0
 from tests.unit.test_eff import ended, host, make_job
@@ -120,12 +119,11 @@ def _policy_advice(
     out: dict[str, str | None] = {"shard": None, "memory": None, "time": None}
     for intent in intents:
         if isinstance(intent, NarrowToShards):
-            out["shard"] = f"--gres=shard:{intent.shards}"
+            out["shard"] = str(sbatch.shards(intent.shards))
         elif isinstance(intent, SetMemoryPerNode):
-            out["memory"] = f"--mem={mem_text(intent.mib)}"
+            out["memory"] = str(sbatch.mem(intent.mib))
         elif isinstance(intent, SetTimeLimit) and intent.seconds is not None:
-            limit = format_time_limit(timedelta(seconds=intent.seconds))
-            out["time"] = f"--time={limit}"
+            out["time"] = str(sbatch.time_limit(timedelta(seconds=intent.seconds)))
     return out
 
 

@@ -22,12 +22,12 @@ from slurmgpu.policy.sizing import (
     ceil_whole,
     cores_needed,
     gpus_needed,
-    mem_text,
     memory_mib,
     round_up,
     time_limit_s,
 )
 from slurmgpu.report.eff import EffThresholds, job_efficiency, notes
+from slurmgpu.slurm.sbatch import mem_size
 from slurmgpu.slurm.update import update_fields
 from slurmgpu.units import format_time_limit
 from tests.hypothesis_profiles import examples
@@ -90,16 +90,6 @@ def test_ceil_whole_is_ceil_of_the_value_rounded_to_6_decimals(x: float) -> None
 def test_ceil_whole_near_whole_numbers_matches_the_rounded_rule(whole: int, noise: float) -> None:
     x = whole + noise
     assert ceil_whole(x) == _ceil_rounded(x)
-
-
-def test_mem_text_is_exact_in_slurm_units() -> None:
-    assert [mem_text(m) for m in (6144, 9984, 1024, 0.2, 2560.5)] == [
-        "6G",
-        "9984M",
-        "1G",
-        "1M",
-        "2561M",
-    ]
 
 
 def test_rightsize_colocate_and_eff_take_one_sizing_rules_object() -> None:
@@ -179,13 +169,13 @@ def _three_sizes(run_s: int, peak_mib: int, busy_cores: float) -> dict[str, dict
     return {
         "rightsize": {
             "time": fields["TimeLimit"],
-            "mem": mem_text(int(fields["MinMemoryNode"])),
+            "mem": mem_size(int(fields["MinMemoryNode"])),
             "cpus": int(fields["NumCPUs"]),
             "gpus": fields["TresPerNode"].rpartition(":")[2],
         },
         "recommend": {
             "time": format_time_limit(timedelta(minutes=int(rec["time_limit_min"] or 0))),
-            "mem": mem_text(int(rec["mem_mib"] or 0)),
+            "mem": mem_size(int(rec["mem_mib"] or 0)),
             "cpus": None,  # no CPU figure in the export (see policy.sizing)
             "gpus": str(rec["gpus"]),
         },
