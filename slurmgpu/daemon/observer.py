@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from slurmgpu.daemon.diff import JobDiff, Transition, diff_jobs
+from slurmgpu.jobdiff import JobDiff, Transition, diff_jobs
 from slurmgpu.model import ClusterSnapshot, Job, JobState, Node
 from slurmgpu.slurm.client import (
     AccountingClient,

@@ -135,6 +135,17 @@ class AuditStore:
         except SQLAlchemyError as exc:
             raise StoreError(f"could not audit the admin action {kind}: {exc}") from exc
 
+    def link_transaction(self, action_id: int, transaction_id: int) -> None:
+        """Point a decision's row at the transaction that carries it out (a resize)."""
+        a = schema.actions
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    update(a).where(a.c.id == action_id).values(transaction_id=transaction_id)
+                )
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not link action {action_id} to its transaction") from exc
+
     def set_outcome(self, action_id: int, outcome: str, error: str | None = None) -> None:
         a = schema.actions
         try:

@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from slurmgpu.daemon.diff import JobDiff
+from slurmgpu.jobdiff import JobDiff
 from slurmgpu.model import Job, Node
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError

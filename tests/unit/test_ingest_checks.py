@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.daemon.diff import diff_jobs
 from slurmgpu.daemon.munge_watch import MungeWatch
 from slurmgpu.daemon.placement import SnapshotPlacement
+from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.usage import UsageStore, node_scoped_uid
