@@ -73,7 +73,6 @@ from slurmgpu.wire import (
 log = logging.getLogger("slurmgpu.api")
 
 
-
 class AuthBusyError(AuthError):
     """Too many MUNGE credentials are being decoded at once: retry later (503)."""
 

@@ -300,6 +300,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "listen_address",
             "model",
             "plaintext",
+            "replyauth",
             "settings_table",
             "tokens",
             "units",
