@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
+from slurmgpu.store.health import Cause, Diagnosis, StoreHealth, classify, sqlite_file
 from slurmgpu.store.schema import as_utc
 from slurmgpu.store.summary_columns import energy_columns, summary_columns
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
@@ -172,6 +173,8 @@ class UsageStore:
         self.spool_dropped: Counter[str] = Counter()
         self._told: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        # Set by the daemon: each stored batch tells /healthz that writes succeed.
+        self.health: StoreHealth | None = None
 
     def _tell_once(self, node: str, what: str, message: str, *args: object) -> None:
         key = (node, what)
@@ -362,10 +365,16 @@ class UsageStore:
                 else:  # driver did not count; ask
                     uids = [r[0] for r in gpu_rows] + [r[0] for r in host_rows]
                     accepted = self._count_uids(conn, uids)
-        except OperationalError as exc:
-            raise StoreBusyError(f"database busy or unavailable: {exc.orig}") from exc
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not store samples: {exc}") from exc
+            # One line naming the cause: the driver's message carries the statement and
+            # every row's parameters (a batch's worth of text, different each time).
+            found = classify(exc, sqlite_file(self.engine)) or Diagnosis(
+                Cause.ERROR, type(exc).__name__
+            )
+            error = StoreBusyError if isinstance(exc, OperationalError) else StoreError
+            raise error(f"could not store samples: {found}") from exc
+        if self.health is not None:
+            self.health.wrote()
         return accepted, total - accepted
 
     def _count_uids(self, conn: Any, uids: Sequence[str]) -> int:
