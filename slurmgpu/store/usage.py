@@ -172,6 +172,8 @@ class UsageStore:
         self.skewed: Counter[str] = Counter()
         self.spool_dropped: Counter[str] = Counter()
         self._told: set[tuple[str, str]] = set()
+        # Nodes whose agents are dropping samples now: their count when it started.
+        self._dropping: dict[str, int] = {}
         self._lock = threading.Lock()
         # Set by the daemon: each stored batch tells /healthz that writes succeed.
         self.health: StoreHealth | None = None
@@ -254,20 +256,55 @@ class UsageStore:
         return kept_gpu, kept_host
 
     def _note_spool(self, batch: SampleBatch) -> None:
-        """Warn when a node's spool dropped more samples since it last said (cumulative)."""
+        """Count a node's spool drops (cumulative in every batch) and say when they start.
+
+        One WARNING when a node's count first rises, DEBUG while it keeps rising, one
+        INFO when it stops (:meth:`_note_spool_stored`). A long outage fills an agent's
+        spool: every batch sent after that carries a higher count, while the store
+        refuses them (each retry) and when it takes them again (each of the up to
+        28,700 spooled batches): a line each refilled the disk that had just been freed.
+        """
         if not batch.dropped:
             return
         with self._lock:
             before = self.spool_dropped.get(batch.node, 0)
             self.spool_dropped[batch.node] = max(before, int(batch.dropped))
-        if batch.dropped > before:
-            log.warning(
-                "node %s: its agent has dropped %d sample(s) so far (%+d): offline too long "
-                "or its spool is full",
-                batch.node,
-                batch.dropped,
-                batch.dropped - before,
-            )
+            if batch.dropped <= before:
+                return
+            first = batch.node not in self._dropping
+            if first:
+                self._dropping[batch.node] = before
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "node %s: its agent has dropped %d sample(s) so far (%+d): offline too long "
+            "or its spool is full",
+            batch.node,
+            batch.dropped,
+            batch.dropped - before,
+        )
+
+    def _note_spool_stored(self, batch: SampleBatch, before: int) -> None:
+        """After ``batch`` was stored: a fresh batch (a sample within SKEW_LIMIT_S of now,
+        not one from the spool) whose count did not rise past ``before`` (the node's count
+        when it arrived) ends the node's drops."""
+        if batch.node not in self._dropping or batch.dropped > before:
+            return
+        now = float(self.clock())
+        times = [s.at for s in batch.gpu] + [h.at for h in batch.host]
+        if not any(abs(t - now) <= SKEW_LIMIT_S for t in times):
+            return
+        with self._lock:
+            start = self._dropping.get(batch.node)
+            total = self.spool_dropped.get(batch.node, 0)
+            if start is None or batch.dropped < total:
+                return
+            del self._dropping[batch.node]
+        log.info(
+            "node %s: its agent stopped dropping samples (%d so far, %+d in this outage)",
+            batch.node,
+            total,
+            total - start,
+        )
 
     def _count_skew(self, batch: SampleBatch) -> None:
         now = float(self.clock())
@@ -307,6 +344,7 @@ class UsageStore:
         sqlite = self.engine.dialect.name == "sqlite"
         at = _sqlite_time if sqlite else _epoch
         c, node = self.cluster, batch.node
+        dropped_before = self.spool_dropped.get(node, 0)
         self._count_skew(batch)
         gpu_samples, host_samples = self._checked(batch)
         gpu_rows = [
@@ -375,6 +413,7 @@ class UsageStore:
             raise error(f"could not store samples: {found}") from exc
         if self.health is not None:
             self.health.wrote()
+        self._note_spool_stored(batch, dropped_before)
         return accepted, total - accepted
 
     def _count_uids(self, conn: Any, uids: Sequence[str]) -> int:
