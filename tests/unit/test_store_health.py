@@ -416,6 +416,9 @@ def test_postgresql_sqlstates_map_to_the_same_causes(postgres_url: str) -> None:
         conn.execute(text("CREATE TABLE sgpu_health_probe (a int)"))
         conn.execute(text("DROP ROLE IF EXISTS sgpu_nopriv"))
         conn.execute(text("CREATE ROLE sgpu_nopriv LOGIN"))
+        # The schema may be one a test recreated (no USAGE for others): without USAGE the
+        # table is not found (42P01) instead of refused (42501).
+        conn.execute(text("GRANT USAGE ON SCHEMA public TO sgpu_nopriv"))
     try:
         with pytest.raises(SQLAlchemyError) as ro, engine.connect() as conn:
             conn.execute(text("SET TRANSACTION READ ONLY"))
@@ -433,6 +436,7 @@ def test_postgresql_sqlstates_map_to_the_same_causes(postgres_url: str) -> None:
     finally:
         with engine.begin() as conn:
             conn.execute(text("DROP TABLE IF EXISTS sgpu_health_probe"))
+            conn.execute(text("REVOKE USAGE ON SCHEMA public FROM sgpu_nopriv"))
             conn.execute(text("DROP ROLE IF EXISTS sgpu_nopriv"))
         engine.dispose()
 
