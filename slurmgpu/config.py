@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 # ConfigError and parse_duration stay importable from here: they are this module's API
 # (cli/submit.py and the tests read them from config).
+from slurmgpu.listen_address import parse_listen
 from slurmgpu.settings_table import ConfigError, TableReader
 from slurmgpu.units import parse_duration
 
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
         MalleableSettings,
         RightsizeSettings,
     )
+    from slurmgpu.policy.sizing import SizingRules
 
 __all__ = [
     "BACKENDS",
@@ -135,6 +137,12 @@ def _rightsize() -> RightsizeSettings:
     return RightsizeSettings()
 
 
+def _sizing() -> SizingRules:
+    from slurmgpu.policy.sizing import SizingRules
+
+    return SizingRules()
+
+
 def _idle_gpu() -> IdleGpuSettings:
     from slurmgpu.policy.settings import IdleGpuSettings
 
@@ -178,9 +186,14 @@ class PolicySettings:
     A policy table without ``mode`` takes ``daemon.mode`` (advise on a fresh install).
     ``history_days``: how far back priors learn from finished jobs. ``[policy.resize]``
     paces the resizes the malleable policy decides (``actuate.resize.ResizeSettings``).
+    ``sizing``: the site's one set of sizing rules (``policy.sizing.SizingRules``), whose
+    knobs the file writes in ``[policy.rightsize]`` and ``[policy.colocate]``
+    (``policy.settings.SIZING_KEYS``); rightsizing, co-location, the export and ``sgpu
+    eff`` all take it.
     """
 
     engine: EngineSettings = field(default_factory=_engine)
+    sizing: SizingRules = field(default_factory=_sizing)
     rightsize: RightsizeSettings = field(default_factory=_rightsize)
     idle_gpu: IdleGpuSettings = field(default_factory=_idle_gpu)
     colocate: ColocateSettings = field(default_factory=_colocate)
@@ -321,7 +334,7 @@ def _parse_document(doc: dict[str, Any], text: str, path: Path | None) -> Settin
         ),
         max_backoff=d.duration("max_backoff", timedelta(minutes=5), minimum=timedelta(seconds=1)),
         database=d.string("database", default_database_url()),
-        listen=d.string("listen", "127.0.0.1:8787"),
+        listen=_listen(d, "listen", "127.0.0.1:8787"),
         mode=d.string("mode", "advise", choices=MODES),
         vanish_after_cycles=d.integer("vanish_after_cycles", 2, minimum=1),
         api=d.boolean("api", True),
@@ -352,6 +365,19 @@ def _parse_document(doc: dict[str, Any], text: str, path: Path | None) -> Settin
     return Settings(daemon=daemon, slurm=slurm, policy=policy, notify=notify, source=path)
 
 
+def _listen(reader: _Reader, key: str, default: str) -> str:
+    """The API's HOST:PORT, checked now (:func:`slurmgpu.listen_address.parse_listen`),
+    not when the daemon first binds it."""
+    value = reader.string(key, default)
+    try:
+        parse_listen(value)
+    except ValueError as exc:
+        raise reader.fail(
+            key, f'must be HOST:PORT like "127.0.0.1:8787", not {value[:80]!r}: {exc}'
+        ) from None
+    return value
+
+
 def _uids(reader: _Reader, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
     if key not in reader.raw:
         return default
@@ -376,6 +402,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
         MalleableSettings,
         PolicyConfigError,
         RightsizeSettings,
+        sizing_from_mappings,
     )
 
     raw = doc.get("policy", {})
@@ -401,11 +428,13 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
     reader.finish()
     resize = _parse_resize(tables["resize"], text, path)
     try:
+        sizing, rightsize, colocate = sizing_from_mappings(tables["rightsize"], tables["colocate"])
         return PolicySettings(
             engine=EngineSettings.from_mapping(tables["engine"], "policy.engine"),
-            rightsize=RightsizeSettings.from_mapping(tables["rightsize"], "policy.rightsize"),
+            sizing=sizing,
+            rightsize=RightsizeSettings.from_mapping(rightsize, "policy.rightsize"),
             idle_gpu=IdleGpuSettings.from_mapping(tables["idle_gpu"], "policy.idle_gpu"),
-            colocate=ColocateSettings.from_mapping(tables["colocate"], "policy.colocate"),
+            colocate=ColocateSettings.from_mapping(colocate, "policy.colocate"),
             malleable=MalleableSettings.from_mapping(tables["malleable"], "policy.malleable"),
             las=AttainedServiceSettings.from_mapping(tables["las"], "policy.las"),
             resize=resize,

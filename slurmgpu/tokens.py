@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
+
+from slurmgpu.checkpoint_signal import CATCHABLE
 
 __all__ = [
     "CHECKPOINT_SIGNALS",
@@ -75,9 +76,7 @@ EDIR = "sgpu:edir"
 MAX_GRACE_S = 65535  # what sbatch --signal accepts
 MAX_DIR_CHARS = 1024
 # Signals a checkpoint request may use: any catchable one (never KILL or STOP).
-CHECKPOINT_SIGNALS = frozenset(
-    s.name.removeprefix("SIG") for s in signal.Signals if s.name.startswith("SIG")
-) - {"KILL", "STOP"}
+CHECKPOINT_SIGNALS = CATCHABLE
 
 _WORD_RE = re.compile(r"[^ \t\n\r\v\f,;]+")
 _GPU_MEM_RE = re.compile(r"sgpu:gpu-mem=([0-9]{1,9})")

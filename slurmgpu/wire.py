@@ -109,9 +109,16 @@ class NodeJobs(msgspec.Struct, frozen=True):
     jobs: list[NodeJob]
 
 
-class IngestResult(msgspec.Struct, frozen=True):
+class IngestResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The reply to a batch (200). Refused samples are left out for good (stamped in the
+    future, a job that did not run there, a GPU the node lacks): the batch is not to be
+    sent again. ``held``: of ``accepted``, samples of jobs the daemon has not seen yet,
+    counted once Slurm lists the job and they fit its run."""
+
     accepted: int
     duplicates: int
+    held: int = 0
+    refused: int = 0
 
 
 class JobStatus(msgspec.Struct, frozen=True):

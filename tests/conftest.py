@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
+from slurmgpu import userinput_stats
 from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages
 from tests import hypothesis_profiles  # noqa: F401 - registers and loads the profile
 
@@ -48,6 +49,13 @@ _TIER_OF_DIR = {
     _TESTS / "integration": pytest.mark.slow,  # real torch, the built wheel
     _TESTS / "bench": pytest.mark.slow,  # the bench scripts' smoke runs
 }
+
+
+@pytest.fixture(autouse=True)
+def _user_input_refusals_logged_afresh() -> None:
+    """Each test sees its first refusal of a job's input logged: which were logged is
+    remembered for the whole process (slurmgpu.userinput_stats)."""
+    userinput_stats.forget_logged()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from slurmgpu.actuate.resize import ResizeError, state_dir_of
-from slurmgpu.cycle.transactions import TransactionRow
+from slurmgpu.cycle.transactions import GuardedAckReader, TransactionRow
 from slurmgpu.elastic.spec import read_ack
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, slurm_job_ref
@@ -69,6 +69,7 @@ class PoolExecutor:
         self.slurm = slurm
         self.store = store
         self.ack_timeout = ack_timeout
+        self._read_ack = GuardedAckReader(read_ack)
 
     def start(
         self,
@@ -116,7 +117,7 @@ class PoolExecutor:
         by_sigterm = any(t.array_task_spec for t in mine if t.state is JobState.PENDING)
         payload["by_sigterm"] = by_sigterm
         for task in victims:
-            ack = read_ack(state_dir_of(spec, task), task.job_id)
+            ack = self._read_ack(state_dir_of(spec, task), task.job_id)
             payload["tasks"][str(task.job_id)] = {
                 "ref": slurm_job_ref(task),
                 "state_dir": state_dir_of(spec, task),
@@ -204,7 +205,7 @@ class PoolExecutor:
             if task["state"] == "planned":
                 row = self._signal(row, key, row.payload["signal"], at)
                 continue
-            ack = read_ack(task["state_dir"], int(key))
+            ack = self._read_ack(task["state_dir"], int(key))
             if ack is not None and ack.acks > task["acks_before"]:
                 self.slurm.requeue(task["ref"])
                 row = self._task_state(row, key, "requeued", at)

@@ -63,7 +63,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.cycle.transactions import AckReader, TransactionRow, Transactions
+from slurmgpu.cycle.transactions import (
+    AckReader,
+    GuardedAckReader,
+    TransactionRow,
+    Transactions,
+)
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, read_ack
 from slurmgpu.intent import Intent, Resize, SetGpus, SetNodes, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
@@ -205,7 +210,7 @@ class ResizeExecutor:
         self.store = store
         self.settings = settings or ResizeSettings()
         # ack.json in the job's state directory; the simulator reads SimSlurm's record.
-        self.read_ack: AckReader = acks or read_ack
+        self.read_ack: AckReader = GuardedAckReader(acks or read_ack)
 
     # ------------------------------------------------------------------ start
 

@@ -20,6 +20,7 @@ from slurmgpu.cli.context import (
     pass_app,
 )
 from slurmgpu.daemon.app import DaemonError, run_daemon
+from slurmgpu.listen_address import parse_listen
 
 # How each kind of DaemonError leaves the command (exit statuses: cli/context.py).
 _EXIT_CODES = {
@@ -71,6 +72,11 @@ def daemon(
     """Run the slurmgpu daemon: observe → store, and ingest agents' usage samples."""
     if log_format is not None:
         logs.set_format(log_format)
+    if listen is not None:
+        try:
+            parse_listen(listen)
+        except ValueError as exc:
+            fail(f"--listen {listen[:80]!r}: {exc}", 2)
     settings = app.settings
     poll = (
         timedelta(seconds=duration_option(interval)) if interval else settings.daemon.poll_interval

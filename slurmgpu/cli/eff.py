@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
 from slurmgpu.model import Job
+from slurmgpu.policy.colocate import shards_per_gpu
 from slurmgpu.report.eff import (
     EffThresholds,
     UsageSourceKind,
@@ -66,6 +67,16 @@ def load_usage(
     return [], [], "none"
 
 
+def cluster_shards_per_gpu(store: JobStore, job: Job) -> int | None:
+    """Shards per GPU on the nodes the job ran on (else on every known node), as the
+    store last saw them; None when no node has shards or they differ."""
+    nodes = store.known_nodes()
+    names = set(job.nodes) | {a.node for a in job.gpu_allocations}
+    mine = [n for name, n in nodes.items() if name in names] or list(nodes.values())
+    counts = {shards_per_gpu(n) for n in mine} - {0}
+    return counts.pop() if len(counts) == 1 else None
+
+
 def load_energy(usage: UsageStore, job: Job, source: UsageSourceKind) -> JobEnergy | None:
     """Return the job's GPU energy: from its samples, else from its end-of-job summary."""
     if source == "samples":
@@ -94,6 +105,7 @@ def eff(app: AppContext, job_id: str, as_json: bool) -> None:
             )
         gpus, hosts, source = load_usage(usage, job)
         energy = load_energy(usage, job, source)
+        shards = cluster_shards_per_gpu(store, job)
     except (StoreError, SQLAlchemyError) as exc:
         cause = getattr(exc, "orig", None) or exc
         fail(f"cannot read the store: {str(cause).splitlines()[0]}", EXIT_STORE)
@@ -102,7 +114,10 @@ def eff(app: AppContext, job_id: str, as_json: bool) -> None:
         gpus,
         hosts,
         datetime.now(UTC),
-        thresholds=EffThresholds.sized_as(app.settings.policy.rightsize),
+        # advice from the configuration the daemon reads: what it would set for such runs
+        thresholds=EffThresholds.for_site(
+            app.settings.policy.sizing, app.settings.policy.colocate, shards
+        ),
         source=source,
         energy=energy,
     )

@@ -72,9 +72,21 @@ def effective(settings: Settings) -> dict[str, Any]:
     return {
         "daemon": _table(settings.daemon),
         "slurm": _table(settings.slurm),
-        "policy": _table(settings.policy),
+        "policy": _policy_table(settings),
         "notify": _table(settings.notify),
     }
+
+
+def _policy_table(settings: Settings) -> dict[str, Any]:
+    """``[policy]``, with the sizing rules' knobs written in the tables the file keeps them
+    in (``SIZING_KEYS``: ``[policy.rightsize]`` and ``[policy.colocate]``)."""
+    from slurmgpu.policy.settings import SIZING_KEYS
+
+    doc = _table(settings.policy)
+    sizing = doc.pop("sizing")
+    for name, (table, key) in SIZING_KEYS.items():
+        doc[table][key] = sizing[_KEYS.get(name, name)]
+    return doc
 
 
 def unset(settings: Settings) -> list[str]:
@@ -85,8 +97,8 @@ def unset(settings: Settings) -> list[str]:
     def walk(obj: Any, table: dict[str, Any], prefix: str) -> None:
         for f in dataclasses.fields(obj):
             v, key = getattr(obj, f.name), _KEYS.get(f.name, f.name)
-            if f.name in {"password", "source"}:
-                continue
+            if f.name in {"password", "source"} or (prefix, key) == ("policy", "sizing"):
+                continue  # the sizing knobs are always set, in other tables (_policy_table)
             if dataclasses.is_dataclass(v):
                 walk(v, table[key], f"{prefix}.{key}")
             elif key not in table:

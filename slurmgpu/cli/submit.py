@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -85,7 +84,6 @@ def take_gpu_mem(args: tuple[str, ...]) -> tuple[int | None, tuple[str, ...]]:
 
 
 MALLEABLE_OPTIONS = ("--malleable", "--checkpoint-signal", "--checkpoint-grace", "--elastic-dir")
-_SIGNAL_NAME_RE = re.compile(r"^(SIG)?[A-Z0-9]{2,8}$")
 
 
 def take_values(
@@ -158,6 +156,7 @@ class MalleableRequest:
 
 def malleable_request(values: dict[str, str], pool: bool, args: list[str]) -> MalleableRequest:
     """Validate our malleable options; ValueError with a one-line reason."""
+    from slurmgpu.checkpoint_signal import checkpoint_signal
     from slurmgpu.config import parse_duration
     from slurmgpu.elastic.spec import parse_range
 
@@ -173,10 +172,19 @@ def malleable_request(values: dict[str, str], pool: bool, args: list[str]) -> Ma
             raise ValueError(f"--array {array!r} is not an array spec like 0-9%2") from None
     else:
         raise ValueError("--checkpoint-signal/--checkpoint-grace/--elastic-dir need --malleable")
-    sig = values.get("--checkpoint-signal", "USR2").strip().upper()
-    if not _SIGNAL_NAME_RE.match(sig):
-        raise ValueError(f"--checkpoint-signal {sig!r} is not a signal name like USR2")
-    sig = sig.removeprefix("SIG")
+    try:
+        sig = checkpoint_signal(values.get("--checkpoint-signal", "USR2"))
+    except ValueError as exc:
+        raise ValueError(f"--checkpoint-signal: {exc}") from None
+    own = _sbatch_option(args, "--signal")
+    if own is not None:  # kept instead of ours: the time limit's checkpoint request
+        flags, _, rest = own.rpartition(":")
+        try:
+            checkpoint_signal(rest.split("@", 1)[0])
+            if flags.strip("RB"):
+                raise ValueError(f"{flags!r} is not R, B or RB")
+        except ValueError as exc:
+            raise ValueError(f"--signal {own[:40]!r} of a malleable job: {exc}") from None
     grace = parse_duration(values.get("--checkpoint-grace", "120s"))
     grace_s = int(grace.total_seconds())
     if not 1 <= grace_s <= 65535:

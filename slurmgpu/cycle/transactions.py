@@ -10,6 +10,7 @@ a process that never restarts (the simulator).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +18,15 @@ from typing import Any, Protocol
 
 from slurmgpu.elastic.spec import Ack
 
-__all__ = ["AckReader", "MemoryTransactions", "TransactionRow", "Transactions"]
+__all__ = [
+    "AckReader",
+    "GuardedAckReader",
+    "MemoryTransactions",
+    "TransactionRow",
+    "Transactions",
+]
+
+log = logging.getLogger("slurmgpu.cycle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,30 @@ class AckReader(Protocol):
     ``ack.json`` its runtime writes in ``state_dir``; the simulator: SimSlurm's record)."""
 
     def __call__(self, state_dir: str, job_id: int) -> Ack | None: ...
+
+
+class GuardedAckReader:
+    """An :class:`AckReader` that never raises: whatever the wrapped reader raises on
+    one job (a bug, a record no one foresaw) is that job's "no acknowledgement yet", so
+    one job's ack never stops the others' transactions; logged once per job, with its
+    traceback. (``elastic.spec.read_ack`` itself refuses a bad file without raising.)"""
+
+    def __init__(self, reader: AckReader) -> None:
+        self.reader = reader
+        self._failed: set[int] = set()
+
+    def __call__(self, state_dir: str, job_id: int) -> Ack | None:
+        try:
+            ack = self.reader(state_dir, job_id)
+        except Exception:
+            if job_id not in self._failed:
+                if len(self._failed) > 10_000:
+                    self._failed.clear()
+                self._failed.add(job_id)
+                log.exception("job %d: acknowledgement not read; treated as none", job_id)
+            return None
+        self._failed.discard(job_id)
+        return ack
 
 
 class Transactions(Protocol):

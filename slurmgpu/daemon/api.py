@@ -322,7 +322,7 @@ class IngestService:
         except PermissionError as exc:
             return self._reject(peer, HTTPStatus.FORBIDDEN, str(exc))
         try:
-            accepted, duplicates = self.usage.ingest(batch)
+            outcome = self.usage.ingest_batch(batch)
         except StoreError as exc:  # StoreBusyError included
             # Every agent retries every interval: one line per outage, not one per request.
             level = logging.WARNING if str(exc) != self._store_trouble else logging.DEBUG
@@ -332,10 +332,18 @@ class IngestService:
         if self._store_trouble is not None:
             log.info("ingest works again")
             self._store_trouble = None
-        self.accepted += accepted
+        self.accepted += outcome.accepted
         if batch.dropped:
             log.debug("node %s reports %d samples dropped by its spool", batch.node, batch.dropped)
-        return HTTPStatus.OK.value, encode(IngestResult(accepted=accepted, duplicates=duplicates))
+        # 200 even when some samples were refused (each counted and logged once per node
+        # by the store): the rest are stored, and a resend could never change the verdict.
+        reply = IngestResult(
+            accepted=outcome.accepted,
+            duplicates=outcome.duplicates,
+            held=outcome.held,
+            refused=outcome.refused,
+        )
+        return HTTPStatus.OK.value, encode(reply)
 
     def get_node_jobs(self, peer: str, header: str | None, node: str) -> tuple[int, bytes]:
         if (busy := self._not_ready()) is not None:
@@ -719,11 +727,3 @@ class ApiServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=10)
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """Return (host, port) from ``"127.0.0.1:8787"``, ``"[::1]:8787"`` or ``":8787"``."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"listen address {listen!r} must look like 127.0.0.1:8787")
-    return (host.strip("[]") or "127.0.0.1"), int(port)

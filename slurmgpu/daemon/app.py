@@ -17,7 +17,8 @@ from typing import Literal
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.config import Settings
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
+from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.hold_release import HoldRelease
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
@@ -27,6 +28,7 @@ from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
 from slurmgpu.daemon.store_watch import StoreWatch
 from slurmgpu.daemon.summary import Summarizer
+from slurmgpu.listen_address import parse_listen
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store import JobStore, StoreDamagedError
@@ -102,9 +104,15 @@ class Daemon:
                 f"cannot load state from {database_name(store.engine)}: {exc}", "store"
             ) from None
         self.observer = observer
-        # Samples are kept only for jobs that ran on the posting node, on that node's GPUs.
-        usage.placement = SnapshotPlacement(lambda: observer.latest, store.engine, store.cluster)
+        # Samples are kept only where and when their job ran (node, its GPUs, its run);
+        # those of jobs not seen yet are held until a cycle lists them, as long as raw
+        # samples are kept at most.
+        usage.placement = placement = SnapshotPlacement(
+            lambda: observer.latest, store.engine, store.cluster
+        )
+        usage.hold.ttl = settings.daemon.sample_retention
         summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
+        hold_release = HoldRelease(usage, placement, store, summarizer)
         cycle = build_policy_cycle(settings, store, slurm) if policies else None
         self.metrics = metrics = DaemonMetrics(
             store.engine, store.cluster, snapshot=lambda: observer.latest
@@ -145,6 +153,8 @@ class Daemon:
         def act(result: CycleResult) -> None:
             if result.snapshot is None:
                 return
+            if lease.valid():  # before the summaries: they count what it releases
+                hold_release.after_cycle(result)
             ended = set(result.ended)
             for job in result.snapshot.jobs:
                 if job.job_id in ended:
@@ -235,7 +245,7 @@ class Daemon:
         try:
             host, port = parse_listen(listen)
         except ValueError as exc:
-            raise DaemonError(str(exc), "usage") from None
+            raise DaemonError(f"listen address {listen[:80]!r}: {exc}", "usage") from None
         try:
             secret = load_or_create_site_secret(Path(settings.daemon.secret_file))
         except (AuthError, OSError) as exc:

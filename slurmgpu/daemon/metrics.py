@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from slurmgpu import userinput_stats
 from slurmgpu.daemon.observer import CycleResult
 from slurmgpu.model import ClusterSnapshot
 from slurmgpu.slurm import decode_stats
@@ -117,6 +118,7 @@ class _StoreCollector(Collector):
             )
         yield from self._gpus()
         yield from _slurm_decode_metrics()
+        yield _user_input_metric()
         try:
             yield from self._store_counts()
             yield from self._power()
@@ -252,6 +254,20 @@ class _StoreCollector(Collector):
         yield txs
 
 
+def _user_input_metric() -> Metric:
+    """What users wrote that the daemon refused (this process), by source."""
+    rejected = CounterMetricFamily(
+        "sgpu_user_input_rejected",
+        "User-written input refused (a malleable job's ack.json or progress.json: a "
+        "FIFO, a link, too large or too deeply nested...; a malformed comment token); "
+        "that job alone goes without it.",
+        labels=["source"],
+    )
+    for source, n in sorted(userinput_stats.counts().items()):
+        rejected.add_metric([source], n)
+    return rejected
+
+
 def _slurm_decode_metrics() -> Iterator[Metric]:
     """What the Slurm decoders left out, and the data_parser versions seen (this process)."""
     stats = decode_stats.snapshot()
@@ -342,23 +358,40 @@ class DaemonMetrics:
         self._collector.watched.append(_Watched(name, help_text, kind, label, read))
 
     def watch_usage(self, usage: UsageStore) -> None:
-        """Export what ingest counts per sample: refused, kept unchecked, skewed, and
+        """Export what ingest counts per sample: refused, held, dropped from the hold, skewed, and
         the agents' spool drops."""
         self.watch(
             "sgpu_samples_refused",
-            "Agent samples left out: job not on the posting node, no such GPU.",
+            "Agent samples refused at ingest: job not on the posting node, GPU not allocated"
+            " to the job, outside the job's run, no such GPU, stamped in the future.",
             lambda: dict(usage.refused),
             label="reason",
         )
         self.watch(
             "sgpu_ingest_samples_unverified",
-            "Agent samples of a job the daemon had not seen (yet), kept unchecked, by node.",
+            "Agent samples of a job the daemon had not seen (yet), held until Slurm lists"
+            " it, by node.",
             lambda: dict(usage.unverified),
             label="node",
         )
         self.watch(
+            "sgpu_samples_dropped",
+            "Held samples dropped: not fitting their job's node, GPUs or run once listed"
+            " (unverified_job), job not run within the hold's age limit (hold_expired),"
+            " the node's hold full (hold_full).",
+            lambda: dict(usage.hold.dropped),
+            label="reason",
+        )
+        self.watch(
+            "sgpu_samples_held",
+            "Samples held (jobs not seen yet) after the last observe cycle.",
+            lambda: float(usage.hold.held_now),
+            kind="gauge",
+        )
+        self.watch(
             "sgpu_samples_skewed",
-            f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (stored), by node.",
+            f"Samples stamped over {SKEW_LIMIT_S:.0f}s from the daemon's clock (behind:"
+            " stored; ahead: refused), by node.",
             lambda: dict(usage.skewed),
             label="node",
         )

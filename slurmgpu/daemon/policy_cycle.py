@@ -44,6 +44,7 @@ from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.las import AttainedServicePolicy
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.recommend import recommendations
+from slurmgpu.policy.registry import in_pipeline_order
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.report.energy import JobEnergy, job_energy
 from slurmgpu.slurm.client import SlurmClient
@@ -156,7 +157,7 @@ class PolicyCycle:
         if self.export is None or self.rightsize is None:
             return
         by_key, fallback = recommendations(
-            self.rightsize.priors(self._history), self.rightsize.settings
+            self.rightsize.priors(self._history), self.rightsize.settings, self.rightsize.sizing
         )
         try:
             result = self.export.write(by_key, fallback)
@@ -195,12 +196,14 @@ class PolicyCycle:
         resize_cost, last_resize = (
             self.malleable.history() if self.malleable is not None and specs else (None, {})
         )
+        measured = self.directory.measure(cluster, specs) if self.directory and specs else None
+        if measured is not None and measured.refused:
+            # A job whose files were refused is not resized on them: not malleable here.
+            specs = {k: v for k, v in specs.items() if k not in measured.refused}
         return MalleableView(
             specs=specs,
             resizing=self.malleable.in_flight if self.malleable is not None else frozenset(),
-            throughput=(
-                self.directory.throughput(cluster, specs) if self.directory and specs else {}
-            ),
+            throughput=measured.throughput if measured is not None else {},
             resize_cost=resize_cost,
             last_resize_at=last_resize,
         )
@@ -325,16 +328,17 @@ class MailNotifier:
 def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) -> PolicyCycle:
     """The engine with every policy in its configured mode, wired to the store and Slurm."""
     p = settings.policy
-    rightsize = RightsizePolicy(p.rightsize)
+    rightsize = RightsizePolicy(p.rightsize, sizing=p.sizing)
     policies: list[tuple[Policy, Mode]] = [
         (IdleGpuPolicy(p.idle_gpu), p.idle_gpu.mode),
         (rightsize, p.rightsize.mode),
-        (ColocatePolicy(p.colocate), p.colocate.mode),
+        (ColocatePolicy(p.colocate, sizing=p.sizing), p.colocate.mode),
+        (MalleablePolicy(p.malleable), p.malleable.mode),
     ]
     if p.las.enabled:  # the site's opt-in ([policy.las] enabled = true)
         policies.append((AttainedServicePolicy(p.las), p.las.mode))
-    policies.append((MalleablePolicy(p.malleable), p.malleable.mode))
-    engine = PolicyEngine(policies, p.engine)
+    # the engine's pipeline order is the registry's, the simulator's too
+    engine = PolicyEngine(in_pipeline_order(policies), p.engine)
     notifier = None
     if settings.notify.enabled:
         from slurmgpu.notify.mailer import Mailer
@@ -351,6 +355,7 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         slurm, TransactionStore(store.engine, store.cluster), audit, p.resize
     )
     malleable.recover(datetime.now(UTC))
+    errors: Counter[str] = Counter()  # the cycle's and the directory's, one metric
     return PolicyCycle(
         engine,
         UsageStore(store.engine, store.cluster),
@@ -361,5 +366,6 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         export=RecommendationExport(p.recommendations_file) if p.recommendations_file else None,
         rightsize=rightsize,
         malleable=malleable,
-        directory=MalleableDirectory(store),
+        directory=MalleableDirectory(store, errors=errors),
+        errors=errors,
     )

@@ -52,6 +52,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from slurmgpu.checkpoint_signal import checkpoint_signal_number
 from slurmgpu.elastic.checkpoint import load_pickle, write_atomic, write_pickle
 from slurmgpu.elastic.spec import (
     ACK_FILE,
@@ -107,15 +108,12 @@ def hard_exit(code: int = 0) -> None:
 
 
 def _signal_number(name: str) -> signal.Signals:
-    text = name.strip().upper()
-    if text.isdigit():
-        return signal.Signals(int(text))
-    if not text.startswith("SIG"):
-        text = "SIG" + text
+    """The checkpoint signal ``name`` names (:mod:`slurmgpu.checkpoint_signal`: never
+    KILL or STOP); ValueError with a one-line reason naming SGPU_CHECKPOINT_SIGNAL."""
     try:
-        return signal.Signals[text]
-    except KeyError:
-        raise ValueError(f"unknown signal {name!r} (e.g. USR2)") from None
+        return checkpoint_signal_number(name)
+    except ValueError as exc:
+        raise ValueError(f"SGPU_CHECKPOINT_SIGNAL: {exc}") from None
 
 
 @dataclass

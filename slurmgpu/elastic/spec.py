@@ -20,28 +20,38 @@ daemon's only window into the job:
   nodes.
 - ``progress.json``: the measured throughput at each GPU count the job ran at.
 
-The daemon reads these as root from a directory the user owns, so reading is defensive:
-no symlinks followed, at most :data:`MAX_FILE_BYTES`, anything odd is "no ack".
+The daemon reads these as root from a directory the user owns, so reading is defensive
+(:mod:`slurmgpu.userfiles`, :mod:`slurmgpu.boundedjson`): no link followed, no FIFO
+waited on, at most :data:`MAX_FILE_BYTES`, JSON nested at most :data:`MAX_DEPTH` deep.
+``load_ack``/``load_progress`` say why a file is unusable (:class:`UserFileRejected`);
+``read_ack``/``read_progress`` never raise: an unusable file is "no ack" / "no
+progress", logged once per job and cause and counted in ``/metrics``
+(``sgpu_user_input_rejected_total``).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+from slurmgpu import boundedjson, userinput_stats
+from slurmgpu.userfiles import UserFileRejected, read_user_file
 
 __all__ = [
     "ACK_FILE",
     "DEFAULT_DIR_NAME",
+    "MAX_DEPTH",
     "MAX_FILE_BYTES",
+    "PROGRESS_FILE",
     "Ack",
     "Progress",
+    "UserFileRejected",
     "job_dir",
+    "load_ack",
+    "load_progress",
     "parse_range",
     "read_ack",
     "read_progress",
@@ -50,7 +60,9 @@ __all__ = [
 DEFAULT_DIR_NAME = ".sgpu-elastic"
 ACK_FILE = "ack.json"
 PROGRESS_FILE = "progress.json"
-MAX_FILE_BYTES = 64 * 1024
+MAX_FILE_BYTES: Final = 64 * 1024
+# Both files are an object holding at most one more object (the throughput table).
+MAX_DEPTH: Final = 8
 _RANGE_RE = re.compile(r"^\s*(\d{1,6})\s*:\s*(\d{1,6})\s*$")
 
 
@@ -70,25 +82,27 @@ def job_dir(state_dir: str | Path, job_id: int) -> Path:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    """A small regular file's JSON object, not following symlinks; None if anything is off."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    """The JSON object in the user's file ``path``; None when there is no file;
+    :class:`UserFileRejected` when it is not a small regular file holding a JSON object
+    nested at most :data:`MAX_DEPTH` deep (:mod:`slurmgpu.userfiles`,
+    :mod:`slurmgpu.boundedjson`)."""
+    data = read_user_file(path, max_bytes=MAX_FILE_BYTES)
+    if data is None:
         return None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
-            return None
-        data = os.read(fd, MAX_FILE_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+        value = boundedjson.loads(data, max_depth=MAX_DEPTH, max_bytes=MAX_FILE_BYTES)
+    except boundedjson.JsonRejected as exc:
+        raise UserFileRejected(exc.cause) from None
+    if not isinstance(value, dict):
+        raise UserFileRejected("not a JSON object")
+    return value
+
+
+def _check_record(raw: dict[str, Any], job_id: int) -> None:
+    if raw.get("version") != 1:
+        raise UserFileRejected("not a version-1 record")
+    if _int(raw.get("job_id")) != job_id:
+        raise UserFileRejected("written for another job")
 
 
 def _int(value: Any) -> int | None:
@@ -118,16 +132,37 @@ class Ack:
         }
 
 
-def read_ack(state_dir: str | Path, job_id: int) -> Ack | None:
-    """The job's ``ack.json``, or None when absent, unreadable or for another job."""
+def load_ack(state_dir: str | Path, job_id: int) -> Ack | None:
+    """The job's ``ack.json``; None when absent; :class:`UserFileRejected` when it is
+    there but unusable (see :func:`read_ack`)."""
     raw = _read_json(job_dir(state_dir, job_id) / ACK_FILE)
-    if raw is None or raw.get("version") != 1 or _int(raw.get("job_id")) != job_id:
+    if raw is None:
         return None
+    _check_record(raw, job_id)
     acks, restarts = _int(raw.get("acks")), _int(raw.get("restart_count"))
     at = raw.get("at")
     if acks is None or acks < 0 or restarts is None or not isinstance(at, int | float):
-        return None
+        raise UserFileRejected("fields of the wrong type")
+    if isinstance(at, bool) or not math.isfinite(at):
+        raise UserFileRejected("fields of the wrong type")
     return Ack(job_id, acks, restarts, _int(raw.get("step")), _int(raw.get("gpus")), float(at))
+
+
+def read_ack(state_dir: str | Path, job_id: int) -> Ack | None:
+    """The job's ``ack.json``, or None when absent, unusable or for another job; never
+    raises. An unusable one is logged once per job and cause, and counted
+    (:mod:`slurmgpu.userinput_stats`, source ``ack``)."""
+    try:
+        return load_ack(state_dir, job_id)
+    except UserFileRejected as exc:
+        userinput_stats.rejected(
+            "ack",
+            job_id,
+            exc.cause,
+            what=f"{ACK_FILE} in {job_dir(state_dir, job_id)}",
+            consequence="treated as no acknowledgement (a resize waiting on it is aborted)",
+        )
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,16 +174,43 @@ class Progress:
     step: int | None = None
 
 
-def read_progress(state_dir: str | Path, job_id: int) -> Progress | None:
+def load_progress(state_dir: str | Path, job_id: int) -> Progress | None:
+    """The job's ``progress.json``; None when absent; :class:`UserFileRejected` when it
+    is there but unusable. Entries of the throughput table that are not a GPU count and a
+    finite rate >= 0 are left out (the rest is used); at most 64 entries are read."""
     raw = _read_json(job_dir(state_dir, job_id) / PROGRESS_FILE)
-    if raw is None or raw.get("version") != 1 or _int(raw.get("job_id")) != job_id:
+    if raw is None:
         return None
+    _check_record(raw, job_id)
     table = raw.get("throughput")
     if not isinstance(table, dict):
-        return None
+        raise UserFileRejected("fields of the wrong type")
     out: dict[int, float] = {}
     for key, value in list(table.items())[:64]:
-        ok = isinstance(key, str) and key.isdigit() and isinstance(value, int | float)
+        ok = (
+            isinstance(key, str)
+            and key.isascii()
+            and key.isdigit()
+            and len(key) <= 6
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+        )
         if ok and math.isfinite(value) and value >= 0:
             out[int(key)] = float(value)
     return Progress(job_id, out, _int(raw.get("step")))
+
+
+def read_progress(state_dir: str | Path, job_id: int) -> Progress | None:
+    """The job's ``progress.json``, or None when absent or unusable; never raises. An
+    unusable one is logged once per job and cause, and counted (source ``progress``)."""
+    try:
+        return load_progress(state_dir, job_id)
+    except UserFileRejected as exc:
+        userinput_stats.rejected(
+            "progress",
+            job_id,
+            exc.cause,
+            what=f"{PROGRESS_FILE} in {job_dir(state_dir, job_id)}",
+            consequence="no throughput is read from it",
+        )
+        return None

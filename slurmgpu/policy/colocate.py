@@ -19,9 +19,11 @@ packed when
 
 - light: util <= ``max_util_pct`` (a shareable job without history counts at that ceiling);
 - memory fits: shards are memory budgets. ``N = max(ceil(S * mem / (device - margin)),
-  ceil(S / max_jobs_per_gpu))``; Slurm never puts more than ``S`` shards on a GPU, so the
-  jobs on one GPU together never declare more than the device less the margin. ``N >= S``
-  is not sharing and is left alone;
+  ceil(S / max_jobs_per_gpu))`` (:meth:`SizingRules.shards
+  <slurmgpu.policy.sizing.SizingRules.shards>`, the site's rules, which ``sgpu eff``
+  advises by too); Slurm never puts more than ``S`` shards on a GPU, so the jobs on one GPU
+  together never declare more than the device less the margin. ``N >= S`` is not sharing
+  and is left alone;
 - it shares well: the interference model's slowdown of the job next to the worst partners
   its GPU could get (as many as the remaining shards allow, each at the ceiling) and of such
   a partner next to it are both within ``max_slowdown``.
@@ -60,6 +62,7 @@ from slurmgpu.policy.base import Action, GpuStat, HistoryRecord, PolicySnapshot,
 from slurmgpu.policy.interference import COEFFICIENTS, InterferenceModel, slowdown_with
 from slurmgpu.policy.priors import LEVELS, Priors
 from slurmgpu.policy.settings import ColocateSettings
+from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.tokens import SEPARATED, add_to_comment, parse
 
 __all__ = [
@@ -69,8 +72,10 @@ __all__ = [
     "JOB_LEVELS",
     "ColocateHints",
     "ColocatePolicy",
+    "ShardFit",
     "converts_gpu_to_shards",
     "hints_from_comment",
+    "shard_fit",
     "shards_per_gpu",
 ]
 
@@ -130,6 +135,53 @@ def shards_per_gpu(node: Node) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardFit:
+    """A light job's share of one GPU: ``shards`` of ``shards_per_gpu``, and the
+    interference model's slowdowns next to the worst ``partners`` its GPU could get."""
+
+    shards: int
+    shards_per_gpu: int
+    partners: int
+    slowdown: float  # the job's own
+    partner_slowdown: float  # such a partner's, next to it
+
+
+def shard_fit(
+    util_pct: float,
+    memory_mib: float,
+    shards_per_gpu: int,
+    device_mib: float,
+    settings: ColocateSettings,
+    sizing: SizingRules,
+    model: InterferenceModel = COEFFICIENTS,
+) -> ShardFit | None:
+    """Whether a job of this GPU util and memory is packed, and onto how many shards, or
+    None: it stays on a whole GPU (too busy, too big, or it would slow a partner or be
+    slowed past ``max_slowdown``). The daemon's packing decides with it
+    (:class:`ColocatePolicy`), and ``sgpu eff``'s shard advice is it.
+
+    >>> fit = shard_fit(10.0, 4096, 16, 40960, ColocateSettings(), SizingRules())
+    >>> fit.shards, fit.partners
+    (8, 1)
+    >>> shard_fit(60.0, 4096, 16, 40960, ColocateSettings(), SizingRules()) is None
+    True
+    """
+    if util_pct > settings.max_util_pct or device_mib - sizing.memory_margin_mib <= 0:
+        return None
+    n = sizing.shards(memory_mib, device_mib, shards_per_gpu)
+    if n >= shards_per_gpu:
+        return None
+    least = math.ceil(shards_per_gpu / sizing.max_jobs_per_gpu)
+    partners = min(sizing.max_jobs_per_gpu - 1, (shards_per_gpu - n) // least)
+    ceiling = settings.max_util_pct
+    own = slowdown_with(util_pct, [ceiling] * partners, model)
+    theirs = slowdown_with(ceiling, [util_pct] + [ceiling] * (partners - 1), model)
+    if max(own, theirs) > settings.max_slowdown:
+        return None
+    return ShardFit(n, shards_per_gpu, partners, own, theirs)
+
+
+@dataclass(frozen=True, slots=True)
 class _Verdict:
     """What packing one profile means: shared by every pending job with that profile."""
 
@@ -149,9 +201,14 @@ class ColocatePolicy:
     name = "colocate"
 
     def __init__(
-        self, settings: ColocateSettings | None = None, model: InterferenceModel = COEFFICIENTS
+        self,
+        settings: ColocateSettings | None = None,
+        model: InterferenceModel = COEFFICIENTS,
+        *,
+        sizing: SizingRules | None = None,
     ) -> None:
         self.settings = settings or ColocateSettings()
+        self.sizing = sizing or SizingRules()  # the shard rule, its margin and jobs per GPU
         self.model = model
         self._cached: tuple[Sequence[HistoryRecord], Priors] | None = None
 
@@ -197,7 +254,7 @@ class ColocatePolicy:
         if not pending:
             return []
         device_mib = self._device_memory_mib(snapshot)
-        if device_mib is None or device_mib - s.memory_margin_mib <= 0:
+        if device_mib is None or device_mib - self.sizing.memory_margin_mib <= 0:
             return []
         convert_gpu = s.convert_gpu_requests == "always" or (
             s.convert_gpu_requests == "auto" and converts_gpu_to_shards(cluster.slurm_version)
@@ -248,7 +305,7 @@ class ColocatePolicy:
                 for m in (hints.gpu_memory_mib, est.peak_gpu_memory_mib if est else None)
                 if m is not None
             ]
-            if not known_memory or util > s.max_util_pct:
+            if not known_memory:
                 continue
             memory = float(max(known_memory))
             memory_source = (
@@ -307,25 +364,17 @@ class ColocatePolicy:
     ) -> _Verdict | None:
         """The shard count and its justification for one profile, or None: leave it whole."""
         s = self.settings
-        usable = device_mib - s.memory_margin_mib
-        least = math.ceil(shards / s.max_jobs_per_gpu)
-        by_memory = math.ceil(shards * memory_mib / usable - 1e-9)
-        n = max(by_memory, least, 1)
-        if n >= shards:
+        fit = shard_fit(util, memory_mib, shards, device_mib, s, self.sizing, self.model)
+        if fit is None:
             return None
-        partners = min(s.max_jobs_per_gpu - 1, (shards - n) // least)
-        ceiling = s.max_util_pct
-        own = slowdown_with(util, [ceiling] * partners, self.model)
-        theirs = slowdown_with(ceiling, [util] + [ceiling] * (partners - 1), self.model)
-        if max(own, theirs) > s.max_slowdown:
-            return None
+        n, partners, own, theirs = fit.shards, fit.partners, fit.slowdown, fit.partner_slowdown
         numbers: Numbers = {
             "util_pct": round(util, 1),
             "util_source": util_source,
             "gpu_memory_mib": round(memory_mib),
             "gpu_memory_source": memory_source,
             "device_memory_mib": round(device_mib),
-            "memory_margin_mib": s.memory_margin_mib,
+            "memory_margin_mib": self.sizing.memory_margin_mib,
             "shards_per_gpu": shards,
             "shards_proposed": n,
             "partners_max": partners,
@@ -408,7 +457,8 @@ class ColocatePolicy:
         why: list[str] = []
         if total:
             fraction = used / total
-            if fraction >= s.separate_memory_fraction or used + s.memory_margin_mib > total:
+            margin = self.sizing.memory_margin_mib
+            if fraction >= s.separate_memory_fraction or used + margin > total:
                 why.append(f"together {used / 1024:.1f} of {total / 1024:.1f} GiB ({fraction:.0%})")
         if worst > s.max_slowdown:
             slowest = max(slowdowns, key=lambda j: (slowdowns[j], -j))

@@ -8,27 +8,24 @@ from dataclasses import replace
 
 from slurmgpu.policy.priors import Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
-from slurmgpu.policy.sizing import key_sizes, limit_from_history, time_limit_s
+from slurmgpu.policy.sizing import SizingRules, key_sizes, limit_from_history
 
 
-def advice(est: Estimate, s: RightsizeSettings) -> dict[str, int | None]:
-    """The requests history supports, by the rules RightsizePolicy uses
-    (:mod:`slurmgpu.policy.sizing`): the same time limit (in minutes, a whole number of
-    ``time_round``), memory per node and GPUs. No CPU count: rightsizing keeps
+def advice(est: Estimate, s: RightsizeSettings, rules: SizingRules) -> dict[str, int | None]:
+    """The requests history supports, by the rules RightsizePolicy uses (the site's
+    :class:`~slurmgpu.policy.sizing.SizingRules`): the same time limit (in minutes, a
+    whole number of ``time_round``), memory per node and GPUs. No CPU count: rightsizing keeps
     ``target_cores_per_gpu`` per GPU of the job, and a per-key export cannot know how
     many GPUs the next submission asks for. No time limit from a key with a restarted
     run (:func:`~slurmgpu.policy.sizing.limit_from_history`; the levels are the
     caller's: :func:`recommendations` leaves the user's fallback without one)."""
     time_min = None
     if s.time_limit and limit_from_history(est, from_other_jobs=True):
-        seconds = time_limit_s(
-            est.run_time.total_seconds(),
-            s.time_headroom,
-            s.time_round.total_seconds(),
-            s.min_time_limit.total_seconds(),
-        )
+        seconds = rules.time_limit_s(est.run_time.total_seconds())
         time_min = -(-seconds // 60)
-    sizes = key_sizes(est, s)
+    sizes = key_sizes(
+        est, rules, memory=s.memory, cpus=s.cpus, gpus=s.gpus, min_history=s.min_history
+    )
     return {
         "time_limit_min": time_min,
         "mem_mib": sizes.memory_mib,
@@ -39,7 +36,7 @@ def advice(est: Estimate, s: RightsizeSettings) -> dict[str, int | None]:
 
 
 def recommendations(
-    priors: Priors, settings: RightsizeSettings
+    priors: Priors, settings: RightsizeSettings, rules: SizingRules
 ) -> tuple[dict[str, dict[str, int | None]], dict[str, dict[str, int | None]]]:
     """(by "user|name|partition", fallback by user) for the export.
 
@@ -48,11 +45,11 @@ def recommendations(
     the run).
     """
     by_key = {
-        f"{user}|{name}|{partition}": advice(est, settings)
+        f"{user}|{name}|{partition}": advice(est, settings, rules)
         for (user, name, partition), est in _sorted(priors.key_estimates())
     }
     user_level = settings if settings.time_from_other_jobs else replace(settings, time_limit=False)
-    fallback = {user: advice(est, user_level) for user, est in priors.user_estimates()}
+    fallback = {user: advice(est, user_level, rules) for user, est in priors.user_estimates()}
     return by_key, fallback
 
 

@@ -6,7 +6,8 @@ jobs are candidates (a hold does not change what the job needs), requeued jobs a
 candidates, and a pending array meta-record (``120_[3-9]``) is one candidate addressed as
 that range, since its tasks share one shape; tasks already split out are their own jobs.
 
-Rules (defaults in :class:`~slurmgpu.policy.settings.RightsizeSettings`):
+Rules (defaults in :class:`~slurmgpu.policy.settings.RightsizeSettings`, the sizing knobs
+in the site's :class:`~slurmgpu.policy.sizing.SizingRules`):
 
 - the time limit (``SetTimeLimit``) = the larger of ``time_quantile`` (0.95) *
   ``time_headroom`` (1.3) of past run times (for the job's GPU count: runs that asked
@@ -79,7 +80,7 @@ from slurmgpu.model import Job, JobState
 from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.priors import Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
-from slurmgpu.policy.sizing import key_sizes, limit_from_history, time_limit_s
+from slurmgpu.policy.sizing import SizingRules, key_sizes, limit_from_history, time_limit_s
 from slurmgpu.tokens import NORIGHTSIZE, rightsize_opted_out
 from slurmgpu.units import format_time_limit
 
@@ -156,8 +157,10 @@ def _same_request(a: Job, b: Job) -> bool:
 
 
 class _Seconds(NamedTuple):
-    """The settings' durations in seconds, converted once per policy, not per estimate."""
+    """The time rule's knobs (durations in seconds), converted once per policy, not per
+    estimate."""
 
+    headroom: float
     min_time_s: float
     round_s: float
 
@@ -178,8 +181,12 @@ class _KeyDerived(msgspec.Struct, gc=False):
     gpus_requested: int  # the most GPUs a run at the key asked for
 
 
-def _key_derived(key: tuple[int | str, ...], est: Estimate, s: RightsizeSettings) -> _KeyDerived:
-    sizes = key_sizes(est, s)
+def _key_derived(
+    key: tuple[int | str, ...], est: Estimate, s: RightsizeSettings, rules: SizingRules
+) -> _KeyDerived:
+    sizes = key_sizes(
+        est, rules, memory=s.memory, cpus=s.cpus, gpus=s.gpus, min_history=s.min_history
+    )
     return _KeyDerived(
         key,
         est,
@@ -254,7 +261,7 @@ def _derive(
     run_time_s, samples, gpu_samples, gpu_scaled = run
     time_s: int | None = None
     if s.time_limit and k.sets_limit:
-        time_s = time_limit_s(run_time_s, s.time_headroom, c.round_s, c.min_time_s)
+        time_s = time_limit_s(run_time_s, c.headroom, c.round_s, c.min_time_s)
     return _Derived(
         k,
         run_time_s,
@@ -308,6 +315,7 @@ class _Unseen(enum.Enum):
 class RightsizePolicy:
     """Proposes smaller time limits, memory, CPUs and GPUs for pending jobs.
 
+    ``sizing`` is the site's :class:`SizingRules` (headroom, rounding, minimum).
     ``priors_factory`` turns ``snapshot.history`` into :class:`Priors`; the default uses
     the settings' quantile and ``min_history``. The priors of the last history tuple seen
     are kept, so a daemon or simulator that passes the same tuple again pays for them
@@ -320,8 +328,11 @@ class RightsizePolicy:
         self,
         settings: RightsizeSettings | None = None,
         priors_factory: PriorsFactory | None = None,
+        *,
+        sizing: SizingRules | None = None,
     ) -> None:
         self.settings = settings or RightsizeSettings()
+        self.sizing = sizing or SizingRules()
         s = self.settings
         self._factory: PriorsFactory = priors_factory or (
             lambda records: Priors.from_history(
@@ -352,8 +363,12 @@ class RightsizePolicy:
         # no verdict yet, or one from their user's history before it changed.
         self.backlog = 0
         self._keep = 1.0 - s.min_change_fraction
-        self._round_s = s.time_round.total_seconds()
-        self._seconds = _Seconds(s.min_time_limit.total_seconds(), self._round_s)
+        rules = self.sizing
+        self._seconds = _Seconds(
+            rules.time_headroom,
+            rules.min_time_limit.total_seconds(),
+            rules.time_round.total_seconds(),
+        )
 
     def priors(self, history: Sequence[HistoryRecord]) -> Priors:
         """Return priors for ``history``, reusing them when it is the same object.
@@ -429,7 +444,7 @@ class RightsizePolicy:
                         longest[j.user] = {j.name: elapsed}
                     elif elapsed > names.get(j.name, 0.0):
                         names[j.name] = elapsed
-        headroom, round_s, min_s = s.time_headroom, self._round_s, self._seconds.min_time_s
+        headroom, min_s, round_s = self._seconds
         # (elapsed, the time limit floor it implies), once per user and name
         sibling_s: dict[str, dict[str, tuple[float, int]]] = {
             user: {
@@ -578,7 +593,7 @@ class RightsizePolicy:
         if k is None:
             est = priors.key_estimate(key)
             assert est is not None  # an answering key has an estimate
-            k = self._derived[key] = _key_derived(key, est, self.settings)
+            k = self._derived[key] = _key_derived(key, est, self.settings, self.sizing)
         return k
 
     def _propose_one(

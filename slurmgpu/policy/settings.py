@@ -42,12 +42,14 @@ from typing import Any, Literal, cast
 
 from slurmgpu.policy import sizing
 from slurmgpu.policy.base import Mode
+from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.settings_table import TableReader
 
 __all__ = [
     "GPU_CONVERSIONS",
     "IDLE_ACTIONS",
     "REQUEUE_FALLBACKS",
+    "SIZING_KEYS",
     "AttainedServiceSettings",
     "ColocateSettings",
     "EngineSettings",
@@ -55,6 +57,7 @@ __all__ = [
     "MalleableSettings",
     "PolicyConfigError",
     "RightsizeSettings",
+    "sizing_from_mappings",
 ]
 
 IdleAction = Literal["requeue", "cancel", "notify"]
@@ -130,6 +133,25 @@ class _Table(TableReader):
             raise self.fail(key, f"must be one of {', '.join(choices)}, not {value!r}")
         return value
 
+    def size_mib(self, key: str, default: int | None) -> int | None:
+        """A size in MiB: ``"2GiB"``, ``"512MiB"`` or a number of MiB; ``"auto"``: None."""
+        if key not in self.raw:
+            return default
+        value = self.raw.pop(key)
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return None
+        from slurmgpu.units import parse_size_mib
+
+        try:
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise ValueError
+            mib = value if isinstance(value, int) else parse_size_mib(value)
+        except ValueError:
+            raise self.fail(key, f'must be a size like "2GiB" or "512MiB", not {value!r}') from None
+        if mib < 0:
+            raise self.fail(key, f"must not be negative, not {value!r}")
+        return mib
+
     def mode(self, key: str, default: Mode) -> Mode:
         return Mode(self.choice(key, default.value, tuple(m.value for m in Mode)))
 
@@ -142,6 +164,62 @@ class _Table(TableReader):
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise self.fail(key, f'must be a list of names like ["a", "b"], not {value!r}')
         return frozenset(cast("list[str]", value))
+
+
+# SizingRules field -> (the policy table that writes it, its key there): the site's sizing
+# knobs are written where they were before issue 37 made them one object.
+SIZING_KEYS: Mapping[str, tuple[str, str]] = {
+    "time_headroom": ("rightsize", "time_headroom"),
+    "time_round": ("rightsize", "time_round"),
+    "min_time_limit": ("rightsize", "min_time_limit"),
+    "memory_headroom": ("rightsize", "memory_headroom"),
+    "memory_round_mib": ("rightsize", "memory_round_mib"),
+    "cpu_headroom": ("rightsize", "cpu_headroom"),
+    "memory_margin_mib": ("colocate", "memory_margin"),
+    "max_jobs_per_gpu": ("colocate", "max_jobs_per_gpu"),
+}
+
+
+def sizing_from_mappings(
+    rightsize: Mapping[str, Any], colocate: Mapping[str, Any], where: str = "policy"
+) -> tuple[SizingRules, dict[str, Any], dict[str, Any]]:
+    """The site's :class:`SizingRules` from the ``[policy.rightsize]`` and
+    ``[policy.colocate]`` tables (the keys of :data:`SIZING_KEYS`), and each table without
+    them, for :meth:`RightsizeSettings.from_mapping` and
+    :meth:`ColocateSettings.from_mapping`. Raises PolicyConfigError naming the table.
+
+    >>> rules, rest, _ = sizing_from_mappings({"time_headroom": 1.5, "mode": "observe"}, {})
+    >>> rules.time_headroom, rest
+    (1.5, {'mode': 'observe'})
+    """
+    tables = {"rightsize": rightsize, "colocate": colocate}
+    for name, table in tables.items():
+        if not isinstance(table, Mapping):
+            raise PolicyConfigError("", "must be a table", where=f"{where}.{name}")
+    keys = {name: {key for table, key in SIZING_KEYS.values() if table == name} for name in tables}
+    r, c = (
+        _Table({k: v for k, v in tables[name].items() if k in keys[name]}, f"{where}.{name}")
+        for name in tables
+    )
+    margin = c.size_mib("memory_margin", sizing.MEMORY_MARGIN_MIB)
+    rules = SizingRules(
+        time_headroom=r.number("time_headroom", sizing.TIME_HEADROOM, minimum=1.0),
+        time_round=r.duration("time_round", sizing.TIME_ROUND, minimum=timedelta(minutes=1)),
+        min_time_limit=r.duration(
+            "min_time_limit", sizing.MIN_TIME_LIMIT, minimum=timedelta(minutes=1)
+        ),
+        memory_headroom=r.number("memory_headroom", sizing.MEMORY_HEADROOM, minimum=1.0),
+        memory_round_mib=r.integer("memory_round_mib", sizing.MEMORY_ROUND_MIB, minimum=1),
+        cpu_headroom=r.number("cpu_headroom", sizing.CPU_HEADROOM, minimum=1.0),
+        memory_margin_mib=sizing.MEMORY_MARGIN_MIB if margin is None else margin,
+        max_jobs_per_gpu=c.integer("max_jobs_per_gpu", sizing.MAX_JOBS_PER_GPU, minimum=2),
+    )
+    r.finish()
+    c.finish()
+    rest_r, rest_c = (
+        {k: v for k, v in tables[name].items() if k not in keys[name]} for name in tables
+    )
+    return rules, rest_r, rest_c
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,17 +277,16 @@ class RightsizeSettings:
     - ``apply_to_all`` (false): only jobs that opted in (``sgpu submit --rightsize`` or a
       job_submit tag, listed in ``PolicySnapshot.opted_in``) are changed; true changes
       every pending job. Either way every proposal is audited.
-    - ``time_quantile`` (0.95, nearest rank) * ``time_headroom`` (1.3) of past run
-      times, rounded up to ``time_round`` (5 min), at least ``min_time_limit`` (15 min).
-      These and the memory and CPU rules below are :mod:`slurmgpu.policy.sizing`'s, which
-      the export for job_submit.lua and ``sgpu eff`` use too.
+    - ``time_quantile`` (0.95, nearest rank) of past run times is what the time limit is
+      sized from. The sizing knobs written in this table (``time_headroom``,
+      ``time_round``, ``min_time_limit``, ``memory_headroom``, ``memory_round_mib``,
+      ``cpu_headroom``) are not fields here: they are read into the site's one
+      :class:`~slurmgpu.policy.sizing.SizingRules` (:func:`sizing_from_mappings`), which
+      co-location, the export for job_submit.lua and ``sgpu eff`` take too.
     - ``time_from_other_jobs`` (false): a ``TimeLimit`` comes only from runs of the same
       script or job name; the user's other jobs (the ``user+partition`` / ``user``
       history levels) never set one, since a limit that is too short kills the run.
-    - ``memory_headroom`` (1.2, jobstats' ``ceil(1.2 * used)``) * the peak, rounded up to
-      ``memory_round_mib`` (256 MiB).
-    - ``cpu_headroom`` (1.2) * the most cores a past run used on average, never below
-      ``target_cores_per_gpu`` (12, JDS) per GPU.
+    - ``target_cores_per_gpu`` (12, JDS): CPUs are never cut below this many per GPU.
     - ``min_history`` (3): past runs needed at a key before it is trusted.
     - ``min_change_fraction`` (0.2): smaller reductions are not proposed.
     - ``max_judged_per_cycle`` (25,000; 0: no limit): pending jobs judged anew in one
@@ -219,8 +296,8 @@ class RightsizeSettings:
       verdict first, each oldest first (the order the engine's rate limit takes
       changes in). A job whose history changed keeps its last verdict until then.
 
-    >>> RightsizeSettings.from_mapping({"time_headroom": 1.5}, "policy.rightsize").time_headroom
-    1.5
+    >>> RightsizeSettings.from_mapping({"time_quantile": 0.9}, "policy.rightsize").time_quantile
+    0.9
     """
 
     mode: Mode = Mode.ADVISE
@@ -230,13 +307,7 @@ class RightsizeSettings:
     gpus: bool = True
     apply_to_all: bool = False
     time_quantile: float = 0.95
-    time_headroom: float = sizing.TIME_HEADROOM
-    min_time_limit: timedelta = sizing.MIN_TIME_LIMIT
-    time_round: timedelta = sizing.TIME_ROUND
     time_from_other_jobs: bool = False
-    memory_headroom: float = sizing.MEMORY_HEADROOM
-    memory_round_mib: int = sizing.MEMORY_ROUND_MIB
-    cpu_headroom: float = sizing.CPU_HEADROOM
     min_history: int = 3
     target_cores_per_gpu: int = 12
     min_change_fraction: float = 0.2
@@ -258,15 +329,7 @@ class RightsizeSettings:
             time_quantile=t.number(
                 "time_quantile", 0.95, minimum=0.0, maximum=1.0, above_minimum=True
             ),
-            time_headroom=t.number("time_headroom", sizing.TIME_HEADROOM, minimum=1.0),
-            min_time_limit=t.duration(
-                "min_time_limit", sizing.MIN_TIME_LIMIT, minimum=timedelta(minutes=1)
-            ),
-            time_round=t.duration("time_round", sizing.TIME_ROUND, minimum=timedelta(minutes=1)),
             time_from_other_jobs=t.boolean("time_from_other_jobs", False),
-            memory_headroom=t.number("memory_headroom", sizing.MEMORY_HEADROOM, minimum=1.0),
-            memory_round_mib=t.integer("memory_round_mib", sizing.MEMORY_ROUND_MIB, minimum=1),
-            cpu_headroom=t.number("cpu_headroom", sizing.CPU_HEADROOM, minimum=1.0),
             min_history=t.integer("min_history", 3, minimum=1),
             target_cores_per_gpu=t.integer("target_cores_per_gpu", 12, minimum=1),
             min_change_fraction=t.number(
@@ -377,9 +440,11 @@ class ColocateSettings:
       ``max_util_pct`` (40 %); a shareable job without history is taken to be at that
       ceiling. Its GPU memory is the larger of the declared ``--gpu-mem`` and the
       history's peak; unknown memory is never packed.
-    - ``max_jobs_per_gpu`` (2); ``memory_margin_mib`` (2 GiB, written ``"2GiB"``): kept
-      free on every shared GPU; ``device_memory_mib`` (None: the smallest GPU memory the
-      agents report) is the memory of one GPU.
+    - ``device_memory_mib`` (None, written ``"auto"``: the smallest GPU memory the agents
+      report) is the memory of one GPU. The shard rule's knobs written in this table,
+      ``max_jobs_per_gpu`` (2) and ``memory_margin`` (2 GiB, kept free on every shared
+      GPU), are the site's :class:`~slurmgpu.policy.sizing.SizingRules`'
+      (:func:`sizing_from_mappings`), as ``sgpu eff``'s shard advice reads them too.
     - ``max_slowdown`` (1.25): the interference model's predicted slowdown of a job and of
       a worst-case partner must stay within it.
     - ``convert_gpu_requests`` (auto): turn ``gres/gpu:1`` requests into shards --
@@ -393,14 +458,12 @@ class ColocateSettings:
     ``max_slowdown``, the newest sharing job is requeued onto a whole GPU's shards. A job
     is judged once it has ``min_samples`` (3) samples on that GPU.
 
-    >>> ColocateSettings.from_mapping({"memory_margin": "4GiB"}).memory_margin_mib
-    4096
+    >>> ColocateSettings.from_mapping({"device_memory": "24GiB"}).device_memory_mib
+    24576
     """
 
     mode: Mode = Mode.ADVISE
     apply_to_all: bool = False
-    max_jobs_per_gpu: int = 2
-    memory_margin_mib: int = 2048
     device_memory_mib: int | None = None
     max_util_pct: float = 40.0
     max_slowdown: float = 1.25
@@ -413,34 +476,10 @@ class ColocateSettings:
     def from_mapping(cls, d: Mapping[str, Any], where: str = "policy.colocate") -> ColocateSettings:
         """Return settings from one config table; raise PolicyConfigError on a bad key."""
         t = _Table(d, where)
-
-        def size(key: str, default: int | None) -> int | None:
-            if key not in t.raw:
-                return default
-            value = t.raw.pop(key)
-            if isinstance(value, str) and value.strip().lower() == "auto":
-                return None
-            from slurmgpu.units import parse_size_mib
-
-            try:
-                if isinstance(value, bool) or not isinstance(value, str | int):
-                    raise ValueError
-                mib = value if isinstance(value, int) else parse_size_mib(value)
-            except ValueError:
-                raise t.fail(
-                    key, f'must be a size like "2GiB" or "512MiB", not {value!r}'
-                ) from None
-            if mib < 0:
-                raise t.fail(key, f"must not be negative, not {value!r}")
-            return mib
-
-        margin = size("memory_margin", 2048)
         s = cls(
             mode=t.mode("mode", Mode.ADVISE),
             apply_to_all=t.boolean("apply_to_all", False),
-            max_jobs_per_gpu=t.integer("max_jobs_per_gpu", 2, minimum=2),
-            memory_margin_mib=2048 if margin is None else margin,
-            device_memory_mib=size("device_memory", None),
+            device_memory_mib=t.size_mib("device_memory", None),
             max_util_pct=t.number("max_util_pct", 40.0, minimum=0.0, maximum=100.0),
             max_slowdown=t.number("max_slowdown", 1.25, minimum=1.0),
             separate_memory_fraction=t.number(

@@ -6,8 +6,8 @@ Rightsizing (:mod:`slurmgpu.policy.rightsize`, pending jobs), the submit-time ex
 functions below, so one usage gives one suggested size whichever of them a user meets.
 Pure arithmetic: numbers in, numbers out.
 
-The rules, one per quantity (the defaults are the module constants; rightsizing reads its
-own from ``[policy.rightsize]``, whose defaults are these):
+The rules, one per quantity (the defaults are the module constants, :class:`SizingRules`
+holds a site's):
 
 - **Time limit** = ``TIME_HEADROOM`` (1.3) * the run time, at least ``MIN_TIME_LIMIT``
   (15 min), rounded up to ``TIME_ROUND`` (5 min). The run time is the 0.95 quantile of
@@ -27,6 +27,18 @@ own from ``[policy.rightsize]``, whose defaults are these):
   feeding GPUs, not about what was used). The export carries no CPU figure: that floor
   needs the submitted job's GPU count, which a per-key file cannot know.
 - **GPUs** = the most GPUs a run kept busy, at least 1.
+- **Shards** of a GPU of ``S`` shards for a job that needs ``m`` MiB of GPU memory on a
+  device of ``D`` MiB = ``max(ceil(S * m / (D - MEMORY_MARGIN_MIB)), ceil(S /
+  MAX_JOBS_PER_GPU), 1)``: shards are memory budgets, so whatever Slurm puts together on
+  one GPU declares at most the device less the margin (2 GiB), and no GPU holds more than
+  ``MAX_JOBS_PER_GPU`` (2) such jobs. ``N >= S`` is no sharing. Co-location
+  (:mod:`slurmgpu.policy.colocate`) narrows pending jobs to it and ``sgpu eff`` advises
+  it; until issue 37 ``sgpu eff`` said ``ceil(16 * 1.2 * used / total)`` of a fixed 16.
+
+The knobs of all five are one frozen :class:`SizingRules`, the site's from the
+configuration (``PolicySettings.sizing``: the time, memory and CPU knobs are written in
+``[policy.rightsize]``, the margin and jobs per GPU in ``[policy.colocate]``); rightsizing,
+co-location, the export and ``sgpu eff`` all take that one object.
 
 Every rounding-up ignores float noise below 1e-6 of a step (1.2 * 5120 MiB is 6144, not
 one step more): each rule used its own tolerance before.
@@ -35,21 +47,24 @@ one step more): each rule used its own tolerance before.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
-if TYPE_CHECKING:  # annotations only: settings.py takes its defaults from here
+if TYPE_CHECKING:  # annotations only (priors.py imports nothing from here)
     from slurmgpu.policy.priors import Estimate
-    from slurmgpu.policy.settings import RightsizeSettings
 
 __all__ = [
     "CPU_HEADROOM",
+    "MAX_JOBS_PER_GPU",
     "MEMORY_HEADROOM",
+    "MEMORY_MARGIN_MIB",
     "MEMORY_ROUND_MIB",
     "MIN_TIME_LIMIT",
     "TIME_HEADROOM",
     "TIME_ROUND",
     "KeySizes",
+    "SizingRules",
     "ceil_whole",
     "cores_needed",
     "gpus_needed",
@@ -58,6 +73,7 @@ __all__ = [
     "mem_text",
     "memory_mib",
     "round_up",
+    "shards_needed",
     "time_limit_s",
 ]
 
@@ -67,6 +83,8 @@ MIN_TIME_LIMIT = timedelta(minutes=15)
 MEMORY_HEADROOM = 1.2
 MEMORY_ROUND_MIB = 256
 CPU_HEADROOM = 1.2
+MEMORY_MARGIN_MIB = 2048
+MAX_JOBS_PER_GPU = 2
 
 _TIME_ROUND_S = TIME_ROUND.total_seconds()
 _MIN_TIME_S = MIN_TIME_LIMIT.total_seconds()
@@ -157,6 +175,71 @@ def gpus_needed(busy_gpus: int) -> int:
     return max(1, busy_gpus)
 
 
+def shards_needed(
+    memory_mib: float,
+    device_mib: float,
+    shards_per_gpu: int,
+    margin_mib: float = MEMORY_MARGIN_MIB,
+    max_jobs_per_gpu: int = MAX_JOBS_PER_GPU,
+) -> int:
+    """The shards of a ``shards_per_gpu``-shard GPU of ``device_mib`` for a job needing
+    ``memory_mib`` of its memory (``>= shards_per_gpu``: no sharing; ``device_mib`` must
+    exceed the margin).
+
+    >>> shards_needed(4096, 40960, 16), shards_needed(4096, 40960, 4)
+    (8, 2)
+    >>> shards_needed(20000, 24576, 4)  # 20000 of 22528 usable MiB: no sharing
+    4
+    """
+    by_memory = math.ceil(shards_per_gpu * memory_mib / (device_mib - margin_mib) - 1e-9)
+    return max(by_memory, math.ceil(shards_per_gpu / max_jobs_per_gpu), 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SizingRules:
+    """A site's sizing knobs and the rules that use them: one object for rightsizing,
+    co-location, the export and ``sgpu eff`` (the module docstring gives the rules).
+
+    >>> rules = SizingRules()
+    >>> rules.time_limit_s(3600), SizingRules(time_round=timedelta(minutes=15)).time_limit_s(3600)
+    (4800, 5400)
+    >>> rules.shards(4096, 40960, 16), SizingRules(max_jobs_per_gpu=4).shards(4096, 40960, 16)
+    (8, 4)
+    """
+
+    time_headroom: float = TIME_HEADROOM
+    time_round: timedelta = TIME_ROUND
+    min_time_limit: timedelta = MIN_TIME_LIMIT
+    memory_headroom: float = MEMORY_HEADROOM
+    memory_round_mib: int = MEMORY_ROUND_MIB
+    cpu_headroom: float = CPU_HEADROOM
+    memory_margin_mib: int = MEMORY_MARGIN_MIB  # kept free on a shared GPU
+    max_jobs_per_gpu: int = MAX_JOBS_PER_GPU  # sets the fewest shards a job is given
+
+    def time_limit_s(self, run_s: float) -> int:
+        """The time limit (seconds) for runs of ``run_s`` seconds."""
+        return time_limit_s(
+            run_s,
+            self.time_headroom,
+            self.time_round.total_seconds(),
+            self.min_time_limit.total_seconds(),
+        )
+
+    def memory_mib(self, peak_mib: float) -> int:
+        """The memory per node (MiB) for a busiest node that peaked at ``peak_mib``."""
+        return memory_mib(peak_mib, self.memory_headroom, self.memory_round_mib)
+
+    def cores(self, busy_cores: float) -> int:
+        """The cores for ``busy_cores`` cores kept busy on average."""
+        return cores_needed(busy_cores, self.cpu_headroom)
+
+    def shards(self, memory_mib: float, device_mib: float, shards_per_gpu: int) -> int:
+        """The shards for ``memory_mib`` of GPU memory (:func:`shards_needed`)."""
+        return shards_needed(
+            memory_mib, device_mib, shards_per_gpu, self.memory_margin_mib, self.max_jobs_per_gpu
+        )
+
+
 class KeySizes(NamedTuple):
     """What one history key's runs need besides time (None: no suggestion)."""
 
@@ -176,8 +259,18 @@ def limit_from_history(est: Estimate, from_other_jobs: bool = False) -> bool:
     return own and not est.restarted_runs
 
 
-def key_sizes(est: Estimate, s: RightsizeSettings) -> KeySizes:
-    """Memory per node, cores and GPUs for a history key's estimate, under ``s``.
+def key_sizes(
+    est: Estimate,
+    rules: SizingRules,
+    *,
+    memory: bool = True,
+    cpus: bool = True,
+    gpus: bool = True,
+    min_history: int = 3,
+) -> KeySizes:
+    """Memory per node, cores and GPUs for a history key's estimate under ``rules``; a
+    quantity switched off (``memory``, ``cpus``, ``gpus``: rightsizing's switches) gets
+    none.
 
     Memory: none after a run ran out of memory (its peak is no measure of its need); a
     run without a per-node figure counts with its total (only errs high), never total /
@@ -186,13 +279,13 @@ def key_sizes(est: Estimate, s: RightsizeSettings) -> KeySizes:
     GPU samples.
     """
     peak = est.peak_node_memory_mib
-    memory = None
-    if s.memory and peak is not None and not est.oom_runs:
-        memory = memory_mib(peak, s.memory_headroom, s.memory_round_mib)
+    memory_size = None
+    if memory and peak is not None and not est.oom_runs:
+        memory_size = rules.memory_mib(peak)
     cores = None
-    if s.cpus and est.max_cpu_pct is not None and not est.cpu_saturated:
-        cores = cores_needed(est.max_cpu_pct / 100.0, s.cpu_headroom)
-    gpus = None
-    if s.gpus and est.gpus_used is not None and est.gpus_used_samples >= s.min_history:
-        gpus = gpus_needed(est.gpus_used)
-    return KeySizes(memory, cores, gpus)
+    if cpus and est.max_cpu_pct is not None and not est.cpu_saturated:
+        cores = rules.cores(est.max_cpu_pct / 100.0)
+    gpu_count = None
+    if gpus and est.gpus_used is not None and est.gpus_used_samples >= min_history:
+        gpu_count = gpus_needed(est.gpus_used)
+    return KeySizes(memory_size, cores, gpu_count)

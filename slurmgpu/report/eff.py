@@ -20,13 +20,22 @@ The rules, in the order :func:`notes` applies them (then sorted alert → warn �
 - ``no-gpu-use``: none of the job's GPUs ever busy, when no idle alert said so (alert; warn
   while a running job is younger than ``idle_alert``).
 - ``no-process`` (warn): a GPU with no process of the job, when no note above named it.
-- ``shard`` (warn): one whole GPU, busy, mean util < 15 %, GPU memory < 10 GiB, memory total
-  known: ``--gres=shard:N``, N = ceil(16 * 1.2 * peak memory / GPU memory), when N < 16.
-- ``input-bound`` (warn): overall util < 25 %, some GPU busy, no GPU note above, and the
+- ``shard`` (warn): one whole GPU, busy, not named by an idle note, its memory known:
+  ``--gres=shard:N`` when the
+  daemon's co-location would pack a job of this run's mean util and GPU memory (the larger
+  of its peak and its ``--gpu-mem``): :func:`slurmgpu.policy.colocate.shard_fit` under the
+  site's ``[policy.colocate]`` and sizing rules, N of the cluster's shards per GPU
+  (``EffThresholds.shards_per_gpu``; 16 where unknown) on a GPU of ``device_memory``, else
+  the GPU's own memory. Until issue 37 this was ceil(16 * 1.2 * peak / GPU memory) under
+  its own util (15 %) and memory (10 GiB) bounds, so that for 4 GiB of a 40 GiB GPU eff
+  advised ``shard:2`` where the daemon narrows to 8 (``max_jobs_per_gpu`` 2 of 16).
+- ``input-bound`` (warn): overall util < 25 %, some GPU busy, no GPU note above (the
+  ``shard`` note does not count: sharing and a starved GPU are told apart), and the
   CPUs ≥ 80 % busy or the processes waiting on block I/O ≥ 30 % of the time (kernel
   delay accounting): the GPUs are starved of data; advice on loader workers, cores,
   node-local copies of the data. Replaces ``gpu-util``.
-- ``gpu-util``: overall util ≤ 15 % warn, < 25 % info, when no GPU note above fired.
+- ``gpu-util``: overall util ≤ 15 % warn, < 25 % info, when no GPU note above fired
+  (``shard`` aside).
 - ``cpu`` (warn): CPU util < 65 % with ≥ 4 cores on a node; ``-c K`` with
   K = ceil(1.2 * busy cores of the busiest node / tasks per node) when K is smaller.
 - ``memory`` (info): < 70 % of the requested memory used, every node reported:
@@ -37,11 +46,11 @@ The rules, in the order :func:`notes` applies them (then sorted alert → warn �
   ``--time=`` 1.3 * run time rounded up to 5 min (at least 15 min), when shorter than the
   limit.
 
-The ``-c``, ``--mem`` and ``--time`` figures are :mod:`slurmgpu.policy.sizing`'s: what
-rightsizing and the job_submit.lua export would set for runs like this one; ``sgpu eff``
-sizes with the site's ``[policy.rightsize]`` headroom and rounding
-(:meth:`EffThresholds.sized_as`). Until issue 21 the time was rounded to 15 min and the
-memory to whole GiB here, whatever the site set.
+The ``-c``, ``--mem``, ``--time`` and shard figures are the site's
+:class:`~slurmgpu.policy.sizing.SizingRules` (``EffThresholds.sizing``, from the same
+configuration the daemon reads: :meth:`EffThresholds.for_site`): what rightsizing,
+co-location and the job_submit.lua export would set for runs like this one. Until issue 21
+the time was rounded to 15 min and the memory to whole GiB here, whatever the site set.
 - ``energy`` (info; warn when ≥ 50 % of ≥ 0.1 kWh went to idle GPUs): the job's GPU
   energy and its idle share, and whether a counter measured it or power samples estimate it.
 
@@ -51,13 +60,15 @@ Running jobs get "so far" wording and never a time note.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy import sizing
-from slurmgpu.policy.settings import RightsizeSettings
+from slurmgpu.policy.colocate import hints_from_comment, shard_fit
+from slurmgpu.policy.settings import ColocateSettings
+from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.report.energy import JobEnergy, energy_sentence, energy_to_json
 from slurmgpu.store.usage import GpuUsage, HostUsage
 from slurmgpu.units import format_time_limit
@@ -68,6 +79,8 @@ Severity = Literal["info", "warn", "alert"]
 UsageSourceKind = Literal["samples", "summary", "none"]
 
 JSON_VERSION = 1
+# A GPU's shards where the cluster's count is not known (no node with shards recorded).
+DEFAULT_SHARDS_PER_GPU = 16
 _SEVERITY_ORDER: Mapping[str, int] = {"alert": 0, "warn": 1, "info": 2}
 
 
@@ -79,6 +92,9 @@ class EffThresholds:
     15.0
     >>> EffThresholds(idle_alert=timedelta(minutes=90)).idle_alert.total_seconds()
     5400.0
+
+    ``sizing`` and ``colocate`` are the site's (the sizing knobs, and when a job is light
+    enough to share a GPU); ``shards_per_gpu`` the cluster's, 16 where it is not known.
     """
 
     min_runtime: timedelta = timedelta(seconds=300)
@@ -86,36 +102,30 @@ class EffThresholds:
     gpu_util_warn_pct: float = 25.0  # below: warning
     cpu_util_red_pct: float = 65.0  # below: red
     cpu_many_cores: int = 4  # the -c note needs at least this many cores on a node
-    cpu_headroom: float = sizing.CPU_HEADROOM
     memory_note_pct: float = 70.0  # below: the --mem note
-    memory_headroom: float = sizing.MEMORY_HEADROOM
-    memory_round_mib: int = sizing.MEMORY_ROUND_MIB
     time_note_min_elapsed: timedelta = timedelta(seconds=900)
     time_note_pct: float = 60.0  # below: the --time note
     time_red_pct: float = 10.0
-    time_headroom: float = sizing.TIME_HEADROOM
-    time_round: timedelta = sizing.TIME_ROUND
-    min_time_limit: timedelta = sizing.MIN_TIME_LIMIT
     idle_alert: timedelta = timedelta(minutes=60)  # the idle policy's default
-    shard_util_pct: float = 15.0
-    shard_gpu_memory_mib: float = 10 * 1024.0
-    shards_per_gpu: int = 16
-    shard_headroom: float = 1.2
+    sizing: SizingRules = field(default_factory=SizingRules)  # -c, --mem, --time, shards
+    colocate: ColocateSettings = field(default_factory=ColocateSettings)  # shard note's jobs
+    shards_per_gpu: int = DEFAULT_SHARDS_PER_GPU  # the cluster's, where known
     energy_idle_warn_pct: float = 50.0  # at or above: the energy note is a warning
     input_cpu_busy_pct: float = 80.0  # GPUs under-used while the cores are this busy
     input_iowait_pct: float = 30.0  # ... or while the processes wait this much on I/O
 
     @classmethod
-    def sized_as(cls, rs: RightsizeSettings) -> EffThresholds:
-        """The defaults, sizing by the site's ``[policy.rightsize]`` (headroom, rounding,
-        minimum): ``sgpu eff`` then suggests what rightsizing would set on that site."""
+    def for_site(
+        cls, sizing: SizingRules, colocate: ColocateSettings, shards_per_gpu: int | None = None
+    ) -> EffThresholds:
+        """The defaults, advising by the site's sizing rules and ``[policy.colocate]`` (the
+        daemon's ``PolicySettings.sizing`` and ``.colocate``) on GPUs of
+        ``shards_per_gpu`` shards (None: not known, 16): ``sgpu eff`` then suggests what
+        rightsizing and co-location would set on that site."""
         return cls(
-            cpu_headroom=rs.cpu_headroom,
-            memory_headroom=rs.memory_headroom,
-            memory_round_mib=rs.memory_round_mib,
-            time_headroom=rs.time_headroom,
-            time_round=rs.time_round,
-            min_time_limit=rs.min_time_limit,
+            sizing=sizing,
+            colocate=colocate,
+            shards_per_gpu=shards_per_gpu or DEFAULT_SHARDS_PER_GPU,
         )
 
 
@@ -493,26 +503,25 @@ def _pct(x: float) -> str:
 
 def suggested_time(elapsed: timedelta, th: EffThresholds = DEFAULT_THRESHOLDS) -> timedelta:
     """Return the time limit for a run this long (:func:`slurmgpu.policy.sizing.time_limit_s`)."""
-    seconds = sizing.time_limit_s(
-        elapsed.total_seconds(),
-        th.time_headroom,
-        th.time_round.total_seconds(),
-        th.min_time_limit.total_seconds(),
-    )
-    return timedelta(seconds=seconds)
+    return timedelta(seconds=th.sizing.time_limit_s(elapsed.total_seconds()))
 
 
 def suggested_mem_mib(used_mib: float, th: EffThresholds = DEFAULT_THRESHOLDS) -> int:
     """Return the memory per node for a node that peaked at ``used_mib``
     (:func:`slurmgpu.policy.sizing.memory_mib`)."""
-    return sizing.memory_mib(used_mib, th.memory_headroom, th.memory_round_mib)
+    return th.sizing.memory_mib(used_mib)
 
 
 def suggested_shards(
-    used_mib: float, total_mib: float, th: EffThresholds = DEFAULT_THRESHOLDS
-) -> int:
-    """Return the shards of a ``shards_per_gpu``-shard GPU whose memory share fits the job."""
-    return max(1, sizing.ceil_whole(th.shards_per_gpu * th.shard_headroom * used_mib / total_mib))
+    util_pct: float, used_mib: float, total_mib: float, th: EffThresholds = DEFAULT_THRESHOLDS
+) -> int | None:
+    """Return the shards of one of the cluster's GPUs the daemon's co-location would give
+    a job of ``util_pct`` mean util using ``used_mib`` of GPU memory, on a GPU of
+    ``total_mib`` (the site's ``device_memory`` wins where it is set); None: a whole GPU
+    (:func:`slurmgpu.policy.colocate.shard_fit`)."""
+    device = th.colocate.device_memory_mib or total_mib
+    fit = shard_fit(util_pct, used_mib, th.shards_per_gpu, device, th.colocate, th.sizing)
+    return None if fit is None else fit.shards
 
 
 def _names(gpus: Sequence[GpuEfficiency], *, idle: bool = False) -> str:
@@ -659,14 +668,16 @@ def notes(eff: JobEfficiency) -> list[Note]:
         g = whole[0]
         if (
             g.ever_busy
+            and g.label not in named  # idle: to release, not to share
             and g.mean_util_pct is not None
-            and g.mean_util_pct < th.shard_util_pct
             and g.max_memory_mib is not None
-            and g.max_memory_mib < th.shard_gpu_memory_mib
             and g.memory_total_mib
         ):
-            n = suggested_shards(g.max_memory_mib, g.memory_total_mib, th)
-            if n < th.shards_per_gpu:
+            # what co-location packs by: the larger of the peak and the declared --gpu-mem
+            declared = hints_from_comment(job.comment).gpu_memory_mib or 0
+            needed = max(g.max_memory_mib, float(declared))
+            n = suggested_shards(g.mean_util_pct, needed, g.memory_total_mib, th)
+            if n is not None:
                 option = f"--gres=shard:{n}"
                 out.append(
                     Note(
@@ -680,7 +691,9 @@ def notes(eff: JobEfficiency) -> list[Note]:
                         option,
                     )
                 )
-                gpu_note = True
+                # not a GPU note for what follows: sharing is one remedy, and a starved or
+                # under-used GPU is still told why (before issue 37 shards were advised
+                # only under 15 % util, where the gpu-util note said the same)
 
     if not gpu_note and primary == "gpu" and eff.gpu_util_pct is not None:
         u = eff.gpu_util_pct
@@ -774,7 +787,7 @@ def _cpu_notes(eff: JobEfficiency, so_far: str, was: str) -> list[Note]:
     tasks_per_node = max(1, round(eff.job.tasks / node_count)) if eff.job.tasks else 1
     cores_per_task = cores_per_node // tasks_per_node
     busiest = max((n.mean_cpu_pct or 0.0) / 100.0 for n in reported)
-    k = sizing.cores_needed(busiest / tasks_per_node, th.cpu_headroom)
+    k = th.sizing.cores(busiest / tasks_per_node)
     total = sum(n.cores or 0 for n in reported)
     busy_cores = sum((n.mean_cpu_pct or 0.0) / 100.0 for n in reported)
     text = (

@@ -18,13 +18,16 @@ set            what runs
                simulator runs them at (``sim.gputypes``, Sia's measurements)
 ``las``        :class:`~slurmgpu.policy.las.AttainedServicePolicy` (attained-service
                queues through ``Nice``, preemption by the resize transaction)
-``all``        idle-GPU, rightsize, colocate, LAS and malleable together
+``all``        every policy of the pipeline together (:mod:`slurmgpu.policy.registry`:
+               idle-GPU, rightsize, colocate, LAS and malleable)
 ``tiresias``   baseline: discretised 2D-LAS, preemptive (no policy)
 ``qssf``       baseline: shortest expected GPU time first, from history (no policy)
 =============  ==============================================================
 
 Each set's settings come from :class:`SimPolicies` (the daemon's setting classes); a field
-left at ``None`` means the set's own default, given with its builder below.
+left at ``None`` means the set's own default, given with its builder below. The engine
+gets a set's policies in the pipeline order of :mod:`slurmgpu.policy.registry`, as the
+daemon's does.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.las import AttainedServicePolicy
 from slurmgpu.policy.malleable import MalleablePolicy
+from slurmgpu.policy.registry import in_pipeline_order, stage_names
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.settings import (
     AttainedServiceSettings,
@@ -47,12 +51,14 @@ from slurmgpu.policy.settings import (
     MalleableSettings,
     RightsizeSettings,
 )
+from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.sim.gputypes import SPEED, known_types, type_speeds
 
 __all__ = [
     "BASELINES",
     "BATCH_ADAPTIVE",
     "POLICY_SETS",
+    "STAGE_BUILDERS",
     "SimPolicies",
     "build_engine",
     "known_sets",
@@ -70,9 +76,11 @@ BATCH_ADAPTIVE = frozenset({"malleable", "malleable-types", "all"})
 class SimPolicies:
     """The settings the simulator builds policies from (the daemon's setting classes).
 
-    ``colocate``, ``malleable`` and ``las`` left at ``None`` take the set's default."""
+    ``colocate``, ``malleable`` and ``las`` left at ``None`` take the set's default;
+    ``sizing`` is the site's sizing rules (rightsize and colocate take it)."""
 
     engine: EngineSettings = field(default_factory=EngineSettings)
+    sizing: SizingRules = field(default_factory=SizingRules)
     rightsize: RightsizeSettings = field(
         default_factory=lambda: RightsizeSettings(apply_to_all=True)
     )
@@ -83,7 +91,7 @@ class SimPolicies:
 
 
 def _rightsize(s: SimPolicies) -> Policy:
-    return RightsizePolicy(replace(s.rightsize, mode=Mode.ENFORCE))
+    return RightsizePolicy(replace(s.rightsize, mode=Mode.ENFORCE), sizing=s.sizing)
 
 
 def _idle(s: SimPolicies) -> Policy:
@@ -99,7 +107,7 @@ def _colocate(s: SimPolicies) -> Policy:
         convert_gpu_requests="always",
         device_memory_mib=32_768,
     )
-    return ColocatePolicy(settings)
+    return ColocatePolicy(settings, sizing=s.sizing)
 
 
 def _malleable(s: SimPolicies) -> Policy:
@@ -124,6 +132,14 @@ def _las(s: SimPolicies) -> Policy:
 
 
 Builder = Callable[[SimPolicies], Policy]
+# Each stage of the pipeline (policy.registry), as the sets build it.
+STAGE_BUILDERS: dict[str, Builder] = {
+    "idle_gpu": _idle,
+    "rightsize": _rightsize,
+    "colocate": _colocate,
+    "las": _las,
+    "malleable": _malleable,
+}
 POLICY_SETS: dict[str, tuple[Builder, ...]] = {
     "slurm": (),
     "rightsize": (_rightsize,),
@@ -131,7 +147,7 @@ POLICY_SETS: dict[str, tuple[Builder, ...]] = {
     "malleable": (_malleable,),
     "malleable-types": (_malleable_types,),
     "las": (_las,),
-    "all": (_idle, _rightsize, _colocate, _las, _malleable),
+    "all": tuple(STAGE_BUILDERS[name] for name in stage_names()),  # every stage
 }
 
 
@@ -148,5 +164,5 @@ def build_engine(name: str, settings: SimPolicies | None = None) -> PolicyEngine
     if name in BASELINES:
         return PolicyEngine([], s.engine)
     builders = POLICY_SETS[name]
-    policies = [(build(s), Mode.ENFORCE) for build in builders]
+    policies = in_pipeline_order((build(s), Mode.ENFORCE) for build in builders)
     return PolicyEngine(policies, s.engine)

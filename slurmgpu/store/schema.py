@@ -8,6 +8,8 @@ Tables:
 - ``submissions``: what ``sgpu submit`` recorded (argv, uid, later the malleable spec).
 - ``samples``: raw per-job GPU and host usage from node agents (idempotent by sample_uid).
 - ``sample_hours``: samples older than the retention, rolled up per job, node, GPU and hour.
+- ``held_samples``: samples of jobs the daemon had not seen yet, held out of every reader
+  until the job's run is known (then moved to ``samples`` or dropped).
 - ``job_summaries``: the per-job usage summary written when a job ends (kept for ever).
 - ``actions``: the audit of every policy decision, taken or suppressed.
 - ``transactions``: persisted multi-step actions (resize, requeue, co-locate).
@@ -242,6 +244,42 @@ samples = Table(
     UniqueConstraint("sample_uid"),
     Index(None, "job_id", "kind", "at"),
     Index(None, "at"),
+)
+
+# Samples of a job the daemon had not seen (yet) when they arrived (store/sample_hold.py):
+# the columns of ``samples`` plus when they arrived. No report, summary, rollup, policy or
+# metric reads this table; once Slurm lists the job, each row is checked against where and
+# when the job ran and moved to ``samples`` or dropped. Bounded per node and by age.
+held_samples = Table(
+    "held_samples",
+    metadata,
+    Column("id", BIG_ID, primary_key=True, autoincrement=True),
+    Column("sample_uid", String(128), nullable=False),
+    Column("cluster", String(64), nullable=False, default=""),
+    Column("node", String(128), nullable=False),
+    Column("kind", String(4), nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("gpu_index", Integer),
+    Column("at", TS, nullable=False),
+    Column("util_pct", Float),
+    Column("memory_used_mib", Float),
+    Column("memory_total_mib", Float),
+    Column("power_w", Float),
+    Column("temperature_c", Float),
+    Column("processes", Integer),
+    Column("shared", Boolean),
+    Column("source", String(8)),
+    Column("cpu_pct", Float),
+    Column("cpus_allocated", Integer),
+    Column("rss_mib", Float),
+    Column("cgroup_memory_mib", Float),
+    Column("energy_mj", BigInteger),
+    Column("iowait_pct", Float),
+    Column("held_at", TS, nullable=False),  # when it arrived: the hold's age limit
+    UniqueConstraint("sample_uid"),
+    Index(None, "cluster", "node"),
+    Index(None, "cluster", "job_id"),
+    Index(None, "held_at"),
 )
 
 # Raw samples older than the retention (daemon.sample_retention), rolled up per job,

@@ -23,6 +23,8 @@ from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
 from slurmgpu.store.health import Cause, Diagnosis, StoreHealth, classify, sqlite_file
+from slurmgpu.store.sample_check import NOT_ON_NODE, JobRun, misfit
+from slurmgpu.store.sample_hold import SampleHold
 from slurmgpu.store.schema import as_utc
 from slurmgpu.store.summary_columns import energy_columns, summary_columns
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
@@ -35,16 +37,20 @@ class StoreBusyError(StoreError):
 
 
 class Placement(Protocol):
-    """Where jobs ran and how many GPUs nodes have (daemon.placement.SnapshotPlacement)."""
+    """Where and when jobs ran and how many GPUs nodes have
+    (daemon.placement.SnapshotPlacement)."""
 
-    def job_nodes(self, job_id: int) -> frozenset[str] | None: ...
+    def job_runs(self, job_id: int) -> tuple[JobRun, ...] | None: ...
 
     def node_gpus(self, node: str) -> int | None: ...
 
 
 # A sample more than this far from the daemon's clock comes from a node whose clock is
-# off: it is stored (its job and GPU are right), counted and reported, never dropped.
+# off. Behind (a spool emptied after an outage, or a slow clock): stored, counted and
+# reported. Ahead: refused, counted and reported; no sample can come from the future, and
+# one stamped years ahead would stay the newest of its GPU (issue 36: 2096).
 SKEW_LIMIT_S = 300.0
+FUTURE = "stamped in the future"
 _UID_PREFIX_CHARS = 40
 
 
@@ -143,9 +149,79 @@ def _sqlite_time(at: float) -> str:
     return f"{prefix}.{micro:06d}"
 
 
+def _held_rows(
+    cluster: str, node: str, gpu: list[GpuSampleIn], host: list[HostSampleIn]
+) -> list[dict[str, Any]]:
+    """The ``samples`` columns of samples to hold (Core rows: a rare path, not the hot one)."""
+    rows: list[dict[str, Any]] = []
+    for s in gpu:
+        rows.append(
+            {
+                "sample_uid": node_scoped_uid(node, s.sample_uid),
+                "cluster": cluster,
+                "node": node,
+                "kind": "gpu",
+                "job_id": s.job_id,
+                "gpu_index": s.gpu_index,
+                "at": _epoch(s.at),
+                "util_pct": s.util_pct,
+                "memory_used_mib": s.memory_used_mib,
+                "memory_total_mib": s.memory_total_mib,
+                "power_w": s.power_w,
+                "temperature_c": s.temperature_c,
+                "processes": s.processes,
+                "shared": s.shared,
+                "source": s.source,
+                "energy_mj": s.energy_mj,
+                "cpu_pct": None,
+                "cpus_allocated": None,
+                "rss_mib": None,
+                "cgroup_memory_mib": None,
+                "iowait_pct": None,
+            }
+        )
+    for h in host:
+        rows.append(
+            {
+                "sample_uid": node_scoped_uid(node, h.sample_uid),
+                "cluster": cluster,
+                "node": node,
+                "kind": "host",
+                "job_id": h.job_id,
+                "gpu_index": None,
+                "at": _epoch(h.at),
+                "util_pct": None,
+                "memory_used_mib": None,
+                "memory_total_mib": None,
+                "power_w": None,
+                "temperature_c": None,
+                "processes": None,
+                "shared": None,
+                "source": None,
+                "energy_mj": None,
+                "cpu_pct": h.cpu_pct,
+                "cpus_allocated": h.cpus_allocated,
+                "rss_mib": h.rss_mib,
+                "cgroup_memory_mib": h.cgroup_memory_mib,
+                "iowait_pct": h.iowait_pct,
+            }
+        )
+    return rows
+
+
 def _total_changes(conn: Any) -> int:
     """SQLite's count of rows changed on this connection (exact even for executemany)."""
     return int(conn.connection.dbapi_connection.total_changes)
+
+
+@dataclass(frozen=True, slots=True)
+class IngestOutcome:
+    """What became of one batch's samples."""
+
+    accepted: int  # newly stored or held (the agent need not send them again)
+    duplicates: int  # stored or held before
+    held: int = 0  # of ``accepted``: held until their job is listed (store/sample_hold.py)
+    refused: int = 0  # left out for good: wrong node, GPU or time, the future, hold full
 
 
 class UsageStore:
@@ -161,12 +237,15 @@ class UsageStore:
     ) -> None:
         self.engine = engine
         self.cluster = cluster
-        # Set by the daemon: samples are then checked against where jobs ran.
+        # Set by the daemon: samples are then checked against where and when jobs ran,
+        # and those of jobs it has not seen are held until they are listed.
         self.placement = placement
         self.clock = clock
-        # Samples left out, by reason ("job not on node", "no such GPU"); samples from a
-        # node whose clock is off by more than SKEW_LIMIT_S, by node; samples of jobs
-        # the daemon did not know yet (stored unchecked), by node.
+        self.hold = SampleHold(engine, cluster, clock=clock)
+        # Samples left out, by reason ("job not on node", "no such GPU", "GPU not
+        # allocated to job", "outside the job's run", "stamped in the future"); samples
+        # from a node whose clock is off by more than SKEW_LIMIT_S, by node; samples of
+        # jobs the daemon did not know yet (held), by node.
         self.refused: Counter[str] = Counter()
         self.unverified: Counter[str] = Counter()
         self.skewed: Counter[str] = Counter()
@@ -185,75 +264,88 @@ class UsageStore:
             self._told.add(key)
         log.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
-    def _checked(self, batch: SampleBatch) -> tuple[list[GpuSampleIn], list[HostSampleIn]]:
-        """The batch's samples whose job ran on the node and whose GPU is the node's."""
-        placement, node = self.placement, batch.node
-        gpu, host = list(batch.gpu), list(batch.host)
+    def _checked(
+        self, node: str, gpu: list[GpuSampleIn], host: list[HostSampleIn]
+    ) -> tuple[list[GpuSampleIn], list[HostSampleIn], list[GpuSampleIn], list[HostSampleIn]]:
+        """Split a batch's samples: (GPU, host) samples to store, (GPU, host) to hold.
+
+        Kept: samples that fit where and when their job ran (store/sample_check.py) on a
+        GPU the node has. Held: those of a job not known to have run anywhere yet. The
+        rest are refused and counted by reason.
+        """
+        placement = self.placement
         if placement is None:
-            return gpu, host
-        verdict: dict[int, str] = {}
-        unverified: list[int] = []
-        for job_id in {s.job_id for s in gpu if s.job_id is not None} | {
-            h.job_id for h in host if h.job_id is not None
-        }:
-            nodes = placement.job_nodes(job_id)
-            if nodes is None:
-                # Not known (yet): a job that started since the daemon's last good cycle,
-                # while Slurm or the store was away, or the store could not be read. The
-                # agent's samples are kept: refusing them would lose them for good (the
-                # batch is acknowledged). Only a job positively elsewhere is refused.
-                unverified.append(job_id)
-            elif node not in nodes:
-                verdict[job_id] = "job not on node"
-        if unverified:
-            unknown = set(unverified)
-            kept = sum(1 for s in gpu if s.job_id in unknown)
-            kept += sum(1 for h in host if h.job_id in unknown)
-            with self._lock:
-                self.unverified[node] += kept
-            self._tell_once(
-                node,
-                "unverified",
-                "node %s: sample(s) for job(s) %s the daemon has not seen (yet) kept unchecked",
-                node,
-                sorted(unverified)[:5],
-            )
+            return gpu, host, [], []
+        runs: dict[int, tuple[JobRun, ...] | None] = {}
+        for job_id in {s.job_id for s in gpu if s.job_id is not None} | {h.job_id for h in host}:
+            runs[job_id] = placement.job_runs(job_id)
+        unknown = sorted(j for j, r in runs.items() if r is None)
         gpus = placement.node_gpus(node)
         refused: Counter[str] = Counter()
+        jobs_by_reason: dict[str, set[int]] = {}
 
-        def why(job_id: int | None, gpu_index: int | None) -> str:
+        def why(job_id: int | None, gpu_index: int | None, at: float) -> str | None:
+            """'' to store, None to hold, else the reason it is refused."""
             if gpu_index is not None and gpus is not None and not 0 <= gpu_index < gpus:
                 return "no such GPU"
-            return verdict.get(job_id, "") if job_id is not None else ""
-
-        kept_gpu = []
-        for s in gpu:
-            reason = why(s.job_id, s.gpu_index)
+            if job_id is None:
+                return ""
+            job_runs = runs[job_id]
+            if job_runs is None:
+                return None
+            reason = misfit(job_runs, node, gpu_index, at) if job_runs else NOT_ON_NODE
             if reason:
+                jobs_by_reason.setdefault(reason, set()).add(job_id)
+            return reason
+
+        kept_gpu, held_gpu = [], []
+        for s in gpu:
+            reason = why(s.job_id, s.gpu_index, s.at)
+            if reason is None:
+                held_gpu.append(s)
+            elif reason:
                 refused[reason] += 1
             else:
                 kept_gpu.append(s)
-        kept_host = []
+        kept_host, held_host = [], []
         for h in host:
-            reason = why(h.job_id, None)
-            if reason:
+            reason = why(h.job_id, None, h.at)
+            if reason is None:
+                held_host.append(h)
+            elif reason:
                 refused[reason] += 1
             else:
                 kept_host.append(h)
-        if refused:
+        if held_gpu or held_host:
             with self._lock:
-                self.refused.update(refused)
-            for reason, n in refused.items():
-                self._tell_once(
-                    node,
-                    reason,
-                    "node %s: %d sample(s) refused: %s (jobs %s)",
-                    node,
-                    n,
-                    reason,
-                    sorted(j for j, r in verdict.items() if r == reason)[:5] or "-",
-                )
-        return kept_gpu, kept_host
+                self.unverified[node] += len(held_gpu) + len(held_host)
+            self._tell_once(
+                node,
+                "unverified",
+                "node %s: sample(s) for job(s) %s the daemon has not seen (yet) held until "
+                "Slurm lists them",
+                node,
+                unknown[:5],
+            )
+        if refused:
+            self._refuse(node, refused, jobs_by_reason)
+        return kept_gpu, kept_host, held_gpu, held_host
+
+    def _refuse(
+        self, node: str, refused: Counter[str], jobs: dict[str, set[int]] | None = None
+    ) -> None:
+        with self._lock:
+            self.refused.update(refused)
+        for reason, n in refused.items():
+            self._tell_once(
+                node,
+                reason,
+                "node %s: %d sample(s) refused: %s (jobs %s)",
+                node,
+                n,
+                reason,
+                sorted((jobs or {}).get(reason, ()))[:5] or "-",
+            )
 
     def _note_spool(self, batch: SampleBatch) -> None:
         """Count a node's spool drops (cumulative in every batch) and say when they start.
@@ -306,47 +398,61 @@ class UsageStore:
             total - start,
         )
 
-    def _count_skew(self, batch: SampleBatch) -> None:
+    def _screen_clock(self, batch: SampleBatch) -> tuple[list[GpuSampleIn], list[HostSampleIn]]:
+        """The batch's samples minus those stamped over SKEW_LIMIT_S ahead of the daemon's
+        clock (refused); count samples that far off either way, by node (``skewed``)."""
         now = float(self.clock())
-        times = [s.at for s in batch.gpu] + [h.at for h in batch.host]
-        off = [t - now for t in times if abs(t - now) > SKEW_LIMIT_S]
         self._note_spool(batch)
-        if not off:
-            return
+        gpu, host = list(batch.gpu), list(batch.host)
+        times = [s.at for s in gpu] + [h.at for h in host]
+        if not times or (max(times) - now <= SKEW_LIMIT_S and now - min(times) <= SKEW_LIMIT_S):
+            return gpu, host
+        off = [t - now for t in times if abs(t - now) > SKEW_LIMIT_S]
         with self._lock:
             self.skewed[batch.node] += len(off)
-        worst = max(off, key=abs)
-        # Samples arrive late legitimately (a spool emptied after an outage): only a
-        # sample from the future says the node's clock is wrong.
-        if worst > 0:
-            self._tell_once(
-                batch.node,
-                "skew",
-                "node %s: %d sample(s) stamped up to %+.0fs from the daemon's clock "
-                "(stored; check the node's NTP)",
-                batch.node,
-                len(off),
-                worst,
-            )
+        limit = now + SKEW_LIMIT_S
+        ahead = [t - now for t in times if t > limit]
+        if not ahead:
+            # Samples arrive late legitimately (a spool emptied after an outage): only a
+            # sample from the future says the node's clock is wrong.
+            return gpu, host
+        self._tell_once(
+            batch.node,
+            "skew",
+            "node %s: %d sample(s) stamped up to %+.0fs ahead of the daemon's clock refused "
+            "(check the node's NTP)",
+            batch.node,
+            len(ahead),
+            max(ahead),
+        )
+        with self._lock:
+            self.refused[FUTURE] += len(ahead)
+        return [s for s in gpu if s.at <= limit], [h for h in host if h.at <= limit]
 
     def ingest(self, batch: SampleBatch) -> tuple[int, int]:
-        """Store a batch in one transaction; return (accepted, duplicates ignored).
+        """Store a batch in one transaction; return (accepted, duplicates ignored)."""
+        outcome = self.ingest_batch(batch)
+        return outcome.accepted, outcome.duplicates
+
+    def ingest_batch(self, batch: SampleBatch) -> IngestOutcome:
+        """Store a batch in one transaction; say what became of its samples.
 
         Rows go straight to the driver's ``executemany`` as tuples: at 20,000+ samples a
         second the per-row parameter processing of a Core insert is the bottleneck.
         The ON CONFLICT clause makes a resent sample a no-op (idempotent ingest); ids are
-        unique per node (:func:`node_scoped_uid`). With a ``placement``, samples whose job
-        ran on other nodes or whose GPU the node lacks are left out and counted
-        (``refused``); those of a job the daemon does not know (yet) are kept
-        (``unverified``); samples stamped far from the daemon's clock are stored and counted
-        (``skewed``).
+        unique per node (:func:`node_scoped_uid`). Samples stamped over SKEW_LIMIT_S ahead
+        of the daemon's clock are refused (``refused``), those as far behind stored and
+        counted (``skewed``). With a ``placement``, samples that do not fit where and when
+        their job ran, or whose GPU the node lacks, are left out and counted (``refused``);
+        those of a job not known to have run anywhere (yet) are held (``unverified``).
         """
         sqlite = self.engine.dialect.name == "sqlite"
         at = _sqlite_time if sqlite else _epoch
         c, node = self.cluster, batch.node
+        sent = len(batch.gpu) + len(batch.host)
         dropped_before = self.spool_dropped.get(node, 0)
-        self._count_skew(batch)
-        gpu_samples, host_samples = self._checked(batch)
+        gpu_in, host_in = self._screen_clock(batch)
+        gpu_samples, host_samples, held_gpu, held_host = self._checked(node, gpu_in, host_in)
         gpu_rows = [
             (
                 node_scoped_uid(node, s.sample_uid),
@@ -385,9 +491,11 @@ class UsageStore:
             for h in host_samples
         ]
         total = len(gpu_rows) + len(host_rows)
-        if not total:
-            return 0, 0
+        to_hold = len(held_gpu) + len(held_host)
+        if not total and not to_hold:
+            return IngestOutcome(0, 0, refused=sent)
         gpu_sql, host_sql = _insert_sql("?" if self.engine.dialect.paramstyle == "qmark" else "%s")
+        held = held_dupes = full = 0
         try:
             with self.engine.begin() as conn:
                 before = _total_changes(conn) if sqlite else None
@@ -403,6 +511,10 @@ class UsageStore:
                 else:  # driver did not count; ask
                     uids = [r[0] for r in gpu_rows] + [r[0] for r in host_rows]
                     accepted = self._count_uids(conn, uids)
+                if to_hold:
+                    held, held_dupes, full = self.hold.add(
+                        conn, node, _held_rows(c, node, held_gpu, held_host)
+                    )
         except SQLAlchemyError as exc:
             # One line naming the cause: the driver's message carries the statement and
             # every row's parameters (a batch's worth of text, different each time).
@@ -414,7 +526,12 @@ class UsageStore:
         if self.health is not None:
             self.health.wrote()
         self._note_spool_stored(batch, dropped_before)
-        return accepted, total - accepted
+        return IngestOutcome(
+            accepted=accepted + held,
+            duplicates=total - accepted + held_dupes,
+            held=held,
+            refused=sent - total - to_hold + full,
+        )
 
     def _count_uids(self, conn: Any, uids: Sequence[str]) -> int:
         s = schema.samples

@@ -142,3 +142,78 @@ def test_any_config_text_parses_or_raises_config_error(text: str) -> None:
         parse_settings(text)
     except ConfigError as exc:
         assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("listen", "reason"),
+    [
+        ("999.1.1.1:99999", "port '99999' is not between 1 and 65535"),
+        ("999.1.1.1:8787", "'999.1.1.1' is not an IPv4 address"),
+        ("10.0.0.256:8787", "'10.0.0.256' is not an IPv4 address"),
+        ("127.0.0.1:0", "port '0' is not between 1 and 65535"),
+        ("127.0.0.1", "no port"),
+        ("127.0.0.1:http", "port 'http' is not between 1 and 65535"),
+        ("::1:8787", "an IPv6 address goes in brackets"),
+        ("[::g]:8787", "'::g' is not an IPv6 address"),
+        ("bad_host:8787", "'bad_host' is not an IP address or a host name"),
+        ("-head:8787", "'-head' is not an IP address or a host name"),
+        (f"{'a' * 64}.example:8787", "is not an IP address or a host name"),
+        ("héad:8787", "ASCII only"),
+    ],
+)
+def test_a_bad_listen_address_is_one_line_naming_file_line_and_key(
+    tmp_path: Path, listen: str, reason: str
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(f'[daemon]\nmode = "advise"\nlisten = "{listen}"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    message = str(info.value)
+    assert message.startswith(
+        f'config error in {path}, line 3: daemon.listen must be HOST:PORT like "127.0.0.1:8787", '
+        f"not {listen!r}: "
+    )
+    assert reason in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "listen",
+    [
+        "127.0.0.1:8787",
+        "0.0.0.0:1",
+        "[::1]:65535",
+        "[::]:8787",
+        ":8787",
+        "slurmctld:8787",
+        "head-1.cluster.example.org.:8787",
+    ],
+)
+def test_a_good_listen_address_is_read(listen: str) -> None:
+    assert parse_settings(f'[daemon]\nlisten = "{listen}"\n').daemon.listen == listen
+
+
+def test_policy_check_refuses_a_bad_listen_address_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from slurmgpu.cli.main import main
+
+    path = tmp_path / "config.toml"
+    path.write_text('[daemon]\nlisten = "999.1.1.1:99999"\n')
+    result = CliRunner().invoke(main, ["policy", "check", str(path)])
+    assert result.exit_code != 0
+    assert "daemon.listen" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_sgpu_daemon_listen_option_is_checked_before_anything_starts(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from slurmgpu.cli.main import main
+
+    result = CliRunner().invoke(
+        main, ["--db", f"sqlite:///{tmp_path / 'never.db'}", "daemon", "--listen", "1.2.3.4:0"]
+    )
+    assert result.exit_code == 2
+    assert (
+        result.output.strip() == "sgpu: --listen '1.2.3.4:0': port '0' is not between 1 and 65535"
+    )
+    assert not (tmp_path / "never.db").exists()

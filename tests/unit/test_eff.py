@@ -15,7 +15,8 @@ from rich.console import Console
 from slurmgpu.cli.context import AppContext
 from slurmgpu.cli.eff import eff as eff_command
 from slurmgpu.daemon.diff import diff_jobs
-from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
+from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
+from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.report.eff import (
     EffThresholds,
     JobEfficiency,
@@ -289,25 +290,43 @@ def test_error_samples_are_unknown_use_not_idleness() -> None:
     assert [n for n in notes(report) if n.severity == "alert"] == []
 
 
-def test_a_light_one_gpu_job_is_offered_shards_sized_by_its_gpu_memory() -> None:
+def test_a_light_one_gpu_job_is_offered_the_shards_the_daemon_would_give_it() -> None:
+    """Issue 37's case: 4 GiB used of a 40 GiB GPU of 16 shards, 2 GiB margin, at most 2
+    jobs a GPU. eff said ``shard:2`` (ceil(16 * 1.2 * 4 / 40)) where co-location narrows
+    the job to 8: now both say 8, the shard rule of the site's SizingRules."""
     job = make_job(cpus=1)
-    usage = [gpu(0, 8.0, peak=30.0, memory_mib=9000.0, total_mib=40960.0)]
+    usage = [gpu(0, 8.0, peak=30.0, memory_mib=4096.0, total_mib=40960.0)]
     report = job_efficiency(job, usage, [host("gpu1", 95.0, 1)], ended(job))
     found = notes(report)
-    assert kinds(found) == ["shard"]
-    # ceil(16 shards * 1.2 * 9000 MiB / 40960 MiB) = ceil(4.22) = 5
-    assert found[0].option == "--gres=shard:5"
-    assert "peaked at 8.8 GiB of 40.0 GiB" in found[0].text
+    # starved of data too (its one core 95 % busy): that is still said
+    assert sorted(kinds(found)) == ["input-bound", "shard"]
+    # max(ceil(16 * 4096 / (40960 - 2048)), ceil(16 / 2)) = max(2, 8)
+    shard = one(found, "shard")
+    assert shard.option == "--gres=shard:8"
+    assert "peaked at 4.0 GiB of 40.0 GiB" in shard.text and "(8 of 16 shards)" in shard.text
+    # on the cluster's own shard count (the lab's 4), and the site's margin
+    four = notes(replace(report, thresholds=EffThresholds(shards_per_gpu=4)))
+    assert one(four, "shard").option == "--gres=shard:2"
+    tight = EffThresholds(sizing=SizingRules(memory_margin_mib=38_000))  # 2,960 MiB left
+    assert "shard" not in kinds(notes(replace(report, thresholds=tight)))
 
 
-def test_a_shard_job_or_a_job_with_much_gpu_memory_is_not_offered_shards() -> None:
+def test_a_job_the_daemon_would_not_pack_is_not_offered_shards() -> None:
+    # 76,000 MiB of an H100 (79,511 usable past the margin) needs all 16 shards
     big = make_job(cpus=1)
     report = job_efficiency(
-        big, [gpu(0, 8.0, memory_mib=30_000.0)], [host("gpu1", 95.0, 1)], ended(big)
+        big, [gpu(0, 8.0, memory_mib=76_000.0)], [host("gpu1", 95.0, 1)], ended(big)
     )
     assert "shard" not in kinds(notes(report))
     # 8 % GPU with its one core 95 % busy: starved of data, not a GPU to share
     assert one(notes(report), "input-bound").severity == "warn"
+    # above [policy.colocate] max_util_pct (40 %): too busy to share
+    busy = job_efficiency(big, [gpu(0, 45.0, memory_mib=4096.0)], [], ended(big))
+    assert "shard" not in kinds(notes(busy))
+    # a job that declared more with --gpu-mem is sized by that, as the daemon does
+    declared = replace(big, comment="sgpu:shareable sgpu:gpu-mem=76000")
+    small = job_efficiency(declared, [gpu(0, 8.0, memory_mib=4096.0)], [], ended(declared))
+    assert "shard" not in kinds(notes(small))
 
 
 # -- time, memory, CPU --------------------------------------------------------------------
@@ -648,6 +667,43 @@ def test_eff_of_a_job_without_samples_uses_the_stored_summary(
     data = json.loads(result.output)
     assert data["source"] == "summary"
     assert data["gpu"]["util_pct"] == 66.0 and data["cpu"]["util_pct"] == 75.0
+
+
+def _light_job_on_shard_nodes(url: str, config: Path, colocate: str) -> None:
+    """A finished 1-GPU job that used 10 % and 4 GiB of a 40 GiB GPU, on a node the store
+    knows with 4 shards per GPU, and a site config with ``colocate`` in [policy.colocate]."""
+    config.write_text(f"[policy.colocate]\n{colocate}\n")
+    job = make_job(job_id=400, cpus=4)
+    store = open_store(url)
+    node = Node(name="gpu1", state="idle", gpus=4, shards=16, partitions=("gpu",))
+    store.apply_cycle(diff_jobs({}, [job]), {}, [node], T0)
+    samples = [
+        GpuSampleIn(
+            sample_uid=f"g-{minute}", at=(T0 + timedelta(minutes=minute)).timestamp(),
+            gpu_index=0, job_id=400, util_pct=10.0, memory_used_mib=4096.0,
+            memory_total_mib=40960.0, processes=1,
+        )
+        for minute in range(121)
+    ]  # fmt: skip
+    UsageStore(store.engine, store.cluster).ingest(SampleBatch(node="gpu1", gpu=samples))
+
+
+def test_eff_advises_the_clusters_shards_by_the_sites_colocate_settings(
+    db: tuple[str, AppContext],
+) -> None:
+    url, app = db
+    assert app.config_path is not None
+    _light_job_on_shard_nodes(url, app.config_path, "max_util_pct = 40")
+    result = CliRunner().invoke(eff_command, ["400", "--json"], obj=app)
+    assert result.exit_code == 0, result.output
+    options = {n["kind"]: n["option"] for n in json.loads(result.output)["notes"]}
+    # 4 shards per GPU on gpu1 (from the store), at most 2 jobs a GPU: 2 of 4
+    assert options["shard"] == "--gres=shard:2"
+    strict = AppContext(config_path=app.config_path, db_override=url)
+    app.config_path.write_text("[policy.colocate]\nmax_util_pct = 5\n")
+    result = CliRunner().invoke(eff_command, ["400", "--json"], obj=strict)
+    kinds_seen = {n["kind"] for n in json.loads(result.output)["notes"]}
+    assert "shard" not in kinds_seen  # 10 % is too busy to share on this site
 
 
 def test_eff_of_a_job_with_no_samples_asks_whether_the_agent_runs(

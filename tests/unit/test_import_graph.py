@@ -1,9 +1,12 @@
 """The import graph of slurmgpu/: no circle anywhere, and policy/ is pure by import.
 
-Built from the source with ``ast`` (nothing is imported): module-level imports only, the
-ones that run when a module is loaded; imports inside ``if TYPE_CHECKING:`` and inside
-functions (deliberately lazy ones) are left out. Importing ``a.b.c`` also runs the
-``__init__`` of ``a`` and ``a.b``, so those count as edges too.
+Built from the source with ``ast`` (nothing is imported): module-level imports, the ones
+that run when a module is loaded, and the imports inside ``if TYPE_CHECKING:`` too. Those do
+not run, but a circle through one is still a circle of the design (two modules that each
+need the other to be read; issue 37 found settings.py <-> sizing.py hiding that way), and
+mypy and every reader follow it. Imports inside functions (deliberately lazy ones) are left
+out. Importing ``a.b.c`` also runs the ``__init__`` of ``a`` and ``a.b``, so those count as
+edges too.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imported_names(name: str, path: Path) -> set[str]:
-    """Dotted names imported when ``name`` is loaded (module level, not TYPE_CHECKING)."""
+def _imported_names(name: str, path: Path, *, type_checking: bool = True) -> set[str]:
+    """Dotted names ``name`` imports at module level; those in ``if TYPE_CHECKING:``
+    blocks too unless ``type_checking`` is false (what loading the module runs)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     names: set[str] = set()
 
@@ -60,7 +64,7 @@ def _imported_names(name: str, path: Path) -> set[str]:
                 names.add(module)
                 names.update(f"{module}.{alias.name}" for alias in node.names)
             elif isinstance(node, ast.If):
-                if not _is_type_checking(node.test):
+                if type_checking or not _is_type_checking(node.test):
                     visit(node.body)
                 visit(node.orelse)
             elif isinstance(node, ast.Try):
@@ -79,13 +83,15 @@ def _imported_names(name: str, path: Path) -> set[str]:
 
 
 @cache  # the source does not change during a run; every test here reads the same graph
-def import_graph() -> dict[str, set[str]]:
-    """Module → the slurmgpu modules loading it loads first (directly). Do not mutate it."""
+def import_graph(*, type_checking: bool = True) -> dict[str, set[str]]:
+    """Module → the slurmgpu modules it imports (directly): with ``type_checking``, those
+    its ``if TYPE_CHECKING:`` blocks name too; without, only those loading it loads first.
+    Do not mutate it."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         edges: set[str] = set()
-        for dotted in _imported_names(name, path):
+        for dotted in _imported_names(name, path, type_checking=type_checking):
             target = dotted
             while target and target not in modules:
                 target = target.rpartition(".")[0]
@@ -155,6 +161,26 @@ def test_graph_sees_known_edges() -> None:
     assert len(graph) > 100
 
 
+def test_graph_counts_type_checking_imports(tmp_path: Path) -> None:
+    """An import only type checkers read is still an edge of the circle test's graph (a
+    circle through one is a circle of the design); the simulator's load test leaves it out,
+    since nothing is loaded by it."""
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import slurmgpu.units\n"
+        "if TYPE_CHECKING:\n"
+        "    from slurmgpu.policy.priors import Estimate\n"
+        "else:\n"
+        "    import slurmgpu.tokens\n"
+    )
+    everything = _imported_names("slurmgpu.mod", source)
+    loaded = _imported_names("slurmgpu.mod", source, type_checking=False)
+    assert "slurmgpu.policy.priors.Estimate" in everything
+    assert "slurmgpu.policy.priors.Estimate" not in loaded
+    assert {"slurmgpu.units", "slurmgpu.tokens"} <= loaded <= everything
+
+
 def test_cycle_detection_finds_a_planted_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert strongly_connected(graph) == [["a", "b", "c"]]
@@ -163,7 +189,7 @@ def test_cycle_detection_finds_a_planted_circle() -> None:
 
 def test_no_import_circle_in_slurmgpu() -> None:
     circles = strongly_connected(import_graph())
-    assert circles == [], "import circles (module-level imports):\n" + "\n".join(
+    assert circles == [], "import circles (module level, TYPE_CHECKING too):\n" + "\n".join(
         " <-> ".join(c) for c in circles
     )
 
@@ -225,7 +251,7 @@ def _closure(graph: dict[str, set[str]], roots: list[str]) -> dict[str, str]:
 
 
 def test_the_simulator_loads_no_io_module() -> None:
-    graph = import_graph()
+    graph = import_graph(type_checking=False)  # what is loaded: annotations load nothing
     via = _closure(graph, [m for m in graph if m.startswith("slurmgpu.sim")])
     bad = sorted(
         m

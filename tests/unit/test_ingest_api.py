@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory, parse_listen
+from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.listen_address import parse_listen
 from slurmgpu.model import ClusterSnapshot, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
@@ -272,7 +274,7 @@ def test_trailing_idle_time_counts_from_the_last_busy_sample(tmp_path: Path) -> 
 def test_parse_listen() -> None:
     assert parse_listen("127.0.0.1:8787") == ("127.0.0.1", 8787)
     assert parse_listen(":9000") == ("127.0.0.1", 9000)
-    with pytest.raises(ValueError, match="must look like"):
+    with pytest.raises(ValueError, match="no port"):
         parse_listen("localhost")
 
 
@@ -286,3 +288,21 @@ def test_before_the_first_node_list_batches_get_503_so_agents_keep_them(tmp_path
     assert status == 503
     assert "retry" in reply.decode()
     assert service.get_node_jobs("127.0.0.1", signed("gpu1", b""), "gpu1")[0] == 503
+
+
+def test_a_far_future_sample_is_refused_in_a_200_and_the_rest_stored(api: Api) -> None:
+    # Issue 36: a sample stamped in 2096 was stored. It is refused now, the batch's other
+    # samples stored, and the reply is a 200 that says so: the agent drops the batch as
+    # sent (a 4xx would drop its honest samples, a 5xx have it resent for ever).
+    good = msgspec.json.decode(batch(uid="f"), type=SampleBatch)
+    future = [
+        msgspec.structs.replace(good.gpu[0], sample_uid="f-ahead", at=time.time() + 3600),
+        msgspec.structs.replace(good.gpu[0], sample_uid="f-2096", at=3_993_000_000.0),
+    ]
+    body = encode(msgspec.structs.replace(good, gpu=[*good.gpu, *future]))
+    status, reply = api.call("/v1/samples", body, signed("gpu1", body))
+    assert (status, reply) == (200, {"accepted": 4, "duplicates": 0, "refused": 2})
+    assert [g.samples for g in api.usage.gpu_usage(42)] == [3]
+    status, reply = api.call("/v1/samples", body, signed("gpu1", body))
+    assert (status, reply) == (200, {"accepted": 0, "duplicates": 4, "refused": 2})
+    assert api.usage.refused["stamped in the future"] == 4

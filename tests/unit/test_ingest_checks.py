@@ -1,8 +1,9 @@
 """What a node may report: its own jobs, its own GPUs, ids in its own namespace.
 
-Also: samples from a node whose clock is off are stored and reported, never dropped;
-an agent's spool drops are a warning and a metric; MUNGE is re-checked while the daemon
-runs. All against a real SQLite store and the daemon's real placement lookup.
+Also: samples from a node whose clock is behind are stored and reported, those from one
+ahead refused and reported; an agent's spool drops are a warning and a metric; MUNGE is
+re-checked while the daemon runs. All against a real SQLite store and the daemon's real
+placement lookup. Held samples of jobs not seen yet: tests/unit/test_ingest_hold.py.
 """
 
 from __future__ import annotations
@@ -92,32 +93,35 @@ def test_a_gpu_the_node_does_not_have_is_refused(tmp_path: Path) -> None:
     assert w.gpu("gpu1", "gpu1:r:1:3:-", None, index=3) == 1
 
 
-def test_a_job_the_daemon_has_not_seen_yet_is_kept(tmp_path: Path) -> None:
-    # It started since the daemon's last good cycle (Slurm or the store away): the
-    # batch is acknowledged, so refusing its samples would lose them for good.
+def test_a_job_the_daemon_has_not_seen_yet_is_held_not_counted(tmp_path: Path) -> None:
+    # It started since the daemon's last good cycle (Slurm or the store away), or its id
+    # is not given out yet: the batch is acknowledged and the samples held, counted by no
+    # reader until Slurm lists the job (test_ingest_hold.py).
     w = World(tmp_path)
     w.observe([_job(5, "gpu1")])
     assert w.gpu("gpu1", "gpu1:r:1:0:999", 999) == 1
-    assert not w.usage.refused
+    assert not w.usage.refused and w.usage.gpu_usage(999) == []
     assert w.usage.unverified["gpu1"] == 1
     w.snapshot = None  # the daemon has no snapshot at all
     assert w.gpu("gpu1", "gpu1:r:2:0:998", 998) == 1
+    assert w.usage.gpu_usage(998) == [] and w.usage.count_samples() == 0
     assert w.gpu("gpu2", "gpu2:r:1:0:5", 5) == 0  # a job positively elsewhere still is not
 
 
-def test_a_job_pending_in_a_stale_snapshot_is_not_refused(tmp_path: Path) -> None:
+def test_a_job_pending_in_a_stale_snapshot_is_held_not_refused(tmp_path: Path) -> None:
     # The snapshot (and the store) still show the job pending, without nodes: Slurm or
-    # the store is away and the job has started since. Its samples are kept.
+    # the store is away and the job has started since. Its samples are held.
     w = World(tmp_path)
     pending = replace(_job(7, "gpu1", JobState.PENDING), nodes=(), gpu_allocations=())
     w.observe([pending])
     assert w.gpu("gpu1", "gpu1:r:1:0:7", 7) == 1
     w.snapshot = ClusterSnapshot(taken_at=T0, jobs=(), nodes=NODES)  # left the listing
     assert w.gpu("gpu1", "gpu1:r:2:0:7", 7) == 1
-    assert not w.usage.refused
+    assert not w.usage.refused and w.usage.unverified["gpu1"] == 2
     w.observe([_job(7, "gpu1")])  # once placed, another node is refused again
     assert w.gpu("gpu2", "gpu2:r:1:0:7", 7) == 0
     assert w.gpu("gpu1", "gpu1:r:3:0:7", 7) == 1
+    assert [u.samples for u in w.usage.gpu_usage(7)] == [1]  # the held two wait for release
 
 
 def test_samples_of_a_job_that_has_left_the_listing_still_count(tmp_path: Path) -> None:
@@ -139,15 +143,17 @@ def test_a_node_cannot_take_another_nodes_sample_id(tmp_path: Path) -> None:
     assert len(node_scoped_uid("n" * 128, "x" * 128)) <= 128
 
 
-def test_samples_from_a_clock_ahead_are_stored_counted_and_reported(
+def test_samples_from_a_clock_ahead_are_refused_counted_and_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     w = World(tmp_path)
     w.observe([_job(5, "gpu1")])
     with caplog.at_level(logging.WARNING, logger="slurmgpu.store"):
-        assert w.gpu("gpu1", "gpu1:r:2:0:5", 5, at=NOW + 900) == 1
-    assert w.usage.skewed["gpu1"] == 1
-    assert "node gpu1: 1 sample(s) stamped up to +900s" in caplog.text
+        assert w.gpu("gpu1", "gpu1:r:2:0:5", 5, at=NOW + 900) == 0
+    assert w.usage.skewed["gpu1"] == 1 and w.usage.refused["stamped in the future"] == 1
+    assert "node gpu1: 1 sample(s) stamped up to +900s ahead" in caplog.text
+    assert w.gpu("gpu1", "gpu1:r:3:0:5", 5, at=NOW - 900) == 1  # late: a spool emptied
+    assert w.usage.skewed["gpu1"] == 2
 
 
 def test_spool_drops_are_a_warning_and_a_count(
@@ -231,5 +237,6 @@ def test_the_counts_reach_metrics(tmp_path: Path) -> None:
     text = metrics.exposition().decode()
     assert 'sgpu_samples_refused_total{reason="job not on node"} 1.0' in text
     assert 'sgpu_samples_skewed_total{node="gpu1"} 1.0' in text
+    assert 'sgpu_samples_refused_total{reason="stamped in the future"} 1.0' in text
     assert 'sgpu_ingest_samples_unverified_total{node="gpu1"} 3.0' in text
     assert "sgpu_munge_up 0.0" in text

@@ -423,7 +423,7 @@ def test_colocate_table_is_read_with_one_line_errors(tmp_path: Path) -> None:
         tmp_path / "c.toml",
     )
     c = s.policy.colocate
-    assert (c.mode, c.memory_margin_mib, c.device_memory_mib, c.max_slowdown) == (
+    assert (c.mode, s.policy.sizing.memory_margin_mib, c.device_memory_mib, c.max_slowdown) == (
         Mode.ENFORCE,
         4096,
         40960,
@@ -431,8 +431,8 @@ def test_colocate_table_is_read_with_one_line_errors(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"line 3: policy.colocate.memory_margin must be a size"):
         parse_settings('[policy.colocate]\n\nmemory_margin = "lots"\n', tmp_path / "c.toml")
-    with pytest.raises(PolicyConfigError, match="max_jobs_per_gpu"):
-        ColocateSettings.from_mapping({"max_jobs_per_gpu": 1})
+    with pytest.raises(ConfigError, match=r"line 2: policy.colocate.max_jobs_per_gpu must be"):
+        parse_settings("[policy.colocate]\nmax_jobs_per_gpu = 1\n", tmp_path / "c.toml")
     with pytest.raises(PolicyConfigError, match="not a known setting"):
         ColocateSettings.from_mapping({"max_job_per_gpu": 2})
 

@@ -13,7 +13,9 @@ from slurmgpu.policy.settings import (
     IdleGpuSettings,
     PolicyConfigError,
     RightsizeSettings,
+    sizing_from_mappings,
 )
+from slurmgpu.policy.sizing import SizingRules
 
 
 def test_defaults_are_the_anchored_ones() -> None:
@@ -31,9 +33,12 @@ def test_defaults_are_the_anchored_ones() -> None:
     assert idle.exempt_interactive
     rs = RightsizeSettings()
     assert rs.mode is Mode.ADVISE and not rs.apply_to_all
-    assert (rs.time_quantile, rs.time_headroom, rs.memory_headroom) == (0.95, 1.3, 1.2)
-    assert rs.min_time_limit == timedelta(minutes=15) and rs.time_round == timedelta(minutes=5)
-    assert (rs.memory_round_mib, rs.min_history, rs.target_cores_per_gpu) == (256, 3, 12)
+    assert (rs.time_quantile, rs.min_history, rs.target_cores_per_gpu) == (0.95, 3, 12)
+    rules = SizingRules()
+    assert (rules.time_headroom, rules.memory_headroom, rules.cpu_headroom) == (1.3, 1.2, 1.2)
+    assert rules.min_time_limit == timedelta(minutes=15)
+    assert rules.time_round == timedelta(minutes=5) and rules.memory_round_mib == 256
+    assert (rules.memory_margin_mib, rules.max_jobs_per_gpu) == (2048, 2)
     assert rs.min_change_fraction == 0.2 and rs.max_judged_per_cycle == 25_000
     eng = EngineSettings()
     assert (eng.max_actions_per_cycle, eng.max_actions_per_user_per_hour) == (20, 10)
@@ -67,7 +72,6 @@ def test_tables_are_parsed_into_typed_values() -> None:
         {
             "apply_to_all": True,
             "time_quantile": 0.9,
-            "min_time_limit": "30m",
             "gpus": False,
             "max_judged_per_cycle": 0,
         },
@@ -75,7 +79,6 @@ def test_tables_are_parsed_into_typed_values() -> None:
     )
     assert rs.apply_to_all and rs.time_quantile == 0.9 and not rs.gpus
     assert rs.max_judged_per_cycle == 0  # no limit
-    assert rs.min_time_limit == timedelta(minutes=30)
     eng = EngineSettings.from_mapping(
         {"exempt_users": ["root"], "exempt_qos": "urgent", "max_actions_per_cycle": 5},
         "policy.engine",
@@ -95,7 +98,6 @@ def test_tables_are_parsed_into_typed_values() -> None:
         (IdleGpuSettings, {"mode": "yes"}, "mode", "observe, advise, enforce"),
         (IdleGpuSettings, {"act_after": "30m"}, "act_after", "warn_after"),
         (IdleGpuSettings, {"second_warn_after": "3h"}, "second_warn_after", "between"),
-        (RightsizeSettings, {"time_headroom": 0.5}, "time_headroom", ">= 1"),
         (RightsizeSettings, {"memory": "yes"}, "memory", "true or false"),
         (RightsizeSettings, {"min_history": 0}, "min_history", ">= 1"),
         (RightsizeSettings, {"max_judged_per_cycle": -1}, "max_judged_per_cycle", ">= 0"),
@@ -112,6 +114,42 @@ def test_bad_values_name_the_table_and_key(
     assert info.value.key == key
     assert info.value.where == "policy.x"
     assert str(info.value).startswith(f"policy.x.{key} ")
+    assert fragment in info.value.message
+
+
+def test_the_sizing_knobs_are_read_from_the_rightsize_and_colocate_tables() -> None:
+    """One SizingRules per site, its knobs written where they always were: the time, memory
+    and CPU ones in [policy.rightsize], the shard rule's in [policy.colocate]; each table
+    comes back without them, for its own settings."""
+    rules, rightsize, colocate = sizing_from_mappings(
+        {"min_time_limit": "30m", "memory_round_mib": 512, "apply_to_all": True},
+        {"memory_margin": "4GiB", "max_jobs_per_gpu": 4, "max_slowdown": 1.5},
+    )
+    assert rules == SizingRules(
+        min_time_limit=timedelta(minutes=30),
+        memory_round_mib=512,
+        memory_margin_mib=4096,
+        max_jobs_per_gpu=4,
+    )
+    assert rightsize == {"apply_to_all": True} and colocate == {"max_slowdown": 1.5}
+    assert sizing_from_mappings({}, {})[0] == SizingRules()
+
+
+@pytest.mark.parametrize(
+    ("rightsize", "colocate", "where", "key", "fragment"),
+    [
+        ({"time_headroom": 0.5}, {}, "policy.rightsize", "time_headroom", ">= 1"),
+        ({"time_round": "soon"}, {}, "policy.rightsize", "time_round", "must be a duration"),
+        ({}, {"max_jobs_per_gpu": 1}, "policy.colocate", "max_jobs_per_gpu", ">= 2"),
+        ({}, {"memory_margin": "lots"}, "policy.colocate", "memory_margin", "must be a size"),
+    ],
+)
+def test_bad_sizing_knobs_name_their_table(
+    rightsize: dict[str, Any], colocate: dict[str, Any], where: str, key: str, fragment: str
+) -> None:
+    with pytest.raises(PolicyConfigError) as info:
+        sizing_from_mappings(rightsize, colocate)
+    assert (info.value.where, info.value.key) == (where, key)
     assert fragment in info.value.message
 
 

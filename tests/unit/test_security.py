@@ -23,7 +23,8 @@ import pytest
 
 from slurmgpu.agent.spool import BatchSpool
 from slurmgpu.config import DaemonSettings, parse_settings
-from slurmgpu.daemon.api import Authenticator, IngestService, NodeDirectory, parse_listen
+from slurmgpu.daemon.api import Authenticator, IngestService, NodeDirectory
+from slurmgpu.listen_address import parse_listen
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node
 from slurmgpu.store import open_store
 from slurmgpu.store.audit import AuditStore

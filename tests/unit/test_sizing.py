@@ -12,10 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurmgpu.config import parse_settings
+from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.recommend import recommendations
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.policy.sizing import (
+    SizingRules,
     ceil_whole,
     cores_needed,
     gpus_needed,
@@ -99,29 +102,32 @@ def test_mem_text_is_exact_in_slurm_units() -> None:
     ]
 
 
-def test_rightsize_settings_and_eff_thresholds_share_the_sizing_defaults() -> None:
-    rs, th = RightsizeSettings(), EffThresholds()
-    assert (rs.time_headroom, rs.time_round, rs.min_time_limit) == (
-        th.time_headroom,
-        th.time_round,
-        th.min_time_limit,
+def test_rightsize_colocate_and_eff_take_one_sizing_rules_object() -> None:
+    """The knobs live in SizingRules alone: the policies and eff hold one, the site's."""
+    assert RightsizePolicy().sizing == ColocatePolicy().sizing == EffThresholds().sizing
+    assert EffThresholds().sizing == SizingRules()
+    site = parse_settings(
+        '[policy.rightsize]\ntime_round = "10m"\n[policy.colocate]\nmax_jobs_per_gpu = 4\n'
+    ).policy
+    th = EffThresholds.for_site(site.sizing, site.colocate, 4)
+    assert th.sizing is site.sizing and th.colocate is site.colocate
+    assert (th.sizing.time_round, th.sizing.max_jobs_per_gpu, th.shards_per_gpu) == (
+        timedelta(minutes=10),
+        4,
+        4,
     )
-    assert (rs.memory_headroom, rs.memory_round_mib, rs.cpu_headroom) == (
-        th.memory_headroom,
-        th.memory_round_mib,
-        th.cpu_headroom,
-    )
+    assert EffThresholds.for_site(site.sizing, site.colocate, None).shards_per_gpu == 16
 
 
-def test_eff_sizes_by_the_sites_rightsize_settings() -> None:
-    site = RightsizeSettings(time_round=timedelta(minutes=10), memory_round_mib=1024)
+def test_eff_sizes_by_the_sites_sizing_rules() -> None:
+    site = SizingRules(time_round=timedelta(minutes=10), memory_round_mib=1024)
     done = make_job(elapsed=timedelta(seconds=7000), time_limit=30 * DAY, memory_mib=1_000_000)
     report = job_efficiency(
         done,
         [gpu_usage(0, 70.0)],
         [host("gpu1", 380.0, 4, memory_mib=8192.0)],
         ended(done),
-        thresholds=EffThresholds.sized_as(site),
+        thresholds=EffThresholds(sizing=site),
     )
     options = {n.kind: n.option for n in notes(report)}
     # 1.3 * 7000 s = 9100 s -> 16 * 600 s; ceil(1.2 * 8192) = 9831 MiB -> 10 * 1024 MiB
@@ -152,7 +158,7 @@ def _three_sizes(run_s: int, peak_mib: int, busy_cores: float) -> dict[str, dict
     )
     snap = snapshot([job], history=runs)
     (action,) = policy.propose(snap)
-    by_key, _ = recommendations(policy.priors(snap.history), s)
+    by_key, _ = recommendations(policy.priors(snap.history), s, policy.sizing)
     rec = by_key["alice|train|gpu"]
 
     done = make_job(
@@ -219,13 +225,13 @@ def test_the_three_agree_for_any_usage(run_s: int, peak_mib: int, busy_cores: fl
 @pytest.mark.parametrize("round_s", [60, 90, 300, 900])
 def test_the_export_never_rounds_a_limit_below_what_rightsizing_sets(round_s: int) -> None:
     # a time_round that is not whole minutes: the export's minutes are rounded up
-    s = RightsizeSettings(time_round=timedelta(seconds=round_s))
+    s, rules = RightsizeSettings(), SizingRules(time_round=timedelta(seconds=round_s))
     runs = [record(run_time=timedelta(seconds=1000), gpus_used=4) for _ in range(3)]
-    policy = RightsizePolicy(s)
-    by_key, _ = recommendations(policy.priors(tuple(runs)), s)
+    policy = RightsizePolicy(s, sizing=rules)
+    by_key, _ = recommendations(policy.priors(tuple(runs)), s, rules)
     minutes = by_key["alice|train|gpu"]["time_limit_min"]
     assert minutes is not None
-    seconds = time_limit_s(1000, s.time_headroom, round_s, s.min_time_limit.total_seconds())
+    seconds = time_limit_s(1000, rules.time_headroom, round_s, rules.min_time_limit.total_seconds())
     assert minutes * 60 >= seconds > (minutes - 1) * 60
 
 
@@ -245,7 +251,7 @@ def test_no_time_limit_anywhere_from_runs_slurm_restarted() -> None:
         (action,) = policy.propose(snap)
         fields = update_fields(action.intents, "")
         assert fields["MinMemoryNode"] == "9984"  # memory is still sized from them
-        by_key, _ = recommendations(policy.priors(snap.history), s)
+        by_key, _ = recommendations(policy.priors(snap.history), s, policy.sizing)
         limits[label] = (fields.get("TimeLimit"), by_key["alice|train|gpu"]["time_limit_min"])
     assert limits == {"whole": ("01:20:00", 80), "resized": (None, None)}
 

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -369,7 +370,10 @@ def full_disk_daemon(tmp_path: Path) -> Iterator[tuple[Daemon, store_damage.Tmpf
         db = fs.path / "state.db"
         slurm = populated(db)
         d = _daemon(f"sqlite:///{db}", slurm, tmp_path)
-        server, munge = d._start_api("127.0.0.1:0")
+        with socket.socket() as probe:  # a free port: the listen syntax refuses port 0
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        server, munge = d._start_api(f"127.0.0.1:{port}")
         try:
             yield d, fs, f"http://127.0.0.1:{server.address[1]}/healthz"
         finally:
