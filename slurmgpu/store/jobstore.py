@@ -38,7 +38,7 @@ from slurmgpu.daemon.diff import JobDiff
 from slurmgpu.model import Job, Node
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
-from slurmgpu.store.health import classify, sqlite_file
+from slurmgpu.store.health import classify, one_line, sqlite_file
 from slurmgpu.store.rows import job_to_row, node_to_row, row_to_job, row_to_node
 
 _CHUNK = 500
@@ -425,7 +425,7 @@ class JobStore:
                 s = schema.submissions
                 conn.execute(insert(s), _fitted(conn, s, [row]))
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not record the submission: {exc}") from exc
+            raise StoreError(f"could not record the submission: {one_line(exc)}") from exc
 
     def submissions(self, job_id: int) -> list[dict[str, Any]]:
         s = schema.submissions

@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
-from slurmgpu.store.health import Cause, Diagnosis, StoreHealth, classify, sqlite_file
+from slurmgpu.store.health import Cause, Diagnosis, StoreHealth, classify, one_line, sqlite_file
 from slurmgpu.store.sample_check import NOT_ON_NODE, JobRun, misfit
 from slurmgpu.store.sample_hold import SampleHold
 from slurmgpu.store.schema import as_utc
@@ -830,7 +830,8 @@ class UsageStore:
                     },
                 )
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not store the summary of job {job_id}: {exc}") from exc
+            why = one_line(exc)
+            raise StoreError(f"could not store the summary of job {job_id}: {why}") from exc
 
     def summary(self, job_id: int) -> dict[str, Any] | None:
         j = schema.job_summaries

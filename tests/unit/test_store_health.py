@@ -495,3 +495,25 @@ def test_store_health_answers_from_the_last_write() -> None:
     assert health.healthz()[0] == 200
     usage = UsageStore(create_engine("sqlite://"))
     assert usage.health is None
+
+
+def test_store_errors_the_daemon_logs_are_one_line_with_their_cause(tmp_path: Path) -> None:
+    """An audit write or a history read that fails says its cause in one line; before,
+    the message carried SQLAlchemy's statement, parameters and help link (4+ lines, and a
+    batch's worth of text for a multi-row write)."""
+    from slurmgpu.store import StoreError
+    from slurmgpu.store.audit import AuditStore
+    from slurmgpu.store.history import load_history
+
+    db = tmp_path / "state.db"
+    populated(db)
+    read_only = create_engine(f"sqlite:///file:{db}?mode=ro&uri=true")
+    with pytest.raises(StoreError) as write:
+        AuditStore(read_only).set_outcome(1, "done")
+    db.write_bytes(b"\x00garbage" * 600)
+    with pytest.raises(StoreError) as read:
+        load_history(create_engine(f"sqlite:///{db}"), "", store_damage.T0)
+    for err, cause in ((write, "read-only"), (read, "not a database")):
+        text_ = str(err.value)
+        assert "\n" not in text_ and "[SQL" not in text_ and "sqlalche.me" not in text_, text_
+        assert cause in text_, text_
