@@ -8,7 +8,8 @@ file system does not explain), the store is checked once (``PRAGMA quick_check``
 - corrupt: the daemon stops with one line that says to restore from a backup (exit 6);
   running on would print the same error every cycle and store nothing where it matters;
 - intact: one WARNING, and the daemon carries on as for any transient error (the same
-  error again is not checked again until a cycle has run without one).
+  error is not checked again until a write has succeeded since: a disk that keeps
+  failing costs one check and one line, not one per cycle that met it).
 
 On PostgreSQL the server checks its own pages as it reads them: SQLSTATE XX001/XX002
 (data or index corrupted) is its verdict, and the daemon stops on it.
@@ -39,7 +40,8 @@ class StoreWatch:
         """None to go on; else the one line the daemon stops with."""
         suspect = self.health.take_suspect()
         if suspect is None:
-            self._cleared = None
+            if self.health.failing is None:
+                self._cleared = None  # writes work again: the next error is news
             return None
         if suspect.detail == self._cleared:
             return None

@@ -205,10 +205,15 @@ def test_a_harmless_database_error_is_checked_once_and_the_daemon_carries_on(
     assert watch.checks == 1
     said = [r.getMessage() for r in caplog.records if "integrity check" in r.getMessage()]
     assert len(said) == 1 and "intact" in said[0] and "carrying on" in said[0]
-    assert watch.after_cycle() is None  # a cycle without the error
+    assert watch.after_cycle() is None  # a cycle without the error, writes still failing
     health.failed(glitch)
     assert watch.after_cycle() is None
-    assert watch.checks == 2, "after a clean cycle the error is new again"
+    assert watch.checks == 1, "the same fault: not checked again"
+    health.wrote()
+    assert watch.after_cycle() is None  # writes work again
+    health.failed(glitch)
+    assert watch.after_cycle() is None
+    assert watch.checks == 2, "after a good write the error is news again"
 
 
 # -- the real cause, in words ----------------------------------------------------------------
