@@ -108,7 +108,8 @@ class Diagnosis:
 
     def __str__(self) -> str:
         """``read-only (disk I/O error; its file system is mounted read-only)``."""
-        return f"{_LABEL[self.cause]} ({self.detail})" if self.detail else _LABEL[self.cause]
+        label = _LABEL[self.cause]
+        return f"{label} ({self.detail})" if self.detail and self.detail != label else label
 
     def sentence(self, where: str, doing: str = "") -> str:
         """One line for the operator: the database (and what failed), the cause, what was
@@ -196,6 +197,12 @@ def probe_file(path: Path, *, write: bool = True) -> Diagnosis | None:
         return Diagnosis(
             Cause.READ_ONLY, f"the file system holding {directory} is mounted read-only"
         )
+    if write and (after_error := _emergency_read_only(directory)) is not None:
+        return Diagnosis(
+            Cause.READ_ONLY,
+            f"the file system holding {directory} ({after_error}) went read-only after a "
+            "disk error",
+        )
     uid = os.geteuid()
     siblings = [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")]
     for file in siblings:
@@ -225,6 +232,32 @@ def probe_file(path: Path, *, write: bool = True) -> Diagnosis | None:
         free = vfs.f_bavail * vfs.f_frsize
         return Diagnosis(Cause.FULL, f"{free} bytes free on the file system holding {directory}")
     return None
+
+
+def _emergency_read_only(
+    directory: Path, mountinfo: Path = Path("/proc/self/mountinfo")
+) -> str | None:
+    """The mount point holding ``directory`` when its file system went read-only after an
+    error although the mount still says ``rw``: Linux 6.x's ext4 marks this
+    ``emergency_ro`` in the super block's options only, which ``statvfs`` does not show."""
+    try:
+        where = directory.resolve()
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    best: tuple[int, str, bool] | None = None
+    for line in lines:
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 6:
+            continue
+        point = fields[4].replace("\\040", " ")
+        if where != Path(point) and Path(point) not in where.parents:
+            continue
+        super_options = tail.split()[2].split(",") if len(tail.split()) > 2 else []
+        if best is None or len(point) > best[0]:
+            best = (len(point), point, "emergency_ro" in super_options)
+    return best[1] if best is not None and best[2] else None
 
 
 def classify_os_error(exc: OSError, path: Path | None = None) -> Diagnosis:

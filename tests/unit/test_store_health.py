@@ -522,3 +522,46 @@ def test_store_errors_the_daemon_logs_are_one_line_with_their_cause(tmp_path: Pa
         text_ = str(err.value)
         assert "\n" not in text_ and "[SQL" not in text_ and "sqlalche.me" not in text_, text_
         assert cause in text_, text_
+
+
+def test_a_file_system_gone_read_only_after_a_disk_error_is_named_read_only(
+    tmp_path: Path,
+) -> None:
+    """What a failing disk does (ext4 ``errors=remount-ro``): SQLite says "disk I/O error";
+    Linux 6.x keeps the mount ``rw`` and marks the super block ``emergency_ro``, which
+    statvfs does not show. The line must say read-only, not "disk I/O error" alone."""
+    from tests.unit.test_store_faults import Ext4, _why_not
+
+    if _why_not() is not None:
+        pytest.skip(_why_not() or "")
+    from slurmgpu.store.health import Cause, classify
+
+    disk = Ext4(tmp_path)
+    try:
+        db = disk.mnt / "state.db"
+        engine = open_store(f"sqlite:///{db}").engine
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM meta"))
+        disk.fail()
+        with pytest.raises(SQLAlchemyError) as err, engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
+        engine.dispose()
+        found = classify(err.value, db)
+        assert found is not None and found.cause is Cause.READ_ONLY, repr(err.value)
+        assert "read-only" in str(found)
+    finally:
+        disk.close()
+
+
+def test_emergency_read_only_is_read_from_the_super_block_options(tmp_path: Path) -> None:
+    from slurmgpu.store.health import _emergency_read_only
+
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "27 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n"
+        "90 27 7:0 / /srv/db rw,relatime - ext4 /dev/loop0 rw,emergency_ro,errors=remount-ro\n"
+        "91 90 0:50 / /srv/db/sub rw - tmpfs tmpfs rw\n"
+    )
+    assert _emergency_read_only(Path("/srv/db/state"), info) == "/srv/db"
+    assert _emergency_read_only(Path("/srv/db/sub/x"), info) is None  # the tmpfs inside
+    assert _emergency_read_only(Path("/var/lib"), info) is None
