@@ -162,8 +162,8 @@ def _findings(node: Node, alloc: NodeAllocations) -> list[UsageFinding]:
                     UsageFinding(
                         node.name,
                         "shard_overcommit",
-                        f"{per_gpu} shards on GPU {gpu}",
-                        f"{n} shards on GPU {gpu}",
+                        str(per_gpu),
+                        f"{n} shards",
                         gpu=gpu,
                     )
                 )

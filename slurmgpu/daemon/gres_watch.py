@@ -44,8 +44,8 @@ class GresUsageWatch:
             self.started[f.kind] = self.started.get(f.kind, 0) + 1
             if f.kind == "shard_overcommit":
                 log.warning(
-                    "node %s: GPU %s holds more shards than it has (%s; it has %s); "
-                    "Slurm's own count of them is off",
+                    "node %s: GPU %s holds more shards than it has (%s of its %s): "
+                    "Slurm placed shard jobs on it after losing count of them",
                     f.node,
                     f.gpu,
                     f.allocations,

@@ -137,7 +137,7 @@ def test_the_watch_warns_once_per_node_and_cause_and_once_when_it_agrees(
 ) -> None:
     watch = GresUsageWatch()
     lost = UsageFinding("gpu1", "shards", "0 shards", "6 shards")
-    over = UsageFinding("gpu1", "shard_overcommit", "4 shards on GPU 2", "5", gpu=2)
+    over = UsageFinding("gpu1", "shard_overcommit", "4", "5 shards", gpu=2)
     caplog.set_level(logging.INFO, logger="slurmgpu.daemon")
     watch.observe([lost])  # one listing: maybe a job started between squeue and sinfo
     assert watch.started["shards"] == 0 and not caplog.records
