@@ -129,6 +129,22 @@ class Daemon:
             lambda: float(retention.deleted_total),
         )
         metrics.watch_usage(usage)
+        gres = observer.gres
+        metrics.watch(
+            "sgpu_node_gres_disagreements",
+            "Times a node's gres_used (Slurm) started to disagree with its running jobs' "
+            "allocations, by kind (gpus, shards, shard_overcommit: a GPU holding more "
+            "shards than it has).",
+            lambda: {k: float(v) for k, v in gres.started.items()},
+            label="kind",
+        )
+        metrics.watch(
+            "sgpu_node_gres_disagreeing",
+            "(node, kind) disagreements standing now (the allocations' figure is used).",
+            lambda: {k: float(v) for k, v in gres.open_by_kind().items()},
+            kind="gauge",
+            label="kind",
+        )
         if cycle is not None:
             errors = cycle.errors
             metrics.watch(

@@ -299,6 +299,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "jobdiff",
             "listen_address",
             "model",
+            "nodeusage",
             "plaintext",
             "replyauth",
             "settings_table",
