@@ -65,6 +65,7 @@ __all__ = [
     "keep_global_batch",
     "latest_checkpoint",
     "make_callback",
+    "read_mark",
     "seed_everything",
 ]
 

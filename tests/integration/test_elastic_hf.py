@@ -224,3 +224,58 @@ def test_losses_and_weights_match_the_uninterrupted_run(runs: dict[str, Any]) ->
     expected = torch.load(tmp / "ref" / "final.pt")
     for name, tensor in expected.items():
         torch.testing.assert_close(final[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def _tiny_trainer(tmp: Path) -> Any:
+    """A one-process Trainer over the example's model (loaded from its file)."""
+    import importlib.util
+
+    from transformers import Trainer, TrainingArguments
+
+    spec = importlib.util.spec_from_file_location("hf_trainer_elastic", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = TrainingArguments(
+        output_dir=str(tmp / "out"),
+        per_device_train_batch_size=2,
+        seed=3,
+        use_cpu=True,
+        report_to="none",
+    )
+    model = example.TinyModel(example.TinyConfig())
+    return Trainer(model=model, args=args, train_dataset=example.Synthetic(8, 8, 0))
+
+
+def test_rng_files_are_loaded_only_at_the_size_that_wrote_them(tmp_path: Path) -> None:
+    from slurmgpu.elastic import huggingface as ehf
+    from slurmgpu.elastic import init
+
+    trainer = _tiny_trainer(tmp_path)
+    run = init(env={"SLURM_JOB_ID": "5"}, install_handlers=False, state_dir=tmp_path / "s")
+    assert ehf.attach(trainer, run) is None  # nothing saved yet: a fresh start
+    torch.manual_seed(1234)
+    saved = torch.get_rng_state()
+    for world in (1, 2):  # the checkpoint's size; this process is a world of 1
+        ckpt = tmp_path / "out" / f"checkpoint-{world}0"
+        ckpt.mkdir(parents=True)
+        trainer._save_rng_state(str(ckpt))  # what the Trainer writes at a world of 1
+        (ckpt / "trainer_state.json").write_text("{}")
+        mark = {"step": world * 10, "world_size": world, "global_batch": 2}
+        (ckpt / ehf.CHECKPOINT_MARK).write_text(json.dumps(mark))
+    torch.manual_seed(99)
+    trainer._load_rng_state(str(tmp_path / "out" / "checkpoint-10"))
+    assert torch.equal(torch.get_rng_state(), saved)  # same size: the Trainer's restore
+    ehf.seed_everything(3, 20, 0)
+    expected = torch.get_rng_state()
+    torch.manual_seed(99)
+    trainer._load_rng_state(str(tmp_path / "out" / "checkpoint-20"))
+    assert torch.equal(torch.get_rng_state(), expected)  # another size: seed, step, rank
+    assert not torch.equal(expected, saved)
+    # The newest checkpoint is picked, and one at another global batch is refused.
+    assert ehf.attach(_tiny_trainer(tmp_path), run) == str(tmp_path / "out" / "checkpoint-20")
+    (tmp_path / "out" / "checkpoint-20" / ehf.CHECKPOINT_MARK).write_text(
+        json.dumps({"step": 20, "world_size": 2, "global_batch": 16})
+    )
+    with pytest.raises(ValueError, match="global batch 16"):
+        ehf.attach(_tiny_trainer(tmp_path), run)
