@@ -37,9 +37,10 @@ test_elastic_hf.py checks every sample once per epoch across 2 -> 1 -> 2 ranks).
 states: the Trainer loads ``rng_state_<rank>.pth`` (or ``rng_state.pth``) whatever size
 wrote them and with several GPUs per process restores every GPU's CUDA state, which fails
 when the device count differs. :func:`attach` replaces that step: at the size the
-checkpoint was written at the Trainer's own restore runs; at another size every RNG
-(python, numpy, torch CPU and CUDA) is seeded from ``args.seed``, the global step and the
-rank instead, so no stream repeats an earlier one and nothing is loaded that does not fit.
+checkpoint was written at (processes and GPUs per process) the Trainer's own restore
+runs; at another size every RNG (python, numpy, torch CPU and CUDA) is seeded from
+``args.seed``, the global step and the rank instead, so no stream repeats an earlier one
+and nothing is loaded that does not fit.
 
 ``transformers`` is imported only when a function here runs.
 """
@@ -252,6 +253,7 @@ def _callback_class() -> Any:
                 "step": int(state.global_step),
                 "epoch": float(state.epoch or 0.0),
                 "world_size": world,
+                "devices": _devices(),
                 "per_device_train_batch_size": int(args.per_device_train_batch_size),
                 "gradient_accumulation_steps": int(args.gradient_accumulation_steps),
                 "global_batch": global_batch,
@@ -290,7 +292,10 @@ def attach(trainer: Any, run: ElasticRun, *, check_batch: bool = True) -> str | 
             return
         mark = read_mark(checkpoint)
         world = int(args.world_size)
-        if mark is not None and int(mark.get("world_size", -1)) == world:
+        # The same processes *and* the same GPUs per process: one process over several
+        # GPUs (DataParallel) restores every GPU's state, which fails at another count.
+        same = mark is not None and int(mark.get("world_size", -1)) == world
+        if same and mark is not None and int(mark.get("devices", -1)) == _devices():
             original(checkpoint)
             return
         step = int(mark["step"]) if mark is not None else _step_of(checkpoint)
@@ -314,6 +319,13 @@ def attach(trainer: Any, run: ElasticRun, *, check_batch: bool = True) -> str | 
                 "call keep_global_batch(args, global_batch) before building the Trainer"
             )
     return checkpoint
+
+
+def _devices() -> int:
+    """CUDA devices this process sees (0 without CUDA)."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
 def _step_of(checkpoint: str) -> int:

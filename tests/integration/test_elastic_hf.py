@@ -261,7 +261,7 @@ def test_rng_files_are_loaded_only_at_the_size_that_wrote_them(tmp_path: Path) -
         ckpt.mkdir(parents=True)
         trainer._save_rng_state(str(ckpt))  # what the Trainer writes at a world of 1
         (ckpt / "trainer_state.json").write_text("{}")
-        mark = {"step": world * 10, "world_size": world, "global_batch": 2}
+        mark = {"step": world * 10, "world_size": world, "devices": 0, "global_batch": 2}
         (ckpt / ehf.CHECKPOINT_MARK).write_text(json.dumps(mark))
     torch.manual_seed(99)
     trainer._load_rng_state(str(tmp_path / "out" / "checkpoint-10"))
