@@ -206,7 +206,6 @@ def _callback_class() -> Any:
         def __init__(self, run: ElasticRun) -> None:
             self.run = run
             self.requested_at: int | None = None  # the step whose end saw the request
-            self.saves = 0
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             from slurmgpu.elastic import torch as etorch
@@ -229,7 +228,6 @@ def _callback_class() -> Any:
             if self.run.is_rank0:
                 self._mark(args, state, output_dir)
             _barrier()  # complete and marked before any rank acknowledges or exits
-            self.saves += 1
             requested = self.requested_at is not None
             self.requested_at = None
             if requested:
@@ -273,11 +271,12 @@ def _callback_class() -> Any:
 def attach(trainer: Any, run: ElasticRun, *, check_batch: bool = True) -> str | None:
     """Make ``trainer`` malleable; return the checkpoint to pass to ``trainer.train``.
 
-    Adds the callback (:func:`make_callback`), replaces the Trainer's RNG restore with one that only
-    loads RNG files written at this world size (else seeds from seed, step and rank), and
-    returns :func:`latest_checkpoint` of ``args.output_dir`` (None: start fresh). With
-    ``check_batch``, a checkpoint written at another global batch is refused (ValueError):
-    its step count would mean other samples and its scheduler another schedule.
+    Adds the callback (:func:`make_callback`), replaces the Trainer's RNG restore with one
+    that loads RNG files only at the processes and GPUs per process that wrote them (else
+    seeds from seed, step and rank), and returns :func:`latest_checkpoint` of
+    ``args.output_dir`` (None: start fresh). With ``check_batch``, a checkpoint written at
+    another global batch is refused (ValueError): its step count would mean other samples
+    and its scheduler another schedule.
     """
     args = trainer.args
     trainer.add_callback(make_callback(run))
