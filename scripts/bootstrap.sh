@@ -67,5 +67,12 @@ if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 ||
     { echo "bootstrap: torch==2.13.0 failed to install" >&2; exit 1; }
 fi
+# transformers + accelerate for the malleable Hugging Face Trainer test and example
+# (slurmgpu[huggingface]): pinned to the tested versions, after torch so torch stays as is.
+if ! .venv/bin/python -c 'import transformers, accelerate' >/dev/null 2>&1; then
+  echo "bootstrap: pip install transformers==5.25.0 accelerate==1.16.0"
+  .venv/bin/python -m pip install -q --disable-pip-version-check transformers==5.25.0 \
+    accelerate==1.16.0 || { echo "bootstrap: transformers failed to install" >&2; exit 1; }
+fi
 .venv/bin/python -c 'import slurmgpu' || { echo "bootstrap: install failed" >&2; exit 1; }
 echo "bootstrap: ready ($(.venv/bin/sgpu --version), $(/usr/sbin/slurmctld-wlm -V 2>/dev/null || echo 'slurm ?'))"
