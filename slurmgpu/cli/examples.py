@@ -53,7 +53,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sgpu jobs -u alice -t RUNNING --json",
         "sgpu jobs --watch --active",
     ),
-    "monitoring": ("sgpu monitoring rules -o /etc/prometheus/rules/slurmgpu.yml",),
+    "monitoring": (
+        "sgpu monitoring rules -o /etc/prometheus/rules/slurmgpu.yml",
+        "sgpu monitoring dashboard -o /var/lib/grafana/dashboards/slurmgpu.json",
+    ),
+    "monitoring dashboard": (
+        "sgpu monitoring dashboard -o /var/lib/grafana/dashboards/slurmgpu.json",
+    ),
     "monitoring rules": (
         "sgpu monitoring rules -o /etc/prometheus/rules/slurmgpu.yml",
         "sgpu monitoring rules | promtool check rules /dev/stdin",

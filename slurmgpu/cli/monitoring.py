@@ -1,4 +1,5 @@
-"""``sgpu monitoring``: print or write the Prometheus rules shipped with slurmgpu."""
+"""``sgpu monitoring``: print or write the Prometheus rules and the Grafana dashboard
+shipped with slurmgpu."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from pathlib import Path
 import click
 
 from slurmgpu.cli.context import fail
-from slurmgpu.monitoring import rules_text
+from slurmgpu.monitoring import dashboard_text, rules_text
 
 
 @click.group("monitoring")
 def monitoring() -> None:
-    """Prometheus rules for the daemon's /metrics (docs/metrics.md)."""
+    """Prometheus rules and a Grafana dashboard for the daemon's /metrics (docs/metrics.md)."""
 
 
 def _emit(text: str, out: Path | None, what: str) -> None:
@@ -36,3 +37,15 @@ def _emit(text: str, out: Path | None, what: str) -> None:
 def rules(out: Path | None) -> None:
     """The recording and alerting rules (a Prometheus rule file)."""
     _emit(rules_text(), out, "the Prometheus rules")
+
+
+@monitoring.command("dashboard")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the dashboard here instead of printing it.",
+)
+def dashboard(out: Path | None) -> None:
+    """The Grafana dashboard (JSON, for provisioning or import)."""
+    _emit(dashboard_text(), out, "the Grafana dashboard")

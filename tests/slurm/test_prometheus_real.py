@@ -14,6 +14,8 @@ the gauges, whatever they say). Through Prometheus' HTTP API the test then check
   the labels its ``by (...)`` keeps (``instance``, ``partition``, ``node``...), and the
   efficiency and idle series say what the workload does;
 - every alert's expression evaluates to a vector (empty on this healthy lab);
+- every Grafana dashboard panel's query (slurmgpu/monitoring/dashboard.py) is a vector
+  with the labels its legend names;
 - every sgpu_* family a rule reads is in the daemon's real /metrics;
 - stopping the daemon fires SgpuDaemonDown, and does not call the agents silent.
 
@@ -40,6 +42,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmgpu.lab.cluster import LabCluster
+from slurmgpu.monitoring import dashboard
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry, free_port, running_stack
 from tests.tier_guard import need_tool
@@ -49,6 +52,13 @@ JOB = "slurmgpu"  # the scrape job the rules' daemon-down alerts name
 # Recording rules the workload cannot feed in bounded time: no policy executes an action
 # in this short run, so there is no sgpu_actions_total{outcome="done"} yet.
 MAY_BE_EMPTY = {"policy:sgpu_actions_done:increase1h"}
+# Queries of what this healthy, short run does not do: execute actions, resize, refuse.
+MAY_BE_EMPTY_READING = (
+    "sgpu_actions_total",
+    "sgpu_transactions",
+    "sgpu_samples_refused_total",
+    "sgpu_api_rejected_total",
+)
 
 
 @dataclass
@@ -267,6 +277,27 @@ def test_prometheus_scrapes_the_lab_daemon_and_evaluates_every_rule(
         result = prom.query(rule["expr"])
         assert result == [] or rule["alert"] == "SgpuSlurmDataParserUnknown", (rule, result)
     assert prom.api("alerts")["alerts"] == []
+
+    # Every dashboard panel's query, variables filled in as Grafana would, is a vector
+    # with the labels its legend names ({{partition}}...), or none for a single stat.
+    fill = {
+        "$instance": instance,  # a regex matching itself (its dots match any character)
+        "$partition": ".*",
+        "$__rate_interval": "10s",
+        "$__range": "5m",
+    }
+    for title, q in dashboard.queries():
+        expr = q.expr
+        for var, val in sorted(fill.items(), key=lambda kv: -len(kv[0])):
+            expr = expr.replace(var, val)
+        want = set(re.findall(r"\{\{(\w+)\}\}", q.legend))
+        if any(metric in expr for metric in MAY_BE_EMPTY_READING):
+            result = prom.query(expr)
+        else:
+            result = wait_for(f"panel {title!r}: {expr}", partial(_samples, prom, expr), 30)
+        for sample in result:
+            assert set(sample["metric"]) - {"__name__"} == want, (title, expr, sample)
+            float(sample["value"][1])
 
     # The families the rules read are the daemon's own (from its /metrics, series or not).
     with urllib.request.urlopen(f"http://{instance}/metrics", timeout=10) as r:
