@@ -60,7 +60,7 @@ from pathlib import Path
 
 import msgspec
 
-from slurmgpu.daemon.diff import diff_jobs
+from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.policy import (
@@ -243,7 +243,7 @@ def next_cycle(
                 )
             )
     # What the daemon's observer hands the engine: the listing with every unchanged job
-    # as last cycle's object (daemon.diff), the rest as parsed.
+    # as last cycle's object (slurmgpu.jobdiff), the rest as parsed.
     listing = diff_jobs(snap.cluster.jobs_by_id(), out).listing
     return dataclasses.replace(
         snap,

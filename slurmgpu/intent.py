@@ -1,11 +1,12 @@
 """Typed intents: what a policy wants changed on a job, in numbers, not in Slurm syntax.
 
-A policy's :class:`~slurmgpu.policy.base.Action` carries a tuple of these; the Slurm side
-renders them (``slurmgpu.slurm.update``: ``scontrol update`` fields for the running
-release, e.g. ``gres:gpu:2`` on 22.05 and ``gres/gpu:2`` from 23.02) and parses them back
-(the audit stores the rendered fields; ``actuate.confirm`` compares the parsed intents
-with what Slurm lists). Nothing here knows a Slurm spelling, so pure policies build them
-without importing ``slurmgpu.slurm``.
+A policy's :class:`~slurmgpu.policy.base.Action` carries a tuple of these, and they are
+what ``SlurmClient.update_job`` takes: each backend renders them (``slurmgpu.slurm.update``:
+``scontrol update`` fields for the release it talks to, e.g. ``gres:gpu:2`` on 22.05 and
+``gres/gpu:2`` from 23.02; the simulator applies them directly) and ``slurm.update``
+parses them back (the audit stores the rendered fields; ``actuate.confirm`` compares the
+parsed intents with what Slurm lists). Nothing here knows a Slurm spelling, so pure
+policies build them without importing ``slurmgpu.slurm``.
 
 The action's ``kind`` says how they are carried out: ``update`` applies the job changes
 in one ``scontrol update``; ``requeue`` with changes requeues the job held, applies them
@@ -29,6 +30,7 @@ __all__ = [
     "NarrowToShards",
     "Preempt",
     "Resize",
+    "SetAdminComment",
     "SetComment",
     "SetCpus",
     "SetCpusPerNode",
@@ -103,6 +105,12 @@ class SetNodes(Intent, frozen=True, gc=False):
 
 class SetComment(Intent, frozen=True, gc=False):
     """The job's whole comment (e.g. with an ``sgpu:`` token added)."""
+
+    text: str
+
+
+class SetAdminComment(Intent, frozen=True, gc=False):
+    """The job's whole admin comment (the daemon's efficiency summary of a finished job)."""
 
     text: str
 

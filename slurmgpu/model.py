@@ -170,6 +170,12 @@ class Node:
     gpus_used: int = 0
     gpu_indices_used: tuple[int, ...] = ()
     shards_used: int = 0
+    # The GPUs holding shard work and, where known, how many shards each holds
+    # ((index, shards) pairs). From Slurm's gres_used (22.05 names the GPUs only, 24.11+
+    # counts per GPU) or, once the observer has compared it with the running jobs'
+    # allocations (slurmgpu.nodeusage), from those allocations.
+    shard_gpus_used: tuple[int, ...] = ()
+    shards_used_by_gpu: tuple[tuple[int, int], ...] = ()
     partitions: tuple[str, ...] = ()
     reason: str = ""
     address: str = ""

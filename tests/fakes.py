@@ -6,8 +6,55 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
-from slurmgpu.model import Job, JobState, Node
+from slurmgpu.intent import (
+    Intent,
+    NarrowToShards,
+    Preempt,
+    Resize,
+    SetAdminComment,
+    SetComment,
+    SetCpus,
+    SetGpus,
+    SetMemoryPerNode,
+    SetNice,
+    SetNodes,
+    SetTimeLimit,
+)
+from slurmgpu.model import GpuRequest, Job, JobState, Node
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
+
+
+def apply_intents(job: Job, intents: Sequence[Intent]) -> Job:
+    """``job`` as squeue lists it after an update that carried ``intents`` (the changes a
+    listing shows; a start time or CPUs per node leave it as it was)."""
+    for i in intents:
+        if isinstance(i, Resize | Preempt):
+            raise SlurmCommandError(f"{type(i).__name__} is no scontrol update")
+        if isinstance(i, SetTimeLimit):
+            job = replace(job, time_limit=i.limit)
+        elif isinstance(i, SetComment):
+            job = replace(job, comment=i.text)
+        elif isinstance(i, SetAdminComment):
+            job = replace(job, admin_comment=i.text)
+        elif isinstance(i, SetNice):
+            job = replace(job, nice=i.nice)
+        elif isinstance(i, SetCpus):
+            job = replace(job, cpus=i.count)
+        elif isinstance(i, SetMemoryPerNode):
+            job = replace(job, memory_mib=i.mib * max(job.node_count, 1))
+        elif isinstance(i, SetNodes):
+            job = replace(job, node_count=i.count)
+        elif isinstance(i, SetGpus) and i.per_node:
+            n = i.count * max(job.node_count, 1)
+            gpus = GpuRequest(gpus=n, per_node=i.count, gpu_type=i.gpu_type)
+            job = replace(job, gpus=replace(gpus, sources=("tres_per_node",)))
+        elif isinstance(i, SetGpus):
+            gpus = GpuRequest(gpus=i.count, per_job=i.count, gpu_type=i.gpu_type)
+            job = replace(job, gpus=replace(gpus, sources=("tres_per_job",)))
+        elif isinstance(i, NarrowToShards):
+            shards = GpuRequest(shards=i.shards, shards_per_node=i.shards)
+            job = replace(job, gpus=replace(shards, sources=("tres_per_node",)))
+    return job
 
 
 class FakeSlurm:
@@ -31,7 +78,7 @@ class FakeSlurm:
         self.accounting_fail_with: BaseException | None = None
         self.sacct_queries: list[list[int]] = []
         self.calls: list[str] = []
-        self.updates: list[tuple[int, dict[str, str]]] = []
+        self.updates: list[tuple[int, tuple[Intent, ...]]] = []
         self._next_id = max(self._jobs, default=0) + 1
 
     def set_jobs(self, jobs: Sequence[Job]) -> None:
@@ -81,9 +128,13 @@ class FakeSlurm:
         except (KeyError, ValueError):
             raise SlurmCommandError(f"Invalid job id specified: {job_id}") from None
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
+        """Applies the intents to the listed job (:func:`apply_intents`) and records them."""
         job = self._get(job_id)
-        self.updates.append((job.job_id, dict(fields)))
+        if not intents:
+            raise SlurmCommandError("scontrol update: no fields to update")
+        self._jobs[job.job_id] = apply_intents(job, intents)
+        self.updates.append((job.job_id, tuple(intents)))
 
     def hold(self, job_id: str | int) -> None:
         self._get(job_id)

@@ -41,7 +41,7 @@ from slurmgpu.intent import (
 )
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.parse import format_time_limit
-from slurmgpu.slurm.update import parse_fields
+from slurmgpu.slurm.update import field_name, parse_fields
 
 
 class Verdict(enum.StrEnum):
@@ -62,27 +62,32 @@ def check(intent: Intent, job: Job) -> tuple[str, bool, str] | None:
         same = (limit is None and now is None) or (
             limit is not None and now is not None and abs(limit - now) < _LIMIT_SLACK
         )
-        return "TimeLimit", same, f"TimeLimit {format_time_limit(now)}"
+        return _seen(intent, same, format_time_limit(now))
     if isinstance(intent, SetCpus):
-        return "NumCPUs", intent.count == job.cpus, f"NumCPUs {job.cpus}"
+        return _seen(intent, intent.count == job.cpus, str(job.cpus))
     if isinstance(intent, SetComment):
-        return "Comment", intent.text == job.comment, f"Comment {job.comment!r}"
+        return _seen(intent, intent.text == job.comment, repr(job.comment))
     if isinstance(intent, SetMemoryPerNode):
         if job.node_count != 1 or job.memory_mib is None:
             return None
-        return "MinMemoryNode", intent.mib == job.memory_mib, f"memory {job.memory_mib} MiB"
+        key = field_name(intent)
+        return key, intent.mib == job.memory_mib, f"memory {job.memory_mib} MiB"
     if isinstance(intent, SetGpus):
-        key = "TresPerNode" if intent.per_node else "TresPerJob"
         have = job.gpus.per_node if intent.per_node else job.gpus.per_job
         if have is None:
             return None
-        return key, intent.count == have, f"{key} gpu {have}"
+        return _seen(intent, intent.count == have, f"gpu {have}")
     if isinstance(intent, NarrowToShards):
         have = job.gpus.shards_per_node
         if have is None:
             return None
-        return "TresPerNode", intent.shards == have, f"TresPerNode shard {have}"
+        return _seen(intent, intent.shards == have, f"shard {have}")
     return None
+
+
+def _seen(intent: Intent, same: bool, shown: str) -> tuple[str, bool, str]:
+    key = field_name(intent)  # Slurm's name of the field, as the audit row shows it
+    return key, same, f"{key} {shown}"
 
 
 def judge(

@@ -9,7 +9,6 @@ from __future__ import annotations
 from slurmgpu.actuate.separate import separate
 from slurmgpu.policy.base import Action
 from slurmgpu.slurm.client import SlurmClient
-from slurmgpu.slurm.update import update_fields
 
 __all__ = ["execute_action"]
 
@@ -19,10 +18,10 @@ def execute_action(slurm: SlurmClient, action: Action) -> None:
     # Array tasks must be addressed as A_i: the bare array id would hit every task.
     ref: str | int = action.slurm_id or action.job_id
     if action.kind == "update":
-        slurm.update_job(ref, update_fields(action.intents, slurm.version()))
+        slurm.update_job(ref, action.intents)
     elif action.kind == "requeue" and action.intents:
         # requeue held, update, release
-        separate(slurm, ref, update_fields(action.intents, slurm.version()))
+        separate(slurm, ref, action.intents)
     elif action.kind == "requeue":
         slurm.requeue(ref)
     elif action.kind == "cancel":

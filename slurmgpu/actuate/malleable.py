@@ -16,9 +16,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import update
-from sqlalchemy.exc import SQLAlchemyError
-
 from slurmgpu.actuate.actuator import ActuationResult
 from slurmgpu.actuate.pool import KIND as POOL_KIND
 from slurmgpu.actuate.pool import PoolExecutor
@@ -33,7 +30,6 @@ from slurmgpu.actuate.resize import (
 from slurmgpu.model import ClusterSnapshot, Job, MalleableSpec
 from slurmgpu.policy.base import RESIZE, Decision, resize_sizes
 from slurmgpu.slurm.client import SlurmClient, SlurmError
-from slurmgpu.store import schema
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.transactions import TransactionStore
@@ -165,15 +161,7 @@ class MalleableActuator:
         try:
             self.audit.set_outcome(action_id, outcome, error)
             if txn_id is not None:
-                self._link(action_id, txn_id)
+                self.audit.link_transaction(action_id, txn_id)
         except StoreError as exc:
             log.error("%s", exc)
         return ActuationResult(decision, action_id, outcome, error)
-
-    def _link(self, action_id: int, txn_id: int) -> None:
-        a = schema.actions
-        try:
-            with self.audit.engine.begin() as conn:
-                conn.execute(update(a).where(a.c.id == action_id).values(transaction_id=txn_id))
-        except SQLAlchemyError as exc:
-            raise StoreError(f"could not link action {action_id} to its transaction") from exc

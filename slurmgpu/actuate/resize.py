@@ -57,11 +57,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from slurmgpu.cycle.transactions import (
     AckReader,
@@ -70,13 +70,24 @@ from slurmgpu.cycle.transactions import (
     Transactions,
 )
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, read_ack
-from slurmgpu.intent import Intent, Resize, SetGpus, SetNodes, SetTimeLimit, StartSoon, resize_of
+from slurmgpu.intent import (
+    Intent,
+    Preempt,
+    Resize,
+    SetGpus,
+    SetNice,
+    SetNodes,
+    SetTimeLimit,
+    StartSoon,
+    resize_of,
+)
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, is_preempt, slurm_job_ref
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
-from slurmgpu.slurm.update import update_fields
+from slurmgpu.slurm.update import parse_fields, update_fields
 
 log = logging.getLogger("slurmgpu.actuate.resize")
+_I = TypeVar("_I", bound=Intent)
 
 __all__ = [
     "CLOSED",
@@ -88,7 +99,6 @@ __all__ = [
     "durations",
     "job_gpus",
     "median_phases",
-    "resize_fields",
     "resize_intent",
     "state_dir_of",
 ]
@@ -182,10 +192,13 @@ def resize_intent(job: Job, to_gpus: int) -> Intent:
     )
 
 
-def resize_fields(job: Job, to_gpus: int, slurm_version: str) -> dict[str, str]:
-    """The ``scontrol update`` fields that give ``job`` ``to_gpus`` GPUs in total
-    (:func:`resize_intent` as ``slurm_version`` spells it)."""
-    return update_fields((resize_intent(job, to_gpus),), slurm_version)
+def _last(kind: type[_I], intents: Iterable[Intent]) -> _I | None:
+    """The last intent of ``kind`` (a later one of a kind replaces an earlier one)."""
+    out: _I | None = None
+    for i in intents:
+        if isinstance(i, kind):
+            out = i
+    return out
 
 
 def _iso(at: datetime | None) -> str | None:
@@ -240,24 +253,29 @@ class ResizeExecutor:
         preempt = is_preempt(action)  # the same transaction at the same size
         if to_gpus == current and not preempt:
             raise ResizeError(f"job {job.job_id} already has {current} GPUs")
-        old_fields = resize_fields(job, current, slurm_version)
+        old: list[Intent] = [resize_intent(job, current)]
         sized = resize_of(action.intents)
         moved = sized.gpu_type if isinstance(sized, Resize) else None
-        # the changes for the held job's update besides its size (Nice, TimeLimit)
-        extra = update_fields((i for i in action.intents if i is not sized), slurm_version)
+        # the changes for the held job's update besides its size (nice, time limit)
+        nice = _last(SetNice, action.intents)
+        limit = _last(SetTimeLimit, action.intents)
         if moved:
             # the type-aware malleable policy moves the job to another GPU type: the
-            # new request names it (``gpu:TYPE:N``); the old fields keep the old type
+            # new request names it (``gpu:TYPE:N``); the old update keeps the old type
             job = dataclasses.replace(job, gpus=dataclasses.replace(job.gpus, gpu_type=moved))
-        fields = resize_fields(job, to_gpus, slurm_version)
-        if "Nice" in extra:
+        new: list[Intent] = [resize_intent(job, to_gpus)]
+        if nice is not None:
             # A preempted job waits in the queue its policy put it in.
-            fields["Nice"] = extra["Nice"]
-        if "TimeLimit" in extra:
+            new.append(nice)
+        if limit is not None:
             # The limit for the new size goes in the same pending update (the daemon runs
             # as SlurmUser/root, so it may raise it).
-            fields["TimeLimit"] = extra["TimeLimit"]
-            old_fields.update(update_fields((SetTimeLimit.of(job.time_limit),), slurm_version))
+            new.append(limit)
+            old.append(SetTimeLimit.of(job.time_limit))
+        # The payload keeps both updates as fields (the format rows have always had;
+        # read back with parse_fields), spelt for the release the decision was made on.
+        fields = update_fields(new, slurm_version)
+        old_fields = update_fields(old, slurm_version)
         state_dir = state_dir_of(spec, job)
         ack = self.read_ack(state_dir, job.job_id)
         grace = self.settings.ack_timeout or spec.checkpoint_grace
@@ -448,11 +466,8 @@ class ResizeExecutor:
         )
         return nxt
 
-    def _update_fields(self, row: TransactionRow, fields: Mapping[str, str]) -> dict[str, str]:
-        out = dict(fields)
-        if self.settings.fast_start:
-            out.update(update_fields((StartSoon(1),), ""))
-        return out
+    def _with_start(self, intents: Sequence[Intent]) -> tuple[Intent, ...]:
+        return (*intents, StartSoon(1)) if self.settings.fast_start else tuple(intents)
 
     def _held(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
         ref = row.payload["ref"]
@@ -472,26 +487,26 @@ class ResizeExecutor:
                 )
             return None
         moments = self._timeline(row, pending=at)
-        fields = dict(row.payload["fields"])
+        update = self._update_of(row)
         refused: dict[str, str] = {}
         try:
             try:
-                self.slurm.update_job(ref, self._update_fields(row, fields))
+                self.slurm.update_job(ref, self._with_start(update))
             except SlurmError as exc:
-                if "TimeLimit" not in fields:
+                if _last(SetTimeLimit, update) is None:
                     raise
                 # A limit Slurm will not take (over the partition's MaxTime, say) must
                 # not cost the resize: the new size alone, the limit as it was.
-                log.warning("resize %d of job %d: TimeLimit refused: %s", row.id, row.job_id, exc)
-                fields.pop("TimeLimit")
-                self.slurm.update_job(ref, self._update_fields(row, fields))
+                log.warning("resize %d of job %d: time limit refused: %s", row.id, row.job_id, exc)
+                update = [i for i in update if not isinstance(i, SetTimeLimit)]
+                self.slurm.update_job(ref, self._with_start(update))
                 refused = {"time_limit_refused": str(exc)}
         except SlurmError as exc:
             # Update refused: back to the old size, released, nothing lost.
             log.warning("resize %d of job %d: update refused: %s", row.id, row.job_id, exc)
             if self.settings.fast_start:  # the request is unchanged; only skip the delay
                 with contextlib.suppress(SlurmError):
-                    self.slurm.update_job(ref, update_fields((StartSoon(1),), ""))
+                    self.slurm.update_job(ref, (StartSoon(1),))
             nxt = self.store.advance(
                 row,
                 UPDATED,
@@ -504,6 +519,15 @@ class ResizeExecutor:
             row, UPDATED, at=at, payload={**refused, **self._timeline(row, pending=at, updated=at)}
         )
         return self._updated(nxt, job, at) if nxt else None
+
+    def _update_of(self, row: TransactionRow) -> list[Intent]:
+        """The held job's update, read back from the payload's fields."""
+        intents, unread = parse_fields(row.payload["fields"], strict=False)
+        if unread:
+            log.warning(
+                "resize %d of job %d: fields not understood: %s", row.id, row.job_id, unread
+            )
+        return [i for i in intents if not isinstance(i, Resize | Preempt)]
 
     def _release_quietly(self, ref: str) -> None:
         try:

@@ -1,8 +1,8 @@
 """Separating a job from a shared GPU: requeue it held, change its request, release it.
 
 A running job's GRES cannot be changed (docs/ANCHORS.md §2), so the co-location policy's
-separation is a requeue whose intents (rendered as ``scontrol update`` fields by
-``slurmgpu.slurm.update``) are applied while the job is pending and held::
+separation is a requeue whose intents (``update_job``: the backend spells them as
+``scontrol update`` fields) are applied while the job is pending and held::
 
     scontrol requeuehold J  →  scontrol update JobId=J TresPerNode=gres:shard:S Comment=…
                             →  scontrol release J
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from slurmgpu.intent import Intent, Preempt, Resize
 from slurmgpu.slurm.client import SlurmClient, SlurmError
+from slurmgpu.slurm.update import parse_fields
 
 if TYPE_CHECKING:  # the simulator loads this module without the store
     from slurmgpu.store.audit import AuditRecord
@@ -34,11 +36,11 @@ log = logging.getLogger("slurmgpu.actuate")
 SEPARATION_POLICY = "colocate"
 
 
-def separate(slurm: SlurmClient, ref: str | int, fields: Mapping[str, str]) -> None:
-    """Requeue ``ref`` held, apply ``fields`` while it is pending, then release it."""
+def separate(slurm: SlurmClient, ref: str | int, intents: Sequence[Intent]) -> None:
+    """Requeue ``ref`` held, apply ``intents`` while it is pending, then release it."""
     slurm.requeue(ref, hold=True)
     try:
-        slurm.update_job(ref, dict(fields))
+        slurm.update_job(ref, intents)
     finally:
         slurm.release(ref)
 
@@ -58,8 +60,12 @@ def recover_separations(
             continue
         if r.policy != SEPARATION_POLICY or r.kind != "requeue" or not r.fields:
             continue
-        with contextlib.suppress(SlurmError):
-            slurm.update_job(r.job_id, dict(r.fields))
+        # the audit keeps the intents as rendered fields; what does not read back is skipped
+        intents, _unread = parse_fields(r.fields, strict=False)
+        update = [i for i in intents if not isinstance(i, Resize | Preempt)]
+        if update:
+            with contextlib.suppress(SlurmError):
+                slurm.update_job(r.job_id, update)
         try:
             slurm.release(r.job_id)
         except SlurmError as exc:

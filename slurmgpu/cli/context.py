@@ -1,7 +1,8 @@
 """What every ``sgpu`` command shares: settings, store and Slurm access, one-line errors.
 
 Exit codes: 0 success; 1 other error; 2 usage error; 3 configuration error;
-4 database error; 5 Slurm unavailable or refused the request.
+4 database error; 5 Slurm unavailable or refused the request; 6 the database is damaged
+(corrupt, or not a database file): restore it from a backup, restarting does not help.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import click
 
 from slurmgpu.config import ConfigError, Settings, load_settings
 from slurmgpu.slurm.client import SlurmClient, SlurmError
-from slurmgpu.store import JobStore, StoreError, open_store
+from slurmgpu.store import JobStore, StoreDamagedError, StoreError, open_store
 from slurmgpu.units import parse_duration
 
 EXIT_CONFIG = 3
 EXIT_STORE = 4
 EXIT_SLURM = 5
+EXIT_DAMAGED = 6
 
 
 class SgpuError(click.ClickException):
@@ -45,11 +47,16 @@ class SlurmExit(SgpuError):
     exit_code = EXIT_SLURM
 
 
+class DamagedExit(SgpuError):
+    exit_code = EXIT_DAMAGED
+
+
 _BY_CODE: dict[int, type[SgpuError]] = {
     2: UsageError,
     EXIT_CONFIG: ConfigExit,
     EXIT_STORE: StoreExit,
     EXIT_SLURM: SlurmExit,
+    EXIT_DAMAGED: DamagedExit,
 }
 
 
@@ -78,13 +85,17 @@ class AppContext:
             self._settings = s
         return self._settings
 
-    def store(self, *, migrate: bool = True) -> JobStore:
+    def store(self, *, migrate: bool = True, check: bool = False) -> JobStore:
+        """The store, migrated when ``migrate``; ``check``: its integrity checked first."""
         try:
             return open_store(
-                self.settings.daemon.database, self.settings.slurm.cluster, migrate=migrate
+                self.settings.daemon.database,
+                self.settings.slurm.cluster,
+                migrate=migrate,
+                check=check,
             )
         except StoreError as exc:
-            fail(str(exc), EXIT_STORE)
+            fail(str(exc), store_exit_code(exc))
 
     def slurm(self) -> SlurmClient:
         from slurmgpu.slurm.backend import select_backend
@@ -96,6 +107,11 @@ class AppContext:
             )
         except SlurmError as exc:
             fail(str(exc), EXIT_SLURM)
+
+
+def store_exit_code(exc: StoreError) -> int:
+    """6 for a damaged database (restore it), 4 for any other database error."""
+    return EXIT_DAMAGED if isinstance(exc, StoreDamagedError) else EXIT_STORE
 
 
 pass_app = click.make_pass_decorator(AppContext)

@@ -10,17 +10,34 @@ from datetime import timedelta
 import click
 
 from slurmgpu.cli import logs
-from slurmgpu.cli.context import EXIT_SLURM, EXIT_STORE, AppContext, duration_option, fail, pass_app
+from slurmgpu.cli.context import (
+    EXIT_DAMAGED,
+    EXIT_SLURM,
+    EXIT_STORE,
+    AppContext,
+    duration_option,
+    fail,
+    pass_app,
+)
 from slurmgpu.daemon.app import DaemonError, run_daemon
 from slurmgpu.listen_address import parse_listen
 
 # How each kind of DaemonError leaves the command (exit statuses: cli/context.py).
-_EXIT_CODES = {"usage": 2, "store": EXIT_STORE, "slurm": EXIT_SLURM, "other": 1}
+_EXIT_CODES = {
+    "usage": 2,
+    "store": EXIT_STORE,
+    "damaged": EXIT_DAMAGED,
+    "slurm": EXIT_SLURM,
+    "other": 1,
+}
 
 
 @click.command()
 @click.option(
-    "--once", is_flag=True, help="Run one cycle and exit (exit 5 if Slurm was unavailable)."
+    "--once",
+    is_flag=True,
+    help="Run one cycle and exit (exit 4 if it met a database error, 6 on a corrupt "
+    "database, 5 if Slurm was unavailable).",
 )
 @click.option("--interval", metavar="DURATION", help='Poll interval, e.g. "30s" (default: config).')
 @click.option("--cycles", type=click.IntRange(min=1), help="Stop after this many cycles.")
@@ -66,7 +83,9 @@ def daemon(
     )
     if poll.total_seconds() < 0.1:
         fail("--interval must be at least 0.1s", 2)
-    store = app.store(migrate=True)
+    # The store's integrity is checked before anything writes to it: a corrupt one is
+    # refused with one line (exit 6), never migrated or run on.
+    store = app.store(migrate=True, check=True)
     try:
         result = run_daemon(
             settings,

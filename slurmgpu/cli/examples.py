@@ -39,6 +39,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "db": ("sgpu db upgrade", "sgpu --db sqlite:///tmp/sgpu.db db current"),
     "db current": ("sgpu db current",),
     "db upgrade": ("sgpu db upgrade", "sgpu --db postgresql+psycopg://sgpu@db/sgpu db upgrade"),
+    "db check": ("sgpu db check", "sgpu db check && systemctl start slurmgpu-daemon"),
     "eff": ("sgpu eff 1234", "sgpu eff 120_3 --json"),
     "launch": (
         "exec sgpu launch -- torchrun --standalone --nproc-per-node=$SGPU_GPUS train.py",

@@ -1,7 +1,8 @@
 """``sgpu``: the command line. Thin: parse options, call the library, render.
 
 Exit codes: 0 success; 1 other error; 2 usage error; 3 configuration error;
-4 database error; 5 Slurm unavailable or refused the request.
+4 database error; 5 Slurm unavailable or refused the request; 6 the database is damaged
+(corrupt, or not a database file): restore it from a backup.
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ class _LazyGroup(click.Group):
             return super().invoke(ctx)
         except Exception as exc:
             # A database that breaks mid-command (a corrupt page, a table another program
-            # dropped) is one line and exit 4, like one that cannot be opened.
+            # dropped, a full disk) is one line naming the cause, like one that cannot be
+            # opened: exit 4 ("may be corrupt: run `sgpu db check`"), 6 not a database.
             if type(exc).__module__.startswith("sqlalchemy"):
-                from slurmgpu.cli.context import EXIT_STORE, fail
+                from slurmgpu.cli.context import fail, store_exit_code
+                from slurmgpu.store.database import store_error
 
-                orig = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-                fail(f"database error: {orig[0] if orig else type(exc).__name__}", EXIT_STORE)
+                app = ctx.find_object(AppContext)
+                url = app.settings.daemon.database if app is not None else "sqlite://"
+                error = store_error(url, exc)
+                fail(str(error), store_exit_code(error))
             raise
 
 

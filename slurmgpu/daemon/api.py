@@ -9,7 +9,9 @@ Endpoints (JSON; see slurmgpu.wire for the schemas and authentication):
   credential (``munge -n | curl -H "Authorization: Munge $(cat)"`` style, payload
   ``"status\n" + sha256("")``): the caller's jobs only; every job (or ``user``'s) for an
   admin uid (root by default).
-- ``GET /healthz``: ``{"ok": true}`` (no authentication, no data).
+- ``GET /healthz``: the store's write health (no authentication, no data): 200
+  ``{"ok": true, "store": "ok", ...}`` while writes succeed, 503 with the cause
+  (``"store": "full"``, ``"read_only"``, ...) while they fail (store/health.py).
 - ``GET /metrics``: Prometheus text format (no authentication, like /healthz; the API
   binds to localhost unless configured otherwise). See docs/metrics.md.
 
@@ -71,7 +73,6 @@ from slurmgpu.wire import (
 )
 
 log = logging.getLogger("slurmgpu.api")
-
 
 
 class AuthBusyError(AuthError):
@@ -307,6 +308,8 @@ class IngestService:
         self.directory = directory
         self.metrics = metrics  # the /metrics exposition, when the daemon has metrics
         self.rejections = rejections or RejectionLog(log)
+        # The /healthz answer (status, body): the daemon's StoreHealth.healthz.
+        self.health: Callable[[], tuple[int, bytes]] = lambda: (200, b'{"ok": true}')
         self.accepted = 0
         self.rejected = 0
         self._store_trouble: str | None = None  # logged once until an ingest succeeds
@@ -634,7 +637,7 @@ def _handler(
             parts = path.strip("/").split("/")
             auth = self.headers.get("Authorization")
             if parts == ["healthz"]:
-                self._send(200, b'{"ok": true}')
+                self._send(*service.health())
             elif parts == ["metrics"] and service.metrics is not None:
                 self._send(200, service.metrics(), "text/plain; version=0.0.4; charset=utf-8")
             elif parts == ["v1", "jobs"]:

@@ -14,6 +14,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from slurmgpu.config import Settings
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.daemon.hold_release import HoldRelease
@@ -24,20 +26,24 @@ from slurmgpu.daemon.munge_watch import MungeWatch
 from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
+from slurmgpu.daemon.store_watch import StoreWatch
 from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.listen_address import parse_listen
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.slurm.client import SlurmClient
-from slurmgpu.store import JobStore
+from slurmgpu.store import JobStore, StoreDamagedError
+from slurmgpu.store.database import database_name, store_error
+from slurmgpu.store.health import StoreHealth, one_line
 from slurmgpu.store.retention import Retention
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import AuthError, load_or_create_site_secret, munge_available
 
 log = logging.getLogger("slurmgpu.daemon")
 
-# What went wrong, for the front end's exit status: a bad option, the store, Slurm, or
-# anything else that stops the daemon from starting or running.
-ErrorKind = Literal["usage", "store", "slurm", "other"]
+# What went wrong, for the front end's exit status: a bad option, the store, a damaged
+# store (corrupt, not a database: restore it), Slurm, or anything else that stops the
+# daemon from starting or running.
+ErrorKind = Literal["usage", "store", "damaged", "slurm", "other"]
 
 
 class DaemonError(Exception):
@@ -77,13 +83,25 @@ class Daemon:
         self.lease = lease
         self.poll = poll
         self.usage = usage = UsageStore(store.engine, store.cluster)
+        # Every store error on the engine is recorded (any thread); a cycle's, an upload's
+        # commit says writes work. /healthz answers from it; the watch stops the daemon
+        # on a corrupt store (daemon/store_watch.py).
+        self.health = health = StoreHealth()
+        health.watch(store.engine)
+        usage.health = health
+        self.store_watch = StoreWatch(store.engine, health)
+        self.fatal: str | None = None  # why the daemon stops (a damaged store)
         try:
             observer = Observer(
                 slurm, store, vanish_after_cycles=settings.daemon.vanish_after_cycles
             )
-        except Exception as exc:  # the store could not be read back
+        except SQLAlchemyError as exc:  # the store could not be read back
+            error = store_error(store.engine.url, exc, "cannot be loaded")
+            kind: ErrorKind = "damaged" if isinstance(error, StoreDamagedError) else "store"
+            raise DaemonError(str(error), kind) from None
+        except Exception as exc:
             raise DaemonError(
-                f"cannot load state from {settings.daemon.database}: {exc}", "store"
+                f"cannot load state from {database_name(store.engine)}: {exc}", "store"
             ) from None
         self.observer = observer
         # Samples are kept only where and when their job ran (node, its GPUs, its run);
@@ -111,6 +129,22 @@ class Daemon:
             lambda: float(retention.deleted_total),
         )
         metrics.watch_usage(usage)
+        gres = observer.gres
+        metrics.watch(
+            "sgpu_node_gres_disagreements",
+            "Times a node's gres_used (Slurm) started to disagree with its running jobs' "
+            "allocations, by kind (gpus, shards, shard_overcommit: a GPU holding more "
+            "shards than it has).",
+            lambda: {k: float(v) for k, v in gres.started.items()},
+            label="kind",
+        )
+        metrics.watch(
+            "sgpu_node_gres_disagreeing",
+            "(node, kind) disagreements standing now (the allocations' figure is used).",
+            lambda: {k: float(v) for k, v in gres.open_by_kind().items()},
+            kind="gauge",
+            label="kind",
+        )
         if cycle is not None:
             errors = cycle.errors
             metrics.watch(
@@ -132,7 +166,7 @@ class Daemon:
                     kind="gauge",
                 )
 
-        def on_cycle(result: CycleResult) -> None:
+        def act(result: CycleResult) -> None:
             if result.snapshot is None:
                 return
             if lease.valid():  # before the summaries: they count what it releases
@@ -142,6 +176,8 @@ class Daemon:
                 if job.job_id in ended:
                     try:
                         summarizer.job_ended(job, result.at)
+                    except SQLAlchemyError as exc:  # recorded by health; checked below
+                        log.warning("summary of job %d failed: %s", job.job_id, one_line(exc))
                     except Exception:  # one job's summary must not cost the others theirs
                         log.exception("summary of job %d failed; other jobs go on", job.job_id)
             # No lease (lapsed while the database refused writes, or taken over): no action.
@@ -149,6 +185,14 @@ class Daemon:
                 cycle.run(result.snapshot, result.at)
             if lease.valid():
                 retention.maybe_run(result.at)
+
+        def on_cycle(result: CycleResult) -> None:
+            if result.ok:
+                health.wrote()  # the cycle's transaction committed
+            try:
+                act(result)
+            finally:
+                self._check_store()
 
         self.loop = DaemonLoop(
             observer,
@@ -160,9 +204,25 @@ class Daemon:
             metrics=metrics,
         )
 
+    def _check_store(self) -> None:
+        """After each cycle: stop the loop when the store turned out to be damaged."""
+        fatal = self.store_watch.after_cycle()
+        if fatal is not None:
+            self.fatal = fatal
+            self.loop.stop_event.set()
+
     def run_once(self) -> CycleResult:
-        """One cycle (``sgpu daemon --once``); DaemonError("slurm") if Slurm did not answer."""
+        """One cycle (``sgpu daemon --once``). DaemonError: "damaged" when the store is
+        corrupt, "store" when any store error met the cycle (its write, a policy's read,
+        a summary), "slurm" when Slurm did not answer."""
+        errors = self.health.failures
         result = self.loop.run_once()
+        if self.fatal is not None:
+            raise DaemonError(self.fatal, "damaged")
+        last = self.health.last_error
+        if self.health.failures != errors and last is not None:
+            where = database_name(self.usage.engine)
+            raise DaemonError(last.sentence(where, "failed during the cycle"), "store")
         if not result.ok:
             raise DaemonError(result.error, "slurm")
         return result
@@ -191,6 +251,8 @@ class Daemon:
                 munge.stop()
             if server is not None:
                 server.stop()
+        if self.fatal is not None:
+            raise DaemonError(self.fatal, "damaged")
         if self.lease.lost:
             raise DaemonError("stopped: another daemon took over the database lease")
 
@@ -227,6 +289,7 @@ class Daemon:
             log.warning("MUNGE is not available at start: agents need node tokens until it is")
         munge.start()
         service = IngestService(self.usage, auth, directory, metrics=metrics.exposition)
+        service.health = self.health.healthz
         metrics.watch_ingest(lambda: (service.accepted, service.rejected))
         try:
             server = ApiServer(service, host, port)

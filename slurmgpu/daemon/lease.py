@@ -40,6 +40,7 @@ from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from slurmgpu.store import schema
+from slurmgpu.store.health import one_line
 
 log = logging.getLogger("slurmgpu.daemon")
 
@@ -358,5 +359,5 @@ def _held_message(holder: LeaseHolder, at: datetime) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc)
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    """The store error in one line, its cause named (disk full, read-only, ...)."""
+    return one_line(exc)

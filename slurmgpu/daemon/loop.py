@@ -14,7 +14,10 @@ from datetime import timedelta
 from types import FrameType
 from typing import Protocol
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from slurmgpu.daemon.observer import CycleResult, Observer
+from slurmgpu.store.health import one_line
 
 log = logging.getLogger("slurmgpu.daemon")
 
@@ -120,6 +123,15 @@ class DaemonLoop:
             counted = self.cycles
             try:
                 self.run_once()
+            except SQLAlchemyError as exc:
+                # The store (recorded and checked by the daemon's store watch): one line,
+                # not a traceback every cycle.
+                self.cycles = counted + 1
+                self.failures += 1
+                line = f"cycle failed: {one_line(exc)}"
+                level = logging.WARNING if line != self._last_error else logging.DEBUG
+                self._last_error = line
+                log.log(level, "%s; the next one runs as usual", line)
             except Exception:
                 # A bug met by one record must cost a cycle, not the daemon: the next
                 # cycle starts from Slurm's listing again, after the usual back-off.

@@ -30,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu import userinput_stats
 from slurmgpu.daemon.observer import CycleResult
+from slurmgpu.daemon.shard_metrics import allocated_gpu_count, allocated_gpus, shard_families
 from slurmgpu.model import ClusterSnapshot
 from slurmgpu.slurm import decode_stats
 from slurmgpu.store import schema
@@ -155,7 +156,9 @@ class _StoreCollector(Collector):
             "sgpu_gpus", "GPUs of the nodes in a partition.", labels=["partition"]
         )
         alloc = GaugeMetricFamily(
-            "sgpu_gpus_allocated", "GPUs allocated to jobs, by partition.", labels=["partition"]
+            "sgpu_gpus_allocated",
+            "GPUs allocated to jobs (whole or through shards), by partition.",
+            labels=["partition"],
         )
         used = GaugeMetricFamily(
             "sgpu_gpus_used",
@@ -175,8 +178,9 @@ class _StoreCollector(Collector):
                 busy = set()
             per: dict[str, list[int]] = {}
             for node in snap.nodes:
-                allocated = set(node.gpu_indices_used)
-                n_alloc = max(node.gpus_used, len(allocated))
+                # Held whole or through shards: a GPU with shard jobs is allocated too.
+                allocated = allocated_gpus(node)
+                n_alloc = allocated_gpu_count(node)
                 n_used = len({i for n, i in busy if n == node.name} & allocated) if allocated else 0
                 for part in node.partitions or ("",):
                     row = per.setdefault(part, [0, 0, 0])
@@ -188,6 +192,7 @@ class _StoreCollector(Collector):
                 alloc.add_metric([part], n_alloc)
                 used.add_metric([part], n_used)
                 idle.add_metric([part], max(n_alloc - n_used, 0))
+            yield from shard_families(snap.nodes, busy)
         yield from (total, alloc, used, idle)
 
     def _power(self) -> Iterable[Metric]:

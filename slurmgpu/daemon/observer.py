@@ -16,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from slurmgpu.daemon.diff import JobDiff, Transition, diff_jobs
+from slurmgpu.daemon.gres_watch import GresUsageWatch
+from slurmgpu.jobdiff import JobDiff, Transition, diff_jobs
 from slurmgpu.model import ClusterSnapshot, Job, JobState, Node
+from slurmgpu.nodeusage import reconcile
 from slurmgpu.slurm.client import (
     AccountingClient,
     SlurmClient,
@@ -79,6 +81,8 @@ class Observer:
         self._row_ids: dict[int, int] = {jid: rid for jid, (rid, _) in active.items()}
         self._missing: dict[int, int] = {}
         self._nodes: dict[str, Node] = store.known_nodes()
+        # Where Slurm's node gres_used disagrees with the running jobs' allocations.
+        self.gres = GresUsageWatch()
         # The last successful snapshot, for the API thread (replaced whole, never mutated).
         # Until the first cycle it is what the store remembers, so agents reporting right
         # after a daemon restart are recognised instead of refused as unknown nodes.
@@ -149,6 +153,9 @@ class Observer:
         t0 = time.perf_counter() if t0 is None else t0
         t_diff0 = time.perf_counter()
         jobs = [self._keep_placement(j) for j in jobs]
+        # A node's usage is what its running jobs hold (Slurm's gres_used can forget
+        # shards across a slurmctld restart); differences are logged once and counted.
+        nodes, findings = reconcile(nodes, jobs)
         diff: JobDiff = diff_jobs(
             self._jobs, jobs, self._missing, vanish_after_cycles=self.vanish_after_cycles
         )
@@ -176,6 +183,7 @@ class Observer:
             self._jobs.pop(job_id, None)
         for node in changed_nodes:
             self._nodes[node.name] = node
+        self.gres.observe(findings)
         ended = tuple(
             t.job_id
             for t in diff.transitions

@@ -51,6 +51,7 @@ from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.health import one_line
 from slurmgpu.store.history import HistoryLoader
 from slurmgpu.store.transactions import TransactionStore
 from slurmgpu.store.usage import GpuUsage, UsageStore
@@ -117,6 +118,7 @@ class PolicyCycle:
     errors: Counter[str] = field(default_factory=Counter)
     guardrails: GuardrailRecords = field(default_factory=GuardrailRecords)
     _seeded: bool = False
+    _store_error: str | None = None  # the store error last logged (one line per kind)
     _core: SharedCycle[ActuationResult] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -250,10 +252,20 @@ class PolicyCycle:
         """
         try:
             results = self._core.step(cluster, at)
+        except SQLAlchemyError as exc:
+            # The store, not a bug: one line (once while the same error lasts); the
+            # daemon's store watch checks the store after the cycle.
+            self.errors["cycle"] += 1
+            line = one_line(exc)
+            level = logging.WARNING if line != self._store_error else logging.DEBUG
+            self._store_error = line
+            log.log(level, "policy cycle skipped: %s; the next cycle runs as usual", line)
+            return []
         except Exception:
             self.errors["cycle"] += 1
             log.exception("policy cycle failed; the next cycle runs as usual")
             return []
+        self._store_error = None
         self._report_backlog()
         return results
 

@@ -14,6 +14,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from slurmgpu.intent import SetAdminComment
 from slurmgpu.model import Job
 from slurmgpu.report.energy import energy_to_json, job_energy
 from slurmgpu.slurm.client import SlurmClient, SlurmError
@@ -107,7 +108,7 @@ class Summarizer:
             return None
         if self.admin_comment and self.slurm is not None and summary["nodes"]:
             try:
-                self.slurm.update_job(job.job_id, {"AdminComment": encode_admin_comment(summary)})
+                self.slurm.update_job(job.job_id, (SetAdminComment(encode_admin_comment(summary)),))
             except SlurmError as exc:
                 log.warning("could not write AdminComment of job %d: %s", job.job_id, exc)
         return summary

@@ -489,7 +489,7 @@ class RightsizePolicy:
                 and (last.job is job or _same_request(last.job, job))
             ):
                 # The daemon's snapshot hands an unchanged job over as the same object
-                # (daemon.diff): nothing to compare but the opt-in and the floor.
+                # (jobdiff): nothing to compare but the opt-in and the floor.
                 if last.job is not job:  # an equal job parsed anew: by identity next
                     last = msgspec.structs.replace(last, job=job)
                 if changed_at and changed_at.get(job.user, 0) > last.made:

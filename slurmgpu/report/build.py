@@ -73,8 +73,8 @@ from slurmgpu.report.job_rows import (
     origin_of,
     positive,
 )
-from slurmgpu.report.sql_dialect import epoch_s, floor_div
 from slurmgpu.store import schema
+from slurmgpu.store.sql_dialect import epoch_s, floor_div
 
 __all__ = [
     "FLAGS",

@@ -35,8 +35,8 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.model import JobState
-from slurmgpu.report.sql_dialect import epoch_s, floor_div, unindexed
 from slurmgpu.store import schema
+from slurmgpu.store.sql_dialect import epoch_s, floor_div, unindexed
 
 __all__ = [
     "FLAGS",

@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from slurmgpu.actuate.execute import execute_action
 from slurmgpu.cycle.core import MalleableView, PolicyCycle
 from slurmgpu.cycle.guardrails import GuardrailRecords
-from slurmgpu.intent import Resize, SetGpus, SetNice, SetTimeLimit, StartSoon, resize_of
+from slurmgpu.intent import Intent, Resize, SetGpus, SetNice, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
     Action,
@@ -60,7 +60,7 @@ from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlu
 from slurmgpu.sim.usage import LazyUsage, UsageModel
 from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
-from slurmgpu.slurm.update import audit_fields, update_fields
+from slurmgpu.slurm.update import audit_fields
 
 __all__ = [
     "ClusterShape",
@@ -262,9 +262,9 @@ def _type_speed(job: SimJob, gpu_type: str) -> float:
 
 
 def _target_gpus(
-    action: Action, gpu_type: str | None = None, slurm_version: str = ""
-) -> tuple[int, dict[str, str]] | None:
-    """The GPU count a resize asks for, and the scontrol fields that set it.
+    action: Action, gpu_type: str | None = None
+) -> tuple[int, tuple[Intent, ...]] | None:
+    """The GPU count a resize asks for, and the update (typed intents) that sets it.
 
     A time limit (or a preempted job's nice) the policy set for the new size goes in the
     same update. The job's GPU type (``gpu_type``) is kept, unless the action moves it to
@@ -278,7 +278,7 @@ def _target_gpus(
     else:
         k = sized.gpus
     extra = [i for i in action.intents if isinstance(i, SetTimeLimit | SetNice)]
-    return k, update_fields((SetGpus(k, gpu_type or None, per_node=False), *extra), slurm_version)
+    return k, (SetGpus(k, gpu_type or None, per_node=False), *extra)
 
 
 class _Runner:
@@ -649,13 +649,13 @@ def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None)
     more happens and the job keeps running at its old size.
     """
     job = sim.job(action.job_id)
-    target = _target_gpus(action, job.gpu_type, sim.version())
+    target = _target_gpus(action, job.gpu_type)
     if target is None:
         raise ValueError("resize names no GPU count (no Resize or Preempt intent)")
     if job.state is not JobState.RUNNING:
         raise ValueError(f"job {job.job_id} is not running")
     ref = action.slurm_id or str(job.job_id)
-    fields = target[1]
+    update = target[1]
     started = sim.now
     sim.signal(ref, "USR2")
 
@@ -668,7 +668,7 @@ def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None)
             return
         sim.requeue(ref, hold=True)
         try:
-            sim.update_job(ref, fields)
+            sim.update_job(ref, update)
         finally:
             sim.release(ref)
 
@@ -680,7 +680,7 @@ def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None)
         if job.done:
             return
         try:
-            sim.update_job(ref, {**fields, **update_fields((StartSoon(1),), sim.version())})
+            sim.update_job(ref, (*update, StartSoon(1)))
         finally:
             sim.call_at(sim.now + fast.release_delay_s, lambda: _release(sim, job, ref))
 

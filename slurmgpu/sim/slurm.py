@@ -29,12 +29,13 @@ What it models, and how faithfully:
   a bare ``A`` every task (as in Slurm).
 - **Priority**: submit order, behind any job of a lower ``Nice`` (``update Nice=``,
   pending or running, as an operator may), unless a ``priority`` key replaces it.
-- **Hold, release, update** of pending jobs: ``TimeLimit``, ``TresPerJob``,
-  ``TresPerNode`` (gpu or shard), ``NumNodes``, ``Comment``, memory and CPU fields
-  (recorded; CPUs and memory are not scheduled). A running job accepts ``TimeLimit``
-  and ``NumNodes`` to fewer nodes (Slurm's shrink in place: the job keeps running on
-  the nodes it keeps, after the runtime re-forms in ``reform_s``); a GPU change to a
-  running job is refused as by slurmctld.
+- **Hold, release, update** of pending jobs, applied as typed intents (no Slurm
+  spelling to parse): time limit, GPUs per job or per node, shards, node count,
+  comment, memory and CPUs (recorded; CPUs and memory are not scheduled), start time.
+  A running job accepts a time limit, a nice and a node count to fewer nodes
+  (Slurm's shrink in place: the job keeps running on the nodes it keeps, after the
+  runtime re-forms in ``reform_s``); a GPU change to a running job is refused as by
+  slurmctld.
 - **Signals** go to the job's elastic runtime (:class:`ElasticRuntime`): on ``USR2``
   or ``TERM`` it pauses, writes a checkpoint in ``checkpoint_s`` and acknowledges
   (:meth:`SimSlurm.checkpointed_at`); a restarted run spends ``startup_s`` loading it.
@@ -64,6 +65,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import cast
 
+from slurmgpu.intent import (
+    Intent,
+    NarrowToShards,
+    SetAdminComment,
+    SetComment,
+    SetCpus,
+    SetCpusPerNode,
+    SetGpus,
+    SetMemoryPerNode,
+    SetNice,
+    SetNodes,
+    SetTimeLimit,
+    StartSoon,
+)
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.sim.clock import EPOCH
 from slurmgpu.sim.progress import ElasticRuntime, InterferenceModel, TypeSpeed
@@ -71,7 +86,6 @@ from slurmgpu.sim.scheduler import PriorityKey, SchedulerModel
 from slurmgpu.sim.state import JobRun, SimJob, SimNode
 from slurmgpu.sim.workload import TraceJob
 from slurmgpu.slurm.client import SlurmCommandError
-from slurmgpu.slurm.parse import format_time_limit, parse_gres, parse_time_limit
 
 __all__ = [
     "EPOCH",
@@ -85,7 +99,6 @@ __all__ = [
 
 _CHECKPOINT_SIGNALS = frozenset({"USR2", "SIGUSR2", "TERM", "SIGTERM", "12", "15"})
 _ID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
-_START_RE = re.compile(r"^now(?:\+(\d+))?$")
 
 
 class SimSlurm(SchedulerModel):
@@ -266,10 +279,11 @@ class SimSlurm(SchedulerModel):
         """Only trace jobs can run here: use :meth:`submit_job` (sbatch has no workload)."""
         raise SlurmCommandError("SimSlurm runs trace jobs only (submit_job), not sbatch scripts")
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
+        """Apply the intents as slurmctld would (no Slurm spelling: nothing to parse)."""
         targets = self._resolve(job_id)
         for job in targets:
-            self._update_one(job, fields)
+            self._update_one(job, intents)
         self._dirty = True
 
     def hold(self, job_id: str | int) -> None:
@@ -337,7 +351,7 @@ class SimSlurm(SchedulerModel):
         self._dirty = True
 
     def set_time_limit(self, job_id: str | int, limit: timedelta) -> None:
-        self.update_job(job_id, {"TimeLimit": format_time_limit(limit)})
+        self.update_job(job_id, (SetTimeLimit.of(limit),))
 
     def checkpointed_at(self, job_id: int) -> float | None:
         """When the job's runtime last acknowledged a checkpoint (virtual seconds)."""
@@ -387,79 +401,77 @@ class SimSlurm(SchedulerModel):
             raise SlurmCommandError(f"Invalid job id specified: {job_id}")
         return [job]
 
-    def _update_one(self, job: SimJob, fields: Mapping[str, str]) -> None:
-        for key, value in fields.items():
-            if key == "TimeLimit":
-                try:
-                    limit = parse_time_limit(value)
-                except ValueError:
-                    raise SlurmCommandError(f"Invalid TimeLimit {value!r}") from None
-                job.time_limit_s = None if limit is None else limit.total_seconds()
+    def _update_one(self, job: SimJob, intents: Sequence[Intent]) -> None:
+        for intent in intents:
+            if isinstance(intent, SetTimeLimit):
+                if intent.seconds is not None and intent.seconds < 0:
+                    raise SlurmCommandError(f"Invalid time limit {intent.seconds} s")
+                job.time_limit_s = None if intent.seconds is None else float(intent.seconds)
                 if job.state is JobState.RUNNING:
                     self._set_limit_event(job)
-            elif key == "Nice":
+            elif isinstance(intent, SetNice):
                 # Slurm takes a nice for a pending or a running job (it matters once
                 # the job waits again).
-                job.nice = _int(key, value)
-                job.fields[key] = value
-            elif key == "NumNodes" and job.state is JobState.RUNNING:
-                self._shrink_in_place(job, _int(key, value))
+                job.nice = intent.nice
+                job.updates[SetNice] = intent
+            elif isinstance(intent, SetNodes) and job.state is JobState.RUNNING:
+                self._shrink_in_place(job, intent.count)
             elif job.state is not JobState.PENDING:
                 raise SlurmCommandError(
-                    f"job {job.job_id}: {key} can only change while the job is pending"
+                    f"job {job.job_id}: {type(intent).__name__} can only change while the "
+                    "job is pending"
                 )
-            elif key in ("TresPerJob", "TresPerNode"):
-                self._set_tres(job, key, value)
-            elif key == "StartTime":
-                # the begin time: "now" or "now+N" seconds (what the resize fast path sends)
-                m = _START_RE.match(value.strip())
-                if m is None:
-                    raise SlurmCommandError(f"Invalid StartTime {value!r}")
-                job.eligible_s = self.now + float(m.group(1) or 0)
+            elif isinstance(intent, SetGpus):
+                self._set_gpus(job, intent.count, intent.gpu_type, per_node=intent.per_node)
+            elif isinstance(intent, NarrowToShards):
+                self._set_shards(job, intent.shards)
+            elif isinstance(intent, StartSoon):
+                # the begin time, now + N seconds (what the resize fast path sends)
+                if intent.delay_s < 0:
+                    raise SlurmCommandError(f"Invalid StartTime now+{intent.delay_s}")
+                job.eligible_s = self.now + float(intent.delay_s)
                 self._push(job.eligible_s, self._ELIGIBLE, job)
-            elif key == "NumNodes":
-                job.fixed_nodes = _int(key, value)
-            elif key in ("MinMemoryNode", "NumCPUs", "MinCPUsNode", "Comment", "Priority"):
-                if key == "Comment":
-                    job.comment = value
-                job.fields[key] = value
+            elif isinstance(intent, SetNodes):
+                job.fixed_nodes = intent.count
+            elif isinstance(intent, SetComment):
+                job.comment = intent.text
+                job.updates[SetComment] = intent
+            elif isinstance(intent, SetMemoryPerNode | SetCpus | SetCpusPerNode | SetAdminComment):
+                job.updates[type(intent)] = intent  # recorded, not scheduled
             else:
-                raise SlurmCommandError(f"Update of {key} is not supported")
+                raise SlurmCommandError(f"Update of {type(intent).__name__} is not supported")
         self._changed(job)
 
-    def _set_tres(self, job: SimJob, key: str, value: str) -> None:
-        try:
-            items = parse_gres(value.replace("gres/", "gres:"))
-        except ValueError:
-            raise SlurmCommandError(f"Invalid {key} {value!r}") from None
-        gpus = sum(i.count for i in items if i.name == "gpu")
-        shards = sum(i.count for i in items if i.name == "shard")
-        typed = {i.type.lower() for i in items if i.name in ("gpu", "shard") and i.type}
-        if len(typed) > 1:
-            raise SlurmCommandError(f"Invalid {key} {value!r}: more than one GPU type")
-        gpu_type = typed.pop() if typed else None
-        if gpu_type is not None and gpu_type not in self.gpus_by_type:
+    def _gpu_type(self, gpu_type: str | None) -> str | None:
+        typed = gpu_type.lower() if gpu_type else None
+        if typed is not None and typed not in self.gpus_by_type:
             raise SlurmCommandError(
-                f"Invalid generic resource (gres) specification: no gpu:{gpu_type} here"
+                f"Invalid generic resource (gres) specification: no gpu:{typed} here"
             )
-        if shards:
-            if shards > self.shards_per_gpu:
-                raise SlurmCommandError(f"job {job.job_id}: no GPU has {shards} shards")
-            job.gpus, job.shards, job.gpus_per_node = 0, shards, None
-            job.gpu_type = gpu_type
-        elif gpus:
-            if key == "TresPerNode":
-                nodes = max(1, job.fixed_nodes)
-                job.gpus, job.gpus_per_node = gpus * nodes, gpus
-            else:
-                job.gpus, job.gpus_per_node = gpus, None
-            job.shards = 0
-            job.gpu_type = gpu_type
-            have = self.gpus_by_type.get(gpu_type, 0) if gpu_type else self.total_gpus
-            if job.gpus > have:
-                raise SlurmCommandError(f"job {job.job_id}: more GPUs than the cluster has")
+        return typed
+
+    def _set_shards(self, job: SimJob, shards: int) -> None:
+        if shards < 1:
+            raise SlurmCommandError(f"job {job.job_id}: no shard count")
+        if shards > self.shards_per_gpu:
+            raise SlurmCommandError(f"job {job.job_id}: no GPU has {shards} shards")
+        job.gpus, job.shards, job.gpus_per_node = 0, shards, None
+        job.gpu_type = None
+
+    def _set_gpus(self, job: SimJob, count: int, gpu_type: str | None, *, per_node: bool) -> None:
+        if count < 1:
+            raise SlurmCommandError(f"job {job.job_id}: no GPU count")
+        typed = self._gpu_type(gpu_type)
+        if per_node:
+            nodes = max(1, job.fixed_nodes)
+            job.gpus, job.gpus_per_node = count * nodes, count
         else:
-            raise SlurmCommandError(f"Invalid {key} {value!r}: no gpu or shard count")
+            job.gpus, job.gpus_per_node = count, None
+        job.shards = 0
+        job.gpu_type = typed
+        have = self.gpus_by_type.get(typed, 0) if typed else self.total_gpus
+        if job.gpus > have:
+            raise SlurmCommandError(f"job {job.job_id}: more GPUs than the cluster has")
 
     def _shrink_in_place(self, job: SimJob, nodes: int) -> None:
         if nodes < 1 or nodes >= len(job.alloc):
@@ -581,13 +593,6 @@ class SimSlurm(SchedulerModel):
         )
         job._obj = obj
         return obj
-
-
-def _int(key: str, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise SlurmCommandError(f"Invalid {key} {value!r}") from None
 
 
 def _ranges(ids: Sequence[int]) -> str:

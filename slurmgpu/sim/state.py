@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from slurmgpu.intent import Intent
 from slurmgpu.model import Job, JobState
 from slurmgpu.sim.workload import JobModel, MalleableRange, TraceJob
 
@@ -50,7 +51,6 @@ class SimJob:
         "comment",
         "eligible_s",
         "end_s",
-        "fields",
         "first_start_s",
         "fixed_nodes",
         "gpu_type",
@@ -78,6 +78,7 @@ class SimJob:
         "submit_s",
         "superseded",
         "time_limit_s",
+        "updates",
         "user",
         "version",
     )
@@ -109,7 +110,8 @@ class SimJob:
         self.gpu_type: str | None = spec.gpu_type.lower() if spec.gpu_type else None
         self.fixed_nodes = self.gpus // self.gpus_per_node if self.gpus_per_node else 0
         self.time_limit_s = spec.time_limit_s
-        self.fields: dict[str, str] = {}
+        # the last update of each kind the scheduler records but does not model
+        self.updates: dict[type[Intent], Intent] = {}
         self.alloc: list[tuple[int, tuple[int, ...]]] = []
         self.shard_alloc: tuple[int, int, int] | None = None  # node, gpu, shards
         self.start_s = math.nan

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Final
 
+from slurmgpu.intent import Intent
 from slurmgpu.model import Job, Node
 from slurmgpu.slurm.client import (
     SlurmCommandError,
@@ -40,6 +41,7 @@ from slurmgpu.slurm.jsonformat import JobMemo, decode_sinfo, decode_squeue
 from slurmgpu.slurm.parse import SlurmValueError, format_time_limit
 from slurmgpu.slurm.runner import CommandResult, CommandRunner, CommandTimeout, SubprocessRunner
 from slurmgpu.slurm.sacct import decode_sacct
+from slurmgpu.slurm.update import spelt_alike, update_fields
 
 __all__ = [
     "CliSlurmClient",
@@ -337,7 +339,18 @@ class CliSlurmClient:
                 return int(m.group(1))
         raise SlurmParseError(f"sbatch --parsable printed no job id: {out.strip()[:80]!r}")
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
+        """The intents as this cluster's release spells them (the GRES of 22.05 differs;
+        the release is asked for only then)."""
+        if not intents:
+            raise SlurmCommandError("scontrol update: no fields to update")
+        try:
+            fields = update_fields(intents, "" if spelt_alike(intents) else self.version())
+        except SlurmValueError as exc:
+            raise SlurmCommandError(f"scontrol update: {exc}") from None
+        self._update(job_id, fields)
+
+    def _update(self, job_id: str | int, fields: Mapping[str, str]) -> None:
         jid = _job_id(job_id)
         if not fields:
             raise SlurmCommandError("scontrol update: no fields to update")
@@ -401,11 +414,11 @@ class CliSlurmClient:
     def set_array_throttle(self, array_job_id: int, max_running: int) -> None:
         if isinstance(max_running, bool) or int(max_running) < 0:
             raise SlurmCommandError(f"invalid array throttle {max_running!r}")
-        self.update_job(array_job_id, {"ArrayTaskThrottle": str(int(max_running))})
+        self._update(array_job_id, {"ArrayTaskThrottle": str(int(max_running))})
 
     def set_time_limit(self, job_id: str | int, limit: timedelta) -> None:
         try:
             text = format_time_limit(limit)
         except SlurmValueError as exc:
             raise SlurmCommandError(str(exc)) from None
-        self.update_job(job_id, {"TimeLimit": text})
+        self._update(job_id, {"TimeLimit": text})

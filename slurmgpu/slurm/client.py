@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Protocol, runtime_checkable
 
+from slurmgpu.intent import Intent
 from slurmgpu.model import Job, Node
 
 
@@ -64,8 +65,14 @@ class SlurmClient(Protocol):
         """Submit with sbatch (arguments passed as a list, never through a shell)."""
         ...
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
-        """``scontrol update JobId=J K=V…``."""
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
+        """Carry out ``intents`` on the job in one update (``scontrol update JobId=J K=V…``).
+
+        Typed intents (:mod:`slurmgpu.intent`), never Slurm fields: each backend spells
+        them for the release it talks to (``slurm.update.update_fields``). A
+        :class:`~slurmgpu.intent.Resize` or :class:`~slurmgpu.intent.Preempt` is no update
+        (SlurmCommandError), nor is an empty sequence.
+        """
         ...
 
     def hold(self, job_id: str | int) -> None: ...

@@ -1140,7 +1140,7 @@ def _node_state(tokens: tuple[str, ...]) -> tuple[str, frozenset[str]]:
 
 def _node_gres(
     total_s: str | None, used_s: str | None, where: str, problems: _Problems
-) -> tuple[int, str | None, int, int, tuple[int, ...], int]:
+) -> tuple[int, str | None, int, int, tuple[int, ...], int, _ShardGpus]:
     total = _gres_items(total_s, f"{where} gres", problems)
     used = _gres_items(used_s, f"{where} gres_used", problems)
     gpus, gpu_type = _count(total, "gpu")
@@ -1148,7 +1148,35 @@ def _node_gres(
     gpus_used, _ = _count(used, "gpu")
     shards_used, _ = _count(used, "shard")
     idx = sorted({i for it in used if it.name == "gpu" for i in it.indices})
-    return gpus or 0, gpu_type, shards or 0, gpus_used or 0, tuple(idx), shards_used or 0
+    return (
+        gpus or 0,
+        gpu_type,
+        shards or 0,
+        gpus_used or 0,
+        tuple(idx),
+        shards_used or 0,
+        _shard_gpus(used),
+    )
+
+
+_ShardGpus = tuple[tuple[int, ...], tuple[tuple[int, int], ...]]
+
+
+def _shard_gpus(used: tuple[GresItem, ...]) -> _ShardGpus:
+    """The GPUs a node's ``gres_used`` says hold shards, and the shards on each where it
+    counts them: 22.05 names the GPUs (``shard:(null):2(IDX:2-3)``: a GPU count, not a
+    shard count), 24.11+ counts per GPU (``shard:6(-/4,-/4,3/4,3/4)``; ``-``: held whole)."""
+    gpus: set[int] = set()
+    per_gpu: dict[int, int] = {}
+    for it in used:
+        if it.name != "shard":
+            continue
+        gpus.update(it.indices)
+        for i, (n, _) in enumerate(it.shares):
+            if n:
+                gpus.add(i)
+                per_gpu[i] = per_gpu.get(i, 0) + n
+    return tuple(sorted(gpus)), tuple(sorted(per_gpu.items()))
 
 
 def node_from_record(r: NodeRecord, problems: _Problems | None = None) -> Node:
@@ -1166,7 +1194,7 @@ def node_from_record(r: NodeRecord, problems: _Problems | None = None) -> Node:
     if r.state_flags:
         tokens = tokens + tuple(r.state_flags)
     state, flags = _node_state(tokens)
-    gpus, gpu_type, shards, gpus_used, idx, shards_used = _node_gres(
+    gpus, gpu_type, shards, gpus_used, idx, shards_used, (shard_gpus, by_gpu) = _node_gres(
         r.gres, r.gres_used, f"node {r.name}", problems
     )
     parts = r.partitions
@@ -1185,6 +1213,8 @@ def node_from_record(r: NodeRecord, problems: _Problems | None = None) -> Node:
         gpus_used=gpus_used,
         gpu_indices_used=idx,
         shards_used=shards_used,
+        shard_gpus_used=shard_gpus,
+        shards_used_by_gpu=by_gpu,
         partitions=tuple(partitions),
         reason=_str(r.reason),
         address=_str(r.address),
@@ -1237,7 +1267,7 @@ def _nodes_from_sinfo_records(records: list[SinfoRecord], problems: _Problems) -
         alloc_cpus = (_num(cpus_rec.allocated) or 0) // n if cpus_rec else 0
         alloc_mem = (_num(mem_rec.allocated) or 0) // n if mem_rec else 0
         gres = rec.gres or SinfoGres()
-        gpus, gpu_type, shards, gpus_used, idx, shards_used = _node_gres(
+        gpus, gpu_type, shards, gpus_used, idx, shards_used, (shard_gpus, by_gpu) = _node_gres(
             gres.total, gres.used, f"sinfo {names[0]}", problems
         )
         part = rec.partition.name if rec.partition and rec.partition.name else ""
@@ -1264,6 +1294,8 @@ def _nodes_from_sinfo_records(records: list[SinfoRecord], problems: _Problems) -
                 gpus_used=gpus_used,
                 gpu_indices_used=idx,
                 shards_used=shards_used,
+                shard_gpus_used=shard_gpus,
+                shards_used_by_gpu=by_gpu,
                 partitions=(part,) if part else (),
                 reason=_str(reason_s),
                 address=addresses[i] if i < len(addresses) else "",

@@ -15,8 +15,9 @@ guessed around:
   ``tres_per_socket`` nor the TRES strings; when it has none of them, a running job's
   GPU request falls back to what its per-node GRES layout shows allocated, and a pending
   ``--gpus=N`` / ``--gpus-per-task`` job shows no GPU request.
-* Submitting (``sbatch`` arguments), ``update_job`` (arbitrary ``scontrol update``
-  fields) and ``set_array_throttle`` go through the CLI backend.
+* Submitting (``sbatch`` arguments), ``update_job`` (typed intents, spelt as
+  ``scontrol update`` fields for the cluster's release) and ``set_array_throttle`` go
+  through the CLI backend.
 * C API calls cannot be interrupted: Slurm's own ``MessageTimeout`` applies, not
   ``timeout_s`` (which the CLI fallback uses).
 
@@ -32,6 +33,7 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any, TypeVar
 
+from slurmgpu.intent import Intent
 from slurmgpu.model import Job, Node
 from slurmgpu.slurm.cli import DEFAULT_TIMEOUT_S, CliSlurmClient
 from slurmgpu.slurm.client import (
@@ -300,8 +302,8 @@ class PySlurmClient:
     ) -> int:
         return self._cli.submit(sbatch_args, env=env, cwd=cwd, stdin=stdin)
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
-        self._cli.update_job(job_id, fields)
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
+        self._cli.update_job(job_id, intents)
 
     def hold(self, job_id: str | int) -> None:
         job = self._job(job_id)

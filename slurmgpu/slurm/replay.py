@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
+from slurmgpu.intent import Intent
 from slurmgpu.model import Job, Node
 from slurmgpu.slurm.client import SlurmCommandError
 from slurmgpu.slurm.jsonformat import JobMemo, decode_sinfo, decode_squeue
@@ -61,7 +62,7 @@ class ReplaySlurmClient:
     ) -> int:
         raise self._refuse("sbatch")
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
         raise self._refuse("scontrol update")
 
     def hold(self, job_id: str | int) -> None:

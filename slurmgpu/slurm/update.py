@@ -14,6 +14,7 @@ other fields are spelt alike in every release we support::
     NarrowToShards(2)             TresPerNode=gres/shard:2
     SetNodes(2)                   NumNodes=2
     SetComment("x sgpu:y")        Comment=x sgpu:y
+    SetAdminComment("sgpu-eff…")  AdminComment=sgpu-eff…
     SetNice(200)                  Nice=200
     StartSoon(1)                  StartTime=now+1
 
@@ -36,6 +37,7 @@ from slurmgpu.intent import (
     NarrowToShards,
     Preempt,
     Resize,
+    SetAdminComment,
     SetComment,
     SetCpus,
     SetCpusPerNode,
@@ -58,8 +60,10 @@ __all__ = [
     "PREEMPT_KEY",
     "UpdateFieldError",
     "audit_fields",
+    "field_name",
     "gres_prefix",
     "parse_fields",
+    "spelt_alike",
     "update_fields",
 ]
 
@@ -85,6 +89,12 @@ def gres_prefix(slurm_version: str) -> str:
     if m and (int(m.group(1)), int(m.group(2))) < (23, 2):
         return "gres:"
     return "gres/"
+
+
+def spelt_alike(intents: Iterable[Intent]) -> bool:
+    """Whether every release spells ``intents`` alike (no GRES among them), so a backend
+    need not ask Slurm which release it runs to render them."""
+    return not any(isinstance(i, SetGpus | NarrowToShards) for i in intents)
 
 
 _LIMIT_TEXTS: dict[int | None, str] = {}
@@ -119,6 +129,8 @@ def _put(out: dict[str, str], intent: Intent, prefix: str) -> None:
         out["Nice"] = str(intent.nice)
     elif isinstance(intent, SetComment):
         out["Comment"] = intent.text
+    elif isinstance(intent, SetAdminComment):
+        out["AdminComment"] = intent.text
     elif isinstance(intent, SetNodes):
         out["NumNodes"] = str(intent.count)
     elif isinstance(intent, StartSoon):
@@ -138,6 +150,13 @@ def update_fields(intents: Iterable[Intent], slurm_version: str) -> dict[str, st
     for intent in intents:
         _put(out, intent, prefix)
     return out
+
+
+def field_name(intent: Intent) -> str:
+    """The name of the ``scontrol update`` field that carries ``intent`` (alike in every
+    release), e.g. for messages that say which change Slurm shows in place."""
+    (key,) = update_fields((intent,), "")
+    return key
 
 
 def audit_fields(intents: Iterable[Intent], slurm_version: str) -> dict[str, str]:
@@ -196,6 +215,8 @@ def _one(key: str, value: str) -> Intent:
         return SetNice(_int(key, value))
     if key == "Comment":
         return SetComment(value)
+    if key == "AdminComment":
+        return SetAdminComment(value)
     if key == "NumNodes":
         return SetNodes(_int(key, value))
     if key == "StartTime":

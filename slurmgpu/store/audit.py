@@ -21,6 +21,7 @@ from slurmgpu.policy.base import ORDERING_ALERT, Decision, PriorAlert
 from slurmgpu.slurm.update import audit_fields
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.health import one_line
 from slurmgpu.store.schema import as_utc
 
 # A decision that no guardrail held back counts as issued for escalation (warn → act) in
@@ -98,7 +99,7 @@ class AuditStore:
                 )
                 return [int(r[0]) for r in result]
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not record policy decisions: {exc}") from exc
+            raise StoreError(f"could not record policy decisions: {one_line(exc)}") from exc
 
     def record_admin(
         self,
@@ -133,7 +134,18 @@ class AuditStore:
             with self.engine.begin() as conn:
                 return int(conn.execute(insert(a).values(row).returning(a.c.id)).scalar_one())
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not audit the admin action {kind}: {exc}") from exc
+            raise StoreError(f"could not audit the admin action {kind}: {one_line(exc)}") from exc
+
+    def link_transaction(self, action_id: int, transaction_id: int) -> None:
+        """Point a decision's row at the transaction that carries it out (a resize)."""
+        a = schema.actions
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    update(a).where(a.c.id == action_id).values(transaction_id=transaction_id)
+                )
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not link action {action_id} to its transaction") from exc
 
     def set_outcome(self, action_id: int, outcome: str, error: str | None = None) -> None:
         a = schema.actions
@@ -145,7 +157,8 @@ class AuditStore:
                     .values(outcome=outcome, error=error, taken=outcome == "done")
                 )
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not record the outcome of action {action_id}: {exc}") from exc
+            why = one_line(exc)
+            raise StoreError(f"could not record the outcome of action {action_id}: {why}") from exc
 
     def set_outcomes(self, outcomes: Sequence[tuple[int, str, str | None]]) -> None:
         """Record many ``(action id, outcome, error)`` in one transaction."""
@@ -167,7 +180,8 @@ class AuditStore:
             with self.engine.begin() as conn:
                 conn.execute(stmt, rows)
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not record the outcome of {len(rows)} actions: {exc}") from exc
+            why = one_line(exc)
+            raise StoreError(f"could not record the outcome of {len(rows)} actions: {why}") from exc
 
     def pending(self) -> list[int]:
         """Ids of decisions recorded but never carried out (a daemon died in between)."""
@@ -185,7 +199,7 @@ class AuditStore:
             with self.engine.connect() as conn:
                 return [_record(r) for r in conn.execute(stmt).mappings()]
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not read interrupted decisions: {exc}") from exc
+            raise StoreError(f"could not read interrupted decisions: {one_line(exc)}") from exc
 
     # -- policy memory -----------------------------------------------------------
 

@@ -27,6 +27,10 @@ class StoreError(Exception):
     """The database cannot be opened, migrated or written; one line for the user."""
 
 
+class StoreDamagedError(StoreError):
+    """The database is corrupt or not a database file: only a restore helps (exit 6)."""
+
+
 def _sqlite_path(url: str) -> Path | None:
     u = make_url(url)
     if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
@@ -73,7 +77,11 @@ def create_store_engine(url: str, *, create: bool = True) -> Engine:
             try:
                 _prepare_sqlite_file(path)
             except OSError as exc:
-                raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
+                from slurmgpu.store.health import classify_os_error
+
+                raise StoreError(
+                    f"cannot create database {path}: {classify_os_error(exc)}"
+                ) from None
         else:
             try:
                 exists = path.exists()
@@ -81,6 +89,8 @@ def create_store_engine(url: str, *, create: bool = True) -> Engine:
                 raise StoreError(f"cannot open database {path}: {exc.strerror}") from None
             if not exists:
                 raise StoreError(f"database {path} does not exist (start the daemon first)")
+            if not path.is_file():
+                raise StoreError(f"database {path} is not a file: check --db or daemon.database")
     try:
         engine = create_engine(u)
     except Exception as exc:  # missing driver, bad options
@@ -134,7 +144,7 @@ def alembic_config(engine: Engine) -> Config:
     return cfg
 
 
-def _reason(exc: SQLAlchemyError) -> str:
+def _reason(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -146,7 +156,7 @@ def current_revision(engine: Engine) -> str | None:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
     except SQLAlchemyError as exc:
-        raise StoreError(f"cannot read database {engine.url!r}: {_reason(exc)}") from None
+        raise store_error(engine.url, exc, "cannot be read") from None
 
 
 def head_revision() -> str | None:
@@ -170,19 +180,60 @@ def known_revisions() -> frozenset[str]:
     return frozenset(found)
 
 
+def _revision_in(conn: Connection) -> str | None:
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
 def stored_revision(engine: Engine) -> str | None:
     """Return the schema revision stored in the database (None: no slurmgpu schema)."""
     try:
         with engine.connect() as conn:
-            if not inspect(conn).has_table("alembic_version"):
-                return None
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            return _revision_in(conn)
     except SQLAlchemyError as exc:
         raise StoreError(f"cannot read database {engine.url!r}: {_reason(exc)}") from None
 
 
-def _where(engine: Engine) -> str:
-    return str(_sqlite_path(str(engine.url)) or engine.url.render_as_string(hide_password=True))
+def store_error(url: URL | str, exc: BaseException, doing: str = "") -> StoreError:
+    """One line for an error met on ``engine``, naming its cause (permission denied,
+    read-only, disk full, corrupt, not a database, locked) and what to do next; a
+    :class:`StoreDamagedError` when the file is not a database. A corrupt page met by one
+    query is reported as "may be corrupt" with the check to run: only the whole-file
+    check (:func:`verify`, ``sgpu db check``) says the store is corrupt."""
+    from slurmgpu.store.health import RESTORE_DOC, Cause, Diagnosis, classify, sqlite_file
+
+    u = make_url(url)
+    found = classify(exc, sqlite_file(u)) or Diagnosis(Cause.ERROR, _reason(exc))
+    where = database_name(u)
+    if found.cause is Cause.CORRUPT:
+        head = f"database {where} {doing}".rstrip()
+        return StoreError(
+            f"{head}: may be corrupt ({found.detail}): run `sgpu db check`; if it says "
+            f"corrupt, restore the database from a backup ({RESTORE_DOC})"
+        )
+    error = StoreDamagedError if found.cause is Cause.NOT_A_DATABASE else StoreError
+    return error(found.sentence(where, doing))
+
+
+def verify(engine: Engine) -> None:
+    """Raise (one line) unless the store passes its integrity check (health.check_store):
+    :class:`StoreDamagedError` when corrupt or not a database, :class:`StoreError` for
+    any other cause (permission denied, read-only, ...)."""
+    from slurmgpu.store.health import FATAL, check_store
+
+    found = check_store(engine)
+    if found.ok:
+        return
+    error = StoreDamagedError if found.cause in FATAL else StoreError
+    raise error(found.sentence(database_name(engine)))
+
+
+def database_name(target: Engine | URL) -> str:
+    """The database as error lines name it: the SQLite file, else the URL sans password."""
+    url = target.url if isinstance(target, Engine) else target
+    path = _sqlite_path(url.render_as_string(hide_password=False))
+    return str(path or url.render_as_string(hide_password=True))
 
 
 def check_schema(engine: Engine) -> None:
@@ -192,14 +243,12 @@ def check_schema(engine: Engine) -> None:
     newer slurmgpu has migrated (a revision this one does not know) each get their own
     line, instead of a traceback from the first query.
     """
-    where = _where(engine)
+    where = database_name(engine)
     try:
-        revision = stored_revision(engine)
-    except StoreError as exc:
-        raise StoreError(
-            f"database {where} cannot be read (corrupt, or not a database): "
-            f"{str(exc).rsplit(': ', 1)[-1]}"
-        ) from None
+        with engine.connect() as conn:
+            revision = _revision_in(conn)
+    except SQLAlchemyError as exc:
+        raise store_error(engine.url, exc, "cannot be read") from None
     if revision is None:
         raise StoreError(
             f"database {where} is not a slurmgpu database (no schema revision): check --db "
@@ -226,4 +275,4 @@ def upgrade(engine: Engine) -> None:
     try:
         command.upgrade(alembic_config(engine), "head")
     except SQLAlchemyError as exc:
-        raise StoreError(f"cannot migrate database {engine.url!r}: {_reason(exc)}") from None
+        raise store_error(engine.url, exc, "cannot be migrated") from None

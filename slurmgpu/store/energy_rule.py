@@ -32,8 +32,8 @@ from sqlalchemy import and_, case, func, literal, select
 from sqlalchemy.sql.elements import ColumnElement, Label
 from sqlalchemy.sql.selectable import Subquery
 
-from slurmgpu.report.sql_dialect import epoch_s
 from slurmgpu.store import schema
+from slurmgpu.store.sql_dialect import epoch_s
 
 __all__ = ["ENERGY_MAX_GAP_S", "IDLE_UTIL_PCT", "energy_rows", "energy_sums"]
 

@@ -17,6 +17,7 @@ from slurmgpu.model import JobState
 from slurmgpu.policy.base import HistoryRecord
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.health import one_line
 from slurmgpu.store.schema import as_utc
 
 log = logging.getLogger(__name__)
@@ -301,7 +302,7 @@ def _read(
                     restarts=int(restart_count or 0),
                 )
     except SQLAlchemyError as exc:
-        raise StoreError(f"could not read the job history: {exc}") from exc
+        raise StoreError(f"could not read the job history: {one_line(exc)}") from exc
     return out
 
 

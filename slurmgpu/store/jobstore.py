@@ -34,10 +34,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from slurmgpu.daemon.diff import JobDiff
+from slurmgpu.jobdiff import JobDiff
 from slurmgpu.model import Job, Node
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.health import classify, one_line, sqlite_file
 from slurmgpu.store.rows import job_to_row, node_to_row, row_to_job, row_to_node
 
 _CHUNK = 500
@@ -287,7 +288,8 @@ class JobStore:
                 if nodes:
                     self._upsert_nodes(conn, nodes, at)
         except SQLAlchemyError as exc:
-            cause = getattr(exc, "orig", None) or exc
+            found = classify(exc, sqlite_file(self.engine))
+            cause = found if found is not None else getattr(exc, "orig", None) or exc
             raise StoreError(f"could not store the observe cycle: {cause}") from exc
         row_ids.update(new_ids)
         for job_id in (*diff.gone, *diff.vanished):
@@ -423,7 +425,7 @@ class JobStore:
                 s = schema.submissions
                 conn.execute(insert(s), _fitted(conn, s, [row]))
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not record the submission: {exc}") from exc
+            raise StoreError(f"could not record the submission: {one_line(exc)}") from exc
 
     def submissions(self, job_id: int) -> list[dict[str, Any]]:
         s = schema.submissions

@@ -24,12 +24,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, Select, and_, case, delete, func, insert, literal, select
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
+from slurmgpu.store.health import one_line, sqlite_file
 
 __all__ = [
     "DEFAULT_ROLLUP_RETENTION",
@@ -123,10 +124,8 @@ def roll_up_and_prune(
             gone = conn.execute(
                 delete(h).where(h.c.cluster == cluster, h.c.hour < now - rollup_retention)
             ).rowcount
-    except OperationalError as exc:
-        raise StoreError(f"samples not pruned (database busy or unavailable): {exc.orig}") from exc
-    except SQLAlchemyError as exc:
-        raise StoreError(f"samples not pruned: {exc}") from exc
+    except SQLAlchemyError as exc:  # one line: no statement, no parameters
+        raise StoreError(f"samples not pruned: {one_line(exc, sqlite_file(engine))}") from exc
     return PruneResult(rolled, deleted, int(gone or 0), transactions, longest)
 
 

@@ -33,6 +33,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
+from slurmgpu.store.health import one_line
 from slurmgpu.store.sample_check import JobRun, misfit
 
 __all__ = [
@@ -185,7 +186,7 @@ class SampleHold:
                     or 0
                 )
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not check held samples: {exc}") from exc
+            raise StoreError(f"could not check held samples: {one_line(exc)}") from exc
         return ReleaseResult(kept=kept, dropped=dropped, jobs=frozenset(jobs))
 
     def _expire(self, now: float) -> int:

@@ -18,6 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from slurmgpu.cycle.transactions import TransactionRow
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError, durable_begin
+from slurmgpu.store.health import one_line
 
 __all__ = ["TransactionStore"]
 
@@ -86,7 +87,7 @@ class TransactionStore:
                 assert new_id is not None
                 stored = conn.execute(select(t).where(t.c.id == new_id[0])).one()
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not record a {kind} transaction: {exc}") from exc
+            raise StoreError(f"could not record a {kind} transaction: {one_line(exc)}") from exc
         return _row(stored)
 
     def advance(
@@ -118,7 +119,7 @@ class TransactionStore:
                 if done.rowcount != 1:
                     return None
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not advance transaction {row.id}: {exc}") from exc
+            raise StoreError(f"could not advance transaction {row.id}: {one_line(exc)}") from exc
         return TransactionRow(
             row.id,
             row.job_id,
@@ -144,7 +145,7 @@ class TransactionStore:
                     .values(payload=merged, updated_at=at)
                 )
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not update transaction {row.id}: {exc}") from exc
+            raise StoreError(f"could not update transaction {row.id}: {one_line(exc)}") from exc
         return TransactionRow(
             row.id,
             row.job_id,
@@ -175,7 +176,7 @@ class TransactionStore:
             with self.engine.connect() as conn:
                 return [_row(r) for r in conn.execute(stmt)]
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not read transactions: {exc}") from exc
+            raise StoreError(f"could not read transactions: {one_line(exc)}") from exc
 
     def recent(
         self, kinds: Collection[str], *, job_id: int | None = None, limit: int = 100
@@ -190,4 +191,4 @@ class TransactionStore:
             with self.engine.connect() as conn:
                 return [_row(r) for r in conn.execute(stmt)]
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not read transactions: {exc}") from exc
+            raise StoreError(f"could not read transactions: {one_line(exc)}") from exc

@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
+from slurmgpu.store.health import Cause, Diagnosis, StoreHealth, classify, one_line, sqlite_file
 from slurmgpu.store.sample_check import NOT_ON_NODE, JobRun, misfit
 from slurmgpu.store.sample_hold import SampleHold
 from slurmgpu.store.schema import as_utc
@@ -250,7 +251,11 @@ class UsageStore:
         self.skewed: Counter[str] = Counter()
         self.spool_dropped: Counter[str] = Counter()
         self._told: set[tuple[str, str]] = set()
+        # Nodes whose agents are dropping samples now: their count when it started.
+        self._dropping: dict[str, int] = {}
         self._lock = threading.Lock()
+        # Set by the daemon: each stored batch tells /healthz that writes succeed.
+        self.health: StoreHealth | None = None
 
     def _tell_once(self, node: str, what: str, message: str, *args: object) -> None:
         key = (node, what)
@@ -343,20 +348,55 @@ class UsageStore:
             )
 
     def _note_spool(self, batch: SampleBatch) -> None:
-        """Warn when a node's spool dropped more samples since it last said (cumulative)."""
+        """Count a node's spool drops (cumulative in every batch) and say when they start.
+
+        One WARNING when a node's count first rises, DEBUG while it keeps rising, one
+        INFO when it stops (:meth:`_note_spool_stored`). A long outage fills an agent's
+        spool: every batch sent after that carries a higher count, while the store
+        refuses them (each retry) and when it takes them again (each of the up to
+        28,700 spooled batches): a line each refilled the disk that had just been freed.
+        """
         if not batch.dropped:
             return
         with self._lock:
             before = self.spool_dropped.get(batch.node, 0)
             self.spool_dropped[batch.node] = max(before, int(batch.dropped))
-        if batch.dropped > before:
-            log.warning(
-                "node %s: its agent has dropped %d sample(s) so far (%+d): offline too long "
-                "or its spool is full",
-                batch.node,
-                batch.dropped,
-                batch.dropped - before,
-            )
+            if batch.dropped <= before:
+                return
+            first = batch.node not in self._dropping
+            if first:
+                self._dropping[batch.node] = before
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "node %s: its agent has dropped %d sample(s) so far (%+d): offline too long "
+            "or its spool is full",
+            batch.node,
+            batch.dropped,
+            batch.dropped - before,
+        )
+
+    def _note_spool_stored(self, batch: SampleBatch, before: int) -> None:
+        """After ``batch`` was stored: a fresh batch (a sample within SKEW_LIMIT_S of now,
+        not one from the spool) whose count did not rise past ``before`` (the node's count
+        when it arrived) ends the node's drops."""
+        if batch.node not in self._dropping or batch.dropped > before:
+            return
+        now = float(self.clock())
+        times = [s.at for s in batch.gpu] + [h.at for h in batch.host]
+        if not any(abs(t - now) <= SKEW_LIMIT_S for t in times):
+            return
+        with self._lock:
+            start = self._dropping.get(batch.node)
+            total = self.spool_dropped.get(batch.node, 0)
+            if start is None or batch.dropped < total:
+                return
+            del self._dropping[batch.node]
+        log.info(
+            "node %s: its agent stopped dropping samples (%d so far, %+d in this outage)",
+            batch.node,
+            total,
+            total - start,
+        )
 
     def _screen_clock(self, batch: SampleBatch) -> tuple[list[GpuSampleIn], list[HostSampleIn]]:
         """The batch's samples minus those stamped over SKEW_LIMIT_S ahead of the daemon's
@@ -410,6 +450,7 @@ class UsageStore:
         at = _sqlite_time if sqlite else _epoch
         c, node = self.cluster, batch.node
         sent = len(batch.gpu) + len(batch.host)
+        dropped_before = self.spool_dropped.get(node, 0)
         gpu_in, host_in = self._screen_clock(batch)
         gpu_samples, host_samples, held_gpu, held_host = self._checked(node, gpu_in, host_in)
         gpu_rows = [
@@ -474,10 +515,17 @@ class UsageStore:
                     held, held_dupes, full = self.hold.add(
                         conn, node, _held_rows(c, node, held_gpu, held_host)
                     )
-        except OperationalError as exc:
-            raise StoreBusyError(f"database busy or unavailable: {exc.orig}") from exc
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not store samples: {exc}") from exc
+            # One line naming the cause: the driver's message carries the statement and
+            # every row's parameters (a batch's worth of text, different each time).
+            found = classify(exc, sqlite_file(self.engine)) or Diagnosis(
+                Cause.ERROR, type(exc).__name__
+            )
+            error = StoreBusyError if isinstance(exc, OperationalError) else StoreError
+            raise error(f"could not store samples: {found}") from exc
+        if self.health is not None:
+            self.health.wrote()
+        self._note_spool_stored(batch, dropped_before)
         return IngestOutcome(
             accepted=accepted + held,
             duplicates=total - accepted + held_dupes,
@@ -782,7 +830,8 @@ class UsageStore:
                     },
                 )
         except SQLAlchemyError as exc:
-            raise StoreError(f"could not store the summary of job {job_id}: {exc}") from exc
+            why = one_line(exc)
+            raise StoreError(f"could not store the summary of job {job_id}: {why}") from exc
 
     def summary(self, job_id: int) -> dict[str, Any] | None:
         j = schema.job_summaries

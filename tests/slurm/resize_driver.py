@@ -17,12 +17,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from slurmgpu.actuate.malleable import MalleableActuator
 from slurmgpu.daemon.malleable import MalleableDirectory
-from slurmgpu.intent import SetTimeLimit
+from slurmgpu.intent import Intent, SetTimeLimit
 from slurmgpu.model import ClusterSnapshot
 from slurmgpu.policy.base import Decision, Mode, resize_action
 from slurmgpu.slurm.cli import CliSlurmClient
@@ -50,8 +50,8 @@ class KillingSlurm(CliSlurmClient):
         super().requeue(job_id, hold=hold)
         self._maybe_die("requeue")
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
-        super().update_job(job_id, fields)
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
+        super().update_job(job_id, intents)
         self._maybe_die("update")
 
     def release(self, job_id: str | int) -> None:

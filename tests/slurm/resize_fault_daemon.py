@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from slurmgpu.intent import StartSoon
 from slurmgpu.slurm.cli import CliSlurmClient
 
 METHODS = {
@@ -33,9 +34,9 @@ def main(argv: Sequence[str]) -> None:
 
     def call_then_die(self: CliSlurmClient, job_id: str | int, *args: Any, **kw: Any) -> None:
         original(self, job_id, *args, **kw)
-        fields = args[0] if args and isinstance(args[0], Mapping) else None
-        if name == "update_job" and fields is not None and set(fields) == {"StartTime"}:
-            return  # the roll back's StartTime-only update is not the resize's update
+        intents = tuple(args[0]) if name == "update_job" and args else ()
+        if intents and all(isinstance(i, StartSoon) for i in intents):
+            return  # the roll back's start-time-only update is not the resize's update
         marker.write_text(f"{call} {job_id}\n")
         os.kill(os.getpid(), signal.SIGKILL)
 

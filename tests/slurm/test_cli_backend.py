@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
+from slurmgpu.intent import SetComment, SetTimeLimit
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.client import SlurmClient, SlurmCommandError, SlurmUnavailableError
@@ -110,7 +111,7 @@ def test_pending_job_hold_release_update(client: CliSlurmClient) -> None:
     until(client, job_id, lambda j: not j.reason.startswith("JobHeld"), "released")
 
     client.set_time_limit(job_id, timedelta(minutes=7))
-    client.update_job(job_id, {"Comment": "set by sgpu tests"})
+    client.update_job(job_id, (SetComment("set by sgpu tests"),))
     job = until(client, job_id, lambda j: j.time_limit == timedelta(minutes=7), "limit 7 min")
     assert job.comment == "set by sgpu tests"
 
@@ -165,7 +166,7 @@ def test_signal_and_array_throttle(client: CliSlurmClient) -> None:
         lambda c: c.release(999999),
         lambda c: c.cancel(999999),
         lambda c: c.signal(999999, "USR1"),
-        lambda c: c.update_job(999999, {"TimeLimit": "5"}),
+        lambda c: c.update_job(999999, (SetTimeLimit(300),)),
         lambda c: c.set_time_limit(999999, timedelta(minutes=5)),
         lambda c: c.requeue(999999),
         lambda c: c.cancel("not-a-job"),

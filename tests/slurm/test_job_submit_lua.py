@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from slurmgpu.lab.cluster import LabCluster
 
 R = TypeVar("R")
+MODULE = Path(__file__).resolve().parents[2] / "plugins" / "slurmgpu_submit.lua"
 _T = 30.0  # seconds any single wait may take
 
 
@@ -139,7 +142,12 @@ def standard_job(lab: Lab, name: str, *extra: str) -> int:
     return lab.sbatch("-J", name, "-t", "10:00:00", "--mem=2000", "--gres=gpu:2", "-c", "4", *extra)
 
 
-UNCHANGED = {"time_limit": 600, "mem_mib": 2000, "cpus": 4, "gpus": ("gres:", 2)}
+UNCHANGED = {"time_limit": 600, "mem_mib": 2000, "cpus": 4, "gpus": 2}
+
+
+def counts(got: dict[str, Any]) -> dict[str, Any]:
+    """``request`` without the GPU prefix ("gres:" on 22.05, "gres/" on newer Slurm)."""
+    return {**got, "gpus": got["gpus"][1] if got["gpus"] else None}
 
 
 def test_the_lab_installed_the_plugin_reading_its_recommendations(
@@ -149,6 +157,10 @@ def test_the_lab_installed_the_plugin_reading_its_recommendations(
     tsv = slurm_cluster.recommendations_path.with_suffix(".tsv")
     assert f'local RECOMMENDATIONS_FILE = "{tsv}"' in installed
     assert str(tsv).startswith(str(slurm_cluster.root))
+    # the thin script's module, next to it, loaded by slurmctld without complaint
+    assert (slurm_cluster.etc_dir / MODULE.name).read_text() == MODULE.read_text()
+    log = (slurm_cluster.log_dir / "slurmctld.log").read_text(errors="replace")
+    assert "cannot load slurmgpu_submit.lua" not in log
 
 
 def test_opted_in_job_is_lowered_to_the_recommendation(lab: Lab) -> None:
@@ -190,7 +202,7 @@ def test_job_without_the_token_passes_unchanged_and_unlogged(lab: Lab) -> None:
 
     job_id = standard_job(lab, name, "--comment", "just a comment")
 
-    assert request(lab, job_id) == UNCHANGED
+    assert counts(request(lab, job_id)) == UNCHANGED
     assert lab.lines(name) == []
 
 
@@ -206,7 +218,7 @@ def test_a_recommendation_above_the_request_does_not_raise_it(lab: Lab) -> None:
 
     job_id = standard_job(lab, name, "--comment", "sgpu:rightsize")
 
-    assert request(lab, job_id) == UNCHANGED
+    assert counts(request(lab, job_id)) == UNCHANGED
     assert "is not below the request" in lab.one_line(name)
 
 
@@ -216,7 +228,7 @@ def test_missing_recommendations_pass_the_job_unchanged_with_one_line(lab: Lab) 
 
     job_id = standard_job(lab, name, "--comment", "sgpu:rightsize")
 
-    assert request(lab, job_id) == UNCHANGED
+    assert counts(request(lab, job_id)) == UNCHANGED
     line = lab.one_line(name)
     assert "slurmgpu: recommendations unavailable (cannot open" in line
     assert "job passed unchanged" in line
@@ -239,7 +251,7 @@ def test_garbage_recommendations_pass_the_job_unchanged_with_one_line(
 
     job_id = standard_job(lab, name, "--comment", "sgpu:rightsize")
 
-    assert request(lab, job_id) == UNCHANGED
+    assert counts(request(lab, job_id)) == UNCHANGED
     line = lab.one_line(name)
     assert "slurmgpu: recommendations unavailable (" in line
     assert "job passed unchanged" in line
@@ -269,8 +281,93 @@ def test_a_malleable_token_is_logged_and_the_request_kept(lab: Lab) -> None:
 
     job_id = standard_job(lab, name, "--comment", "sgpu:malleable=1:4")
 
-    assert request(lab, job_id) == UNCHANGED
+    assert counts(request(lab, job_id)) == UNCHANGED
     line = lab.one_line(name)
     assert f"slurmgpu: malleable submission user=root name={name} gpus=1:4" in line
     comment = lab.squeue(job_id).get("comment")
     assert comment == "sgpu:malleable=1:4"  # the daemon reads the tag from here
+
+
+# -- a site's own job_submit.lua that requires slurmgpu's module -----------------------------
+
+SITE_SCRIPT = """
+package.path = "MODULE_DIR/?.lua;" .. package.path
+local slurmgpu = require("slurmgpu_submit")
+slurmgpu.configure({ recommendations_file = "TSV" })
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   if job_desc.name == "forbidden" then
+      slurm.log_user("%s", "site: jobs may not be named forbidden")
+      return slurm.ERROR
+   end
+   if job_desc.account == nil then
+      job_desc.account = "sitedefault"
+   end
+   return slurmgpu.job_submit(job_desc, part_list, submit_uid)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   return slurmgpu.job_modify(job_desc, job_rec, part_list, modify_uid)
+end
+
+return slurm.SUCCESS
+"""
+
+
+def _replace_script(path: Path, text: str) -> None:
+    """Write a job_submit.lua slurmctld reloads at its next submission: it compares the
+    file's mtime in whole seconds, so the new one is stamped past the old one."""
+    old = path.stat().st_mtime
+    path.write_text(text)
+    stamp = max(old, time.time()) + 2
+    os.utime(path, (stamp, stamp))
+
+
+@pytest.fixture
+def site_script(slurm_cluster: LabCluster, lab: Lab) -> Iterator[None]:
+    script = slurm_cluster.etc_dir / "job_submit.lua"
+    installed = script.read_text()
+    # the module kept apart from the script, found through package.path (under the lab's
+    # root: a chroot's slurmctld sees that path too)
+    module_dir = slurm_cluster.root / "site-lua"
+    module_dir.mkdir(exist_ok=True)
+    (module_dir / MODULE.name).write_text(MODULE.read_text())
+    text = SITE_SCRIPT.replace("MODULE_DIR", str(module_dir)).replace(
+        "TSV", str(lab.export.tsv_path)
+    )
+    _replace_script(script, text)
+    try:
+        yield
+    finally:
+        _replace_script(script, installed)
+
+
+@pytest.mark.usefixtures("site_script")
+def test_a_site_script_refuses_its_way_and_slurmgpu_rightsizes_what_it_lets_through(
+    lab: Lab,
+) -> None:
+    refused = subprocess.run(
+        ["sbatch", "--hold", "-J", "forbidden", "--wrap", "sleep 60"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+        cwd=lab.workdir,
+    )
+    assert refused.returncode != 0, refused.stdout
+    assert "site: jobs may not be named forbidden" in refused.stderr
+
+    name = lab.name()
+    lab.export.write({f"root|{name}|gpu": Recommendation(time_limit_min=90, gpus=1)})
+    job_id = standard_job(lab, name, "--comment", "sgpu:rightsize")
+
+    got = request(lab, job_id)
+    assert (got["time_limit"], got["gpus"][1]) == (90, 1)
+    assert lab.squeue(job_id).get("account") == "sitedefault"  # the site's own rule
+    line = lab.one_line(name)
+    assert f"rightsized user=root name={name} from root|{name}|gpu" in line
+
+    plain = lab.name()
+    other = standard_job(lab, plain, "--comment", "no token")
+    assert counts(request(lab, other)) == UNCHANGED
+    assert lab.squeue(other).get("account") == "sitedefault"

@@ -42,7 +42,6 @@ from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.jsonformat import KNOWN_DATA_PARSERS, data_parser_version
-from slurmgpu.slurm.update import update_fields
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.release
@@ -160,7 +159,8 @@ def test_rightsize_update_applies_in_this_release(slurm: CliSlurmClient) -> None
     job_id = _sbatch(slurm, "-H", "--gres=gpu:2", "-t", "60", "--wrap", "sleep 300")
     wait_for("the held job listed", lambda: _job(slurm, job_id))
     intents = (SetGpus(1), SetTimeLimit(30 * 60))  # what the rightsize policy proposes
-    slurm.update_job(job_id, update_fields(intents, version))  # spelt for this release
+    assert version  # update_job spells the intents for this release
+    slurm.update_job(job_id, intents)
     job = _job(slurm, job_id)
     assert job is not None and job.gpus.gpus == 1, job
     assert job.time_limit == timedelta(minutes=30)

@@ -11,14 +11,14 @@ its Slurm call and its database write.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from slurmgpu.intent import Intent, SetTimeLimit, StartSoon
 from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.slurm.client import SlurmCommandError
-from slurmgpu.slurm.parse import parse_time_limit
-from tests.fakes import FakeSlurm
+from tests.fakes import FakeSlurm, apply_intents
 
 HELD = "job_requeued_in_held_state"
 USER_HELD = "JobHeldUser"  # what `scontrol hold` by the job's user leaves
@@ -126,28 +126,23 @@ class ResizeSlurm(FakeSlurm):
                     )
                 )
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
         job = self._ref(job_id)
         if job.state is not JobState.PENDING:
             raise SlurmCommandError("Job is no longer pending execution")
-        gpu_fields = {k: v for k, v in fields.items() if k != "StartTime"}
-        if self.refuse_update and gpu_fields:
+        if self.refuse_update and any(not isinstance(i, StartSoon) for i in intents):
             raise SlurmCommandError("Requested node configuration is not available")
-        if "TimeLimit" in fields and self.max_time is not None:
-            limit = parse_time_limit(fields["TimeLimit"])
+        limits = [i.limit for i in intents if isinstance(i, SetTimeLimit)]
+        if limits and self.max_time is not None:
+            limit = limits[-1]
             if limit is None or limit > self.max_time:
                 raise SlurmCommandError(
                     "Requested time limit is invalid (missing or exceeds some limit)"
                 )
-            job = replace(job, time_limit=limit)
-        elif "TimeLimit" in fields:
-            job = replace(job, time_limit=parse_time_limit(fields["TimeLimit"]))
-        if "TresPerNode" in fields:
-            n = int(fields["TresPerNode"].rsplit(":", 1)[1])
-            job = replace(job, gpus=GpuRequest(gpus=n, per_node=n, sources=("tres_per_node",)))
+        job = apply_intents(job, intents)
         self.put(job)
-        self.updates.append((job.job_id, dict(fields)))
-        self._done("update", job_id, ",".join(f"{k}={v}" for k, v in sorted(fields.items())))
+        self.updates.append((job.job_id, tuple(intents)))
+        self._done("update", job_id, ",".join(sorted(repr(i) for i in intents)))
 
     def release(self, job_id: str | int) -> None:
         job = self._ref(job_id)

@@ -199,21 +199,23 @@ def _newer(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("make", "expected"),
+    ("make", "expected", "code"),
     [
-        (_corrupt, "cannot be read (corrupt, or not a database)"),
-        (_foreign, "is not a slurmgpu database"),
-        (_newer, "has schema revision '9999', which this slurmgpu does not know"),
+        # A file whose header is not SQLite's: exit 6 (restore it), no longer "corrupt, or
+        # not a database", a guess that permission denied and read-only got too (issue 36).
+        (_corrupt, "cannot be read: not a database (file is not a database)", 6),
+        (_foreign, "is not a slurmgpu database", 4),
+        (_newer, "has schema revision '9999', which this slurmgpu does not know", 4),
     ],
 )
 @pytest.mark.parametrize("command", [["jobs"], ["actions"], ["advice"], ["resizes"], ["eff", "1"]])
 def test_read_commands_give_one_line_on_a_database_not_ours(
-    tmp_path: Path, make: object, expected: str, command: list[str]
+    tmp_path: Path, make: object, expected: str, code: int, command: list[str]
 ) -> None:
     db = tmp_path / "s.db"
     make(db)  # type: ignore[operator]
     out = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", *command])
-    assert out.exit_code == 4, out.output
+    assert out.exit_code == code, out.output
     assert expected in out.output and "Traceback" not in out.output
     assert len([line for line in out.output.splitlines() if line.startswith("sgpu:")]) == 1
 

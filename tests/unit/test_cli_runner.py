@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from slurmgpu.intent import NarrowToShards, Resize, SetComment, SetGpus, SetNice, SetTimeLimit
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.client import (
     SlurmCommandError,
@@ -250,9 +251,21 @@ def test_unknown_job_is_a_command_error(
 
 def test_unknown_update_field_is_a_command_error() -> None:
     argv = ["scontrol", "update", "JobId=1", "NoSuchField=1"]
-    client, _ = client_with(recorded("controller_up", argv))
+    client, runner = client_with(recorded("controller_up", argv))
     with pytest.raises(SlurmCommandError, match="Update of this parameter is not supported"):
-        client.update_job(1, {"NoSuchField": "1"})
+        client.update_job(1, (SetNice(1),))  # answered as Slurm answered an unknown field
+    assert runner.calls[0].argv == ["scontrol", "update", "JobId=1", "Nice=1"]
+
+
+def test_an_update_is_spelt_for_the_clusters_release() -> None:
+    client, runner = client_with(ok(b"slurm 22.05.8\n"), ok(b""), ok(b""))
+    client.update_job(3, (SetGpus(2), SetTimeLimit(5400)))
+    client.update_job(3, (NarrowToShards(4),))  # the release is asked once
+    assert [c.argv for c in runner.calls] == [
+        ["sinfo", "--version"],
+        ["scontrol", "update", "JobId=3", "TresPerNode=gres:gpu:2", "TimeLimit=01:30:00"],
+        ["scontrol", "update", "JobId=3", "TresPerNode=gres:shard:4"],
+    ]
 
 
 def test_scancel_of_an_unknown_job_exits_0_but_is_an_error() -> None:
@@ -284,7 +297,7 @@ def test_signal_argv_and_slurms_refusal() -> None:
 
 def test_action_argv() -> None:
     client, runner = client_with(*(ok(b"") for _ in range(5)))
-    client.update_job(5, {"TimeLimit": "1-00:00:00", "Comment": "sgpu:x"})
+    client.update_job(5, (SetTimeLimit(86400), SetComment("sgpu:x")))
     client.set_time_limit(5, timedelta(days=1, seconds=1))
     client.requeue(6)
     client.set_array_throttle(9, 2)
@@ -302,9 +315,9 @@ def test_action_argv() -> None:
     "action",
     [
         lambda c: c.hold("1;rm -rf /"),
-        lambda c: c.update_job(1, {"Bad Key": "x"}),
-        lambda c: c.update_job(1, {"Comment": "two\nlines"}),
-        lambda c: c.update_job(1, {}),
+        lambda c: c.update_job(1, (Resize(2, 4),)),
+        lambda c: c.update_job(1, (SetComment("two\nlines"),)),
+        lambda c: c.update_job(1, ()),
         lambda c: c.signal(1, "KILL; ls"),
         lambda c: c.set_time_limit(1, timedelta(seconds=-1)),
         lambda c: c.finished_jobs([0]),

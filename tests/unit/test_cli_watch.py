@@ -26,7 +26,7 @@ from sqlalchemy import insert
 from slurmgpu.cli.actions import _watch as actions_watch
 from slurmgpu.cli.jobs import _watch as jobs_watch
 from slurmgpu.cli.jobs import decision_text, gpu_use_text, jobs_table
-from slurmgpu.daemon.diff import diff_jobs
+from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.store import JobStore, StoredJob, open_store, schema
 from slurmgpu.store.audit import AuditStore

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from slurmgpu.cli.context import AppContext
 from slurmgpu.cli.eff import eff as eff_command
-from slurmgpu.daemon.diff import diff_jobs
+from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.report.eff import (

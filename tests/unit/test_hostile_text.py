@@ -24,7 +24,7 @@ from rich.console import Console
 from sqlalchemy import Engine, update
 
 from slurmgpu.cli.main import main
-from slurmgpu.daemon.diff import diff_jobs
+from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.notify import AlertTemplates, JobFacts, alert_context
 from slurmgpu.plaintext import EscapingLogFilter, csv_cell, shown

@@ -281,3 +281,162 @@ def test_the_simulator_runs_without_sqlalchemy_loaded() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- layers (issue 37, item 4)
+
+# The layer order of docs/architecture.md, bottom first: a package (or top-level module)
+# imports only from layers below its own; the leaves may import each other (the circle
+# test above keeps them acyclic). Unlike the graph above, this counts EVERY import
+# statement: ``if TYPE_CHECKING:`` ones and function-level (lazy) ones too, since a
+# layer that names an upper layer only for its types still depends on it.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset(  # leaves: values and pure helpers every layer may read
+        {
+            "boundedjson",
+            "checkpoint_signal",
+            "intent",
+            "jobdiff",
+            "listen_address",
+            "model",
+            "nodeusage",
+            "plaintext",
+            "replyauth",
+            "settings_table",
+            "tokens",
+            "units",
+            "userfiles",
+            "userinput_stats",
+            "wire",
+        }
+    ),
+    frozenset({"slurm", "telemetry"}),  # the outside world's syntax and devices
+    frozenset({"policy"}),  # pure decisions
+    frozenset({"elastic"}),  # the jobs' own runtime (goodput from policy)
+    frozenset({"cycle"}),  # the one policy cycle, its protocols
+    frozenset({"store"}),  # SQL: jobs, samples, audit, transactions
+    frozenset({"actuate", "notify", "report"}),  # act on Slurm, tell people, read the store
+    frozenset({"agent", "config", "lab", "sim"}),  # node agent, composition, lab, simulator
+    frozenset({"daemon"}),
+    frozenset({"cli"}),
+    frozenset({"__main__"}),
+)
+LEAF_LAYER = 0
+
+
+def _top_level_units() -> set[str]:
+    """``store`` for slurmgpu/store/, ``model`` for slurmgpu/model.py (not __init__)."""
+    return {
+        path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts != ("__init__.py",)
+    }
+
+
+def _every_import(path: Path, package: str) -> list[tuple[str, int]]:
+    """(dotted module, line) of every import in the file, wherever it stands."""
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            out.append((module, node.lineno))
+            # ``from slurmgpu import store``: the name may be a package of its own
+            if module == "slurmgpu":
+                out.extend((f"slurmgpu.{alias.name}", node.lineno) for alias in node.names)
+    return out
+
+
+@cache
+def unit_imports() -> dict[str, dict[str, list[str]]]:
+    """Top-level unit → the other units it imports → where (``module:line``)."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for name, path in _modules().items():
+        parts = name.split(".")
+        if len(parts) < 2:
+            continue  # slurmgpu/__init__.py
+        unit = parts[1]
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for module, line in _every_import(path, package):
+            target = module.split(".")
+            if target[0] != "slurmgpu" or len(target) < 2 or target[1] == unit:
+                continue
+            found.setdefault(unit, {}).setdefault(target[1], []).append(f"{name}:{line}")
+    return found
+
+
+def layer_violations(
+    imports: dict[str, dict[str, list[str]]], layers: tuple[frozenset[str], ...]
+) -> list[str]:
+    level = {unit: i for i, layer in enumerate(layers) for unit in layer}
+    bad: list[str] = []
+    for unit, targets in sorted(imports.items()):
+        for target, where in sorted(targets.items()):
+            if target not in level or unit not in level:
+                continue  # reported by the test that every unit has a layer
+            mine, theirs = level[unit], level[target]
+            if theirs > mine or (theirs == mine and mine != LEAF_LAYER):
+                bad.append(f"{unit} (layer {mine}) imports {target} (layer {theirs}): {where[0]}")
+    return bad
+
+
+def test_every_package_and_top_level_module_has_a_layer() -> None:
+    placed = set().union(*LAYERS)
+    assert sum(len(layer) for layer in LAYERS) == len(placed), "a unit in two layers"
+    assert sorted(_top_level_units() - placed) == [], "add new packages to LAYERS and the doc"
+    assert sorted(placed - _top_level_units()) == [], "LAYERS names units that are gone"
+
+
+def test_layers_point_down_counting_type_checking_and_lazy_imports() -> None:
+    bad = layer_violations(unit_imports(), LAYERS)
+    assert bad == [], "imports that point up the layer order:\n" + "\n".join(bad)
+
+
+def test_the_store_imports_nothing_from_the_layers_that_use_it() -> None:
+    """Issue 37: store/ took the job diff from daemon/ and the SQL dialect from report/,
+    and actuate/ wrote the actions table itself; the store's callers sit above it."""
+    assert not unit_imports()["store"].keys() & {"daemon", "report", "actuate", "cli", "sim"}
+
+
+def test_the_layer_check_finds_an_upward_import_even_under_type_checking(
+    tmp_path: Path,
+) -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from slurmgpu.daemon.diff import JobDiff\n"
+        "def f() -> None:\n"
+        "    from ..report import sql_dialect\n"
+        "from slurmgpu.model import Job\n"
+    )
+    path = tmp_path / "jobstore.py"
+    path.write_text(source)
+    found = sorted(m for m, _ in _every_import(path, "slurmgpu.store"))
+    assert found == ["slurmgpu.daemon.diff", "slurmgpu.model", "slurmgpu.report", "typing"]
+    imports = {"store": {"daemon": ["x:3"], "report": ["x:5"], "model": ["x:6"]}}
+    assert layer_violations(imports, LAYERS) == [
+        "store (layer 5) imports daemon (layer 8): x:3",
+        "store (layer 5) imports report (layer 6): x:5",
+    ]
+    assert layer_violations({"slurm": {"telemetry": ["y:1"]}}, LAYERS) == [
+        "slurm (layer 1) imports telemetry (layer 1): y:1"
+    ]
+    assert layer_violations({"tokens": {"checkpoint_signal": ["z:1"]}}, LAYERS) == []
+
+
+def test_actuate_writes_through_the_store_never_sql_of_its_own() -> None:
+    """The resize actuator linked its audit row to its transaction with its own UPDATE on
+    the actions table; that is AuditStore.link_transaction now."""
+    sql = sorted(
+        f"{name}: {module}"
+        for name, path in _modules().items()
+        if name.startswith("slurmgpu.actuate")
+        for module, _line in _every_import(path, name.rpartition(".")[0])
+        if module.split(".")[0] == "sqlalchemy" or module.startswith("slurmgpu.store.schema")
+    )
+    assert sql == []

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.daemon.diff import diff_jobs
 from slurmgpu.daemon.munge_watch import MungeWatch
 from slurmgpu.daemon.placement import SnapshotPlacement
+from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.usage import UsageStore, node_scoped_uid
@@ -167,7 +167,40 @@ def test_spool_drops_are_a_warning_and_a_count(
         w.usage.ingest(SampleBatch(node="gpu1", dropped=55))
     assert w.usage.spool_dropped["gpu1"] == 55
     said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
-    assert len(said) == 2 and "(+15)" in said[1]
+    # One line for the fault; the rise to 55 is the same fault (no fresh batch between).
+    assert len(said) == 1 and "dropped 40 sample(s)" in said[0]
+
+
+def test_a_full_spool_drained_after_an_outage_is_one_line_and_one_when_it_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36 item 6: after space returned to a full database disk, the drain of a
+    full spool logged one WARNING per batch (each carries a higher drop count), which
+    refilled the disk just freed. Now: one line when the drops start, one when they stop.
+    """
+    w = World(tmp_path)
+    w.observe([_job(5, "gpu1")])
+
+    def batch(i: int, dropped: int, at: float) -> SampleBatch:
+        sample = GpuSampleIn(sample_uid=f"gpu1:r:{i}:0:5", at=at, gpu_index=0, job_id=5)
+        return SampleBatch(node="gpu1", gpu=[sample], dropped=dropped)
+
+    with caplog.at_level(logging.DEBUG, logger="slurmgpu.store"):
+        caplog.clear()
+        for i in range(300):  # the spool's batches, oldest first, each after one more drop
+            w.usage.ingest(batch(i, 40 + i, NOW - 7200 + 10 * i))
+        w.usage.ingest(batch(300, 339, NOW))  # a fresh batch: the spool is drained
+        w.usage.ingest(batch(301, 339, NOW))
+        w.usage.ingest(batch(302, 350, NOW))  # a later outage: a new fault
+    lines = [r for r in caplog.records if "dropp" in r.getMessage()]
+    warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    infos = [r.getMessage() for r in lines if r.levelno == logging.INFO]
+    assert len(warnings) == 2, warnings
+    assert "dropped 40 sample(s)" in warnings[0] and "dropped 350" in warnings[1]
+    assert infos == [
+        "node gpu1: its agent stopped dropping samples (339 so far, +339 in this outage)"
+    ]
+    assert w.usage.spool_dropped["gpu1"] == 350
 
 
 def test_munge_going_and_coming_back_is_said_once_each_and_reaches_the_api(

@@ -26,12 +26,12 @@ from sqlalchemy import func, inspect, select
 
 from slurmgpu.cli.context import AppContext
 from slurmgpu.cli.eff import eff as eff_command
-from slurmgpu.daemon.diff import diff_jobs
 from slurmgpu.daemon.hold_release import HoldRelease
 from slurmgpu.daemon.metrics import DaemonMetrics
 from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.summary import Summarizer
+from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import JobStore, create_store_engine, open_store, schema, upgrade
 from slurmgpu.store.database import StoreError, alembic_config, current_revision

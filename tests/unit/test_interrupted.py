@@ -10,7 +10,6 @@ and the next cycle must then neither repeat a confirmed change nor skip a missin
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,16 +36,6 @@ from tests.unit.test_policy_cycle import T0, World, running_job
 
 class Killed(BaseException):
     """Ends the "daemon" where it is; nothing in slurmgpu catches a BaseException."""
-
-
-class UpdatingSlurm(FakeSlurm):
-    """The fake, applying TimeLimit updates the way slurmctld does."""
-
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
-        super().update_job(job_id, fields)
-        job = self._get(job_id)
-        if "TimeLimit" in fields:
-            self._jobs[job.job_id] = replace(job, time_limit=parse_time_limit(fields["TimeLimit"]))
 
 
 class KilledActuator(Actuator):
@@ -206,7 +195,7 @@ def test_interrupted_time_limit_update_is_judged_by_the_new_limit(
 ) -> None:
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     audit = AuditStore(store.engine)
-    slurm = UpdatingSlurm([pending_job(7)])
+    slurm = FakeSlurm([pending_job(7)])
     with pytest.raises(Killed):
         KilledActuator(slurm, audit, point).carry_out([update_decision(7, "02:00:00")], T0)
     assert Actuator(slurm, audit).recover() == 1
@@ -231,7 +220,7 @@ def test_slurm_down_at_restart_leaves_them_pending_until_the_first_listing(
 ) -> None:
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     audit = AuditStore(store.engine)
-    slurm = UpdatingSlurm([pending_job(7), running_job(8)])
+    slurm = FakeSlurm([pending_job(7), running_job(8)])
     warn = Decision(
         Action("idle_gpu", "warn", 8, "alice", "idle", alert="idle_gpu_warning"),
         Mode.ENFORCE,

@@ -1,5 +1,9 @@
 """plugins/job_submit.lua under a stand-alone Lua interpreter, with a stub ``slurm`` table.
 
+Every plugin test runs twice: through plugins/job_submit.lua (the thin script over
+plugins/slurmgpu_submit.lua) and through a site's own job_submit.lua that requires the
+module and does its own things too (:data:`SITE_SCRIPT`).
+
 Covers what the lab's Slurm 22.05 cannot show (the "gres/gpu:N" spelling of newer Slurm,
 Lua 5.4's float numbers, a field Slurm refuses to set) and every branch cheaply. The real
 check against slurmctld is tests/slurm/test_job_submit_lua.py. Needs ``lua5.1``/``lua5.4``
@@ -22,6 +26,7 @@ from slurmgpu.daemon.recommend import Recommendation, RecommendationExport
 from slurmgpu.lab.cluster.render import install_job_submit
 
 PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "job_submit.lua"
+MODULE = PLUGIN.with_name("slurmgpu_submit.lua")
 NO_VAL = 4294967294
 NO_VAL16 = 65534
 INFINITE = 4294967295
@@ -35,6 +40,7 @@ local logs = {}
 slurm = {
    SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294,
    log_info = function(fmt, ...) logs[#logs + 1] = string.format(fmt, ...) end,
+   log_user = function(fmt, ...) logs[#logs + 1] = "USER " .. string.format(fmt, ...) end,
 }
 dofile(plugin)
 """
@@ -120,15 +126,60 @@ def job(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in base.items() if v is not None}
 
 
+# A site's own job_submit.lua that uses slurmgpu's module: the module lives elsewhere
+# (MODULE_DIR, on package.path), the site refuses jobs named "forbidden" and gives jobs
+# of its "cpu" partition a default account, then hands the job to slurmgpu.
+SITE_SCRIPT = """
+package.path = "MODULE_DIR/?.lua;" .. package.path
+local slurmgpu = require("slurmgpu_submit")
+slurmgpu.configure({ recommendations_file = "TSV", apply_to_all = APPLY })
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   if job_desc.name == "forbidden" then
+      slurm.log_user("%s", "site: jobs may not be named forbidden")
+      return slurm.ERROR
+   end
+   if job_desc.partition == "cpu" and job_desc.account == nil then
+      job_desc.account = "site-default"
+   end
+   return slurmgpu.job_submit(job_desc, part_list, submit_uid)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   return slurmgpu.job_modify(job_desc, job_rec, part_list, modify_uid)
+end
+
+return slurm.SUCCESS
+"""
+
+
+def site_script(module_dir: Path, tsv: Path, *, apply_to_all: bool = False) -> str:
+    return (
+        SITE_SCRIPT.replace("MODULE_DIR", str(module_dir))
+        .replace("TSV", str(tsv))
+        .replace("APPLY", "true" if apply_to_all else "false")
+    )
+
+
 class Plugin:
-    def __init__(self, lua: str, tmp_path: Path, *, apply_to_all: bool = False) -> None:
+    def __init__(
+        self, lua: str, tmp_path: Path, *, apply_to_all: bool = False, site: bool = False
+    ) -> None:
         self.lua = lua
         self.tmp = tmp_path
         self.export = RecommendationExport(tmp_path / "rec" / "recommendations.json")
-        text = install_job_submit(PLUGIN.read_text(), str(self.export.tsv_path))
-        if apply_to_all:
-            text = text.replace("local apply_to_all = false", "local apply_to_all = true")
         self.path = tmp_path / "job_submit.lua"
+        if site:
+            module_dir = tmp_path / "site-lua"
+            module_dir.mkdir()
+            (module_dir / MODULE.name).write_text(MODULE.read_text())
+            text = site_script(module_dir, self.export.tsv_path, apply_to_all=apply_to_all)
+        else:
+            # installed as the lab and the docs say: the module next to the script
+            (tmp_path / MODULE.name).write_text(MODULE.read_text())
+            text = install_job_submit(PLUGIN.read_text(), str(self.export.tsv_path))
+            if apply_to_all:
+                text = text.replace("local apply_to_all = false", "local apply_to_all = true")
         self.path.write_text(text)
         (tmp_path / "harness.lua").write_text(_HARNESS)
         self.calls = 0
@@ -143,6 +194,7 @@ class Plugin:
         job_desc: dict[str, Any],
         part_list: dict[str, Any] | None = None,
         refuse: str | None = None,
+        rc: int = 0,
     ) -> Outcome:
         self.calls += 1
         case: dict[str, object] = {
@@ -161,13 +213,13 @@ class Plugin:
             check=False,
         )
         assert proc.returncode == 0, proc.stderr
-        rc: int | None = None
+        got_rc: int | None = None
         logs: list[str] = []
         fields: dict[str, Any] = {}
         for line in proc.stdout.splitlines():
             kind, _, rest = line.partition("\t")
             if kind == "RC":
-                rc = int(rest)
+                got_rc = int(rest)
             elif kind == "LOG":
                 logs.append(rest)
             elif kind == "NUM":
@@ -176,17 +228,24 @@ class Plugin:
             elif kind == "STR":
                 k, v = rest.split("\t")
                 fields[k] = v
-        assert rc == 0
-        return Outcome(rc=rc, logs=logs, fields=fields)
+        assert got_rc == rc
+        return Outcome(rc=got_rc, logs=logs, fields=fields)
 
 
-@pytest.fixture(params=_INTERPRETERS or ["none"])
+_HOW = ["plugin", "site"]  # plugins/job_submit.lua, or a site's script requiring the module
+
+
+@pytest.fixture(
+    params=[(lua, how) for lua in _INTERPRETERS for how in _HOW] or [("none", "")],
+    ids="-".join,
+)
 def plugin(request: pytest.FixtureRequest, tmp_path: Path) -> Plugin:
-    if request.param == "none":
+    lua, how = request.param
+    if lua == "none":
         reason = "no Lua interpreter (apt-get install lua5.1) to run job_submit.lua"
         print(f"\n{reason}", file=sys.stderr)
         pytest.skip(reason)
-    return Plugin(request.param, tmp_path)
+    return Plugin(lua, tmp_path, site=how == "site")
 
 
 @pytest.fixture(params=_INTERPRETERS or ["none"])
@@ -212,10 +271,11 @@ def test_luac_parses_the_plugin() -> None:
         print(f"\n{reason}", file=sys.stderr)
         pytest.skip(reason)
     for luac in _COMPILERS:
-        proc = subprocess.run(
-            [luac, "-p", str(PLUGIN)], capture_output=True, text=True, check=False
-        )
-        assert proc.returncode == 0, f"{luac}: {proc.stderr}"
+        for script in (PLUGIN, MODULE):  # one at a time: luac5.4 -p of two files crashes
+            proc = subprocess.run(
+                [luac, "-p", str(script)], capture_output=True, text=True, check=False
+            )
+            assert proc.returncode == 0, f"{luac} {script.name}: {proc.stderr}"
 
 
 def test_opted_in_job_is_lowered_to_its_recommendation(plugin: Plugin) -> None:
@@ -575,3 +635,84 @@ def test_user_text_cannot_break_the_log_format(plugin: Plugin) -> None:
     assert out.fields["time_limit"] == 600  # a control character: never a key
     assert len(out.logs) == 1
     assert "name=%s%d?" in out.logs[0]
+
+
+# -- the module a site's own job_submit.lua requires (plugins/slurmgpu_submit.lua) ----------
+
+
+def test_a_site_script_refuses_its_own_way_before_slurmgpu_sees_the_job(tmp_path: Path) -> None:
+    for lua in _INTERPRETERS:
+        (tmp_path / lua).mkdir()
+        plugin = Plugin(lua, tmp_path / lua, site=True)
+        plugin.recommend({"alice|forbidden|gpu": REC})
+        out = plugin.submit(job(name="forbidden"), rc=-1)
+        assert out.logs == ["USER site: jobs may not be named forbidden"]
+        assert out.fields["time_limit"] == 600
+
+
+def test_a_site_script_sets_its_account_and_slurmgpu_rightsizes_the_job(tmp_path: Path) -> None:
+    cpu = {"cpu": {"name": "cpu", "flag_default": 0, "default_time": NO_VAL, "max_time": INFINITE}}
+    for lua in _INTERPRETERS:
+        (tmp_path / lua).mkdir()
+        plugin = Plugin(lua, tmp_path / lua, site=True)
+        plugin.recommend({"alice|train|cpu": REC})
+        out = plugin.submit(job(partition="cpu"), {**GPU_PART, **cpu})
+        assert out.fields["account"] == "site-default"
+        assert out.fields["time_limit"] == 120 and out.fields["tres_per_node"] == "gres:gpu:1"
+        (line,) = out.logs
+        assert line.startswith("slurmgpu: rightsized user=alice name=train from alice|train|cpu")
+
+
+def test_the_thin_script_without_its_module_passes_every_job_with_one_line(
+    tmp_path: Path,
+) -> None:
+    for lua in _INTERPRETERS:
+        (tmp_path / lua).mkdir()
+        plugin = Plugin(lua, tmp_path / lua)
+        (tmp_path / lua / MODULE.name).unlink()
+        plugin.recommend({"alice|train|gpu": REC})
+        out = plugin.submit(job())
+        (line,) = out.logs
+        assert line.startswith("slurmgpu: cannot load slurmgpu_submit.lua (module ")
+        assert line.endswith("); every job passes unchanged")
+        assert out.fields["time_limit"] == 600
+
+
+_MODULE_HARNESS = r"""
+package.path = arg[1] .. "/?.lua;" .. package.path
+slurm = { SUCCESS = 0, ERROR = -1, log_info = function() end }
+local m = require("slurmgpu_submit")
+local function fails(opts)
+   local ok, err = pcall(m.configure, opts)
+   return ok and "ok" or tostring(err)
+end
+print("GLOBAL", tostring(slurm_job_submit), tostring(slurm_job_modify))
+print("UNKNOWN", fails({ recomendations_file = "/x" }))
+print("TYPE", fails({ apply_to_all = "yes" }))
+print("OK", fails({ recommendations_file = "/x.tsv", apply_to_all = true }))
+local s = m.settings()
+print("SETTINGS", s.recommendations_file, tostring(s.apply_to_all))
+print("RC", m.job_submit({ name = "j", user_name = "u", comment = "" }, {}, 0),
+      m.job_modify({}, {}, {}, 0))
+"""
+
+
+def test_the_module_alone_defines_no_slurm_hooks_and_checks_its_settings(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "m.lua").write_text(_MODULE_HARNESS)
+    for lua in _INTERPRETERS:
+        proc = subprocess.run(
+            [lua, str(tmp_path / "m.lua"), str(MODULE.parent)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        out = dict(line.split("\t", 1) for line in proc.stdout.splitlines())
+        assert out["GLOBAL"] == "nil\tnil"  # the site's script defines slurm_job_submit
+        assert "unknown setting recomendations_file" in out["UNKNOWN"]
+        assert "apply_to_all must be a boolean, not a string" in out["TYPE"]
+        assert out["OK"] == "ok"
+        assert out["SETTINGS"] == "/x.tsv\ttrue"
+        assert out["RC"] == "0\t0"

@@ -218,6 +218,17 @@ def test_job_submit_lua_is_the_plugin_reading_the_labs_recommendations(tmp_path:
     ]
 
 
+def test_the_plugins_module_is_installed_next_to_it_and_written_first(tmp_path: Path) -> None:
+    """plugins/job_submit.lua is a thin script over slurmgpu_submit.lua, which it looks up
+    in its own directory; written before the script, which a running slurmctld reloads."""
+    out = render(ClusterConfig.native(tmp_path / "lab"))
+    assert out["slurmgpu_submit.lua"] == REPO_PLUGIN.with_name("slurmgpu_submit.lua").read_text()
+    names = list(out)
+    assert names.index("slurmgpu_submit.lua") < names.index("job_submit.lua")
+    written = write(ClusterConfig.native(tmp_path / "lab"), tmp_path / "etc")
+    assert written["slurmgpu_submit.lua"] == tmp_path / "etc" / "slurmgpu_submit.lua"
+
+
 def test_docker_mode_plugin_keeps_the_default_recommendations_path() -> None:
     text = render(ClusterConfig.docker())["job_submit.lua"]
     assert 'local RECOMMENDATIONS_FILE = "/etc/slurmgpu/recommendations.tsv"' in text

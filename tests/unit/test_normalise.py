@@ -274,6 +274,7 @@ def test_2205_nodes() -> None:
         gpus_used=4,
         gpu_indices_used=(),  # 22.05 prints "gpu:4" without indices here
         shards_used=1,
+        shard_gpus_used=(3,),  # 22.05 names the GPUs holding shards, no count
         partitions=("gpu",),
         reason="",
         address="127.0.0.1",
@@ -384,6 +385,8 @@ def test_2411_sinfo_records() -> None:
         gpus_used=4,
         gpu_indices_used=(0, 1, 2, 3),
         shards_used=2,
+        shard_gpus_used=(3,),
+        shards_used_by_gpu=((3, 2),),
         partitions=("gpu",),
         address="127.0.0.1",
     )

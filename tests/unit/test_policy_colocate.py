@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import pytest
 from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.cli.submit import take_gpu_mem
 from slurmgpu.config import ConfigError, parse_settings
-from slurmgpu.intent import NarrowToShards, SetComment
+from slurmgpu.intent import Intent, NarrowToShards, SetComment
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.base import GpuStat, HistoryRecord, JobUsage, Mode, PolicySnapshot
 from slurmgpu.policy.colocate import (
@@ -338,11 +338,11 @@ class RecordingSlurm(FakeSlurm):
         self.log.append(("requeuehold" if hold else "requeue", str(job_id)))
         super().requeue(job_id, hold=hold)
 
-    def update_job(self, job_id: str | int, fields: Mapping[str, str]) -> None:
-        self.log.append(("update", f"{job_id} {sorted(fields.items())}"))
+    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
+        self.log.append(("update", f"{job_id} {intents!r}"))
         if self.refuse_update:
             raise SlurmCommandError("Invalid generic resource (gres) specification")
-        super().update_job(job_id, fields)
+        super().update_job(job_id, intents)
 
     def release(self, job_id: str | int) -> None:
         self.log.append(("release", str(job_id)))
@@ -362,7 +362,7 @@ def test_separation_is_requeue_held_then_update_then_release(tmp_path: Path) -> 
     (result,) = Actuator(slurm, audit).carry_out(_separation_decisions(), T0)  # type: ignore[arg-type]
     assert result.outcome == "done"
     assert [step for step, _ in slurm.log] == ["requeuehold", "update", "release"]
-    assert "gres:shard:4" in slurm.log[1][1]
+    assert "NarrowToShards(shards=4)" in slurm.log[1][1]
     (row,) = audit.list(policy="colocate")
     assert row.kind == "requeue" and row.outcome == "done"
     assert row.numbers["memory_used_mib"] == 80 * GIB

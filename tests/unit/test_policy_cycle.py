@@ -19,6 +19,7 @@ from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings, RightsizeSettings
+from slurmgpu.slurm.update import parse_fields
 from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
@@ -196,10 +197,13 @@ def test_pending_job_time_limit_is_lowered_only_when_enforced_and_opted_in(
     w.run([job], T0)
     (record,) = [r for r in w.audit.list(job_id=200) if r.policy == "rightsize"]
     assert "TimeLimit" in record.fields
-    updates = [fields for job_id, fields in w.slurm.updates if job_id == 200]
+    updates = [intents for job_id, intents in w.slurm.updates if job_id == 200]
     if lowered:
         assert record.outcome == "done"
-        assert updates == [record.fields]
+        assert updates == [parse_fields(record.fields)[0]]  # what the audit recorded
+        (listed,) = [j for j in w.slurm.jobs() if j.job_id == 200]
+        assert listed.time_limit is not None and job.time_limit is not None
+        assert listed.time_limit < job.time_limit
     else:
         assert updates == []
         assert record.outcome != "done"

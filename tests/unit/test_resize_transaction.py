@@ -25,12 +25,12 @@ from slurmgpu.actuate.resize import (
     ResizeExecutor,
     ResizeSettings,
     durations,
-    resize_fields,
+    resize_intent,
 )
 from slurmgpu.cycle.transactions import TransactionRow
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.spec import Ack
-from slurmgpu.intent import Intent, Resize, SetNice, SetTimeLimit
+from slurmgpu.intent import Intent, Resize, SetGpus, SetNice, SetNodes, SetTimeLimit, StartSoon
 from slurmgpu.model import ClusterSnapshot, GpuRequest, JobState, MalleableSpec
 from slurmgpu.policy.base import preempt_action, resize_action
 from slurmgpu.slurm.client import SlurmUnavailableError
@@ -102,7 +102,7 @@ def test_a_shrink_signals_waits_for_the_ack_then_requeues_held_updates_and_relea
     assert w.cycle().state == "held"  # still completing: not updatable yet
     w.slurm.settle()
     assert w.cycle().state == "updated"
-    assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:2", "StartTime": "now+1"})]
+    assert w.slurm.updates == [(JOB, (SetGpus(2), StartSoon(1)))]
     assert w.slurm.held() == [JOB]  # released once its begin time (now+1) has passed
     assert w.cycle(2).state == RELEASED
     assert w.slurm.held() == []
@@ -150,7 +150,7 @@ def test_a_refused_update_releases_the_job_at_its_old_size(tmp_path: Path) -> No
     assert row.state == RELEASED and row.payload["rolled_back"]
     assert w.slurm.held() == []
     # Only the start time was set: the request is the old one.
-    assert w.slurm.updates == [(JOB, {"StartTime": "now+1"})]
+    assert w.slurm.updates == [(JOB, (StartSoon(1),))]
     w.slurm.schedule(w.now)
     done = w.cycle()
     assert done.state == ROLLED_BACK
@@ -231,7 +231,7 @@ def test_a_daemon_killed_after_any_slurm_call_ends_with_the_job_running_once_res
     else:
         assert row.state == RUNNING and job.restart_count == 1 and job.gpus.gpus == 2
         # The absolute count may be applied twice (harmless); never another size.
-        assert {u[1]["TresPerNode"] for u in w.slurm.updates} == {"gres:gpu:2"}
+        assert {u[1][0] for u in w.slurm.updates} == {SetGpus(2)}
     assert len(w.store.in_states(["resize"], ["planned", "signaled", "held", "updated"])) == 0
 
 
@@ -247,19 +247,32 @@ def test_a_job_that_ends_while_held_is_released_and_the_transaction_closed(
     assert row.state == "ended"
 
 
-def test_resize_fields_follow_the_request_style_and_slurm_version() -> None:
+def test_the_resize_intent_follows_the_request_style() -> None:
     one = gpu_job(1)
-    assert resize_fields(one, 2, "22.05.8") == {"TresPerNode": "gres:gpu:2"}
-    assert resize_fields(one, 2, "23.11.1") == {"TresPerNode": "gres/gpu:2"}
+    assert resize_intent(one, 2) == SetGpus(2)
     per_job = replace(one, gpus=GpuRequest(gpus=4, per_job=4))
-    assert resize_fields(per_job, 3, "22.05.8") == {"TresPerJob": "gres:gpu:3"}
+    assert resize_intent(per_job, 3) == SetGpus(3, per_node=False)
     two_nodes = replace(one, node_count=2, gpus=GpuRequest(gpus=8, per_node=4))
-    assert resize_fields(two_nodes, 4, "22.05.8") == {"NumNodes": "1"}
+    assert resize_intent(two_nodes, 4) == SetNodes(1)
     with pytest.raises(ResizeError, match="whole number of nodes"):
-        resize_fields(two_nodes, 6, "22.05.8")
+        resize_intent(two_nodes, 6)
     shards = replace(one, gpus=GpuRequest(gpus=1, per_node=1, shards=4))
     with pytest.raises(ResizeError):
-        resize_fields(shards, 2, "22.05.8")
+        resize_intent(shards, 2)
+
+
+@pytest.mark.parametrize(
+    ("release", "gres"), [("22.05.8", "gres:gpu:2"), ("23.11.1", "gres/gpu:2")]
+)
+def test_the_payload_keeps_both_updates_spelt_for_the_decisions_release(
+    tmp_path: Path, release: str, gres: str
+) -> None:
+    w = World(tmp_path)
+    job = w.slurm.job(JOB)
+    action = resize_action("malleable", job, 4, 2, "a 2-GPU job waits")
+    row = w.executor.start(action, job, w.spec, at=w.now, slurm_version=release, to_gpus=2)
+    assert row.payload["fields"] == {"TresPerNode": gres}
+    assert row.payload["old_fields"] == {"TresPerNode": gres.replace("2", "4")}
 
 
 def test_settings_without_fast_start_leave_slurms_begin_time_alone(tmp_path: Path) -> None:
@@ -270,7 +283,7 @@ def test_settings_without_fast_start_leave_slurms_begin_time_alone(tmp_path: Pat
     w.cycle()
     w.slurm.settle()
     w.cycle()
-    assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:2"})]
+    assert w.slurm.updates == [(JOB, (SetGpus(2),))]
 
 
 def test_the_time_limit_for_the_new_size_goes_in_the_same_update(tmp_path: Path) -> None:
@@ -282,9 +295,7 @@ def test_the_time_limit_for_the_new_size_goes_in_the_same_update(tmp_path: Path)
     w.cycle()
     w.slurm.settle()
     assert w.cycle().state == "updated"
-    assert w.slurm.updates == [
-        (JOB, {"TresPerNode": "gres:gpu:2", "TimeLimit": "03:42:00", "StartTime": "now+1"})
-    ]
+    assert w.slurm.updates == [(JOB, (SetGpus(2), SetTimeLimit(3 * 3600 + 42 * 60), StartSoon(1)))]
     assert w.slurm.job(JOB).time_limit == timedelta(hours=3, minutes=42)
 
 
@@ -298,7 +309,7 @@ def test_a_refused_time_limit_does_not_cost_the_resize(tmp_path: Path) -> None:
     row = w.cycle()
     assert row.state == "updated" and not row.payload.get("rolled_back")
     assert "exceeds some limit" in row.payload["time_limit_refused"]
-    assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:2", "StartTime": "now+1"})]
+    assert w.slurm.updates == [(JOB, (SetGpus(2), StartSoon(1)))]
     w.cycle(2)
     w.slurm.schedule(w.now)
     assert w.cycle().payload["running_gpus"] == 2
@@ -356,9 +367,7 @@ def test_a_preemption_is_the_same_transaction_at_the_same_size_with_its_nice(
     assert w.cycle().state == "held"
     w.slurm.settle()
     assert w.cycle().state == "updated"
-    assert w.slurm.updates == [
-        (JOB, {"TresPerNode": "gres:gpu:4", "Nice": "200", "StartTime": "now+1"})
-    ]
+    assert w.slurm.updates == [(JOB, (SetGpus(4), SetNice(200), StartSoon(1)))]
     assert w.cycle(2).state == RELEASED
     w.slurm.schedule(w.now)
     done = w.cycle()
@@ -377,4 +386,4 @@ def test_a_type_aware_resize_puts_the_named_gpu_type_in_the_update(tmp_path: Pat
     w.cycle()
     w.slurm.settle()
     assert w.cycle().state == "updated"
-    assert w.slurm.updates == [(JOB, {"TresPerNode": "gres:gpu:p100:2", "StartTime": "now+1"})]
+    assert w.slurm.updates == [(JOB, (SetGpus(2, "p100"), StartSoon(1)))]

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from slurmgpu.intent import SetGpus
 from slurmgpu.model import JobState
 from slurmgpu.sim.gputypes import speed_factor
 from slurmgpu.sim.metrics import summarise, type_use
@@ -95,12 +96,12 @@ def test_resize_update_keeps_or_changes_the_type_through_tres() -> None:
     sim = SimSlurm(2, 4, node_types=["v100", "p100"])
     a = sim.submit_job(job("A", 1, 100, "v100"))
     sim.hold(str(a))
-    sim.update_job(a, {"TresPerJob": "gres:gpu:p100:2"})
+    sim.update_job(a, (SetGpus(2, "p100", per_node=False),))
     assert sim.job_record(sim.job(a)).gpus.gpu_type == "p100"
-    sim.update_job(a, {"TresPerJob": "gres:gpu:3"})
+    sim.update_job(a, (SetGpus(3, per_node=False),))
     assert sim.job_record(sim.job(a)).gpus.gpu_type is None
     with pytest.raises(SlurmCommandError, match="no gpu:k80"):
-        sim.update_job(a, {"TresPerJob": "gres:gpu:k80:1"})
+        sim.update_job(a, (SetGpus(1, "k80", per_node=False),))
 
 
 def test_measured_factors_for_pollux_applications() -> None:
@@ -139,11 +140,10 @@ def test_a_resize_keeps_the_job_s_type_or_moves_it_to_the_one_the_policy_named()
     from slurmgpu.sim.run import _target_gpus
 
     grow = Action("malleable", "resize", 1, "alice", "", intents=(Resize(2, 4),))
-    assert _target_gpus(grow, "v100", "22.05.8") == (4, {"TresPerJob": "gres:gpu:v100:4"})
-    assert _target_gpus(grow, None, "22.05.8") == (4, {"TresPerJob": "gres:gpu:4"})
-    assert _target_gpus(grow, None, "24.11.5") == (4, {"TresPerJob": "gres/gpu:4"})
+    assert _target_gpus(grow, "v100") == (4, (SetGpus(4, "v100", per_node=False),))
+    assert _target_gpus(grow, None) == (4, (SetGpus(4, per_node=False),))
     moved = Action("malleable", "resize", 1, "alice", "", intents=(Resize(2, 4, "p100"),))
-    assert _target_gpus(moved, "v100", "22.05.8") == (4, {"TresPerJob": "gres:gpu:p100:4"})
+    assert _target_gpus(moved, "v100") == (4, (SetGpus(4, "p100", per_node=False),))
 
 
 def test_the_type_aware_set_is_the_malleable_policy_with_the_measured_speeds() -> None:

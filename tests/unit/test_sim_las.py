@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from slurmgpu.cli.main import main
 from slurmgpu.config import parse_settings
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
+from slurmgpu.intent import SetNice
 from slurmgpu.model import JobState
 from slurmgpu.policy.base import Mode
 from slurmgpu.policy.las import AttainedServicePolicy
@@ -42,7 +43,7 @@ def test_simslurm_starts_a_lower_nice_first() -> None:
     sim.run_until(0)
     first = sim.submit_job(_job(0, 2, 60, "first"))
     second = sim.submit_job(_job(0, 2, 60, "second"))
-    sim.update_job(first, {"Nice": "100"})
+    sim.update_job(first, (SetNice(100),))
     assert sim.job_record(sim.job(first)).nice == 100
     sim.run_until(3601)
     assert sim.job(hog).state is JobState.COMPLETED

@@ -7,6 +7,7 @@ and its end and check each listing against what the cluster holds at that moment
 
 from __future__ import annotations
 
+from slurmgpu.intent import SetNodes
 from slurmgpu.sim.slurm import SimSlurm
 from slurmgpu.sim.usage import UsageModel
 from slurmgpu.sim.workload import RigidJob, TraceJob
@@ -25,7 +26,7 @@ def test_node_listing_follows_a_job_through_start_shrink_and_end() -> None:
     )
     sim.run_until(1)
     assert [(s, u) for _, s, u in _used(sim)] == [("allocated", 4), ("allocated", 4)]
-    sim.update_job(job_id, {"NumNodes": "1"})
+    sim.update_job(job_id, (SetNodes(1),))
     kept = {sim.job_record(sim.job(job_id)).nodes[0]}
     assert {(name, s, u) for name, s, u in _used(sim)} == {
         (name, "allocated" if name in kept else "idle", 4 if name in kept else 0)
@@ -47,7 +48,7 @@ def test_usage_counts_samples_and_follows_a_shrink() -> None:
     sim.run_until(301)
     later = model.usage()
     assert list(later) == [job_id] and {g.samples for g in later[job_id].gpus} == {10}
-    sim.update_job(job_id, {"NumNodes": "1"})
+    sim.update_job(job_id, (SetNodes(1),))
     (node,) = sim.job_record(sim.job(job_id)).nodes
     shrunk = model.usage()[job_id]
     assert sorted((g.node, g.gpu_index) for g in shrunk.gpus) == [(node, i) for i in range(4)]

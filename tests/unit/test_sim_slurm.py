@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from slurmgpu.intent import Resize, SetNodes
+from slurmgpu.intent import Resize, SetGpus, SetNodes, SetTimeLimit, StartSoon
 from slurmgpu.model import JobState
 from slurmgpu.policy.base import Action, HistoryRecord, Mode, PolicySnapshot
 from slurmgpu.policy.engine import PolicyEngine
@@ -141,7 +141,7 @@ def test_update_of_one_array_task_by_its_a_i_id() -> None:
     sim = SimSlurm(1, 1)
     array_id = sim.submit_job(job("arr", 1, 100, 200, array_tasks=3))
     sim.run_until(1)
-    sim.update_job(f"{array_id}_2", {"TimeLimit": "00:10:00"})
+    sim.update_job(f"{array_id}_2", (SetTimeLimit(600),))
     limits = {j.array_task_id: j.time_limit_s for j in sim.all_jobs.values()}
     assert limits == {0: 200, 1: 200, 2: 600}
 
@@ -151,7 +151,7 @@ def test_hold_release_and_update_of_a_pending_job() -> None:
     sim.submit_job(job("A", 4, 100, 100))
     b = sim.submit_job(job("B", 4, 100, 500))
     sim.hold(b)
-    sim.update_job(b, {"TimeLimit": "00:05:00", "TresPerJob": "gres:gpu:2"})
+    sim.update_job(b, (SetTimeLimit(300), SetGpus(2, per_node=False)))
     sim.run_until(150)
     assert sim.job(b).state is JobState.PENDING  # held: A's end did not start it
     sim.release(b)
@@ -165,9 +165,9 @@ def test_a_gpu_change_to_a_running_job_is_refused_like_slurmctld() -> None:
     a = sim.submit_job(job("A", 2, 100, 100))
     sim.run_until(1)
     with pytest.raises(SlurmCommandError, match="pending"):
-        sim.update_job(a, {"TresPerJob": "gres:gpu:1"})
+        sim.update_job(a, (SetGpus(1, per_node=False),))
     with pytest.raises(SlurmCommandError, match="Invalid job id"):
-        sim.update_job(999, {"TimeLimit": "1:00"})
+        sim.update_job(999, (SetTimeLimit(60),))
 
 
 def test_shard_jobs_share_one_gpu_and_slow_each_other() -> None:
@@ -342,11 +342,11 @@ def test_simslurm_takes_a_start_time_for_a_pending_job() -> None:
     sim = SimSlurm(1, 4)
     jid = sim.submit_job(job("A", 4, 100, None, at=0))
     sim.hold(jid)
-    sim.update_job(jid, {"StartTime": "now+50"})
+    sim.update_job(jid, (StartSoon(50),))
     sim.release(jid)
     sim.run_until(10)
     assert sim.job(jid).state is JobState.PENDING
     sim.run_until(60)
     assert sim.job(jid).state is JobState.RUNNING and sim.job(jid).start_s == pytest.approx(50)
     with pytest.raises(SlurmCommandError, match="StartTime"):
-        sim.update_job(sim.submit_job(job("B", 1, 10, None)), {"StartTime": "tomorrow"})
+        sim.update_job(sim.submit_job(job("B", 1, 10, None)), (StartSoon(-1),))

@@ -15,6 +15,7 @@ from slurmgpu.intent import (
     NarrowToShards,
     Preempt,
     Resize,
+    SetAdminComment,
     SetComment,
     SetCpus,
     SetCpusPerNode,
@@ -66,6 +67,11 @@ TABLE: list[tuple[Intent, tuple[str, str], tuple[str, str]]] = [
         SetComment("x sgpu:separated"),
         ("Comment", "x sgpu:separated"),
         ("Comment", "x sgpu:separated"),
+    ),
+    (
+        SetAdminComment("sgpu-eff:v1 gpu=12%"),
+        ("AdminComment", "sgpu-eff:v1 gpu=12%"),
+        ("AdminComment", "sgpu-eff:v1 gpu=12%"),
     ),
     (SetNice(200_000), ("Nice", "200000"), ("Nice", "200000")),
     (StartSoon(1), ("StartTime", "now+1"), ("StartTime", "now+1")),
@@ -153,6 +159,7 @@ INTENTS = st.one_of(
     st.builds(NarrowToShards, _counts),
     st.builds(SetNodes, _counts),
     st.builds(SetComment, st.text(max_size=40)),
+    st.builds(SetAdminComment, st.text(max_size=40)),
     st.builds(SetNice, st.integers(min_value=-(1 << 31), max_value=1 << 31)),
     st.builds(StartSoon, _counts),
 )

@@ -132,7 +132,7 @@ def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_job_survives_a_database_round_trip(
     tmp_path_factory: pytest.TempPathFactory, migrated_db: Path, job: Job
 ) -> None:
-    from slurmgpu.daemon.diff import diff_jobs
+    from slurmgpu.jobdiff import diff_jobs
 
     path = tmp_path_factory.mktemp("db") / "s.db"
     shutil.copy2(migrated_db, path)

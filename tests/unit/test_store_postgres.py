@@ -18,8 +18,8 @@ from alembic.runtime.migration import MigrationContext
 from hypothesis import HealthCheck, given, settings
 from sqlalchemy import DateTime, inspect, text
 
-from slurmgpu.daemon.diff import diff_jobs
 from slurmgpu.daemon.observer import Observer
+from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import JobStore, create_store_engine, open_store, upgrade
 from slurmgpu.store.database import current_revision, head_revision

@@ -12,6 +12,7 @@ from slurmgpu.daemon.summary import (
     decode_admin_comment,
     encode_admin_comment,
 )
+from slurmgpu.intent import SetAdminComment
 from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
@@ -83,7 +84,8 @@ def test_summarizer_stores_the_summary_and_writes_admin_comment(tmp_path: Path) 
     stored = usage.summary(5)
     assert stored is not None
     assert stored["nodes"]["gpu1"]["gpus"]["0"]["util_pct_mean"] == 90.0
-    assert slurm.updates == [(5, {"AdminComment": encode_admin_comment(stored)})]
+    assert slurm.updates == [(5, (SetAdminComment(encode_admin_comment(stored)),))]
+    assert slurm.jobs()[0].admin_comment == encode_admin_comment(stored)
 
 
 def test_admin_comment_round_trips_and_foreign_comments_are_ignored() -> None:

@@ -77,6 +77,9 @@ INSTALLED_PLUGINS: tuple[Path, ...] = tuple(
     )
 )
 DEFAULT_RECOMMENDATIONS = "/etc/slurmgpu/recommendations.json"
+# slurmgpu's job_submit logic as a Lua module (plugins/slurmgpu_submit.lua), installed
+# next to job_submit.lua
+SUBMIT_MODULE = "slurmgpu_submit.lua"
 # the one line of plugins/job_submit.lua that names the recommendations file
 _RECOMMENDATIONS_LINE = re.compile(r'^local RECOMMENDATIONS_FILE = "[^"\n]*"$', re.MULTILINE)
 
@@ -360,6 +363,11 @@ def render(config: ClusterConfig, templates: Path | str | None = None) -> dict[s
             out[name] = text + config.cgroup_line() + "\n"
         elif name == "job_submit.lua":
             source = job_submit_source(tdir)
+            # The plugin is a thin script over this module, which it looks up next to
+            # itself: written first, so a running slurmctld reloading the script finds it.
+            module = source.with_name(SUBMIT_MODULE)
+            if module.is_file():
+                out[SUBMIT_MODULE] = module.read_text()
             out[name] = install_job_submit(source.read_text(), config.recommendations_tsv)
         else:
             out[name] = _substitute(path, variables)

@@ -1,4 +1,4 @@
-"""SQL functions the reports need that SQLite and PostgreSQL spell differently.
+"""SQL functions the store and the reports need that SQLite and PostgreSQL spell differently.
 
 - :class:`epoch_s`: a timestamp column as seconds since 1970 (float). SQLite stores
   SQLAlchemy timestamps as UTC text ``YYYY-MM-DD HH:MM:SS.ffffff``; PostgreSQL has

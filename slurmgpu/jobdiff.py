@@ -1,7 +1,9 @@
 """What changed between two observations of the job list: a pure function, no I/O.
 
-The observer keeps the previous listing in memory, so a cycle costs one pass over the
-jobs plus writes proportional to what changed (the benchmark's 1 % case).
+A leaf beside ``model``: the daemon's observer makes the diff and the store applies it
+(``store.jobstore.JobStore.apply_cycle``), so it lives below both. The observer keeps
+the previous listing in memory, so a cycle costs one pass over the jobs plus writes
+proportional to what changed (the benchmark's 1 % case).
 """
 
 from __future__ import annotations
