@@ -13,8 +13,8 @@ tests/slurm/test_prometheus_real.py runs each query against a real Prometheus sc
 the lab's daemon.
 
 Panels read the daemon's metrics directly (not the recording rules), so the dashboard
-works without the shipped rules. The daemon exports no per-user, per-job or shard
-figures to Prometheus, so those views are left to ``sgpu report`` (a text panel says so).
+works without the shipped rules. The daemon exports no per-user or per-job figures to
+Prometheus, so those views are left to ``sgpu report`` (a text panel says so).
 """
 
 from __future__ import annotations
@@ -161,6 +161,26 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                 (Query(f"sum by (partition) (sgpu_gpus_idle{{{PSEL}}})", "{{partition}}"),),
                 "Allocated and not busy; its area is the idle GPU-hours.",
                 stacked=True,
+            ),
+            PanelSpec(
+                "Shards allocated and used, by partition",
+                "timeseries",
+                "none",
+                (
+                    Query(
+                        f"sum by (partition) (sgpu_shards_allocated{{{PSEL}}})",
+                        "{{partition}} shards allocated",
+                    ),
+                    Query(
+                        f"sum by (partition) (sgpu_shards_used{{{PSEL}}})",
+                        "{{partition}} shards used",
+                    ),
+                    Query(
+                        f"sum by (partition) (sgpu_gpus_shared{{{PSEL}}})",
+                        "{{partition}} GPUs shared",
+                    ),
+                ),
+                "Co-located (gres/shard) jobs: their shards, and the GPUs they share.",
             ),
             PanelSpec(
                 "Idle GPU-hours in the last hour, by partition",
@@ -332,6 +352,19 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                 width=8,
             ),
             PanelSpec(
+                "Slurm's gres_used disagreeing with allocations",
+                "timeseries",
+                "none",
+                (
+                    Query(
+                        f"sum by (kind) (sgpu_node_gres_disagreeing{{{SEL}}})",
+                        "{{kind}}",
+                    ),
+                ),
+                "Nodes whose GPU / shard usage in Slurm disagrees with their jobs' allocations.",
+                width=8,
+            ),
+            PanelSpec(
                 "Store and MUNGE up",
                 "timeseries",
                 "none",
@@ -347,8 +380,8 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
 )
 
 NOT_EXPORTED = (
-    "Per-user and per-job waste, and shard (co-located) jobs, are not exported to "
-    "Prometheus: the daemon's /metrics has no user, job or shard labels. "
+    "Per-user and per-job waste are not exported to Prometheus: the daemon's /metrics "
+    "has no user or job labels. "
     "Use `sgpu report --by user` (or `--by account`), `sgpu eff JOBID` and "
     "`sgpu jobs --active` for those views."
 )
@@ -447,7 +480,7 @@ def build() -> dash.Dashboard:
         board = board.with_row(dash.Row(title))
         for spec in panels:
             board = board.with_panel(_panel(spec))
-    board = board.with_row(dash.Row("Users, jobs and shards"))
+    board = board.with_row(dash.Row("Users and jobs"))
     board = board.with_panel(
         text.Panel()
         .title("Not in Prometheus")

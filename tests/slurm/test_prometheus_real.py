@@ -5,9 +5,7 @@ Debian's ``prometheus`` runs on a free 127.0.0.1 port with its own TSDB in the t
 tmp dir, scraping the daemon every second and evaluating slurmgpu/monitoring/rules.yml
 every second (the test's copy: group intervals 1 s, SgpuDaemonDown's ``for`` 3 s). The
 lab runs a small mixed workload: a busy 2-GPU job, a job that holds a GPU and does
-nothing, and a shard job (the lab's Slurm 22.05 gives no GPU indices in a node's
-GresUsed, so the daemon's sgpu_gpus_used is 0 there: the test checks the rules against
-the gauges, whatever they say). Through Prometheus' HTTP API the test then checks that
+nothing, and a shard job. Through Prometheus' HTTP API the test then checks that
 
 - every rule loaded and evaluates without error (``/api/v1/rules`` health ``ok``);
 - every recording rule's series, and its expression queried directly, is a vector with
@@ -58,6 +56,7 @@ MAY_BE_EMPTY_READING = (
     "sgpu_transactions",
     "sgpu_samples_refused_total",
     "sgpu_api_rejected_total",
+    "sgpu_node_gres_disagreeing",
 )
 
 
@@ -196,11 +195,8 @@ def test_prometheus_scrapes_the_lab_daemon_and_evaluates_every_rule(
         "--gres=shard:2", "-w", "gpu3", "--wrap", t.fakeload("--util", "30", "--duration", "120s")
     )
 
-    # The daemon is scraped, and counts the 3 whole GPUs allocated (the shard job holds
-    # shards, not a GPU). How many it calls used depends on Slurm giving the GPU indices
-    # of a node's allocations (GresUsed "gpu:2(IDX:0-1)"): the lab's Slurm 22.05 with its
-    # fake GPUs says "gpu:2", so sgpu_gpus_used stays 0 here and all 3 count idle; the
-    # rules are checked against whatever the gauges say.
+    # The daemon is scraped, and counts 4 GPUs allocated: 2 + 1 whole, and the one the
+    # shard job's shards sit on; the agents see 3 of them busy (the sleeping job's idle).
     up = wait_for("the daemon scraped", lambda: _samples(prom, f'up{{job="{JOB}"}} == 1'))
     assert up[0]["metric"]["instance"] == instance
     seen: dict[str, float] = {}
@@ -208,13 +204,10 @@ def test_prometheus_scrapes_the_lab_daemon_and_evaluates_every_rule(
     def gpus() -> bool:
         for name in ("sgpu_gpus_allocated", "sgpu_gpus_used", "sgpu_gpus_idle"):
             seen[name] = sum(float(s["value"][1]) for s in prom.query(name))
-        return (
-            seen["sgpu_gpus_allocated"] == 3
-            and seen["sgpu_gpus_idle"] == 3 - seen["sgpu_gpus_used"]
-        )
+        return seen == {"sgpu_gpus_allocated": 4, "sgpu_gpus_used": 3, "sgpu_gpus_idle": 1}
 
     try:
-        wait_for("3 GPUs allocated, in Prometheus", gpus, 60)
+        wait_for("3 GPUs used of 4 allocated, in Prometheus", gpus, 60)
     finally:
         print(f"GPUs in Prometheus: {seen}")
     wait_for("GPU power samples", lambda: _samples(prom, "count(sgpu_gpu_power_watts) >= 8"))
@@ -257,14 +250,15 @@ def test_prometheus_scrapes_the_lab_daemon_and_evaluates_every_rule(
             for s in prom.query(expr)
         }
 
-    used, allocated = seen["sgpu_gpus_used"], seen["sgpu_gpus_allocated"]
     part = f"instance={instance},partition=gpu"
-    assert value("partition:sgpu_gpu_efficiency:ratio") == {part: used / allocated}
-    assert value("cluster:sgpu_gpu_efficiency:ratio") == {f"instance={instance}": used / allocated}
-    assert value("cluster:sgpu_gpus_allocated:sum") == {f"instance={instance}": 3}
-    assert value("partition:sgpu_gpus_idle:sum") == {part: 3 - used}
-    # a minute or two of the idle GPUs, in GPU-hours
-    assert 0 < value("partition:sgpu_gpus_idle:gpu_hours_1h")[part] < (3 - used) * 0.1
+    assert value("partition:sgpu_gpu_efficiency:ratio") == {part: 0.75}
+    assert value("cluster:sgpu_gpu_efficiency:ratio") == {f"instance={instance}": 0.75}
+    assert value("cluster:sgpu_gpus_allocated:sum") == {f"instance={instance}": 4}
+    assert value("partition:sgpu_gpus_idle:sum") == {part: 1}
+    assert value("partition:sgpu_gpus_shared:sum") == {part: 1}
+    assert value("partition:sgpu_shard_efficiency:ratio") == {part: 1}  # 2 shards, busy
+    # a minute or two of one idle GPU, in GPU-hours
+    assert 0 < value("partition:sgpu_gpus_idle:gpu_hours_1h")[part] < 0.1
     assert set(value("node:sgpu_gpu_power_watts:sum")) == {
         f"instance={instance},node=gpu{i}" for i in range(1, 5)
     }

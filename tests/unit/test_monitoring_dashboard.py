@@ -58,7 +58,7 @@ def test_the_dashboard_is_provisionable_and_every_panel_queries_prometheus() -> 
         "Energy",
         "Actions",
         "Daemon",
-        "Users, jobs and shards",
+        "Users and jobs",
     ]
     panels = [p for p in board["panels"] if p["type"] in ("stat", "timeseries")]
     assert [p["title"] for p in panels] == dashboard.PANELS
