@@ -19,6 +19,12 @@ command -v lua5.1 >/dev/null 2>&1 || need_apt+=(lua5.1)
 command -v lua5.4 >/dev/null 2>&1 || need_apt+=(lua5.4)
 # Headless Chromium renders the HTML report in its test (tests/unit/test_report_html.py).
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# Debian's Prometheus: promtool checks and unit-tests the shipped rules
+# (tests/unit/test_monitoring_rules.py) and a real prometheus scrapes the lab's daemon
+# (tests/slurm/test_prometheus_real.py) on a port of its own; ~120 MB. Installed apart,
+# below, so that its own service neither starts nor is left enabled.
+need_prometheus=0
+{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need_prometheus=1
 
 PY=""
 # Debian 13's python3 imports venv without python3-venv, and only `-m venv` then fails
@@ -46,6 +52,32 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+if [ "$need_prometheus" = 1 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: need root to install: prometheus" >&2; exit 1
+  fi
+  echo "bootstrap: apt-get install prometheus (its service left stopped and disabled)"
+  export DEBIAN_FRONTEND=noninteractive
+  [ ${#need_apt[@]} -gt 0 ] || apt-get update -qq
+  # policy-rc.d 101: invoke-rc.d / deb-systemd-invoke start no service during this install
+  # (the tests start their own prometheus; Debian's would hold port 9090 and scrape
+  # nothing of ours). One already there (containers often have one) is kept as it is.
+  own_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null || {
+    [ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d; exit 1; }
+  [ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
+  # The package enabled it for the next boot: not wanted (works without a running systemd).
+  if [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  else
+    systemctl disable prometheus.service >/dev/null 2>&1 || true
+  fi
 fi
 [ -n "$PY" ] || PY=$(command -v python3)
 

@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${SGPU_SKIP_BOOTSTRAP:-0}" = 1 ] || ./scripts/bootstrap.sh
 failed=()
+# bootstrap.sh installed these: a test that runs one fails, not skips, when it is missing
+# (tests/tier_guard.py need_tool), so a run never passes without the rules' checks.
+export SGPU_REQUIRE_TOOLS="${SGPU_REQUIRE_TOOLS:-promtool prometheus}"
 # The chroots a release stage mounted (through the lab) are unmounted whatever happens:
 # a failing test, a failing build, ^C or a CI timeout's SIGTERM.
 chroots=()

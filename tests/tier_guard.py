@@ -16,6 +16,11 @@ naming what was missing, if:
 
 Other skips stay skips (the slurm tier has a few that depend on the machine, e.g. munge
 as a second user); a run without a selection (plain ``pytest``) is never failed here.
+
+A tool a test runs (``promtool``, ``prometheus``) is looked up with :func:`need_tool`:
+where ``SGPU_REQUIRE_TOOLS`` names it (``scripts/test.sh`` sets it to what
+``scripts/bootstrap.sh`` installed), a missing tool fails the test outright, in any tier,
+the unit tier too (which asks for no tier marker); elsewhere it skips as above.
 The verdict is the controller's under xdist (reports from every worker reach it).
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -31,13 +37,15 @@ from typing import NoReturn
 import pytest
 from _pytest.mark.expression import Expression
 
-__all__ = ["TIERS", "TierGuard", "asked_tiers", "prerequisite", "skip_missing"]
+__all__ = ["TIERS", "TierGuard", "asked_tiers", "need_tool", "prerequisite", "skip_missing"]
 
 # The tier markers (pyproject.toml; "hypothesis" is the hypothesis plugin's own).
 TIERS = ("slurm", "slow", "release", "docker", "hypothesis")
 PREREQUISITE = "missing prerequisite "
 # A file to write the tiers of the selected tests to, one a line (scripts/test.sh).
 SELECTED_TIERS_ENV = "SGPU_SELECTED_TIERS"
+# Tools a run must have (space- or comma-separated): missing, their tests fail.
+REQUIRE_TOOLS_ENV = "SGPU_REQUIRE_TOOLS"
 _PREREQUISITE_RE = re.compile(
     r"missing prerequisite \((?P<tiers>[a-z, ]+) tiers?\): (?P<what>.*)", re.S
 )
@@ -52,6 +60,22 @@ def skip_missing(tiers: str | tuple[str, ...], what: str) -> NoReturn:
         raise ValueError(f"not a tier: {unknown}")
     plural = "s" * (len(names) > 1)
     pytest.skip(f"{PREREQUISITE}({', '.join(names)} tier{plural}): {what}")
+
+
+def need_tool(name: str, install: str, tiers: str | tuple[str, ...] = ()) -> str:
+    """The path of the program ``name``. Missing: the test fails where
+    ``SGPU_REQUIRE_TOOLS`` names it (CI installed it, so it must be there), else skips --
+    through :func:`skip_missing` when ``tiers`` are given; ``install`` says how to get it."""
+    path = shutil.which(name)
+    if path is not None:
+        return path
+    what = f"{name} is not installed ({install})"
+    required = os.environ.get(REQUIRE_TOOLS_ENV, "").replace(",", " ").split()
+    if name in required:
+        pytest.fail(f"{what}, and {REQUIRE_TOOLS_ENV} requires it", pytrace=False)
+    if tiers:
+        skip_missing(tiers, what)
+    pytest.skip(what)
 
 
 def prerequisite(reason: str) -> tuple[list[str], str] | None:

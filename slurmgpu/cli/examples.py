@@ -54,6 +54,17 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sgpu jobs -u alice -t RUNNING --json",
         "sgpu jobs --watch --active",
     ),
+    "monitoring": (
+        "sgpu monitoring rules -o /etc/prometheus/rules/slurmgpu.yml",
+        "sgpu monitoring dashboard -o /var/lib/grafana/dashboards/slurmgpu.json",
+    ),
+    "monitoring dashboard": (
+        "sgpu monitoring dashboard -o /var/lib/grafana/dashboards/slurmgpu.json",
+    ),
+    "monitoring rules": (
+        "sgpu monitoring rules -o /etc/prometheus/rules/slurmgpu.yml",
+        "sgpu monitoring rules | promtool check rules /dev/stdin",
+    ),
     "node-token": ("sgpu node-token gpu01", "sgpu node-token gpu01 -o /etc/slurmgpu/node.token"),
     "policy": ("sgpu policy show", "sgpu policy check /etc/slurmgpu/config.toml"),
     "policy check": ("sgpu policy check /etc/slurmgpu/config.toml",),

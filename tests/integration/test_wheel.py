@@ -81,6 +81,11 @@ def test_the_installed_wheel_renders_the_lab_cluster_config(tmp_path: Path) -> N
     help_text = _run([str(venv / "bin" / "sgpu"), "cluster", "up", "--help"], cwd=empty).stdout
     assert "Usage: sgpu cluster up" in help_text
     assert "--slurmd-port-base" in help_text and "--slurm-root" in help_text
+    # the Prometheus rules and the Grafana dashboard are package data too (issue 38)
+    sgpu = str(venv / "bin" / "sgpu")
+    for what, source in (("rules", "rules.yml"), ("dashboard", "dashboard.json")):
+        shipped = _run([sgpu, "monitoring", what], cwd=empty).stdout
+        assert shipped == (ROOT / "slurmgpu" / "monitoring" / source).read_text(), what
 
     lab = tmp_path / "lab"
     render = [str(python), "-m", "slurmgpu.lab.cluster"]

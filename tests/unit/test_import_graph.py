@@ -315,7 +315,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"elastic"}),  # the jobs' own runtime (goodput from policy)
     frozenset({"cycle"}),  # the one policy cycle, its protocols
     frozenset({"store"}),  # SQL: jobs, samples, audit, transactions
-    frozenset({"actuate", "notify", "report"}),  # act on Slurm, tell people, read the store
+    # act on Slurm, tell people, read the store; Prometheus rules and Grafana dashboard
+    frozenset({"actuate", "notify", "report", "monitoring"}),
     frozenset({"agent", "config", "lab", "sim"}),  # node agent, composition, lab, simulator
     frozenset({"daemon"}),
     frozenset({"cli"}),

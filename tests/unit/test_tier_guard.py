@@ -167,6 +167,30 @@ def test_collecting_only_is_not_judged(tree: pytest.Pytester) -> None:
     assert (ret, GUARD in out) == (0, False)
 
 
+_NEEDS_A_TOOL = """
+from tests.tier_guard import need_tool
+def test_promtool():
+    need_tool("sgpu-no-such-tool", "apt-get install it")
+def test_other():
+    assert True
+"""
+
+
+def test_a_missing_tool_skips_unless_the_run_requires_it(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree.makepyfile(test_tool=_NEEDS_A_TOOL)
+    # the unit tier's expression asks for no tier: the missing tool is a skip there...
+    monkeypatch.delenv("SGPU_REQUIRE_TOOLS", raising=False)
+    ret, out = _run(tree, "-m", "not slow and not slurm and not docker", "test_tool.py")
+    assert (ret, "1 passed, 1 skipped" in out) == (0, True), out
+    # ...and a failure where the run says it must be there (scripts/test.sh)
+    monkeypatch.setenv("SGPU_REQUIRE_TOOLS", "promtool sgpu-no-such-tool")
+    ret, out = _run(tree, "-m", "not slow and not slurm and not docker", "test_tool.py")
+    assert ret == 1
+    assert "sgpu-no-such-tool is not installed (apt-get install it), and SGPU_REQUIRE_TOOLS" in out
+
+
 def test_a_failure_stays_a_failure(tree: pytest.Pytester) -> None:
     tree.makepyfile(test_fails="def test_x():\n    assert False\n")
     ret, _ = _run(tree, "test_fails.py", "test_only_skips.py")
