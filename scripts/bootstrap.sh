@@ -67,5 +67,12 @@ if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 ||
     { echo "bootstrap: torch==2.13.0 failed to install" >&2; exit 1; }
 fi
+# Lightning for tests/integration/test_elastic_lightning.py (slurmgpu[lightning]), after
+# torch so that it finds its torch requirement met and keeps the CPU build.
+if ! .venv/bin/python -c 'import lightning' >/dev/null 2>&1; then
+  echo "bootstrap: pip install lightning==2.6.6"
+  .venv/bin/python -m pip install -q --disable-pip-version-check lightning==2.6.6 ||
+    { echo "bootstrap: lightning==2.6.6 failed to install" >&2; exit 1; }
+fi
 .venv/bin/python -c 'import slurmgpu' || { echo "bootstrap: install failed" >&2; exit 1; }
 echo "bootstrap: ready ($(.venv/bin/sgpu --version), $(/usr/sbin/slurmctld-wlm -V 2>/dev/null || echo 'slurm ?'))"
