@@ -120,6 +120,8 @@ class LightningSampler(ElasticSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        if self.epoch_done:  # saved at the epoch's last step: the next one starts
+            self.epoch, self.consumed = self.epoch + 1, 0
         self.base = self.consumed
 
 
@@ -161,8 +163,10 @@ class ElasticCallback(pl.Callback):
         if stage != "fit":
             return
         source = trainer.fit_loop._data_source
-        original = source.dataloader
-        source.dataloader = lambda: self._elastic_loader(original(), trainer)
+        if not getattr(source, "_sgpu_elastic", False):  # once, however often fit runs
+            original = source.dataloader
+            source.dataloader = lambda: self._elastic_loader(original(), trainer)
+            source._sgpu_elastic = True
         trainer.accumulate_grad_batches = self.owner.accumulate
         path = self.owner.checkpoint_path
         if path.exists() and not trainer.ckpt_path:
@@ -195,6 +199,11 @@ class ElasticCallback(pl.Callback):
         )
         if self.sampler is not None:  # a reloaded dataloader keeps its place
             sampler.load_state_dict(self.sampler.state_dict())
+        elif self._loaded is not None and self._loaded.get("sampler"):
+            # From the callback's state, restored before the loader is built: Lightning
+            # hands the loader its own saved state only when it resumes mid-epoch, and
+            # its first batch is fetched before on_train_epoch_start.
+            sampler.load_state_dict(self._loaded["sampler"])
         self.sampler = sampler
         workers = int(loader.num_workers)
         return _ElasticLoader(
@@ -325,6 +334,7 @@ class ElasticCallback(pl.Callback):
             "job_id": owner.run.job_id,
             "restart_count": owner.run.restart_count,
             "rng": self._rngs,
+            "sampler": self.sampler.state_dict() if self.sampler is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

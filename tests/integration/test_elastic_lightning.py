@@ -222,3 +222,43 @@ def test_resumes_report_the_size_they_came_from(runs: dict[str, Any]) -> None:
         ("b", 2, runs["a"]["ckpt_step"]),
         ("c", 1, runs["b"]["ckpt_step"]),
     ]
+
+
+def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_epoch(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
+    """Signalled during the epoch's last step, the run checkpoints with the epoch used up:
+    the next run starts the next epoch's permutation (before the fix it found the sampler
+    empty and trained nothing more). One rank, no launcher: the worker is signalled
+    directly, as srun would relay it. The last step sleeps 1 s after its record is written,
+    so the signal lands inside it even on a loaded host."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SLURM_JOB_ID": "61",
+        "SGPU_ELASTIC_DIR": str(tmp_path / "state"),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [sys.executable, str(WORKER), str(tmp_path)]
+    first = subprocess.Popen(cmd, env={**env, "WORKER_RUN": "x", "WORKER_STEP_SLEEP": "1.0"})
+    try:
+        last = STEPS_PER_EPOCH - 1
+        _wait(lambda: any(r["step"] >= last for r in _records(tmp_path, "x")), "the last step")
+        first.send_signal(signal.SIGUSR2)
+        ack = tmp_path / "state" / "61" / "ack.json"
+        _wait(ack.exists, "the ack")
+        assert json.loads(ack.read_text())["step"] == STEPS_PER_EPOCH
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = subprocess.run(cmd, env={**env, "WORKER_RUN": "y"}, timeout=300, check=False)
+    assert second.returncode == 0
+    steps = _by_step(_records(tmp_path, "x") + _records(tmp_path, "y"))
+    ref = _by_step(runs["ref"])
+    assert sorted(steps) == list(range(2 * STEPS_PER_EPOCH))
+    for step, recs in steps.items():
+        assert recs[0]["epoch"] == step // STEPS_PER_EPOCH
+        mine = sorted(i for r in recs for i in r["indices"])
+        assert mine == sorted(i for r in ref[step] for i in r["indices"])
