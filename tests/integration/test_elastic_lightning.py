@@ -262,3 +262,58 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_epoch(
         assert recs[0]["epoch"] == step // STEPS_PER_EPOCH
         mine = sorted(i for r in recs for i in r["indices"])
         assert mine == sorted(i for r in ref[step] for i in r["indices"])
+
+
+def test_per_rank_plans_scale_the_learning_rate_and_rescale_it_on_resume(tmp_path: Path) -> None:
+    """``per_rank_batch=`` with the linear rule: a fresh run's optimizer starts at the
+    plan's scale of the module's rate; resumed under another plan (another size) the rate
+    Lightning restores is multiplied by new/saved, the scheduler's base rates too. In one
+    process (world 1, the size change stands in by another ``base_world_size``); hold 0,
+    so after its ack the run trains on instead of waiting for a requeue."""
+    import lightning.pytorch as pl
+
+    from slurmgpu.elastic.lightning import ElasticLightning
+    from tests.integration import lightning_worker as w
+
+    env = {"SLURM_JOB_ID": "71", "SGPU_ELASTIC_DIR": str(tmp_path), "SGPU_CHECKPOINT_HOLD": "0"}
+
+    class Module(w.Regression):
+        lrs: list[float]
+        request: bool
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+            if self.trainer.global_step == 3 and self.request:
+                self.request = False
+                elastic.run.request_checkpoint()
+            return super().training_step(batch, batch_idx)
+
+    def fit(base_world: int, epochs: int) -> Any:
+        model = Module(tmp_path / "log.jsonl", 0.0)
+        model.lrs, model.request = [], True
+        trainer = pl.Trainer(
+            max_epochs=epochs,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+            **elastic.trainer_kwargs(),
+        )
+        trainer.fit(model)
+        return model, trainer
+
+    elastic = ElasticLightning(per_rank_batch=4, base_world_size=2, rule="linear", env=env)
+    assert elastic.plan.lr_scale == 0.5
+    first, _ = fit(2, epochs=1)
+    assert first.lrs[0] == pytest.approx(0.1 * 0.5)  # 1 rank of the 2 it was tuned at
+    assert json.loads((tmp_path / "71" / "ack.json").read_text())["step"] == 4
+    elastic = ElasticLightning(per_rank_batch=4, base_world_size=4, rule="linear", env=env)
+    second, trainer = fit(4, epochs=2)
+    # Resumed at step 4 (StepLR: 10 steps, not yet decayed): 0.05 * 0.25 / 0.5.
+    assert second.lrs[0] == pytest.approx(0.1 * 0.25)
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.base_lrs == [pytest.approx(0.1 * 0.25)]
+    # Steps 4..47 (2 epochs of 24 at 4 samples): step 47's rate has decayed 4 times.
+    assert len(second.lrs) == 44 and second.lrs[-1] == pytest.approx(0.1 * 0.25 * 0.5**4)
