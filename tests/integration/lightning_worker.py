@@ -1,7 +1,8 @@
-"""A small LightningModule trained through slurmgpu.elastic.lightning (run by torchrun in
-tests/integration/test_elastic_lightning.py). Each rank appends one JSON line per
-micro-batch to ``<out>/<WORKER_RUN>.rank<R>.jsonl``: the optimizer step it belongs to, the
-sample indices, their mean loss, the learning rate and the world size."""
+"""A small LightningModule trained through slurmgpu.elastic.lightning, run by torchrun in
+tests/integration/test_elastic_lightning.py and tests/slurm/test_malleable_lightning_real.py
+(WORKER_EPOCHS, default 2; WORKER_STEP_SLEEP, seconds per micro-batch). Each rank appends
+one JSON line per micro-batch to ``<out>/<WORKER_RUN>.rank<R>.jsonl``: the optimizer step
+it belongs to, the sample indices, their mean loss, the learning rate and the world size."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def main() -> int:
     log = out / f"{RUN}.rank{rank}.jsonl"
     model = Regression(log, float(os.environ.get("WORKER_STEP_SLEEP", "0")))
     trainer = pl.Trainer(
-        max_epochs=2,
+        max_epochs=int(os.environ.get("WORKER_EPOCHS", "2")),
         accelerator="cpu",
         logger=False,
         enable_checkpointing=False,
