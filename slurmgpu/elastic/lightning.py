@@ -13,7 +13,8 @@ whose handlers only set flags. Lightning's SLURM auto-requeue is off
 it picks ``TorchElasticEnvironment``, which has none), and at ``on_train_start``, right
 after Lightning installed its own SIGTERM handler (which broadcasts a tensor from inside
 the handler and raises ``SIGTERMException`` later), the runtime's handlers are installed
-again: SIGTERM and the checkpoint signal are flags, nothing else.
+again (and at ``on_sanity_check_start``, which comes first when there is validation):
+SIGTERM and the checkpoint signal are flags, nothing else.
 
 **Checkpoint at the next step boundary.** ``on_train_batch_end`` of a batch that ended an
 optimizer step all-reduces the flag (:func:`slurmgpu.elastic.torch.agree`); when any rank
@@ -217,9 +218,14 @@ class ElasticCallback(pl.Callback):
             generator=torch.Generator(),  # never draws on the global RNG
         )
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        # Lightning has just installed its SIGTERM handler: the runtime's flags win.
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning installs its SIGTERM handler (a collective inside the handler, then
+        # SIGTERMException) right before the sanity check and the training: the runtime's
+        # flags win from here on.
         self.owner.run.install_handlers()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.owner.run.install_handlers()  # again: no sanity check without val loaders
         self._last_step = trainer.global_step
         loaded = self._loaded
         if loaded is None:

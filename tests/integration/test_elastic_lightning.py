@@ -269,8 +269,10 @@ def test_per_rank_plans_scale_the_learning_rate_and_rescale_it_on_resume(tmp_pat
     plan's scale of the module's rate; resumed under another plan (another size) the rate
     Lightning restores is multiplied by new/saved, the scheduler's base rates too. In one
     process (world 1, the size change stands in by another ``base_world_size``); hold 0,
-    so after its ack the run trains on instead of waiting for a requeue."""
+    so after its ack the run trains on instead of waiting for a requeue. With validation,
+    and a SIGTERM-free sanity check: Lightning's own handler must not be left in place."""
     import lightning.pytorch as pl
+    import torch
 
     from slurmgpu.elastic.lightning import ElasticLightning
     from tests.integration import lightning_worker as w
@@ -280,17 +282,29 @@ def test_per_rank_plans_scale_the_learning_rate_and_rescale_it_on_resume(tmp_pat
     class Module(w.Regression):
         lrs: list[float]
         request: bool
+        handlers: list[Any]
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+            self.handlers.append(signal.getsignal(signal.SIGTERM))
             if self.trainer.global_step == 3 and self.request:
                 self.request = False
                 elastic.run.request_checkpoint()
             return super().training_step(batch, batch_idx)
 
+        # Validation too: Lightning's sanity check and epoch-end validation around the
+        # checkpoint and the resume (the callback's handlers go in before the sanity check).
+        def validation_step(self, batch: Any, batch_idx: int) -> Any:
+            _, x, y = batch
+            self.handlers.append(signal.getsignal(signal.SIGTERM))
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def val_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(w.Indexed(), batch_size=16)
+
     def fit(base_world: int, epochs: int) -> Any:
         model = Module(tmp_path / "log.jsonl", 0.0)
-        model.lrs, model.request = [], True
+        model.lrs, model.request, model.handlers = [], True, []
         trainer = pl.Trainer(
             max_epochs=epochs,
             accelerator="cpu",
@@ -302,6 +316,8 @@ def test_per_rank_plans_scale_the_learning_rate_and_rescale_it_on_resume(tmp_pat
             **elastic.trainer_kwargs(),
         )
         trainer.fit(model)
+        # In the sanity check and in every step SIGTERM was the runtime's, never Lightning's.
+        assert model.handlers and all(h == elastic.run._on_term for h in model.handlers)
         return model, trainer
 
     elastic = ElasticLightning(per_rank_batch=4, base_world_size=2, rule="linear", env=env)
