@@ -106,5 +106,12 @@ if ! .venv/bin/python -c 'import transformers, accelerate' >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --disable-pip-version-check transformers==5.25.0 \
     accelerate==1.16.0 || { echo "bootstrap: transformers failed to install" >&2; exit 1; }
 fi
+# Lightning for tests/integration/test_elastic_lightning.py (slurmgpu[lightning]), after
+# torch so that it finds its torch requirement met and keeps the CPU build.
+if ! .venv/bin/python -c 'import lightning' >/dev/null 2>&1; then
+  echo "bootstrap: pip install lightning==2.6.6"
+  .venv/bin/python -m pip install -q --disable-pip-version-check lightning==2.6.6 ||
+    { echo "bootstrap: lightning==2.6.6 failed to install" >&2; exit 1; }
+fi
 .venv/bin/python -c 'import slurmgpu' || { echo "bootstrap: install failed" >&2; exit 1; }
 echo "bootstrap: ready ($(.venv/bin/sgpu --version), $(/usr/sbin/slurmctld-wlm -V 2>/dev/null || echo 'slurm ?'))"
