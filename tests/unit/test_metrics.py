@@ -33,6 +33,7 @@ from slurmgpu.store import open_store, schema
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import GpuSampleIn, SampleBatch, encode, hmac_header, node_token
 from tests.fakes import FakeSlurm
+from tests.polling import wait_for
 from tests.unit.policy_builders import pending_job
 
 SECRET = b"m" * 64
@@ -197,7 +198,13 @@ def test_scrape_shows_gpus_cycles_errors_ingest_actions_and_transactions(d: Daem
     assert _post(d, "gpu1", [_sample("a", 0, 42, 80.0), _sample("b", 1, 42, 0.0)]) == 200
     assert _post(d, "gpu2", [_sample("c", 3, 43, 50.0)]) == 200
 
-    m = _scrape(d)
+    # The POSTs' replies reach the client a moment before their server threads leave the
+    # connection count; scrape until only this scrape is being served.
+    def served_alone() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        scraped = _scrape(d)
+        return scraped if scraped[("sgpu_api_connections", ())] == 1 else None
+
+    m = wait_for("the POSTs' connections to close", served_alone, timeout_s=30)
 
     def value(name: str, **labels: str) -> float:
         return m[(name, tuple(sorted(labels.items())))]
