@@ -40,10 +40,12 @@ from pathlib import Path
 import psutil
 
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
+from slurmgpu.replyauth import REPLY_HEADER, hmac_reply, munge_reply
 from slurmgpu.telemetry.simgpu import LoadDeclaration, write_declaration
 from slurmgpu.units import parse_duration
 from slurmgpu.wire import (
     AuthError,
+    Caller,
     NodeJob,
     NodeJobs,
     decode_batch,
@@ -108,37 +110,48 @@ class StubDaemon:
 
 def _handler(stub: StubDaemon) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, payload: bytes) -> None:
+        def _answer(
+            self, status: int, payload: bytes, caller: Caller | None = None, body: bytes = b""
+        ) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
+            if caller is not None:
+                # Signed as the daemon signs: agents keep their batches on an unsigned reply.
+                header = self.headers.get("Authorization", "")
+                if caller.method == "hmac":
+                    token = node_token(SECRET, caller.node)
+                    signature = hmac_reply(token, caller.node, header, body, status, payload)
+                else:
+                    signature = munge_reply(caller.node, header, body, status, payload)
+                self.send_header(REPLY_HEADER, signature)
             self.end_headers()
             self.wfile.write(payload)
 
-        def _auth(self, body: bytes) -> bool:
+        def _auth(self, body: bytes) -> Caller | None:
             header = self.headers.get("Authorization", "")
             try:
                 if header.startswith("Munge "):
-                    verify_munge(header, body)
-                else:
-                    verify_hmac(header, body, SECRET)
+                    return verify_munge(header, body)
+                return verify_hmac(header, body, SECRET)
             except AuthError as exc:
                 stub.refused += 1
                 self._answer(401, json.dumps({"error": str(exc)}).encode())
-                return False
-            return True
+                return None
 
         def do_GET(self) -> None:
-            if not self._auth(b""):
+            caller = self._auth(b"")
+            if caller is None:
                 return
             if re.fullmatch(rf"/v1/nodes/{NODE}/jobs", self.path):
-                self._answer(200, encode(stub.jobs))
+                self._answer(200, encode(stub.jobs), caller)
             else:
-                self._answer(404, b'{"error": "no such endpoint"}')
+                self._answer(404, b'{"error": "no such endpoint"}', caller)
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if not self._auth(body):
+            caller = self._auth(body)
+            if caller is None:
                 return
             batch = decode_batch(body)
             arrival = Arrival(
@@ -151,7 +164,8 @@ def _handler(stub: StubDaemon) -> type[BaseHTTPRequestHandler]:
             with stub.batch_arrived:
                 stub.arrivals.append(arrival)
                 stub.batch_arrived.notify_all()
-            self._answer(200, json.dumps({"accepted": arrival.samples, "duplicates": 0}).encode())
+            reply = json.dumps({"accepted": arrival.samples, "duplicates": 0}).encode()
+            self._answer(200, reply, caller, body)
 
         def log_message(self, format: str, *args: object) -> None:
             pass

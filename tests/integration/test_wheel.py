@@ -93,7 +93,13 @@ def test_the_installed_wheel_renders_the_lab_cluster_config(tmp_path: Path) -> N
     ports = ["--port", "7400", "--slurmd-port-base", "24000", "--slurm-version", "24.11"]
     out = _run([*render, *native, *ports], cwd=empty).stdout
     files = {p.name: p for p in (lab / "etc").iterdir()}
-    assert sorted(files) == ["cgroup.conf", "gres.conf", "job_submit.lua", "slurm.conf"]
+    assert sorted(files) == [
+        "cgroup.conf",
+        "gres.conf",
+        "job_submit.lua",
+        "slurm.conf",
+        "slurmgpu_submit.lua",
+    ]
     assert sorted(out.split()) == sorted(str(p) for p in files.values())
     for path in files.values():
         assert path.stat().st_size > 0, f"{path} is empty"
