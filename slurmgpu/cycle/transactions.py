@@ -111,6 +111,16 @@ class Transactions(Protocol):
         """Rows of ``kinds`` in ``states``, oldest first."""
         ...
 
+    def note(self, row: TransactionRow, payload: Mapping[str, Any], at: datetime) -> TransactionRow:
+        """Merge ``payload`` into the row without changing its state (progress bookkeeping)."""
+        ...
+
+    def recent(
+        self, kinds: Collection[str], *, job_id: int | None = None, limit: int = 100
+    ) -> list[TransactionRow]:
+        """Rows of ``kinds`` (of ``job_id`` if given), newest first, at most ``limit``."""
+        ...
+
 
 class MemoryTransactions:
     """Transactions in memory, with the SQL store's rules."""
@@ -169,3 +179,34 @@ class MemoryTransactions:
 
     def in_states(self, kinds: Collection[str], states: Collection[str]) -> list[TransactionRow]:
         return [r for r in self._rows.values() if r.kind in kinds and r.state in states]
+
+    def note(self, row: TransactionRow, payload: Mapping[str, Any], at: datetime) -> TransactionRow:
+        merged = {**row.payload, **payload}
+        current = self._rows.get(row.id)
+        new = TransactionRow(
+            row.id,
+            row.job_id,
+            row.kind,
+            row.state,
+            row.created_at,
+            at,
+            row.deadline,
+            row.attempts,
+            merged,
+            row.error,
+        )
+        if current is not None and current.state == row.state:
+            self._rows[row.id] = new
+        return new
+
+    def recent(
+        self, kinds: Collection[str], *, job_id: int | None = None, limit: int = 100
+    ) -> list[TransactionRow]:
+        out: list[TransactionRow] = []
+        for row_id in reversed(self._rows):  # ids grow with insertion
+            r = self._rows[row_id]
+            if r.kind in kinds and (job_id is None or r.job_id == job_id):
+                out.append(r)
+                if len(out) >= limit:
+                    break
+        return out

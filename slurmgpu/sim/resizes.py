@@ -1,0 +1,89 @@
+"""Resizes in the simulator, carried out by the daemon's own code: the dispatcher
+(``actuate.dispatch.ResizeDispatcher``: a job's ``ResizeExecutor`` transaction or a
+pool's ``PoolExecutor`` one) over the in-memory transaction store
+(``cycle.transactions.MemoryTransactions``) and SimSlurm's checkpoint record as the
+job's acknowledgement (``sim.acks.SimAcks``).
+
+Virtual time reaches the executors the way wall time reaches them in the daemon: as
+the ``at`` of each call (SimSlurm's ``at(now)``), never read from a clock. What a resize
+costs is SimSlurm's behaviour (the runtime's checkpoint time, the requeue's begin time,
+the restart's start-up: ``sim.slurm.ElasticRuntime``) and the executor's pacing
+(``ResizeSettings``: the release delay, one observation per ``cycle_interval`` while a
+transaction is open, as ``DaemonLoop(busy=…)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from slurmgpu.actuate.dispatch import Outcome, ResizeDispatcher
+from slurmgpu.actuate.pool import KIND as POOL_KIND
+from slurmgpu.actuate.pool import OPEN as POOL_OPEN
+from slurmgpu.actuate.resize import KIND as RESIZE_KIND
+from slurmgpu.actuate.resize import OPEN as RESIZE_OPEN
+from slurmgpu.actuate.resize import ResizeSettings
+from slurmgpu.cycle.transactions import MemoryTransactions
+from slurmgpu.model import ClusterSnapshot, MalleableSpec
+from slurmgpu.policy.base import Decision
+from slurmgpu.sim.acks import SimAcks
+from slurmgpu.sim.slurm import SimSlurm
+
+__all__ = ["SimResizes"]
+
+
+class SimResizes:
+    """The daemon's resize dispatcher on one SimSlurm, observed as the daemon would."""
+
+    def __init__(self, sim: SimSlurm, settings: ResizeSettings | None = None) -> None:
+        self.sim = sim
+        self.settings = settings or ResizeSettings()
+        self.transactions = MemoryTransactions()
+        self.dispatch = ResizeDispatcher(sim, self.transactions, self.settings, SimAcks(sim))
+        self._observing = False
+
+    @property
+    def in_flight(self) -> frozenset[int]:
+        return self.dispatch.in_flight
+
+    def history(self) -> tuple[timedelta | None, dict[int, datetime]]:
+        return self.dispatch.history()
+
+    def advance(self, cluster: ClusterSnapshot, at: datetime) -> None:
+        """The policy cycle's confirm step: every open transaction on its listing."""
+        self.dispatch.advance(cluster, at)
+
+    def carry_out(
+        self, decision: Decision, cluster: ClusterSnapshot, specs: Mapping[int, MalleableSpec]
+    ) -> Outcome:
+        """One resize decision, now; its transaction is then observed until it closes."""
+        done = self.dispatch.carry_out(decision, cluster, specs, self.sim.at(self.sim.now))
+        self._observe_in_flight()
+        return done
+
+    def listing(self) -> ClusterSnapshot:
+        """The jobs of the open transactions as squeue lists them now: all the executors
+        look up between the policy cycles (a full listing every second would cost the
+        simulator its speed and give them nothing more)."""
+        sim = self.sim
+        ids: set[int] = set()
+        rows = self.transactions.in_states([RESIZE_KIND, POOL_KIND], (*RESIZE_OPEN, *POOL_OPEN))
+        for row in rows:
+            if row.kind == POOL_KIND:
+                ids.update(int(k) for k in row.payload.get("tasks", {}))
+            else:
+                ids.add(row.job_id)
+        jobs = tuple(sim.job_record(sim.all_jobs[i]) for i in sorted(ids) if i in sim.all_jobs)
+        return ClusterSnapshot(sim.at(sim.now), jobs, (), sim.version())
+
+    def _observe_in_flight(self) -> None:
+        if self._observing or not self.dispatch.in_flight:
+            return
+        self._observing = True
+        self.sim.call_at(self.sim.now + self.settings.cycle_interval.total_seconds(), self._observe)
+
+    def _observe(self) -> None:
+        listing = self.listing()
+        self.dispatch.advance(listing, listing.taken_at)
+        self._observing = False
+        self._observe_in_flight()
