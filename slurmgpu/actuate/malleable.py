@@ -19,12 +19,12 @@ from datetime import datetime, timedelta
 from slurmgpu.actuate.actuator import ActuationResult
 from slurmgpu.actuate.dispatch import Outcome, ResizeDispatcher
 from slurmgpu.actuate.resize import ResizeSettings
+from slurmgpu.cycle.transactions import AckReader, Transactions
 from slurmgpu.model import ClusterSnapshot, MalleableSpec
 from slurmgpu.policy.base import Decision
 from slurmgpu.slurm.client import SlurmClient
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.database import StoreError
-from slurmgpu.store.transactions import TransactionStore
 
 log = logging.getLogger("slurmgpu.actuate.malleable")
 
@@ -37,14 +37,16 @@ class MalleableActuator:
     def __init__(
         self,
         slurm: SlurmClient,
-        transactions: TransactionStore,
+        transactions: Transactions,
         audit: AuditStore,
         settings: ResizeSettings | None = None,
+        acks: AckReader | None = None,
     ) -> None:
         self.transactions = transactions
         self.audit = audit
-        # The dispatcher the simulator runs too (actuate.dispatch): jobs and pools.
-        self.dispatch = ResizeDispatcher(slurm, transactions, settings)
+        # The dispatcher the simulator runs too (actuate.dispatch): jobs and pools; acks
+        # from the jobs' ack.json unless given (tests replay the simulator's).
+        self.dispatch = ResizeDispatcher(slurm, transactions, settings, acks)
         self.jobs = self.dispatch.jobs
         self.pools = self.dispatch.pools
 

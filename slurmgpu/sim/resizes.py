@@ -14,7 +14,9 @@ transaction is open, as ``DaemonLoop(busy=…)``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from slurmgpu.actuate.dispatch import Outcome, ResizeDispatcher
@@ -30,6 +32,31 @@ from slurmgpu.sim.acks import SimAcks
 from slurmgpu.sim.slurm import SimSlurm
 
 __all__ = ["SimResizes"]
+
+
+class _InSimulation(logging.Filter):
+    """Drops the executors' log records while the simulator drives them: a line per
+    transaction step is the daemon's operations log; a simulation counts its outcomes
+    instead (thousands of resizes a run would bury ``sgpu simulate``'s table)."""
+
+    depth = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.depth == 0
+
+
+_QUIET = _InSimulation()
+for _name in ("slurmgpu.actuate.resize", "slurmgpu.actuate.pool", "slurmgpu.actuate.malleable"):
+    logging.getLogger(_name).addFilter(_QUIET)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    _QUIET.depth += 1
+    try:
+        yield
+    finally:
+        _QUIET.depth -= 1
 
 
 class SimResizes:
@@ -51,13 +78,15 @@ class SimResizes:
 
     def advance(self, cluster: ClusterSnapshot, at: datetime) -> None:
         """The policy cycle's confirm step: every open transaction on its listing."""
-        self.dispatch.advance(cluster, at)
+        with _quiet():
+            self.dispatch.advance(cluster, at)
 
     def carry_out(
         self, decision: Decision, cluster: ClusterSnapshot, specs: Mapping[int, MalleableSpec]
     ) -> Outcome:
         """One resize decision, now; its transaction is then observed until it closes."""
-        done = self.dispatch.carry_out(decision, cluster, specs, self.sim.at(self.sim.now))
+        with _quiet():
+            done = self.dispatch.carry_out(decision, cluster, specs, self.sim.at(self.sim.now))
         self._observe_in_flight()
         return done
 
@@ -84,6 +113,7 @@ class SimResizes:
 
     def _observe(self) -> None:
         listing = self.listing()
-        self.dispatch.advance(listing, listing.taken_at)
+        with _quiet():
+            self.dispatch.advance(listing, listing.taken_at)
         self._observing = False
         self._observe_in_flight()
