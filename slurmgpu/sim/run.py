@@ -62,6 +62,8 @@ from slurmgpu.sim.usage import LazyUsage, UsageModel
 from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.update import audit_fields
+from slurmgpu.tokens import POOL
+from slurmgpu.tokens import parse as parse_tokens
 
 __all__ = [
     "ClusterShape",
@@ -511,8 +513,18 @@ class _Runner:
         sim = self.sim
         cache = self.malleable_cache
         for job in (*sim.running(), *sim.pending()):
+            if job.array_job_id is not None:
+                # an array pool (``sgpu:pool=MIN:MAX``), by array id, as the daemon's
+                # directory gives it (daemon/malleable.py); no measured speeds
+                if POOL in job.comment and job.array_job_id not in specs:
+                    token = parse_tokens(job.comment).malleable
+                    if token is not None and token.pool:
+                        specs[job.array_job_id] = MalleableSpec(
+                            job.array_job_id, token.lo, token.hi, pool=True
+                        )
+                continue
             m = job.malleable
-            if m is None or job.array_job_id is not None:
+            if m is None:
                 continue
             running = job.state is JobState.RUNNING and bool(job.runs)
             # measured on the GPU type it runs on now (a typed cluster)
