@@ -6,9 +6,13 @@ SlurmClient protocol (``jobs()``, ``nodes()``), builds the same
 from their workload model, history of finished jobs, prior alerts, the engine's
 cooldown and rate bookkeeping) and asks the daemon's PolicyEngine to decide. Decisions
 to execute are carried out by the actuator's own ``execute_action`` (``actuate.execute``)
-through SimSlurm; a ``resize`` is the Slurm transaction: checkpoint signal, ``requeue``
-held, update the GPU request, release -- the job waits out the requeue delay and restarts
-at its new size, paying the checkpoint, the delay, scheduling and start-up.
+through SimSlurm; a ``resize`` by the daemon's dispatcher and resize transactions
+(``sim.resizes.SimResizes``: ``actuate.dispatch``, ``ResizeExecutor`` for a job,
+``PoolExecutor`` for an array pool, in memory, acknowledged by SimSlurm's checkpoint
+record, observed every second while in flight) -- the job pays the checkpoint, the
+executor's steps, scheduling and start-up, and is refused where the daemon refuses it.
+An alert (a prior alert for the policies) is an issued outcome, as the daemon's audit
+counts them: a refused action is none.
 
 A cycle is skipped when nothing changed since the last one, except that one runs at
 least every ``quiet_period_s`` (10 min) so time-based rules still fire, and at the
