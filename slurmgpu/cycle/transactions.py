@@ -131,8 +131,10 @@ class MemoryTransactions:
         # executors ask for the few open ones every observation
         self._by_state: dict[str, dict[int, None]] = {}
         self._next = 1
+        self.version = 0  # grows with every write: a reader's cache key
 
     def _put(self, row: TransactionRow) -> None:
+        self.version += 1
         old = self._rows.get(row.id)
         if old is not None and old.state != row.state:
             self._by_state[old.state].pop(row.id, None)

@@ -15,6 +15,7 @@ transaction is open, as ``DaemonLoop(busy=…)``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -24,7 +25,7 @@ from slurmgpu.actuate.pool import KIND as POOL_KIND
 from slurmgpu.actuate.pool import OPEN as POOL_OPEN
 from slurmgpu.actuate.resize import KIND as RESIZE_KIND
 from slurmgpu.actuate.resize import OPEN as RESIZE_OPEN
-from slurmgpu.actuate.resize import ResizeSettings
+from slurmgpu.actuate.resize import UPDATED, ResizeSettings
 from slurmgpu.cycle.transactions import MemoryTransactions
 from slurmgpu.model import ClusterSnapshot, MalleableSpec
 from slurmgpu.policy.base import Decision
@@ -68,13 +69,19 @@ class SimResizes:
         self.transactions = MemoryTransactions()
         self.dispatch = ResizeDispatcher(sim, self.transactions, self.settings, SimAcks(sim))
         self._observing = False
+        self._history: tuple[int, tuple[timedelta | None, dict[int, datetime]]] | None = None
 
     @property
     def in_flight(self) -> frozenset[int]:
         return self.dispatch.in_flight
 
     def history(self) -> tuple[timedelta | None, dict[int, datetime]]:
-        return self.dispatch.history()
+        """The dispatcher's (the daemon's) view, worked out again only after a write."""
+        version = self.transactions.version
+        if self._history is None or self._history[0] != version:
+            self._history = (version, self.dispatch.history())
+        cost, last = self._history[1]
+        return cost, dict(last)
 
     def advance(self, cluster: ClusterSnapshot, at: datetime) -> None:
         """The policy cycle's confirm step: every open transaction on its listing."""
@@ -105,15 +112,42 @@ class SimResizes:
         jobs = tuple(sim.job_record(sim.all_jobs[i]) for i in sorted(ids) if i in sim.all_jobs)
         return ClusterSnapshot(sim.at(sim.now), jobs, (), sim.version())
 
-    def _observe_in_flight(self) -> None:
+    def _observe_in_flight(self, after: float = 0.0) -> None:
         if self._observing or not self.dispatch.in_flight:
             return
         self._observing = True
-        self.sim.call_at(self.sim.now + self.settings.cycle_interval.total_seconds(), self._observe)
+        step = self.settings.cycle_interval.total_seconds()
+        # the first observation on the one-second grid at or after ``after``
+        k = max(1, math.ceil((after - self.sim.now) / step - 1e-6))
+        self.sim.call_at(self.sim.now + k * step, self._observe)
 
     def _observe(self) -> None:
+        sim = self.sim
         listing = self.listing()
+        version = self.transactions.version
         with _quiet():
             self.dispatch.advance(listing, listing.taken_at)
         self._observing = False
-        self._observe_in_flight()
+        if self.transactions.version != version or sim.pass_due:
+            self._observe_in_flight()  # something moved: look again in a second
+        else:
+            # Nothing moved, and nothing will before the next event in SimSlurm or
+            # the next deadline of an open transaction: the daemon's observations on
+            # the grid points up to then see what this one saw and do nothing, so
+            # they are skipped (the grid, hence every result, is the same).
+            self._observe_in_flight(min(sim.next_event_s(), self._next_trigger_s()))
+
+    def _next_trigger_s(self) -> float:
+        """When the first open transaction's time-based step comes due (its deadline, or
+        the release ``release_delay`` after its update), in virtual seconds."""
+        sim = self.sim
+        t0 = sim.at(0)
+        soonest = math.inf
+        rows = self.transactions.in_states([RESIZE_KIND, POOL_KIND], (*RESIZE_OPEN, *POOL_OPEN))
+        for row in rows:
+            if row.deadline is not None:
+                soonest = min(soonest, (row.deadline - t0).total_seconds())
+            if row.state == UPDATED:
+                due = row.updated_at + self.settings.release_delay
+                soonest = min(soonest, (due - t0).total_seconds())
+        return soonest
