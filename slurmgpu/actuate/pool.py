@@ -31,12 +31,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from slurmgpu.actuate.resize import ResizeError, state_dir_of
-from slurmgpu.cycle.transactions import GuardedAckReader, TransactionRow
+from slurmgpu.cycle.transactions import AckReader, GuardedAckReader, TransactionRow, Transactions
 from slurmgpu.elastic.spec import read_ack
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, slurm_job_ref
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
-from slurmgpu.store.transactions import TransactionStore
 
 log = logging.getLogger("slurmgpu.actuate.pool")
 
@@ -64,12 +63,17 @@ class PoolExecutor:
     """Starts and advances pool resizes; never raises for Slurm trouble in ``advance``."""
 
     def __init__(
-        self, slurm: SlurmClient, store: TransactionStore, ack_timeout: timedelta | None = None
+        self,
+        slurm: SlurmClient,
+        store: Transactions,
+        ack_timeout: timedelta | None = None,
+        acks: AckReader | None = None,
     ) -> None:
         self.slurm = slurm
         self.store = store
         self.ack_timeout = ack_timeout
-        self._read_ack = GuardedAckReader(read_ack)
+        # ack.json in each task's state directory; the simulator reads SimSlurm's record.
+        self._read_ack = GuardedAckReader(acks or read_ack)
 
     def start(
         self,

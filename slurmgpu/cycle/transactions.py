@@ -111,13 +111,35 @@ class Transactions(Protocol):
         """Rows of ``kinds`` in ``states``, oldest first."""
         ...
 
+    def note(self, row: TransactionRow, payload: Mapping[str, Any], at: datetime) -> TransactionRow:
+        """Merge ``payload`` into the row without changing its state (progress bookkeeping)."""
+        ...
+
+    def recent(
+        self, kinds: Collection[str], *, job_id: int | None = None, limit: int = 100
+    ) -> list[TransactionRow]:
+        """Rows of ``kinds`` (of ``job_id`` if given), newest first, at most ``limit``."""
+        ...
+
 
 class MemoryTransactions:
     """Transactions in memory, with the SQL store's rules."""
 
     def __init__(self) -> None:
         self._rows: dict[int, TransactionRow] = {}
+        # row ids by state: a long simulation keeps thousands of closed rows, and the
+        # executors ask for the few open ones every observation
+        self._by_state: dict[str, dict[int, None]] = {}
         self._next = 1
+        self.version = 0  # grows with every write: a reader's cache key
+
+    def _put(self, row: TransactionRow) -> None:
+        self.version += 1
+        old = self._rows.get(row.id)
+        if old is not None and old.state != row.state:
+            self._by_state[old.state].pop(row.id, None)
+        self._rows[row.id] = row
+        self._by_state.setdefault(row.state, {})[row.id] = None
 
     def create(
         self,
@@ -130,14 +152,18 @@ class MemoryTransactions:
         payload: Mapping[str, Any],
         open_states: Collection[str],
     ) -> TransactionRow | None:
-        if any(r.job_id == job_id and r.state in open_states for r in self._rows.values()):
+        if any(r.job_id == job_id for r in self._in(open_states)):
             return None
         row = TransactionRow(
             self._next, job_id, kind, state, at, at, deadline, 0, dict(payload), None
         )
-        self._rows[row.id] = row
+        self._put(row)
         self._next += 1
         return row
+
+    def _in(self, states: Collection[str]) -> list[TransactionRow]:
+        ids = sorted(i for st in set(states) for i in self._by_state.get(st, ()))
+        return [self._rows[i] for i in ids]
 
     def advance(
         self,
@@ -164,8 +190,39 @@ class MemoryTransactions:
             {**row.payload, **(payload or {})},
             error,
         )
-        self._rows[row.id] = new
+        self._put(new)
         return new
 
     def in_states(self, kinds: Collection[str], states: Collection[str]) -> list[TransactionRow]:
-        return [r for r in self._rows.values() if r.kind in kinds and r.state in states]
+        return [r for r in self._in(states) if r.kind in kinds]
+
+    def note(self, row: TransactionRow, payload: Mapping[str, Any], at: datetime) -> TransactionRow:
+        merged = {**row.payload, **payload}
+        current = self._rows.get(row.id)
+        new = TransactionRow(
+            row.id,
+            row.job_id,
+            row.kind,
+            row.state,
+            row.created_at,
+            at,
+            row.deadline,
+            row.attempts,
+            merged,
+            row.error,
+        )
+        if current is not None and current.state == row.state:
+            self._put(new)
+        return new
+
+    def recent(
+        self, kinds: Collection[str], *, job_id: int | None = None, limit: int = 100
+    ) -> list[TransactionRow]:
+        out: list[TransactionRow] = []
+        for row_id in reversed(self._rows):  # ids grow with insertion
+            r = self._rows[row_id]
+            if r.kind in kinds and (job_id is None or r.job_id == job_id):
+                out.append(r)
+                if len(out) >= limit:
+                    break
+        return out

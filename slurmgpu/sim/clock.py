@@ -56,6 +56,11 @@ class EventQueue:
     def next_event_s(self) -> float:
         return self._events[0][0] if self._events else math.inf
 
+    @property
+    def pass_due(self) -> bool:
+        """A scheduling pass is due at this instant (after its remaining events)."""
+        return self._dirty
+
     def run_until(self, t: float) -> None:
         """Process every event up to and including virtual time ``t``."""
         if self._dirty and (not self._events or self._events[0][0] > self.now):

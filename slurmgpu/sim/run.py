@@ -6,9 +6,13 @@ SlurmClient protocol (``jobs()``, ``nodes()``), builds the same
 from their workload model, history of finished jobs, prior alerts, the engine's
 cooldown and rate bookkeeping) and asks the daemon's PolicyEngine to decide. Decisions
 to execute are carried out by the actuator's own ``execute_action`` (``actuate.execute``)
-through SimSlurm; a ``resize`` is the Slurm transaction: checkpoint signal, ``requeue``
-held, update the GPU request, release -- the job waits out the requeue delay and restarts
-at its new size, paying the checkpoint, the delay, scheduling and start-up.
+through SimSlurm; a ``resize`` by the daemon's dispatcher and resize transactions
+(``sim.resizes.SimResizes``: ``actuate.dispatch``, ``ResizeExecutor`` for a job,
+``PoolExecutor`` for an array pool, in memory, acknowledged by SimSlurm's checkpoint
+record, observed every second while in flight) -- the job pays the checkpoint, the
+executor's steps, scheduling and start-up, and is refused where the daemon refuses it.
+An alert (a prior alert for the policies) is an issued outcome, as the daemon's audit
+counts them: a refused action is none.
 
 A cycle is skipped when nothing changed since the last one, except that one runs at
 least every ``quiet_period_s`` (10 min) so time-based rules still fire, and at the
@@ -37,12 +41,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from slurmgpu.actuate.execute import execute_action
+from slurmgpu.actuate.resize import ResizeSettings
 from slurmgpu.cycle.core import MalleableView, PolicyCycle
 from slurmgpu.cycle.guardrails import GuardrailRecords
-from slurmgpu.intent import Intent, Resize, SetGpus, SetNice, SetTimeLimit, StartSoon, resize_of
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
-    Action,
+    RESIZE,
     Decision,
     HistoryRecord,
     JobUsage,
@@ -56,22 +60,27 @@ from slurmgpu.policy.priors import Priors
 from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
 from slurmgpu.sim.gputypes import speed_factor
 from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, build_engine
+from slurmgpu.sim.resizes import SimResizes
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
 from slurmgpu.sim.usage import LazyUsage, UsageModel
 from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.update import audit_fields
+from slurmgpu.tokens import POOL
+from slurmgpu.tokens import parse as parse_tokens
 
 __all__ = [
     "ClusterShape",
     "DecisionRecord",
-    "FastPath",
     "SimOptions",
     "SimRun",
     "scale_load",
     "simulate",
-    "start_resize",
 ]
+
+# Outcomes that are alerts (warnings and actions issued), as the daemon's audit counts
+# them (store.audit.ISSUED; not imported: sim/ loads no store): a failed action is none.
+ISSUED = frozenset({"done", "notified", "skipped"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,20 +162,6 @@ class ClusterShape:
 
 
 @dataclass(frozen=True, slots=True)
-class FastPath:
-    """The daemon's resize fast path (docs/malleable.md, measured by bench/resize_path.py).
-
-    After the checkpoint is acknowledged the daemon sees it on its next observation
-    (``cycle_s``), requeues held, sees the job pending one observation later, updates it
-    with ``StartTime=now+1`` and releases it ``release_delay_s`` after that: the job is
-    eligible seconds after its checkpoint instead of after Slurm's 121 s requeue delay.
-    """
-
-    cycle_s: float = 1.0
-    release_delay_s: float = 1.5
-
-
-@dataclass(frozen=True, slots=True)
 class SimOptions:
     """How the simulated site behaves (Slurm's costs, the daemon's cycle)."""
 
@@ -174,11 +169,12 @@ class SimOptions:
     quiet_period_s: float = 600.0
     requeue_delay_s: float = 121.0
     runtime: ElasticRuntime = field(default_factory=ElasticRuntime)
-    # How the daemon carries a resize (or preemption) out: its fast path by default
-    # (actuate.resize.ResizeSettings: StartTime=now+1 with the update, the release
-    # release_delay later, one observation per cycle_interval while in flight); None:
-    # Slurm's plain requeue path, waiting out requeue_delay_s.
-    resize_path: FastPath | None = field(default_factory=FastPath)
+    # How the daemon's resize executor (actuate.resize, run here as in the daemon)
+    # paces a resize or preemption: its fast path by default (StartTime=now+1 with the
+    # update, the release release_delay later, one observation per cycle_interval while
+    # in flight); fast_start=False: Slurm's plain requeue path, waiting out
+    # requeue_delay_s.
+    resize: ResizeSettings = field(default_factory=ResizeSettings)
     history_refresh_s: float = 600.0
     interference: InterferenceModel | None = None
     policies: SimPolicies = field(default_factory=SimPolicies)
@@ -208,7 +204,7 @@ class SimOutcome:
     """What became of one decision in the simulator (the shared cycle's result)."""
 
     decision: Decision
-    outcome: str  # done | started | notified | skipped | failed: ...
+    outcome: str  # done | notified | skipped | failed: ...
 
 
 @dataclass
@@ -261,26 +257,6 @@ def _type_speed(job: SimJob, gpu_type: str) -> float:
     return speed_factor(app, gpu_type)
 
 
-def _target_gpus(
-    action: Action, gpu_type: str | None = None
-) -> tuple[int, tuple[Intent, ...]] | None:
-    """The GPU count a resize asks for, and the update (typed intents) that sets it.
-
-    A time limit (or a preempted job's nice) the policy set for the new size goes in the
-    same update. The job's GPU type (``gpu_type``) is kept, unless the action moves it to
-    another (``Resize.gpu_type``, the type-aware malleable policy's growth).
-    """
-    sized = resize_of(action.intents)
-    if sized is None:
-        return None
-    if isinstance(sized, Resize):
-        k, gpu_type = sized.to_gpus, sized.gpu_type or gpu_type
-    else:
-        k = sized.gpus
-    extra = [i for i in action.intents if isinstance(i, SetTimeLimit | SetNice)]
-    return k, (SetGpus(k, gpu_type or None, per_node=False), *extra)
-
-
 class _Runner:
     def __init__(
         self,
@@ -327,9 +303,9 @@ class _Runner:
         self.cycles = self.executed = self.failed = self.resizes = 0
         self.reorders = self.preemptions = 0
         self.records: list[DecisionRecord] = []
-        self.resizing: dict[int, float] = {}  # job -> when its resize was decided
-        self.resize_costs: list[float] = []  # decision -> running at the new size, seconds
-        self.last_resize: dict[int, float] = {}
+        # The daemon's resize transactions (actuate.dispatch: jobs and array pools),
+        # in memory, acknowledged by SimSlurm's checkpoint record, in virtual time.
+        self.resizer = SimResizes(self.sim, options.resize)
         self.total = sum(max(1, j.array_tasks) for j in self.trace)
         self.sim.listeners.append(self._ended)
         self.needs_cycles = bool(self.engine.policies) or policy_set in BASELINES
@@ -468,55 +444,59 @@ class _Runner:
         return opt_in is None or opt_in(job)
 
     def malleable_view(self, cluster: ClusterSnapshot, at: datetime) -> MalleableView:
-        sim = self.sim
-        live = {j.job_id for j in cluster.jobs}
         specs, rates = self._malleable_view()
-        costs = sorted(self.resize_costs)
+        # as the daemon's MalleableActuator: from the transactions, only when a job is
+        # malleable
+        cost, last = self.resizer.history() if specs else (None, {})
         return MalleableView(
             specs=specs,
-            resizing=frozenset(self.resizing),
+            resizing=self.resizer.in_flight,
             throughput=rates,
-            resize_cost=timedelta(seconds=costs[len(costs) // 2]) if costs else None,
-            last_resize_at={j: sim.at(t) for j, t in self.last_resize.items() if j in live},
+            resize_cost=cost,
+            last_resize_at=last,
         )
 
     # ---- the shared cycle's executor (cycle.core.Executor)
 
     def confirm(self, cluster: ClusterSnapshot, at: datetime) -> None:
-        self._resize_progress()
+        self.resizer.advance(cluster, at)  # before deciding, as the daemon
 
     def act(
         self, decisions: Sequence[Decision], cluster: ClusterSnapshot, snap: PolicySnapshot
     ) -> list[SimOutcome]:
-        return [SimOutcome(d, self._carry_out(d)) for d in decisions]
+        return [SimOutcome(d, self._carry_out(d, cluster, snap)) for d in decisions]
 
-    def _carry_out(self, d: Decision) -> str:
+    def _carry_out(self, d: Decision, cluster: ClusterSnapshot, snap: PolicySnapshot) -> str:
         a = d.action
         sim = self.sim
-        if not d.suppressed:
-            self.alerts.append(PriorAlert(a.job_id, a.policy, a.alert or a.kind, sim.at(sim.now)))
-        if not d.execute:
-            if d.notify and self.options.record_decisions:
-                fields = tuple(sorted(audit_fields(a.intents, sim.version()).items()))
-                self.records.append(
-                    DecisionRecord(sim.now, a.policy, a.kind, a.job_id, fields, "notified")
-                )
-            return "notified" if d.notify else "skipped"
-        outcome = "done"
-        try:
-            if a.kind == "resize":
-                outcome = self._resize(a)
-            else:
-                execute_action(sim, a)
-        except (SlurmError, ValueError) as exc:
-            outcome = f"failed: {exc}"
-        if outcome in {"done", "started"}:
-            self.executed += 1
-            if is_ordering(a):  # no change for the guardrails (GuardrailRecords)
-                self.reorders += 1
+        if a.kind == RESIZE:
+            # the daemon's dispatcher: a job's transaction or a pool's, refusals failed
+            done = self.resizer.carry_out(d, cluster, snap.malleable)
+            outcome = done.outcome if done.error is None else f"failed: {done.error}"
+            if done.outcome == "done":
+                if is_preempt(a):
+                    self.preemptions += 1
+                else:
+                    self.resizes += 1
+        elif not d.execute:
+            outcome = "notified" if d.notify else "skipped"
         else:
-            self.failed += 1
-        if self.options.record_decisions:
+            outcome = "done"
+            try:
+                execute_action(sim, a)
+            except (SlurmError, ValueError) as exc:
+                outcome = f"failed: {exc}"
+        # An alert is what the daemon's audit counts as issued: not a failed action.
+        if not d.suppressed and outcome in ISSUED:
+            self.alerts.append(PriorAlert(a.job_id, a.policy, a.alert or a.kind, sim.at(sim.now)))
+        if d.execute:
+            if outcome == "done":
+                self.executed += 1
+                if is_ordering(a):  # no change for the guardrails (GuardrailRecords)
+                    self.reorders += 1
+            else:
+                self.failed += 1
+        if self.options.record_decisions and (d.execute or d.notify):
             self.records.append(
                 DecisionRecord(
                     sim.now,
@@ -529,25 +509,6 @@ class _Runner:
             )
         return outcome
 
-    def _resize(self, action: Action) -> str:
-        start_resize(self.sim, action, fast=self.options.resize_path)
-        if is_preempt(action):
-            self.preemptions += 1
-        else:
-            self.resizes += 1
-        self.resizing[action.job_id] = self.sim.now
-        return "started"
-
-    def _resize_progress(self) -> None:
-        """Close resize transactions whose job runs again (or ended)."""
-        for jid, decided in list(self.resizing.items()):
-            job = self.sim.job(jid)
-            if job.done or (job.state is JobState.RUNNING and job.start_s > decided):
-                del self.resizing[jid]
-                if not job.done:
-                    self.resize_costs.append(job.start_s - decided)
-                    self.last_resize[jid] = job.start_s
-
     def _malleable_view(
         self,
     ) -> tuple[dict[int, MalleableSpec], dict[int, dict[int, float]]]:
@@ -556,8 +517,18 @@ class _Runner:
         sim = self.sim
         cache = self.malleable_cache
         for job in (*sim.running(), *sim.pending()):
+            if job.array_job_id is not None:
+                # an array pool (``sgpu:pool=MIN:MAX``), by array id, as the daemon's
+                # directory gives it (daemon/malleable.py); no measured speeds
+                if POOL in job.comment and job.array_job_id not in specs:
+                    token = parse_tokens(job.comment).malleable
+                    if token is not None and token.pool:
+                        specs[job.array_job_id] = MalleableSpec(
+                            job.array_job_id, token.lo, token.hi, pool=True
+                        )
+                continue
             m = job.malleable
-            if m is None or job.array_job_id is not None:
+            if m is None:
                 continue
             running = job.state is JobState.RUNNING and bool(job.runs)
             # measured on the GPU type it runs on now (a typed cluster)
@@ -634,69 +605,6 @@ class _Runner:
             self.preemptions,
             self.reorders,
         )
-
-
-def start_resize(sim: SimSlurm, action: Action, *, fast: FastPath | None = None) -> None:
-    """Begin the resize transaction for a running job, as Slurm allows it.
-
-    Now: checkpoint signal (``USR2``). After the runtime's checkpoint time, if it
-    acknowledged: ``requeue`` held, ``update`` the GPU request, ``release``. Without
-    ``fast`` (Slurm's plain path) the job's begin time is the requeue's, now + the
-    requeue delay; with it, the daemon's fast path (:class:`FastPath`): the update also
-    sets ``StartTime=now+1`` and the release follows ``release_delay_s`` later, each step
-    on the daemon's next observation. The job restarts at the new size when it is
-    eligible and the scheduler finds room. No acknowledgement (or the job ended): nothing
-    more happens and the job keeps running at its old size.
-    """
-    job = sim.job(action.job_id)
-    target = _target_gpus(action, job.gpu_type)
-    if target is None:
-        raise ValueError("resize names no GPU count (no Resize or Preempt intent)")
-    if job.state is not JobState.RUNNING:
-        raise ValueError(f"job {job.job_id} is not running")
-    ref = action.slurm_id or str(job.job_id)
-    update = target[1]
-    started = sim.now
-    sim.signal(ref, "USR2")
-
-    def acked() -> bool:
-        at = sim.checkpointed_at(job.job_id)
-        return job.state is JobState.RUNNING and at is not None and at >= started
-
-    def after_checkpoint() -> None:
-        if not acked():
-            return
-        sim.requeue(ref, hold=True)
-        try:
-            sim.update_job(ref, update)
-        finally:
-            sim.release(ref)
-
-    if fast is None:
-        sim.call_at(sim.now + sim.runtime.checkpoint_s, after_checkpoint)
-        return
-
-    def update_and_release() -> None:
-        if job.done:
-            return
-        try:
-            sim.update_job(ref, (*update, StartSoon(1)))
-        finally:
-            sim.call_at(sim.now + fast.release_delay_s, lambda: _release(sim, job, ref))
-
-    def requeue_held() -> None:
-        if not acked():
-            return
-        sim.requeue(ref, hold=True)
-        sim.call_at(sim.now + fast.cycle_s, update_and_release)
-
-    # the ack is seen on the daemon's next observation after it is written
-    sim.call_at(sim.now + sim.runtime.checkpoint_s + fast.cycle_s, requeue_held)
-
-
-def _release(sim: SimSlurm, job: SimJob, ref: str) -> None:
-    if not job.done and job.held:
-        sim.release(ref)
 
 
 def simulate(

@@ -135,15 +135,35 @@ def test_per_type_use_and_energy_add_up() -> None:
 
 
 def test_a_resize_keeps_the_job_s_type_or_moves_it_to_the_one_the_policy_named() -> None:
+    # The daemon's executor (actuate.resize.resize_intent) spells the held job's update.
+    from slurmgpu.actuate.resize import ResizeExecutor
+    from slurmgpu.cycle.transactions import MemoryTransactions
     from slurmgpu.intent import Resize
+    from slurmgpu.model import MalleableSpec
     from slurmgpu.policy.base import Action
-    from slurmgpu.sim.run import _target_gpus
+    from slurmgpu.sim.slurm import SimSlurm
+    from slurmgpu.sim.workload import MalleableRange, TraceJob
 
-    grow = Action("malleable", "resize", 1, "alice", "", intents=(Resize(2, 4),))
-    assert _target_gpus(grow, "v100") == (4, (SetGpus(4, "v100", per_node=False),))
-    assert _target_gpus(grow, None) == (4, (SetGpus(4, per_node=False),))
-    moved = Action("malleable", "resize", 1, "alice", "", intents=(Resize(2, 4, "p100"),))
-    assert _target_gpus(moved, "v100") == (4, (SetGpus(4, "p100", per_node=False),))
+    def fields(gpu_type: str | None, moved: str | None) -> dict[str, str]:
+        sim = SimSlurm(2, 4, node_types=None if gpu_type is None else ["v100", "a100"])
+        spec = TraceJob(
+            0, "A", "alice", RigidJob(3600, 2), gpus=2, gpu_type=gpu_type,
+            malleable=MalleableRange(1, 4),
+        )  # fmt: skip
+        jid = sim.submit_job(spec)
+        sim.run_until(1)
+        listed = next(j for j in sim.jobs() if j.job_id == jid)
+        grow = Action("malleable", "resize", jid, "alice", "", intents=(Resize(2, 4, moved),))
+        executor = ResizeExecutor(sim, MemoryTransactions(), acks=lambda d, j: None)
+        row = executor.start(
+            grow, listed, MalleableSpec(jid, 1, 4), at=sim.at(1), to_gpus=4,
+            slurm_version=sim.version(),
+        )  # fmt: skip
+        return dict(row.payload["fields"])
+
+    assert fields("v100", None) == {"TresPerJob": "gres:gpu:v100:4"}
+    assert fields(None, None) == {"TresPerJob": "gres:gpu:4"}
+    assert fields("v100", "a100") == {"TresPerJob": "gres:gpu:a100:4"}
 
 
 def test_the_type_aware_set_is_the_malleable_policy_with_the_measured_speeds() -> None:

@@ -7,20 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from slurmgpu.actuate.resize import ResizeSettings
 from slurmgpu.intent import Resize, SetGpus, SetNodes, SetTimeLimit, StartSoon
-from slurmgpu.model import JobState
-from slurmgpu.policy.base import Action, HistoryRecord, Mode, PolicySnapshot
+from slurmgpu.model import ClusterSnapshot, JobState, MalleableSpec
+from slurmgpu.policy.base import Action, Decision, HistoryRecord, Mode, PolicySnapshot
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.settings import EngineSettings, MalleableSettings
 from slurmgpu.sim.policysets import SimPolicies
-from slurmgpu.sim.run import (
-    ClusterShape,
-    FastPath,
-    SimOptions,
-    SimRun,
-    simulate,
-    start_resize,
-)
+from slurmgpu.sim.resizes import SimResizes
+from slurmgpu.sim.run import ClusterShape, SimOptions, SimRun, simulate
 from slurmgpu.sim.slurm import ElasticRuntime, SimSlurm
 from slurmgpu.sim.workload import MalleableRange, RigidJob, TraceJob
 from slurmgpu.slurm.client import SlurmClient, SlurmCommandError
@@ -235,15 +230,33 @@ def test_a_shrink_lets_a_waiting_job_start_through_the_real_engine() -> None:
     assert a.allocated_gpus == 4 and a.restarts == 0
 
 
+def _resize_at(sim: SimSlurm, resizes: SimResizes, at_s: float, action: Action) -> None:
+    """The daemon's dispatcher starts ``action`` at ``at_s`` (the job malleable 1:4)."""
+
+    def go() -> None:
+        listing = ClusterSnapshot(
+            sim.at(sim.now), tuple(sim.jobs()), tuple(sim.nodes()), sim.version()
+        )
+        spec = {action.job_id: MalleableSpec(action.job_id, 1, 4)}
+        done = resizes.carry_out(Decision(action, Mode.ENFORCE, True, True), listing, spec)
+        assert done.outcome == "done", done
+
+    sim.call_at(at_s, go)
+
+
 def test_resize_is_checkpoint_requeue_delay_restart_at_the_new_size() -> None:
-    # A (4 GPUs, 1000 s of work at 4 GPUs) is resized to 2 at t=60: checkpoint signal
-    # (20 s pause; 60 s of work saved), requeued held at 80, updated, released; eligible
-    # at 80 + 121 = 201; 30 s start-up; the 940 s left run at 2 GPUs, where Amdahl
-    # (p = 0.95) makes it 1.9 / 1.0256 ... slower: rate(2) / rate(4) = 1.9048 / 3.4783.
+    # Slurm's plain requeue path (the executor without fast_start). A (4 GPUs, 1000 s of
+    # work at 4 GPUs) is resized to 2 at t=60: checkpoint signal (20 s pause; 60 s of
+    # work saved), the ack seen at 80 and the job requeued held; seen pending at 81,
+    # updated and released; eligible at 80 + 121 = 201; 30 s start-up; the 940 s left
+    # run at 2 GPUs, where Amdahl (p = 0.95) makes it 1.9 / 1.0256 ... slower:
+    # rate(2) / rate(4) = 1.9048 / 3.4783.
     sim = SimSlurm(1, 4, runtime=ElasticRuntime(checkpoint_s=20, startup_s=30))
     jid = sim.submit_job(job("A", 4, 1000, None))
-    action = Action("test", "resize", jid, "alice", "test", intents=(Resize(4, 2),))
-    sim.call_at(60, lambda: start_resize(sim, action))
+    resizes = SimResizes(sim, ResizeSettings(fast_start=False))
+    _resize_at(
+        sim, resizes, 60, Action("test", "resize", jid, "alice", "t", intents=(Resize(4, 2),))
+    )
     sim.run_until(100)
     assert sim.job(jid).state is JobState.PENDING and sim.job(jid).restarts == 1
     sim.run_until(100_000)
@@ -252,17 +265,23 @@ def test_resize_is_checkpoint_requeue_delay_restart_at_the_new_size() -> None:
     assert a.allocated_gpus == 2 and a.runs[-1].start_s == pytest.approx(201)
     slower = (1 / (0.05 + 0.95 / 4)) / (1 / (0.05 + 0.95 / 2))
     assert a.end_s == pytest.approx(201 + 30 + 940 * slower)
+    (row,) = resizes.transactions.recent(["resize"])
+    assert row.state == "running" and not resizes.in_flight
 
 
-def test_a_resize_of_a_job_that_ends_before_its_checkpoint_is_abandoned() -> None:
+def test_a_resize_of_a_job_that_ends_before_its_checkpoint_is_aborted() -> None:
     sim = SimSlurm(1, 4, runtime=ElasticRuntime(checkpoint_s=20, startup_s=30))
     jid = sim.submit_job(job("A", 4, 500, None))
-    action = Action("test", "resize", jid, "alice", "test", intents=(Resize(4, 2),))
-    sim.call_at(40, lambda: start_resize(sim, action))
+    resizes = SimResizes(sim)
+    _resize_at(
+        sim, resizes, 40, Action("test", "resize", jid, "alice", "t", intents=(Resize(4, 2),))
+    )
     sim.call_at(50, lambda: sim.cancel(jid))  # before the checkpoint is acknowledged
     sim.run_until(100_000)
     a = sim.job(jid)
     assert a.state is JobState.CANCELLED and a.restarts == 0 and a.end_s == 50
+    (row,) = resizes.transactions.recent(["resize"])
+    assert row.state == "aborted" and not resizes.in_flight
 
 
 def _shrink_scenario(scale_time_limit: bool) -> SimRun:
@@ -319,23 +338,32 @@ def test_a_shrunk_job_gets_a_time_limit_for_its_new_size_and_no_longer_times_out
 
 def test_resize_on_the_daemons_fast_path_skips_the_requeue_delay() -> None:
     # As test_resize_is_checkpoint_requeue_delay_restart_at_the_new_size, on the daemon's
-    # fast path: ack at 80 seen on the next observation (81): requeue held; pending seen
-    # at 82: update with StartTime=now+1 (eligible 83); released 1.5 s later, at 83.5,
-    # when it starts: 117.5 s sooner than after Slurm's 121 s requeue delay.
+    # fast path (the executor's default ResizeSettings, one observation a second): the
+    # ack written at 80 is seen at 80 and the job requeued held; pending seen at 81:
+    # updated with StartTime=now+1 (eligible 82); released on the first observation
+    # 1.5 s after the update, at 83, when it starts: 118 s sooner than after Slurm's
+    # 121 s requeue delay.
     sim = SimSlurm(1, 4, runtime=ElasticRuntime(checkpoint_s=20, startup_s=30))
     jid = sim.submit_job(job("A", 4, 1000, None))
-    action = Action("test", "resize", jid, "alice", "test", intents=(Resize(4, 2),))
-    sim.call_at(60, lambda: start_resize(sim, action, fast=FastPath()))
+    resizes = SimResizes(sim)
+    _resize_at(
+        sim, resizes, 60, Action("test", "resize", jid, "alice", "t", intents=(Resize(4, 2),))
+    )
     sim.run_until(82.5)
     a = sim.job(jid)
     assert a.state is JobState.PENDING and a.held and a.gpus == 2
-    assert a.eligible_s == pytest.approx(83.0)
+    assert a.eligible_s == pytest.approx(82.0)
     sim.run_until(100_000)
     a = sim.job(jid)
     assert a.state is JobState.COMPLETED and a.allocated_gpus == 2
-    assert a.runs[-1].start_s == pytest.approx(83.5)
+    assert a.runs[-1].start_s == pytest.approx(83.0)
     slower = (1 / (0.05 + 0.95 / 4)) / (1 / (0.05 + 0.95 / 2))
-    assert a.end_s == pytest.approx(83.5 + 30 + 940 * slower)
+    assert a.end_s == pytest.approx(83.0 + 30 + 940 * slower)
+    (row,) = resizes.transactions.recent(["resize"])
+    t0 = sim.at(0)
+    t = {k: (datetime.fromisoformat(v) - t0).total_seconds() for k, v in row.payload["t"].items()}
+    phases = ("signaled", "acked", "requeued", "pending", "updated", "released", "running")
+    assert [t[k] for k in phases] == [60, 80, 80, 81, 81, 83, 84]
 
 
 def test_simslurm_takes_a_start_time_for_a_pending_job() -> None:
