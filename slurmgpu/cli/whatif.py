@@ -125,6 +125,16 @@ def whatif_command(
             f"{without} of {len(runs)} jobs have no usage summary: replayed at 100 % util "
             "(nothing to rightsize or share), so savings are understated"
         )
+    metered = [r.energy_j for r in runs if r.energy_j is not None]
+    measured_kwh = sum(metered) / 3.6e6 if metered else None
+    notes.append(
+        "energy: the simulator's own GPU power model, not the meters; "
+        + (
+            f"the {len(metered)} metered jobs of the window used {measured_kwh:,.1f} kWh"
+            if measured_kwh is not None
+            else "no job of the window has metered energy"
+        )
+    )
     if seeds > 1:
         notes.append(
             f"means over {seeds} seeds (seeds draw the missing time limits and the "
@@ -171,6 +181,7 @@ def whatif_command(
             "jobs_without_usage": without,
             "cluster": f"{shape.nodes}x{shape.gpus_per_node}",
             "seeds": seeds,
+            "measured_energy_kwh": measured_kwh,
             "sets": {r.policy_set: r.as_dict() for r in rows},
             "notes": notes,
         }

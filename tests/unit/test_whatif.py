@@ -124,6 +124,7 @@ def test_whatif_json_gives_per_set_figures_and_rightsize_returns_gpu_hours(db: s
     right = doc["sets"]["rightsize"]
     assert right["gpu_hours_returned"] > 0 and right["jobs_touched"] > 0
     assert any("issue 33" in n for n in doc["notes"])
+    assert doc["measured_energy_kwh"] is None  # the test store has no metered energy
     assert any(n.startswith("1 of 11 jobs have no usage summary") for n in doc["notes"])
 
 
