@@ -78,6 +78,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sgpu simulate trace.csv --format csv --policies slurm,rightsize",
         "sgpu simulate workload.csv --cluster 8x4 --html out.html",
     ),
+    "whatif": (
+        "sgpu whatif --since 30d",
+        "sgpu whatif --since 2026-03-01 --policies rightsize,colocate --cluster 16x4 --json",
+    ),
 }
 
 

@@ -36,6 +36,7 @@ COMMANDS = {
     "node-token": "slurmgpu.cli.token:node_token_command",
     "cluster": "slurmgpu.cli.cluster:cluster",
     "simulate": "slurmgpu.cli.simulate:simulate_command",
+    "whatif": "slurmgpu.cli.whatif:whatif_command",
     "monitoring": "slurmgpu.cli.monitoring:monitoring",
 }
 
