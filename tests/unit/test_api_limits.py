@@ -267,7 +267,9 @@ def test_refusals_are_logged_once_per_peer_and_reason_and_counted_by_reason(
             for _ in range(20):
                 conn = socket.create_connection(("127.0.0.1", served.port), 20, (source, 0))
                 conn.sendall(b"GET /v1/nodes/gpu1/jobs HTTP/1.1\r\nAuthorization: Bearer x\r\n\r\n")
-                assert _reply(conn).startswith(b"HTTP/1.1 401")
+                reply = _reply(conn)
+                # (seen once on a loaded machine: something else than a 401; say what)
+                assert reply.startswith(b"HTTP/1.1 401"), reply[:300]
                 conn.close()
     lines = [r.getMessage() for r in caplog.records if "rejected request" in r.getMessage()]
     assert len(lines) == 2, lines  # one per peer for this reason in the interval
