@@ -8,5 +8,7 @@ echo "== sgpu report --since 1d (jobs that ended today, by user)"
 sgpu report --since 1d
 echo "== sgpu report --since 1d --by partition --format csv"
 sgpu report --since 1d --by partition --format csv
+echo "== sgpu whatif --since 1d (this store's jobs replayed under each policy set against plain Slurm)"
+sgpu whatif --since 1d
 sgpu report --since 1d --format html -o "$out"
 echo "== HTML report written to $out (self-contained: open it in any browser, offline)"
