@@ -102,6 +102,9 @@ def _copy_with(tmp_path: Path, old: str, new: str) -> Path:
     return tmp_path / "tests" / "monitoring" / "rules_test.yml"
 
 
+# Three promtool runs of about 2 s each: the check of the check runs with the slow tier,
+# so the unit tier stays near a minute (the rules' own promtool tests stay in it).
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("old", "new", "named"),
     [
