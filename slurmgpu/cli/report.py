@@ -38,6 +38,15 @@ def parse_moment(value: str, now: datetime, option: str) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
+def parse_window(since: str, until: str, now: datetime) -> tuple[datetime, datetime]:
+    """``--since``/``--until`` as a window; exits 2 with one line when it is empty."""
+    start = parse_moment(since, now, "--since")
+    end = parse_moment(until, now, "--until")
+    if end <= start:
+        fail(f"--until ({end:%Y-%m-%d %H:%M}) must come after --since ({start:%Y-%m-%d %H:%M})", 2)
+    return start, end
+
+
 @click.command()
 @click.option(
     "--since",
@@ -79,10 +88,7 @@ def report(
 ) -> None:
     """Report GPU efficiency of the jobs that ended in a window, and what slurmgpu did."""
     now = datetime.now(UTC)
-    start = parse_moment(since, now, "--since")
-    end = parse_moment(until, now, "--until")
-    if end <= start:
-        fail(f"--until ({end:%Y-%m-%d %H:%M}) must come after --since ({start:%Y-%m-%d %H:%M})", 2)
+    start, end = parse_window(since, until, now)
     store = app.store(migrate=False)
     try:
         result = build_report(

@@ -25,7 +25,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
-from slurmgpu.cli.report import parse_moment
+from slurmgpu.cli.report import parse_window
 from slurmgpu.sim.fromstore import Savings, infer_shape, priors, savings, to_trace
 from slurmgpu.sim.metrics import RunSummary, summarise
 from slurmgpu.sim.policysets import known_sets
@@ -76,10 +76,7 @@ def whatif_command(
 ) -> None:
     """What each policy set would have changed on the jobs of a window, against Slurm."""
     now = datetime.now(UTC)
-    start = parse_moment(since, now, "--since")
-    end = parse_moment(until, now, "--until")
-    if end <= start:
-        fail(f"--until ({end:%Y-%m-%d %H:%M}) must come after --since ({start:%Y-%m-%d %H:%M})", 2)
+    start, end = parse_window(since, until, now)
     sets = [s.strip() for s in policies.split(",") if s.strip() and s.strip() != "slurm"]
     unknown = [s for s in sets if s not in known_sets()]
     if unknown or not sets:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -44,6 +44,30 @@ class TransactionRow:
     attempts: int
     payload: dict[str, Any]
     error: str | None
+
+    def advanced(
+        self,
+        state: str,
+        at: datetime,
+        deadline: datetime | None,
+        payload: Mapping[str, Any] | None,
+        error: str | None,
+    ) -> TransactionRow:
+        """This row moved to ``state`` at ``at`` (one more attempt, ``payload`` merged in):
+        what every store returns from ``advance``."""
+        return replace(
+            self,
+            state=state,
+            updated_at=at,
+            deadline=deadline,
+            attempts=self.attempts + 1,
+            payload={**self.payload, **(payload or {})},
+            error=error,
+        )
+
+    def noted(self, payload: Mapping[str, Any], at: datetime) -> TransactionRow:
+        """This row with ``payload`` merged in at ``at``, its state unchanged."""
+        return replace(self, updated_at=at, payload={**self.payload, **payload})
 
 
 class AckReader(Protocol):
@@ -178,18 +202,7 @@ class MemoryTransactions:
         current = self._rows.get(row.id)
         if current is None or current.state != row.state:
             return None
-        new = TransactionRow(
-            row.id,
-            row.job_id,
-            row.kind,
-            state,
-            row.created_at,
-            at,
-            deadline,
-            row.attempts + 1,
-            {**row.payload, **(payload or {})},
-            error,
-        )
+        new = row.advanced(state, at, deadline, payload, error)
         self._put(new)
         return new
 
@@ -197,20 +210,8 @@ class MemoryTransactions:
         return [r for r in self._in(states) if r.kind in kinds]
 
     def note(self, row: TransactionRow, payload: Mapping[str, Any], at: datetime) -> TransactionRow:
-        merged = {**row.payload, **payload}
         current = self._rows.get(row.id)
-        new = TransactionRow(
-            row.id,
-            row.job_id,
-            row.kind,
-            row.state,
-            row.created_at,
-            at,
-            row.deadline,
-            row.attempts,
-            merged,
-            row.error,
-        )
+        new = row.noted(payload, at)
         if current is not None and current.state == row.state:
             self._put(new)
         return new

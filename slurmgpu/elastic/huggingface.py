@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmgpu.elastic.checkpoint import write_atomic
+from slurmgpu.elastic.extras import require
 from slurmgpu.elastic.runtime import ElasticRun
 
 __all__ = [
@@ -77,13 +78,7 @@ _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 
 
 def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as exc:  # pragma: no cover - exercised only without transformers
-        raise RuntimeError(
-            "slurmgpu.elastic.huggingface needs transformers (pip install 'slurmgpu[huggingface]')"
-        ) from exc
-    return transformers
+    return require("transformers", "huggingface", "slurmgpu.elastic.huggingface")
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmgpu.elastic.checkpoint import write_atomic
+from slurmgpu.elastic.extras import require
 from slurmgpu.elastic.runtime import ElasticRun
 from slurmgpu.elastic.scaling import LrRule, scaled_lr
 
@@ -101,13 +102,7 @@ FORMAT_VERSION = 1
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - exercised only without torch
-        raise RuntimeError(
-            "slurmgpu.elastic.torch needs torch (pip install 'slurmgpu[torch]')"
-        ) from exc
-    return torch
+    return require("torch", "torch", "slurmgpu.elastic.torch")
 
 
 def _dist() -> Any | None:

@@ -120,18 +120,7 @@ class TransactionStore:
                     return None
         except SQLAlchemyError as exc:
             raise StoreError(f"could not advance transaction {row.id}: {one_line(exc)}") from exc
-        return TransactionRow(
-            row.id,
-            row.job_id,
-            row.kind,
-            state,
-            row.created_at,
-            at,
-            deadline,
-            row.attempts + 1,
-            merged,
-            error,
-        )
+        return row.advanced(state, at, deadline, payload, error)
 
     def note(self, row: TransactionRow, payload: Mapping[str, Any], at: datetime) -> TransactionRow:
         """Merge ``payload`` into the row without changing its state (progress bookkeeping)."""
@@ -146,18 +135,7 @@ class TransactionStore:
                 )
         except SQLAlchemyError as exc:
             raise StoreError(f"could not update transaction {row.id}: {one_line(exc)}") from exc
-        return TransactionRow(
-            row.id,
-            row.job_id,
-            row.kind,
-            row.state,
-            row.created_at,
-            at,
-            row.deadline,
-            row.attempts,
-            merged,
-            row.error,
-        )
+        return row.noted(payload, at)
 
     def in_states(self, kinds: Collection[str], states: Collection[str]) -> list[TransactionRow]:
         t = schema.transactions
