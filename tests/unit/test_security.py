@@ -23,7 +23,9 @@ import pytest
 
 from slurmgpu.agent.spool import BatchSpool
 from slurmgpu.config import DaemonSettings, parse_settings
-from slurmgpu.daemon.api import Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.auth import Authenticator
+from slurmgpu.daemon.ingest import IngestService
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.listen_address import parse_listen
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node
 from slurmgpu.store import open_store
