@@ -28,7 +28,8 @@ from slurmgpu.report.eff import (
 from slurmgpu.report.eff_render import render_report
 from slurmgpu.report.energy import JobEnergy, energy_from_json, job_energy
 from slurmgpu.store import JobStore, StoreError
-from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuUsage, HostUsage
 
 _JOB_ID = re.compile(r"(\d+)(?:_(\d+))?")
 

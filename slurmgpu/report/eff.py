@@ -70,7 +70,7 @@ from slurmgpu.policy.settings import ColocateSettings
 from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.report.energy import JobEnergy, energy_sentence, energy_to_json
 from slurmgpu.slurm import sbatch
-from slurmgpu.store.usage import GpuUsage, HostUsage
+from slurmgpu.store.usage_query import GpuUsage, HostUsage
 from slurmgpu.units import format_time_limit
 
 GpuStatus = Literal["ok", "low", "idle", "no-process", "no-data", "error"]

@@ -28,7 +28,8 @@ from slurmgpu.report.eff import (
 )
 from slurmgpu.report.eff_render import render_report
 from slurmgpu.store import JobStore, open_store
-from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuUsage, HostUsage
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 
 T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from slurmgpu.report.eff import gpu_diagnosis, job_efficiency, notes, to_json
-from slurmgpu.store.usage import HostUsage
+from slurmgpu.store.usage_query import HostUsage
 from tests.unit.test_eff import ended, gpu, host, kinds, make_job, one
 
 

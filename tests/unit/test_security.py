@@ -304,7 +304,7 @@ def _literal_text(node: ast.AST) -> str:
     return ""
 
 
-# Names that may be interpolated into SQL text: usage.py's bulk insert (the hot path, one
+# Names that may be interpolated into SQL text: sample_ingest.py's bulk insert (the hot path, one
 # executemany per batch) builds its column list and "?"/"%s" marks from these constants;
 # every value still goes in as a bound parameter.
 SAFE_SQL_NAMES = frozenset({"_GPU_COLUMNS", "_HOST_COLUMNS", "mark", "len"})
