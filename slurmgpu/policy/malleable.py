@@ -4,7 +4,7 @@ Only jobs in ``PolicySnapshot.malleable`` (``sgpu submit --malleable MIN:MAX``) 
 resized, never below ``min_gpus`` nor above ``max_gpus``, and never while a resize of
 theirs is in flight (``PolicySnapshot.resizing``) or within ``min_interval`` of their
 last one (``PolicySnapshot.last_resize_at``). A resize is a ``resize`` action
-(:func:`~slurmgpu.policy.base.resize_action`) that ``actuate.resize`` carries out as
+(:func:`~slurmgpu.policy.base.resize_action`) that ``cycle.resize`` carries out as
 checkpoint -> requeue held -> update -> release; the job runs nothing meanwhile.
 
 **What a resize costs**: the measured median of past resizes here
@@ -211,7 +211,7 @@ class _Free:
     A job that asked for a GPU type (``--gres=gpu:a100:2``) only fits on nodes of that
     type: Slurm would hold it pending on any other, so planning it there would shrink
     donors for nothing and grow it into GPUs it cannot get (the type is kept in every
-    update, see ``actuate.resize``). Untyped jobs fit anywhere.
+    update, see ``cycle.resize``). Untyped jobs fit anywhere.
     """
 
     def __init__(self, nodes: Iterable[Node]) -> None:

@@ -19,7 +19,7 @@ other fields are spelt alike in every release we support::
     StartSoon(1)                  StartTime=now+1
 
 A ``resize`` (:class:`~slurmgpu.intent.Resize`, :class:`~slurmgpu.intent.Preempt`) is
-no single update: ``actuate.resize`` renders the held job's update from the job's own
+no single update: ``cycle.resize`` renders the held job's update from the job's own
 request. The audit records it as ``from_gpus`` / ``to_gpus`` (and ``gpu_type``,
 ``preempt``) beside the update fields (:func:`audit_fields`), the format rows have always
 had. :func:`parse_fields` reads either back into intents: ``actuate.confirm`` compares
