@@ -48,7 +48,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from slurmgpu import wire
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.api import ApiServer
+from slurmgpu.daemon.auth import Authenticator
+from slurmgpu.daemon.ingest import IngestService
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, Node
 from slurmgpu.store import open_store

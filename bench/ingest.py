@@ -26,7 +26,10 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.api import ApiServer
+from slurmgpu.daemon.auth import Authenticator
+from slurmgpu.daemon.ingest import IngestService
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.model import ClusterSnapshot, Job, JobState, Node, NodeGpuAllocation
@@ -46,7 +49,8 @@ def make_batches(n_batches: int, per_batch: int, tag: str) -> list[SampleBatch]:
             GpuSampleIn(
                 # Shaped as agents make them (agent.sampler.sample_uid: node first), so the
                 # daemon stores them as sent, like the baseline; a foreign-shaped id would
-                # be hashed per node (store.usage.node_scoped_uid), a path agents never take.
+                # be hashed per node (store.sample_ingest.node_scoped_uid), a path agents
+                # never take.
                 sample_uid=f"{node}:{tag}:{b}:{i}",
                 at=t0 + b * 10 + i * 0.001,
                 gpu_index=i % 8,

@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurmgpu.actuate.resize import (  # noqa: E402
+from slurmgpu.cycle.resize import (  # noqa: E402
     CLOSED,
     RUNNING,
     ResizeExecutor,

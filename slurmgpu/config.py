@@ -44,7 +44,7 @@ from slurmgpu.settings_table import ConfigError, TableReader
 from slurmgpu.units import parse_duration
 
 if TYPE_CHECKING:
-    from slurmgpu.actuate.resize import ResizeSettings
+    from slurmgpu.cycle.resize import ResizeSettings
     from slurmgpu.notify.settings import NotifySettings
     from slurmgpu.policy.settings import (
         AttainedServiceSettings,
@@ -168,7 +168,7 @@ def _las() -> AttainedServiceSettings:
 
 
 def _resize() -> ResizeSettings:
-    from slurmgpu.actuate.resize import ResizeSettings
+    from slurmgpu.cycle.resize import ResizeSettings
 
     return ResizeSettings()
 
@@ -185,7 +185,7 @@ class PolicySettings:
 
     A policy table without ``mode`` takes ``daemon.mode`` (advise on a fresh install).
     ``history_days``: how far back priors learn from finished jobs. ``[policy.resize]``
-    paces the resizes the malleable policy decides (``actuate.resize.ResizeSettings``).
+    paces the resizes the malleable policy decides (``cycle.resize.ResizeSettings``).
     ``sizing``: the site's one set of sizing rules (``policy.sizing.SizingRules``), whose
     knobs the file writes in ``[policy.rightsize]`` and ``[policy.colocate]``
     (``policy.settings.SIZING_KEYS``); rightsizing, co-location, the export and ``sgpu
@@ -454,7 +454,7 @@ def _parse_policy(doc: dict[str, Any], text: str, path: Path | None, mode: str) 
 
 def _parse_resize(raw: dict[str, Any], text: str, path: Path | None) -> ResizeSettings:
     """``[policy.resize]``: how resize transactions are paced (see ResizeSettings)."""
-    from slurmgpu.actuate.resize import ResizeSettings
+    from slurmgpu.cycle.resize import ResizeSettings
 
     r = _Reader({"policy.resize": raw}, text, path, "policy.resize")
     d = ResizeSettings()

@@ -12,7 +12,7 @@ The action's ``kind`` says how they are carried out: ``update`` applies the job 
 in one ``scontrol update``; ``requeue`` with changes requeues the job held, applies them
 and releases it (``actuate.separate``); ``resize`` carries one :class:`Resize` or
 :class:`Preempt` (the checkpoint -> requeue -> update -> release transaction of
-``actuate.resize``), plus the changes that go in its held job's update
+``cycle.resize``), plus the changes that go in its held job's update
 (:class:`SetTimeLimit`, :class:`SetNice`).
 
 Frozen ``msgspec.Struct`` with ``gc=False`` like ``Action``: a cycle over a big queue

@@ -19,7 +19,7 @@ Slurm: each interrupted decision is compared with the job as listed now.
 - ``warn``, jobs no longer listed, and intents the listing does not show (or fields that
   do not read back): not confirmed (the audit says so; the next cycle decides again from
   the fresh listing). A ``resize`` is not judged here: its persisted transaction
-  (actuate/resize.py, actuate/pool.py) is recovered on its own.
+  (cycle/resize.py, cycle/pool.py) is recovered on its own.
 
 This is pure: it reads an audit record and a :class:`~slurmgpu.model.Job`, nothing else.
 """

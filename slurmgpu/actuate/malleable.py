@@ -1,5 +1,5 @@
-"""Carries out the engine's ``resize`` decisions: jobs through actuate.resize, pools
-through actuate.pool, each audited like every other decision.
+"""Carries out the engine's ``resize`` decisions: jobs through cycle.resize, pools
+through cycle.pool, each audited like every other decision.
 
 The daemon calls :meth:`MalleableActuator.advance` once per observe cycle (before the
 policies decide, so they see which resizes are still in flight) and
@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from slurmgpu.actuate.actuator import ActuationResult
-from slurmgpu.actuate.dispatch import Outcome, ResizeDispatcher
-from slurmgpu.actuate.resize import ResizeSettings
+from slurmgpu.cycle.dispatch import Outcome, ResizeDispatcher
+from slurmgpu.cycle.resize import ResizeSettings
 from slurmgpu.cycle.transactions import AckReader, Transactions
 from slurmgpu.model import ClusterSnapshot, MalleableSpec
 from slurmgpu.policy.base import Decision
@@ -44,7 +44,7 @@ class MalleableActuator:
     ) -> None:
         self.transactions = transactions
         self.audit = audit
-        # The dispatcher the simulator runs too (actuate.dispatch): jobs and pools; acks
+        # The dispatcher the simulator runs too (cycle.dispatch): jobs and pools; acks
         # from the jobs' ack.json unless given (tests replay the simulator's).
         self.dispatch = ResizeDispatcher(slurm, transactions, settings, acks)
         self.jobs = self.dispatch.jobs

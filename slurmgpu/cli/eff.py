@@ -17,18 +17,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
 from slurmgpu.model import Job
 from slurmgpu.policy.colocate import shards_per_gpu
-from slurmgpu.report.eff import (
-    EffThresholds,
-    UsageSourceKind,
-    job_efficiency,
-    notes,
-    to_json,
-    usage_from_summary,
-)
+from slurmgpu.report.eff import EffThresholds, UsageSourceKind, job_efficiency, usage_from_summary
+from slurmgpu.report.eff_advice import notes
+from slurmgpu.report.eff_json import to_json
 from slurmgpu.report.eff_render import render_report
 from slurmgpu.report.energy import JobEnergy, energy_from_json, job_energy
 from slurmgpu.store import JobStore, StoreError
-from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuUsage, HostUsage
 
 _JOB_ID = re.compile(r"(\d+)(?:_(\d+))?")
 

@@ -22,7 +22,7 @@ from slurmgpu.units import format_time_limit
 
 if TYPE_CHECKING:
     from slurmgpu.store.audit import AuditRecord
-    from slurmgpu.store.usage import GpuUsage
+    from slurmgpu.store.usage_query import GpuUsage
 
 _STATE_STYLE = {
     "RUNNING": "green",

@@ -8,9 +8,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from slurmgpu.actuate.pool import KIND as POOL_KIND
-from slurmgpu.actuate.resize import KIND, durations
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
+from slurmgpu.cycle.pool import KIND as POOL_KIND
+from slurmgpu.cycle.resize import KIND, durations
 from slurmgpu.cycle.transactions import TransactionRow
 from slurmgpu.plaintext import plain
 from slurmgpu.store.database import StoreError

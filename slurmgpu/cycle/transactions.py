@@ -1,5 +1,5 @@
 """Where resize transactions live: the protocol the resize executor
-(``actuate.resize.ResizeExecutor``) writes through, and an in-memory store for the
+(``cycle.resize.ResizeExecutor``) writes through, and an in-memory store for the
 simulator and tests.
 
 The daemon's store is SQL (``store.transactions.TransactionStore``: durable, so a

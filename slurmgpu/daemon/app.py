@@ -17,12 +17,15 @@ from typing import Literal
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.config import Settings
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.api import ApiServer
+from slurmgpu.daemon.auth import Authenticator
 from slurmgpu.daemon.hold_release import HoldRelease
+from slurmgpu.daemon.ingest import IngestService
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
 from slurmgpu.daemon.munge_watch import MungeWatch
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle

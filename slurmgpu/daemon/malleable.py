@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu import userinput_stats
-from slurmgpu.actuate.resize import state_dir_of
+from slurmgpu.cycle.resize import state_dir_of
 from slurmgpu.elastic.spec import (
     ACK_FILE,
     PROGRESS_FILE,

@@ -35,7 +35,8 @@ from slurmgpu.model import ClusterSnapshot
 from slurmgpu.slurm import decode_stats
 from slurmgpu.store import schema
 from slurmgpu.store.energy_rule import IDLE_UTIL_PCT
-from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
+from slurmgpu.store.sample_ingest import SKEW_LIMIT_S
+from slurmgpu.store.usage import UsageStore
 
 log = logging.getLogger("slurmgpu.metrics")
 

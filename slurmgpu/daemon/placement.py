@@ -32,7 +32,7 @@ _CACHE_JOBS = 100_000  # stored runs kept in memory (jobs that left the snapshot
 
 
 class SnapshotPlacement:
-    """Answers :class:`slurmgpu.store.usage.Placement` from the snapshot and the store."""
+    """Answers :class:`slurmgpu.store.sample_ingest.Placement` from the snapshot and the store."""
 
     def __init__(
         self,

@@ -54,7 +54,8 @@ from slurmgpu.store.database import StoreError
 from slurmgpu.store.health import one_line
 from slurmgpu.store.history import HistoryLoader
 from slurmgpu.store.transactions import TransactionStore
-from slurmgpu.store.usage import GpuUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuUsage
 from slurmgpu.tokens import rightsize_opted_in
 
 log = logging.getLogger("slurmgpu.daemon")

@@ -157,7 +157,7 @@ class Action(msgspec.Struct, frozen=True, gc=False):
     held, ``actuate.separate``), ``cancel``, ``resize`` (a malleable job's GPU count, or
     an array pool's running tasks: a :class:`~slurmgpu.intent.Resize` or
     :class:`~slurmgpu.intent.Preempt` intent, built with :func:`resize_action` /
-    :func:`preempt_action`; carried out by ``actuate.resize`` / ``actuate.pool`` as a
+    :func:`preempt_action`; carried out by ``cycle.resize`` / ``cycle.pool`` as a
     persisted transaction). When several policies want the same job in one cycle the
     engine keeps one: the kind ranks first (``policy.engine.ACTION_PRIORITY``), then
     ``priority`` (higher wins), then the order the policies were given in.

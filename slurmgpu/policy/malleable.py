@@ -4,7 +4,7 @@ Only jobs in ``PolicySnapshot.malleable`` (``sgpu submit --malleable MIN:MAX``) 
 resized, never below ``min_gpus`` nor above ``max_gpus``, and never while a resize of
 theirs is in flight (``PolicySnapshot.resizing``) or within ``min_interval`` of their
 last one (``PolicySnapshot.last_resize_at``). A resize is a ``resize`` action
-(:func:`~slurmgpu.policy.base.resize_action`) that ``actuate.resize`` carries out as
+(:func:`~slurmgpu.policy.base.resize_action`) that ``cycle.resize`` carries out as
 checkpoint -> requeue held -> update -> release; the job runs nothing meanwhile.
 
 **What a resize costs**: the measured median of past resizes here
@@ -165,6 +165,27 @@ class _Shrink:
     loss_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Cycle:
+    """What one :meth:`MalleablePolicy.propose` read, fixed for the cycle."""
+
+    snapshot: PolicySnapshot
+    cost_s: float  # one resize's restart
+    priors: Priors | None  # run-time medians of the history; None without history
+    candidates: dict[int, _Running]  # the running jobs the policy may resize, by id
+    ends: tuple[float, ...]  # every running GPU job's remaining seconds, shortest first
+    freed_by: tuple[int, ...]  # GPUs free once the first i of them ended (freed_by[0] = 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What the cycle has given out so far (each step takes from it in turn)."""
+
+    free: _Free  # the GPUs still free
+    touched: set[int] = field(default_factory=set)  # jobs resized this cycle
+    shrunk: dict[int, _Shrink] = field(default_factory=dict)  # donors, by job id
+
+
 def _without(c: _Running, give: int) -> _Running:
     """``c`` after giving back ``give`` GPUs from its last nodes (as ``_release``)."""
     allocations = []
@@ -190,7 +211,7 @@ class _Free:
     A job that asked for a GPU type (``--gres=gpu:a100:2``) only fits on nodes of that
     type: Slurm would hold it pending on any other, so planning it there would shrink
     donors for nothing and grow it into GPUs it cannot get (the type is kept in every
-    update, see ``actuate.resize``). Untyped jobs fit anywhere.
+    update, see ``cycle.resize``). Untyped jobs fit anywhere.
     """
 
     def __init__(self, nodes: Iterable[Node]) -> None:
@@ -358,21 +379,27 @@ class MalleablePolicy:
                 if resizing or job.reason not in _NOT_WAITING_FOR_GPUS:
                     pending.append(job)
         running_all.sort()
-        ends = [r for r, _ in running_all]
         freed_by = [0]
         for _, g in running_all:
             freed_by.append(freed_by[-1] + g)
+        cycle = _Cycle(
+            snapshot=snapshot,
+            cost_s=cost_s,
+            priors=priors,
+            candidates=candidates,
+            ends=tuple(r for r, _ in running_all),
+            freed_by=tuple(freed_by),
+        )
+        plan = _Plan(free)
 
         actions: list[Action] = []
-        touched: set[int] = set()
-        shrunk: dict[int, _Shrink] = {}
         blocked: list[Job] = []
         slack = sum(c.gpus - c.spec.min_gpus for c in candidates.values())
         for job in sorted(pending, key=_eligible_order):
             if free.take(job):
                 continue
             if s.start_smaller and job.job_id not in snapshot.resizing:
-                smaller = self._start_smaller(job, snapshot, free, ends, freed_by, priors)
+                smaller = self._start_smaller(job, cycle, plan)
                 if smaller is not None:
                     actions.append(smaller)
                     continue
@@ -382,38 +409,32 @@ class MalleablePolicy:
                 and len(blocked) < MAX_BLOCKED_CONSIDERED
                 and _wants_gpus(job) <= free.total + slack
             ):
-                wait_s = self._wait_s(job, free, ends, freed_by)
+                wait_s = self._wait_s(job, cycle, plan)
                 run_s = self._run_estimate_s(job, priors)
-                given = self._shrink_plan(
-                    job, wait_s, run_s, free, candidates, touched, shrunk, cost_s
-                )
+                given = self._shrink_plan(job, wait_s, run_s, cycle, plan)
                 if given is not None:
                     slack -= given
                     continue
             blocked.append(job)
-        actions[:0] = [self._shrink_action(sh, cost_s, snapshot) for sh in shrunk.values()]
+        actions[:0] = [self._shrink_action(sh, cycle) for sh in plan.shrunk.values()]
 
         queue_empty = not blocked and not actions
         if s.expand:
             reserve = 0
             if s.reserve_for_blocked and blocked:
                 reserve = min(free.total, _wants_gpus(blocked[0]))
-            actions.extend(self._expansions(free, reserve, candidates, touched, cost_s, snapshot))
+            actions.extend(self._expansions(reserve, cycle, plan))
         if s.expand and s.shrink and queue_empty:
-            actions.extend(self._rebalance(candidates, touched, cost_s, snapshot))
+            actions.extend(self._rebalance(cycle, plan))
         return actions
 
     # ---- rebalance
 
-    def _rebalance(
-        self,
-        candidates: dict[int, _Running],
-        touched: set[int],
-        cost_s: float,
-        snapshot: PolicySnapshot,
-    ) -> list[Action]:
+    def _rebalance(self, cycle: _Cycle, plan: _Plan) -> list[Action]:
         """Move GPUs from a running job that gains little from them to one that gains
         more, while nobody waits (Pollux re-plans every job's size each interval)."""
+        candidates, cost_s, snapshot = cycle.candidates, cycle.cost_s, cycle.snapshot
+        touched = plan.touched
         s = self.settings
         out: list[Action] = []
         # Each recipient's savings by GPUs added (only those that can clear the dead
@@ -593,9 +614,10 @@ class MalleablePolicy:
             return None
         return usable
 
-    def _wait_s(self, job: Job, free: _Free, ends: list[float], freed_by: list[int]) -> float:
+    def _wait_s(self, job: Job, cycle: _Cycle, plan: _Plan) -> float:
         """When enough running GPUs will have freed up for ``job`` (whole-cluster count;
         free GPUs only of its type when it asked for one)."""
+        free, ends, freed_by = plan.free, cycle.ends, cycle.freed_by
         short = _wants_gpus(job) - free.total_for(job)
         if short <= 0:
             return 0.0
@@ -604,16 +626,9 @@ class MalleablePolicy:
 
     # ---- start smaller
 
-    def _start_smaller(
-        self,
-        job: Job,
-        snapshot: PolicySnapshot,
-        free: _Free,
-        ends: list[float],
-        freed_by: list[int],
-        priors: Priors | None,
-    ) -> Action | None:
+    def _start_smaller(self, job: Job, cycle: _Cycle, plan: _Plan) -> Action | None:
         """Lower a blocked pending malleable job's request to what fits now, if it pays."""
+        snapshot, free = cycle.snapshot, plan.free
         spec = snapshot.malleable.get(job.job_id)
         req = job.gpus
         if spec is None or spec.pool or req.shards or req.per_task is not None:
@@ -658,8 +673,8 @@ class MalleablePolicy:
             ref_ratio = 1.0
         if fitting == 0:
             return None
-        wait_s = self._wait_s(job, free, ends, freed_by)
-        run_s = self._run_estimate_s(job, priors)
+        wait_s = self._wait_s(job, cycle, plan)
+        run_s = self._run_estimate_s(job, cycle.priors)
         if not math.isfinite(run_s):
             run_s = self.settings.min_remaining.total_seconds()
         slower = curve.throughput(want) / max(_TINY, curve.throughput(fitting) * ref_ratio)
@@ -763,21 +778,15 @@ class MalleablePolicy:
     # ---- shrink
 
     def _shrink_plan(
-        self,
-        job: Job,
-        wait_s: float,
-        run_s: float,
-        free: _Free,
-        candidates: dict[int, _Running],
-        touched: set[int],
-        shrunk: dict[int, _Shrink],
-        cost_s: float,
+        self, job: Job, wait_s: float, run_s: float, cycle: _Cycle, plan: _Plan
     ) -> int | None:
         """Plan donors for ``job`` into ``shrunk``; the GPUs they give, None: no plan.
 
         A donor already shrunk this cycle (for an earlier waiting job) may give more at
         no second restart: its one resize goes straight to the smaller size.
         """
+        free, touched, shrunk = plan.free, plan.touched, plan.shrunk
+        candidates, cost_s = cycle.candidates, cycle.cost_s
         s = self.settings
         start_delay = s.checkpoint_time.total_seconds()
         if wait_s <= start_delay:
@@ -839,7 +848,8 @@ class MalleablePolicy:
         free.take(job)
         return sum(give for _, give, _ in chosen)
 
-    def _shrink_action(self, sh: _Shrink, cost_s: float, snapshot: PolicySnapshot) -> Action:
+    def _shrink_action(self, sh: _Shrink, cycle: _Cycle) -> Action:
+        cost_s, snapshot = cycle.cost_s, cycle.snapshot
         c, to = sh.was, sh.now.gpus
         first, wait_s = sh.for_jobs[0]
         others = [j.display_id for j, _ in sh.for_jobs[1:]]
@@ -923,15 +933,10 @@ class MalleablePolicy:
 
     # ---- expand
 
-    def _expansions(
-        self,
-        free: _Free,
-        reserve: int,
-        candidates: dict[int, _Running],
-        touched: set[int],
-        cost_s: float,
-        snapshot: PolicySnapshot,
-    ) -> list[Action]:
+    def _expansions(self, reserve: int, cycle: _Cycle, plan: _Plan) -> list[Action]:
+        """Grow running jobs into free GPUs (all but ``reserve``) no waiting job can use."""
+        free, touched = plan.free, plan.touched
+        candidates, cost_s, snapshot = cycle.candidates, cycle.cost_s, cycle.snapshot
         pool = free.total - reserve
         if pool <= 0:
             return []
@@ -939,9 +944,9 @@ class MalleablePolicy:
         for c in candidates.values():
             if c.job.job_id in touched or c.gpus >= c.spec.max_gpus or not c.busy:
                 continue
-            plan = self._best_growth(c, pool, free, cost_s)
-            if plan is not None:
-                to, saving, _, _ = plan
+            growth = self._best_growth(c, pool, free, cost_s)
+            if growth is not None:
+                to, saving, _, _ = growth
                 plans.append((saving / (to - c.gpus), c, to, saving))
         plans.sort(key=lambda p: (-p[0], p[1].job.job_id))
         actions: list[Action] = []

@@ -2,7 +2,7 @@
 
 Rightsizing (:mod:`slurmgpu.policy.rightsize`, pending jobs), the submit-time export
 (:mod:`slurmgpu.policy.recommend`, read by ``plugins/job_submit.lua``) and ``sgpu eff``'s
-"next time ask for" notes (:mod:`slurmgpu.report.eff`) all size from usage with the
+"next time ask for" notes (:mod:`slurmgpu.report.eff_advice`) all size from usage with the
 functions below, so one usage gives one suggested size whichever of them a user meets.
 Pure arithmetic: numbers in, numbers out.
 

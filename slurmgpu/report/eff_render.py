@@ -13,7 +13,8 @@ from rich.text import Text
 
 from slurmgpu.model import Job
 from slurmgpu.plaintext import plain, shown
-from slurmgpu.report.eff import EffThresholds, GpuEfficiency, JobEfficiency, Note
+from slurmgpu.report.eff import EffThresholds, GpuEfficiency, JobEfficiency
+from slurmgpu.report.eff_advice import Note
 from slurmgpu.report.energy import format_energy
 from slurmgpu.units import format_time_limit
 

@@ -1,4 +1,4 @@
-"""A job's GPU energy: per-GPU measurements (``store.usage.GpuEnergy``) made job figures.
+"""A job's GPU energy: per-GPU measurements (``store.usage_query.GpuEnergy``) made job figures.
 
 Pure functions. The store measures each GPU between the job's first and last sample of
 it; the job ran a little longer (up to one agent interval before its first sample and
@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from slurmgpu.model import Job, JobState
-from slurmgpu.store.usage import GpuEnergy
+from slurmgpu.store.usage_query import GpuEnergy
 
 EnergyMethod = Literal["counter", "power", "mixed"]
 J_PER_KWH = 3.6e6

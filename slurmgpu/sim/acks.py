@@ -1,5 +1,5 @@
 """SimSlurm's checkpoint record read as the resize executor's acknowledgement, so that
-``actuate.resize.ResizeExecutor`` (the daemon's) can carry a resize out in virtual time.
+``cycle.resize.ResizeExecutor`` (the daemon's) can carry a resize out in virtual time.
 
 A real job's runtime counts its answered requests in ``ack.json``; SimSlurm records when
 a job last checkpointed (``SimSlurm.checkpointed_at``), so the count here grows by one

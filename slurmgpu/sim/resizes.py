@@ -1,5 +1,5 @@
 """Resizes in the simulator, carried out by the daemon's own code: the dispatcher
-(``actuate.dispatch.ResizeDispatcher``: a job's ``ResizeExecutor`` transaction or a
+(``cycle.dispatch.ResizeDispatcher``: a job's ``ResizeExecutor`` transaction or a
 pool's ``PoolExecutor`` one) over the in-memory transaction store
 (``cycle.transactions.MemoryTransactions``) and SimSlurm's checkpoint record as the
 job's acknowledgement (``sim.acks.SimAcks``).
@@ -20,12 +20,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from slurmgpu.actuate.dispatch import Outcome, ResizeDispatcher
-from slurmgpu.actuate.pool import KIND as POOL_KIND
-from slurmgpu.actuate.pool import OPEN as POOL_OPEN
-from slurmgpu.actuate.resize import KIND as RESIZE_KIND
-from slurmgpu.actuate.resize import OPEN as RESIZE_OPEN
-from slurmgpu.actuate.resize import UPDATED, ResizeSettings
+from slurmgpu.cycle.dispatch import Outcome, ResizeDispatcher
+from slurmgpu.cycle.pool import KIND as POOL_KIND
+from slurmgpu.cycle.pool import OPEN as POOL_OPEN
+from slurmgpu.cycle.resize import KIND as RESIZE_KIND
+from slurmgpu.cycle.resize import OPEN as RESIZE_OPEN
+from slurmgpu.cycle.resize import UPDATED, ResizeSettings
 from slurmgpu.cycle.transactions import MemoryTransactions
 from slurmgpu.model import ClusterSnapshot, MalleableSpec
 from slurmgpu.policy.base import Decision
@@ -47,7 +47,7 @@ class _InSimulation(logging.Filter):
 
 
 _QUIET = _InSimulation()
-for _name in ("slurmgpu.actuate.resize", "slurmgpu.actuate.pool", "slurmgpu.actuate.malleable"):
+for _name in ("slurmgpu.cycle.resize", "slurmgpu.cycle.pool", "slurmgpu.actuate.malleable"):
     logging.getLogger(_name).addFilter(_QUIET)
 
 

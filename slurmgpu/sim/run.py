@@ -7,7 +7,7 @@ from their workload model, history of finished jobs, prior alerts, the engine's
 cooldown and rate bookkeeping) and asks the daemon's PolicyEngine to decide. Decisions
 to execute are carried out by the actuator's own ``execute_action`` (``actuate.execute``)
 through SimSlurm; a ``resize`` by the daemon's dispatcher and resize transactions
-(``sim.resizes.SimResizes``: ``actuate.dispatch``, ``ResizeExecutor`` for a job,
+(``sim.resizes.SimResizes``: ``cycle.dispatch``, ``ResizeExecutor`` for a job,
 ``PoolExecutor`` for an array pool, in memory, acknowledged by SimSlurm's checkpoint
 record, observed every second while in flight) -- the job pays the checkpoint, the
 executor's steps, scheduling and start-up, and is refused where the daemon refuses it.
@@ -41,9 +41,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from slurmgpu.actuate.execute import execute_action
-from slurmgpu.actuate.resize import ResizeSettings
 from slurmgpu.cycle.core import MalleableView, PolicyCycle
 from slurmgpu.cycle.guardrails import GuardrailRecords
+from slurmgpu.cycle.resize import ResizeSettings
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
     RESIZE,
@@ -169,7 +169,7 @@ class SimOptions:
     quiet_period_s: float = 600.0
     requeue_delay_s: float = 121.0
     runtime: ElasticRuntime = field(default_factory=ElasticRuntime)
-    # How the daemon's resize executor (actuate.resize, run here as in the daemon)
+    # How the daemon's resize executor (cycle.resize, run here as in the daemon)
     # paces a resize or preemption: its fast path by default (StartTime=now+1 with the
     # update, the release release_delay later, one observation per cycle_interval while
     # in flight); fast_start=False: Slurm's plain requeue path, waiting out
@@ -303,7 +303,7 @@ class _Runner:
         self.cycles = self.executed = self.failed = self.resizes = 0
         self.reorders = self.preemptions = 0
         self.records: list[DecisionRecord] = []
-        # The daemon's resize transactions (actuate.dispatch: jobs and array pools),
+        # The daemon's resize transactions (cycle.dispatch: jobs and array pools),
         # in memory, acknowledged by SimSlurm's checkpoint record, in virtual time.
         self.resizer = SimResizes(self.sim, options.resize)
         self.total = sum(max(1, j.array_tasks) for j in self.trace)

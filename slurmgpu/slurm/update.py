@@ -19,7 +19,7 @@ other fields are spelt alike in every release we support::
     StartSoon(1)                  StartTime=now+1
 
 A ``resize`` (:class:`~slurmgpu.intent.Resize`, :class:`~slurmgpu.intent.Preempt`) is
-no single update: ``actuate.resize`` renders the held job's update from the job's own
+no single update: ``cycle.resize`` renders the held job's update from the job's own
 request. The audit records it as ``from_gpus`` / ``to_gpus`` (and ``gpu_type``,
 ``preempt``) beside the update fields (:func:`audit_fields`), the format rows have always
 had. :func:`parse_fields` reads either back into intents: ``actuate.confirm`` compares
@@ -58,6 +58,7 @@ from slurmgpu.slurm.parse import (
 
 __all__ = [
     "PREEMPT_KEY",
+    "UPDATE_FIELDS",
     "UpdateFieldError",
     "audit_fields",
     "field_name",
@@ -69,6 +70,23 @@ __all__ = [
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)")
 _START_RE = re.compile(r"now\+(\d+)")
+# Every ``scontrol update`` field an intent is written as (and read back from): the one
+# list of them, which the test that no other module spells one reads too.
+UPDATE_FIELDS = frozenset(
+    {
+        "TimeLimit",
+        "MinMemoryNode",
+        "NumCPUs",
+        "MinCPUsNode",
+        "TresPerNode",
+        "TresPerJob",
+        "NumNodes",
+        "Comment",
+        "AdminComment",
+        "Nice",
+        "StartTime",
+    }
+)
 # Audit keys of a resize (never sent to Slurm).
 FROM_KEY, TO_KEY, TYPE_KEY, PREEMPT_KEY = "from_gpus", "to_gpus", "gpu_type", "preempt"
 

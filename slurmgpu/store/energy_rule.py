@@ -1,6 +1,6 @@
 """The energy rule: what a GPU consumed between two samples of one job, in SQL.
 
-One home for the rule, used by the reader (:meth:`slurmgpu.store.usage.UsageStore.
+One home for the rule, used by the reader (:meth:`slurmgpu.store.usage_query.UsageQuery.
 gpu_energy_many`, over the raw samples left) and by the rollup
 (:func:`slurmgpu.store.retention.roll_up_and_prune`, over the samples it is about to
 delete), so a job's energy is the same before and after its samples are pruned.

@@ -4,7 +4,7 @@ A sample row costs about 278 bytes with its indexes; at 1,000 GPUs sampled every
 that is 8.64 million rows and 2.4 GB a day, so the samples table must not keep
 everything. :func:`roll_up_and_prune` moves every sample of a job older than the cutoff
 into ``sample_hours`` (one row per job, node, GPU and UTC hour: counts, sums and maxima,
-so the usage readers in :mod:`slurmgpu.store.usage` add them to what is still raw and
+so the usage readers in :mod:`slurmgpu.store.usage_query` add them to what is still raw and
 get the same means and peaks; the energy of each sample interval by the one rule of
 :mod:`slurmgpu.store.energy_rule`, and the I/O wait count and sum) and deletes the raw
 rows, an hour at a time and at most ``max_samples`` (whole nodes) per transaction, so no

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import open_store
-from slurmgpu.store.usage import GpuUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuUsage
 from tests.polling import wait_for
 
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")

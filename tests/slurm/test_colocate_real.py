@@ -20,7 +20,7 @@ import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
-from slurmgpu.store.usage import GpuUsage
+from slurmgpu.store.usage_query import GpuUsage
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry, running_stack
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from slurmgpu.actuate.resize import HELD_REASONS
+from slurmgpu.cycle.resize import HELD_REASONS
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient

@@ -11,7 +11,7 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from slurmgpu.actuate.resize import CLOSED, KIND, OPEN, RELEASED, ResizeExecutor
+from slurmgpu.cycle.resize import CLOSED, KIND, OPEN, RELEASED, ResizeExecutor
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import ClusterSnapshot, Job
 from slurmgpu.slurm.cli import CliSlurmClient

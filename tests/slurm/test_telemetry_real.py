@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import open_store, schema
-from slurmgpu.store.usage import GpuUsage
+from slurmgpu.store.usage_query import GpuUsage
 from tests.polling import wait_for
 from tests.slurm.harness import NODES, Telemetry, running_stack
 

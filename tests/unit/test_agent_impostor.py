@@ -25,7 +25,10 @@ import pytest
 
 from slurmgpu.agent.loop import AgentLoop
 from slurmgpu.agent.sender import DaemonClient, HmacAuth, MungeAuth, SendOutcome
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.api import ApiServer
+from slurmgpu.daemon.auth import Authenticator
+from slurmgpu.daemon.ingest import IngestService
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.model import ClusterSnapshot, Node
 from slurmgpu.replyauth import REPLY_HEADER, ReplyAuthError, reply_message
 from slurmgpu.store import open_store

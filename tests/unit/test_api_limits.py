@@ -22,15 +22,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from slurmgpu.daemon import api as api_module
-from slurmgpu.daemon.api import (
-    ApiLimits,
-    ApiServer,
-    AuthBusyError,
-    Authenticator,
-    IngestService,
-    NodeDirectory,
-)
+from slurmgpu.daemon import auth as auth_module
+from slurmgpu.daemon.api import ApiServer
+from slurmgpu.daemon.api_limits import ApiLimits
+from slurmgpu.daemon.auth import AuthBusyError, Authenticator
+from slurmgpu.daemon.ingest import IngestService
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import MAX_BODY_BYTES, Caller, hmac_header, node_token
@@ -175,7 +172,7 @@ def test_munge_decodes_are_capped_and_the_overflow_is_told_to_retry(
         release.wait(20)
         return Caller(node="gpu1", method="munge", uid=0), "digest"
 
-    monkeypatch.setattr(api_module, "decode_munge", slow_unmunge)
+    monkeypatch.setattr(auth_module, "decode_munge", slow_unmunge)
     auth = Authenticator(allow_munge=True, max_munge_decodes=1, munge_timeout_s=0.2)
     first = threading.Thread(target=auth.screen, args=("Munge MUNGE:" + "A" * 20,))
     first.start()

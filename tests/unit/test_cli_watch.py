@@ -30,7 +30,8 @@ from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.store import JobStore, StoredJob, open_store, schema
 from slurmgpu.store.audit import AuditStore
-from slurmgpu.store.usage import GpuUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuUsage
 from slurmgpu.wire import GpuSampleIn, SampleBatch
 
 

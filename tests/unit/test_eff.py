@@ -17,18 +17,13 @@ from slurmgpu.cli.eff import eff as eff_command
 from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.sizing import SizingRules
-from slurmgpu.report.eff import (
-    EffThresholds,
-    JobEfficiency,
-    Note,
-    job_efficiency,
-    notes,
-    to_json,
-    usage_from_summary,
-)
+from slurmgpu.report.eff import EffThresholds, JobEfficiency, job_efficiency, usage_from_summary
+from slurmgpu.report.eff_advice import Note, notes
+from slurmgpu.report.eff_json import to_json
 from slurmgpu.report.eff_render import render_report
 from slurmgpu.store import JobStore, open_store
-from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuUsage, HostUsage
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 
 T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)

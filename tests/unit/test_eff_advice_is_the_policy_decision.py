@@ -17,7 +17,8 @@ from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node
 from slurmgpu.policy.base import HistoryRecord, PolicySnapshot
 from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.rightsize import RightsizePolicy
-from slurmgpu.report.eff import EffThresholds, job_efficiency, notes
+from slurmgpu.report.eff import EffThresholds, job_efficiency
+from slurmgpu.report.eff_advice import notes
 from slurmgpu.slurm import sbatch
 from tests.hypothesis_profiles import examples
 from tests.unit.policy_builders import T0

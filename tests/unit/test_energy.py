@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from slurmgpu.cli.context import AppContext
 from slurmgpu.cli.eff import eff as eff_command
 from slurmgpu.daemon.summary import build_summary
-from slurmgpu.report.eff import job_efficiency, notes
+from slurmgpu.report.eff import job_efficiency
+from slurmgpu.report.eff_advice import notes
 from slurmgpu.report.energy import JobEnergy, energy_from_json, job_energy
 from slurmgpu.store import open_store
 from slurmgpu.store.summary_columns import energy_columns

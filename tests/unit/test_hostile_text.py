@@ -30,7 +30,8 @@ from slurmgpu.notify import AlertTemplates, JobFacts, alert_context
 from slurmgpu.plaintext import EscapingLogFilter, csv_cell, shown
 from slurmgpu.policy.base import Action
 from slurmgpu.report.build import build_report
-from slurmgpu.report.eff import job_efficiency, notes
+from slurmgpu.report.eff import job_efficiency
+from slurmgpu.report.eff_advice import notes
 from slurmgpu.report.eff_render import render_report
 from slurmgpu.report.html_page import render_html
 from slurmgpu.report.render import render_table, to_csv

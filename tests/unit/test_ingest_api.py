@@ -15,7 +15,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.api import ApiServer
+from slurmgpu.daemon.auth import Authenticator
+from slurmgpu.daemon.ingest import IngestService
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.listen_address import parse_listen
 from slurmgpu.model import ClusterSnapshot, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import open_store

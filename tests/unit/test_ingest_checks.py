@@ -21,7 +21,8 @@ from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.jobdiff import diff_jobs
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import JobStore, open_store
-from slurmgpu.store.usage import UsageStore, node_scoped_uid
+from slurmgpu.store.sample_ingest import node_scoped_uid
+from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 
 NOW = time.time()

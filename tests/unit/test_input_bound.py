@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from slurmgpu.report.eff import gpu_diagnosis, job_efficiency, notes, to_json
-from slurmgpu.store.usage import HostUsage
+from slurmgpu.report.eff import job_efficiency
+from slurmgpu.report.eff_advice import gpu_diagnosis, notes
+from slurmgpu.report.eff_json import to_json
+from slurmgpu.store.usage_query import HostUsage
 from tests.unit.test_eff import ended, gpu, host, kinds, make_job, one
 
 

@@ -301,10 +301,10 @@ def test_lab_cluster_env_points_at_its_rendered_slurm_conf(tmp_path: Path) -> No
 
 
 def test_missing_slurm_without_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmgpu.lab.cluster import launcher
+    from slurmgpu.lab.cluster import host_setup
 
-    monkeypatch.setattr(launcher, "packages_present", lambda: False)
+    monkeypatch.setattr(host_setup, "packages_present", lambda: False)
     monkeypatch.setattr("os.geteuid", lambda: 1000)
 
     with pytest.raises(LabClusterError, match="needs root"):
-        launcher.ensure_packages()
+        host_setup.ensure_packages()

@@ -22,9 +22,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.api import ApiServer
+from slurmgpu.daemon.auth import Authenticator
+from slurmgpu.daemon.ingest import IngestService
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics, error_kind
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.daemon.observer import Observer
 from slurmgpu.model import Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.slurm.client import SlurmParseError, SlurmUnavailableError

@@ -21,10 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.api import ApiServer
+from slurmgpu.daemon.auth import Authenticator
+from slurmgpu.daemon.ingest import IngestService
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.model import ClusterSnapshot, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import open_store
-from slurmgpu.store.usage import SKEW_LIMIT_S, UsageStore
+from slurmgpu.store.sample_ingest import SKEW_LIMIT_S
+from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import WireError, decode_batch, hmac_header, node_token
 from tests.hypothesis_profiles import examples
 from tests.unit.props_json import damaged_json

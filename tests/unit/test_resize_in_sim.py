@@ -1,4 +1,4 @@
-"""The daemon's resize executor (``actuate.resize.ResizeExecutor``) on SimSlurm, with the
+"""The daemon's resize executor (``cycle.resize.ResizeExecutor``) on SimSlurm, with the
 in-memory transaction store (``cycle.transactions.MemoryTransactions``) and SimSlurm's
 checkpoint record as its ack reader (``sim.acks.SimAcks``): the same object type as in
 the daemon carries a resize out in virtual time, one observation a second, and the
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from slurmgpu.actuate.resize import ABORTED, KIND, OPEN, RUNNING, ResizeExecutor
+from slurmgpu.cycle.resize import ABORTED, KIND, OPEN, RUNNING, ResizeExecutor
 from slurmgpu.cycle.transactions import MemoryTransactions
 from slurmgpu.model import ClusterSnapshot, Job, MalleableSpec
 from slurmgpu.policy.base import resize_action

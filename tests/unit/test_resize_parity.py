@@ -288,7 +288,7 @@ def test_co_location_decides_the_same_intents_in_the_daemon_and_the_simulator(
 @pytest.mark.parametrize("fast_start", [True, False])
 def test_the_simulator_paces_resizes_by_the_daemons_settings(fast_start: bool) -> None:
     # fast_start off is Slurm's plain requeue path: the job waits out the requeue delay.
-    from slurmgpu.actuate.resize import ResizeSettings, durations
+    from slurmgpu.cycle.resize import ResizeSettings, durations
 
     trace = [
         _malleable("A", 0, 4, 4 * 3600, 2, "alice"),

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.actuate.pool import PoolExecutor, shrink_victims
-from slurmgpu.actuate.resize import ResizeError
+from slurmgpu.cycle.pool import PoolExecutor, shrink_victims
+from slurmgpu.cycle.resize import ResizeError
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.spec import Ack
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec

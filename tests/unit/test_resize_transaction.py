@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from sqlalchemy import event
 
-from slurmgpu.actuate.resize import (
+from slurmgpu.cycle.resize import (
     ABORTED,
     CLOSED,
     RELEASED,

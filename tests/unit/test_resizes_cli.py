@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from slurmgpu.actuate.resize import KIND, OPEN
 from slurmgpu.cli.main import main
+from slurmgpu.cycle.resize import KIND, OPEN
 from slurmgpu.store import open_store
 from slurmgpu.store.transactions import TransactionStore
 

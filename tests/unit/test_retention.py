@@ -15,7 +15,8 @@ from sqlalchemy import func, select
 
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.retention import DEFAULT_MAX_SAMPLES, Retention, roll_up_and_prune
-from slurmgpu.store.usage import GpuEnergy, GpuUsage, HostUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuEnergy, GpuUsage, HostUsage
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 
 NOW = datetime(2026, 3, 10, 12, 30, tzinfo=UTC)

@@ -23,7 +23,9 @@ import pytest
 
 from slurmgpu.agent.spool import BatchSpool
 from slurmgpu.config import DaemonSettings, parse_settings
-from slurmgpu.daemon.api import Authenticator, IngestService, NodeDirectory
+from slurmgpu.daemon.auth import Authenticator
+from slurmgpu.daemon.ingest import IngestService
+from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.listen_address import parse_listen
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node
 from slurmgpu.store import open_store
@@ -302,7 +304,7 @@ def _literal_text(node: ast.AST) -> str:
     return ""
 
 
-# Names that may be interpolated into SQL text: usage.py's bulk insert (the hot path, one
+# Names that may be interpolated into SQL text: sample_ingest.py's bulk insert (the hot path, one
 # executemany per batch) builds its column list and "?"/"%s" marks from these constants;
 # every value still goes in as a bound parameter.
 SAFE_SQL_NAMES = frozenset({"_GPU_COLUMNS", "_HOST_COLUMNS", "mark", "len"})

@@ -135,8 +135,8 @@ def test_per_type_use_and_energy_add_up() -> None:
 
 
 def test_a_resize_keeps_the_job_s_type_or_moves_it_to_the_one_the_policy_named() -> None:
-    # The daemon's executor (actuate.resize.resize_intent) spells the held job's update.
-    from slurmgpu.actuate.resize import ResizeExecutor
+    # The daemon's executor (cycle.resize.resize_intent) spells the held job's update.
+    from slurmgpu.cycle.resize import ResizeExecutor
     from slurmgpu.cycle.transactions import MemoryTransactions
     from slurmgpu.intent import Resize
     from slurmgpu.model import MalleableSpec

@@ -1,5 +1,5 @@
 """Array pools in the simulator: the daemon's dispatcher sends a pool's resize to
-``actuate.pool.PoolExecutor`` on SimSlurm, and the runner lists a ``sgpu:pool=`` array
+``cycle.pool.PoolExecutor`` on SimSlurm, and the runner lists a ``sgpu:pool=`` array
 as the daemon's directory does (one spec, by array id)."""
 
 from __future__ import annotations

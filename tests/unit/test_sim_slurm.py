@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from slurmgpu.actuate.resize import ResizeSettings
+from slurmgpu.cycle.resize import ResizeSettings
 from slurmgpu.intent import Resize, SetGpus, SetNodes, SetTimeLimit, StartSoon
 from slurmgpu.model import ClusterSnapshot, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, Decision, HistoryRecord, Mode, PolicySnapshot

@@ -26,7 +26,8 @@ from slurmgpu.policy.sizing import (
     round_up,
     time_limit_s,
 )
-from slurmgpu.report.eff import EffThresholds, job_efficiency, notes
+from slurmgpu.report.eff import EffThresholds, job_efficiency
+from slurmgpu.report.eff_advice import notes
 from slurmgpu.slurm.sbatch import mem_size
 from slurmgpu.slurm.update import update_fields
 from slurmgpu.units import format_time_limit

@@ -29,7 +29,7 @@ from slurmgpu.intent import (
     SetTimeLimit,
     StartSoon,
 )
-from slurmgpu.slurm.update import update_fields
+from slurmgpu.slurm.update import UPDATE_FIELDS, update_fields
 
 PACKAGE = Path(__file__).resolve().parents[2] / "slurmgpu"
 SEAM = PACKAGE / "slurm"
@@ -54,11 +54,7 @@ OTHER_FIELDS = frozenset({"ArrayTaskThrottle", "Gres", "TresPerTask", "MinMemory
 
 
 def field_names() -> frozenset[str]:
-    names: set[str] = set(OTHER_FIELDS)
-    for i in EACH_UPDATE:
-        names.update(update_fields((i,), "22.05.8"))
-        names.update(update_fields((i,), "24.11.5"))
-    return frozenset(names)
+    return UPDATE_FIELDS | OTHER_FIELDS
 
 
 def slurm_field_literals(package: Path, fields: frozenset[str]) -> list[str]:
@@ -85,6 +81,16 @@ def test_every_update_intent_is_covered_by_the_field_list() -> None:
         if issubclass(cls, Intent) and cls is not Intent
     }
     assert kinds - {type(i) for i in EACH_UPDATE} == {Resize, Preempt}
+
+
+def test_the_field_list_is_what_the_updates_write() -> None:
+    """slurm/update.py's UPDATE_FIELDS (what the scan below looks for) names every field
+    an intent is written as on either release, and no other."""
+    written: set[str] = set()
+    for i in EACH_UPDATE:
+        written.update(update_fields((i,), "22.05.8"))
+        written.update(update_fields((i,), "24.11.5"))
+    assert written == UPDATE_FIELDS
 
 
 def test_no_slurm_field_name_is_spelt_outside_slurmgpu_slurm() -> None:

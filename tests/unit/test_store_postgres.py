@@ -24,7 +24,8 @@ from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import JobStore, create_store_engine, open_store, upgrade
 from slurmgpu.store.database import current_revision, head_revision
 from slurmgpu.store.schema import metadata
-from slurmgpu.store.usage import GpuUsage, HostUsage, UsageStore
+from slurmgpu.store.usage import UsageStore
+from slurmgpu.store.usage_query import GpuUsage, HostUsage
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 from tests.fakes import FakeSlurm
 from tests.hypothesis_profiles import examples

@@ -8,13 +8,13 @@ package (``templates/``), for that and for the docker-compose cluster
 
 from __future__ import annotations
 
-from slurmgpu.lab.cluster.launcher import (
-    LabCluster,
+from slurmgpu.lab.cluster.host_setup import (
     LabClusterError,
     ensure_munge,
     ensure_packages,
     packages_present,
 )
+from slurmgpu.lab.cluster.launcher import LabCluster
 from slurmgpu.lab.cluster.render import ClusterConfig, RenderError, find_templates
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Start and stop a real multi-node Slurm cluster with fake GPUs on this (Debian) host.
+"""Start, watch and stop a real multi-node Slurm cluster with fake GPUs on this host.
 
 One slurmctld and one slurmd per node (``slurmd -N gpuN``), all on 127.0.0.1 and told
 apart by port, each node with 4 fake GPUs (``gres/gpu`` backed by ``/dev/tty[0-3]``) and 16
@@ -12,7 +12,8 @@ shards. Everything lives under one root directory::
     root/state   StateSaveLocation;  root/spool/gpuN  SlurmdSpoolDir
 
 ``down()`` signals only the pids recorded in ``root/run``, after checking that each one is
-still a daemon of this cluster, so other clusters on the host are left alone.
+still a daemon of this cluster, so other clusters on the host are left alone. What the
+host needs first (Slurm's packages, MUNGE) is :mod:`slurmgpu.lab.cluster.host_setup`.
 
 With ``slurm_root=`` (a chroot made by ``scripts/slurm_chroot.sh``, e.g. Debian trixie's
 Slurm 24.11 or sid's 26.05) the daemons and commands are that chroot's
@@ -26,8 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
-import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +35,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmgpu.lab.cluster.chroot import ChrootError, SlurmChroot
+from slurmgpu.lab.cluster.host_setup import (
+    DAEMONS,
+    LabClusterError,
+    ensure_munge,
+    ensure_packages,
+    find_daemon,
+    tail,
+)
 from slurmgpu.lab.cluster.render import (
     ClusterConfig,
     RenderError,
@@ -47,185 +54,12 @@ from slurmgpu.lab.cluster.render import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-__all__ = [
-    "LabCluster",
-    "LabClusterError",
-    "ensure_munge",
-    "ensure_packages",
-    "find_daemon",
-    "packages_present",
-]
-
-DAEMONS = ("slurmctld", "slurmd", "slurmstepd")
-CLIENTS = ("sinfo", "squeue", "scontrol", "scancel", "sbatch")
-APT_PACKAGES = ("slurm-wlm", "munge")
-MUNGE_KEY = Path("/etc/munge/munge.key")
-MUNGE_RUN = Path("/run/munge")
+__all__ = ["LabCluster"]
 
 _POLL_S = 0.1
 _CMD_TIMEOUT_S = 5.0
-_LOG_TAIL_LINES = 25
 # sinfo %T states of a node that answers and can run (or is running) jobs
 _SERVING_STATES = frozenset({"idle", "mixed", "allocated", "completing", "planned", "reserved"})
-
-
-class LabClusterError(RuntimeError):
-    """The lab cluster could not be installed, started, queried or stopped."""
-
-
-# --------------------------------------------------------------------------- packages
-
-
-def find_daemon(name: str) -> Path | None:
-    """The real binary of a Slurm daemon (``/usr/sbin/NAME-wlm`` on Debian), or None.
-
-    Debian ships ``/usr/sbin/NAME`` as an alternatives link that may point at the
-    *emulator* (front-end) build; that one is refused.
-    """
-    wlm = Path(f"/usr/sbin/{name}-wlm")
-    if os.access(wlm, os.X_OK):
-        return wlm
-    for cand in (shutil.which(name), f"/usr/sbin/{name}"):
-        if not cand:
-            continue
-        real = Path(cand).resolve()
-        if os.access(real, os.X_OK) and "emulator" not in real.name:
-            return real
-    return None
-
-
-def packages_present() -> bool:
-    """True when the Slurm daemons, the client commands and munge are installed."""
-    return (
-        all(find_daemon(d) is not None for d in DAEMONS)
-        and all(shutil.which(c) is not None for c in CLIENTS)
-        and all(shutil.which(m) or Path(f"/usr/sbin/{m}").exists() for m in ("munge", "munged"))
-    )
-
-
-def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def ensure_packages() -> None:
-    """Install Debian's ``slurm-wlm`` and ``munge`` with apt-get when they are missing.
-
-    Raises ``LabClusterError`` when they are missing and we are not root or have no apt-get.
-    """
-    if packages_present():
-        return
-    if os.geteuid() != 0:
-        raise LabClusterError(
-            "Slurm is not installed (need slurmctld-wlm, slurmd-wlm, sinfo, munged) and "
-            "installing it needs root: run as root, or `apt-get install slurm-wlm munge`"
-        )
-    apt = shutil.which("apt-get")
-    if apt is None:
-        raise LabClusterError(
-            "Slurm is not installed and there is no apt-get here; install "
-            "slurmctld, slurmd, the Slurm client commands and munge yourself"
-        )
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (
-        [apt, "-q", "update"],
-        [apt, "-q", "-y", "install", "--no-install-recommends", *APT_PACKAGES],
-    ):
-        try:
-            proc = subprocess.run(
-                argv, env=env, capture_output=True, text=True, timeout=900, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LabClusterError(f"{' '.join(argv)} failed: {exc}") from exc
-        if proc.returncode != 0:
-            raise LabClusterError(
-                f"{' '.join(argv)} exited {proc.returncode}:\n{_tail(proc.stdout + proc.stderr)}"
-            )
-    if not packages_present():
-        raise LabClusterError(
-            f"apt-get installed {' '.join(APT_PACKAGES)} but the Slurm daemons are still "
-            "missing (no /usr/sbin/slurmctld-wlm or /usr/sbin/slurmctld)"
-        )
-
-
-# --------------------------------------------------------------------------- munge
-
-
-def _munge_works() -> bool:
-    munge, unmunge = shutil.which("munge"), shutil.which("unmunge")
-    if munge is None or unmunge is None:
-        return False
-    try:
-        cred = subprocess.run(
-            [munge, "-n"], capture_output=True, timeout=_CMD_TIMEOUT_S, check=False
-        )
-        if cred.returncode != 0:
-            return False
-        check = subprocess.run(
-            [unmunge],
-            input=cred.stdout,
-            capture_output=True,
-            timeout=_CMD_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return check.returncode == 0
-
-
-def ensure_munge(timeout_s: float = 10.0) -> None:
-    """Make ``munge -n | unmunge`` work: run dir, key, and munged (started as user munge)."""
-    if _munge_works():
-        return
-    if os.geteuid() != 0:
-        raise LabClusterError("munged is not running and starting it needs root")
-    try:
-        user = pwd.getpwnam("munge")
-    except KeyError as exc:
-        raise LabClusterError("there is no 'munge' user; install the munge package") from exc
-    MUNGE_RUN.mkdir(parents=True, exist_ok=True)
-    os.chown(MUNGE_RUN, user.pw_uid, user.pw_gid)
-    MUNGE_RUN.chmod(0o755)
-    if not MUNGE_KEY.exists():
-        MUNGE_KEY.parent.mkdir(parents=True, exist_ok=True)
-        mungekey = shutil.which("mungekey") or "/usr/sbin/mungekey"
-        made = False
-        if os.access(mungekey, os.X_OK):
-            made = (
-                subprocess.run(
-                    [mungekey, "--create", f"--keyfile={MUNGE_KEY}"],
-                    capture_output=True,
-                    timeout=30,
-                    check=False,
-                ).returncode
-                == 0
-            )
-        if not made:
-            MUNGE_KEY.write_bytes(os.urandom(1024))
-    os.chown(MUNGE_KEY, user.pw_uid, user.pw_gid)
-    MUNGE_KEY.chmod(0o400)
-    munged = shutil.which("munged") or "/usr/sbin/munged"
-    try:
-        # munged daemonizes itself; the parent exits once the socket is ready
-        proc = subprocess.run(
-            [munged],
-            user=user.pw_uid,
-            group=user.pw_gid,
-            extra_groups=[],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LabClusterError(f"could not start munged: {exc}") from exc
-    deadline = time.monotonic() + timeout_s
-    while not _munge_works():
-        if time.monotonic() > deadline:
-            raise LabClusterError(
-                f"munged (exit {proc.returncode}) is not answering after {timeout_s:.0f} s: "
-                f"{_tail(proc.stdout + proc.stderr, 5)}"
-            )
-        time.sleep(_POLL_S)
 
 
 # --------------------------------------------------------------------------- processes
@@ -518,13 +352,13 @@ class LabCluster:
 
     # ------------------------------------------------------------------ diagnostics
 
-    def _log_tail(self, name: str) -> str:
+    def _logtail(self, name: str) -> str:
         chunks = []
         for path in (self.log_dir / f"{name}.log", self.log_dir / f"{name}.out"):
             with contextlib.suppress(OSError):
                 text = path.read_text(errors="replace")
                 if text.strip():
-                    chunks.append(f"--- {path} ---\n{_tail(text)}")
+                    chunks.append(f"--- {path} ---\n{tail(text)}")
         return "\n".join(chunks) or f"(no log for {name} in {self.log_dir})"
 
     def _check_daemons(self, names: Iterable[str]) -> None:
@@ -532,7 +366,7 @@ class LabCluster:
             if self._alive_pid(name) is None:
                 proc = self._procs.get(name)
                 code = "" if proc is None else f" (exit {proc.returncode})"
-                raise LabClusterError(f"{name} died during start-up{code}\n{self._log_tail(name)}")
+                raise LabClusterError(f"{name} died during start-up{code}\n{self._logtail(name)}")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -605,7 +439,7 @@ class LabCluster:
             )
             if proc.returncode != 0:
                 raise LabClusterError(
-                    f"mariadb-install-db failed: {_tail(proc.stdout + proc.stderr, 8)}"
+                    f"mariadb-install-db failed: {tail(proc.stdout + proc.stderr, 8)}"
                 )
 
     def _start_accounting(self, deadline: float) -> None:
@@ -650,7 +484,7 @@ class LabCluster:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     return
             if time.monotonic() > deadline:
-                raise LabClusterError(f"{name} not listening on {port}\n{self._log_tail(name)}")
+                raise LabClusterError(f"{name} not listening on {port}\n{self._logtail(name)}")
             time.sleep(_POLL_S)
 
     def _check_ports(self, names: Iterable[str]) -> None:
@@ -761,7 +595,7 @@ class LabCluster:
                 raise LabClusterError(
                     f"only {len(ready & want)}/{self.nodes} nodes {what} after {timeout_s:.0f} s "
                     f"({shown if states else 'slurmctld not answering'})\n"
-                    f"{self._log_tail('slurmctld')}"
+                    f"{self._logtail('slurmctld')}"
                 )
             time.sleep(_POLL_S)
 
@@ -784,7 +618,7 @@ class LabCluster:
             if time.monotonic() - t0 > timeout_s:
                 raise LabClusterError(
                     f"slurmctld not answering {timeout_s:.0f} s after restart\n"
-                    f"{self._log_tail('slurmctld')}"
+                    f"{self._logtail('slurmctld')}"
                 )
             time.sleep(_POLL_S)
         return time.monotonic() - t0

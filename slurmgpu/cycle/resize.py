@@ -86,7 +86,7 @@ from slurmgpu.policy.base import Action, is_preempt, slurm_job_ref
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
 from slurmgpu.slurm.update import parse_fields, update_fields
 
-log = logging.getLogger("slurmgpu.actuate.resize")
+log = logging.getLogger("slurmgpu.cycle.resize")
 _I = TypeVar("_I", bound=Intent)
 
 __all__ = [

@@ -3,8 +3,8 @@ afterwards: one dispatcher for the daemon (``actuate.malleable.MalleableActuator
 the SQL store and its audit) and the simulator (``sim.run``, over
 ``cycle.transactions.MemoryTransactions`` and SimSlurm's acknowledgements).
 
-A job goes to :class:`~slurmgpu.actuate.resize.ResizeExecutor`, an array pool (its spec
-says ``pool``) to :class:`~slurmgpu.actuate.pool.PoolExecutor`. Time is never read here:
+A job goes to :class:`~slurmgpu.cycle.resize.ResizeExecutor`, an array pool (its spec
+says ``pool``) to :class:`~slurmgpu.cycle.pool.PoolExecutor`. Time is never read here:
 every call takes the moment it happens at (``at``), the daemon's wall clock or the
 simulator's virtual one.
 
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from slurmgpu.actuate.pool import KIND as POOL_KIND
-from slurmgpu.actuate.pool import OPEN as POOL_OPEN
-from slurmgpu.actuate.pool import PoolExecutor
-from slurmgpu.actuate.resize import (
+from slurmgpu.cycle.pool import KIND as POOL_KIND
+from slurmgpu.cycle.pool import OPEN as POOL_OPEN
+from slurmgpu.cycle.pool import PoolExecutor
+from slurmgpu.cycle.resize import (
     CLOSED,
     KIND,
     ResizeError,

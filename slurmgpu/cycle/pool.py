@@ -30,14 +30,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from slurmgpu.actuate.resize import ResizeError, state_dir_of
+from slurmgpu.cycle.resize import ResizeError, state_dir_of
 from slurmgpu.cycle.transactions import AckReader, GuardedAckReader, TransactionRow, Transactions
 from slurmgpu.elastic.spec import read_ack
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import Action, slurm_job_ref
 from slurmgpu.slurm.client import FullSignalClient, SlurmClient, SlurmError
 
-log = logging.getLogger("slurmgpu.actuate.pool")
+log = logging.getLogger("slurmgpu.cycle.pool")
 
 __all__ = ["KIND", "PoolExecutor", "shrink_victims"]
 
