@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
@@ -26,6 +25,7 @@ from slurmgpu.sim.clock import EPOCH
 from slurmgpu.sim.metrics import RunSummary
 from slurmgpu.sim.run import seeded
 from slurmgpu.sim.workload import RigidJob, TimeLimitModel, TraceJob
+from slurmgpu.whatif_figures import Savings
 
 __all__ = ["Savings", "StoredJobLike", "infer_shape", "priors", "savings", "to_trace"]
 
@@ -165,33 +165,6 @@ def infer_shape(node_gpus: Sequence[int]) -> tuple[int, int] | None:
     per_node = Counter(counts).most_common(1)[0][0]
     total = sum(counts)
     return max(1, math.ceil(total / per_node)), per_node
-
-
-@dataclass(frozen=True, slots=True)
-class Savings:
-    """One policy set against plain Slurm (positive ``*_saved``: the set did better)."""
-
-    policy_set: str
-    gpu_hours: float
-    gpu_hours_returned: float
-    avg_queue_s: float
-    avg_queue_saved_s: float
-    avg_jct_s: float
-    avg_jct_saved_s: float
-    p99_jct_s: float
-    p99_jct_saved_s: float
-    energy_kwh: float
-    energy_saved_kwh: float
-    jobs_touched: int
-    actions: int
-    gpu_hours_spread: float = 0.0  # half the range of GPU-hours returned over the seeds
-
-    def as_dict(self) -> dict[str, float | int | str | None]:
-        out: dict[str, float | int | str | None] = {}
-        for k in self.__slots__:
-            v = getattr(self, k)
-            out[k] = None if isinstance(v, float) and math.isnan(v) else v
-        return out
 
 
 def _mean(xs: Sequence[float]) -> float:
