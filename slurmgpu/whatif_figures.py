@@ -11,9 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Savings", "WhatifFigures"]
+__all__ = ["Savings", "WhatifFigures", "signed_duration"]
 
 JsonValue = float | int | str | None
+
+
+def signed_duration(s: float) -> str:
+    """``+1.64 h`` from 600 s up, ``-42 s`` below, ``-`` for NaN: how both the table and
+    the HTML show waits, JCTs and their changes."""
+    if math.isnan(s):
+        return "-"
+    return f"{s / 3600:+.2f} h" if abs(s) >= 600 else f"{s:+.0f} s"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ Exit codes: 0 compared (or nothing to compare: one line says why); 2 bad option;
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, datetime
 
 import click
@@ -37,13 +36,7 @@ from slurmgpu.sim.run import ClusterShape
 from slurmgpu.sim.whatif import DEFAULT_POLICIES, compare, site_shape
 from slurmgpu.store import StoreError
 from slurmgpu.store.whatif import read_window
-from slurmgpu.whatif_figures import WhatifFigures
-
-
-def _hours(s: float) -> str:
-    if math.isnan(s):
-        return "-"
-    return f"{s / 3600:+.2f} h" if abs(s) >= 600 else f"{s:+.0f} s"
+from slurmgpu.whatif_figures import WhatifFigures, signed_duration
 
 
 @click.command("whatif")
@@ -173,11 +166,11 @@ def _table(figures: WhatifFigures) -> Table:
             r.policy_set,
             f"{r.gpu_hours:,.1f}",
             returned,
-            _hours(r.avg_queue_s).lstrip("+"),
-            "-" if base else _hours(-r.avg_queue_saved_s),
-            _hours(r.avg_jct_s).lstrip("+"),
-            "-" if base else _hours(-r.avg_jct_saved_s),
-            _hours(r.p99_jct_s).lstrip("+"),
+            signed_duration(r.avg_queue_s).lstrip("+"),
+            "-" if base else signed_duration(-r.avg_queue_saved_s),
+            signed_duration(r.avg_jct_s).lstrip("+"),
+            "-" if base else signed_duration(-r.avg_jct_saved_s),
+            signed_duration(r.p99_jct_s).lstrip("+"),
             f"{r.energy_kwh:,.1f}",
             "-" if base else f"{r.energy_saved_kwh:,.1f}",
             "-" if base else str(r.jobs_touched),
