@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from slurmgpu.sim.fromstore import StoredJobLike, infer_shape, priors, savings, to_trace
+from slurmgpu.sim.fromstore import StoredJobLike, priors, savings, to_trace
 from slurmgpu.sim.metrics import RunSummary, summarise
 from slurmgpu.sim.policysets import known_sets
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
@@ -46,12 +46,14 @@ class MeteredJob(StoredJobLike, Protocol):
 def site_shape(node_gpus: Sequence[int], shards_per_gpu: Sequence[int]) -> tuple[ClusterShape, str]:
     """The simulated cluster of the stored GPU nodes and a note saying how it was built;
     ValueError when no GPU node is stored."""
-    inferred = infer_shape(node_gpus)
-    if inferred is None:
-        raise ValueError("no GPU nodes in the store to infer the cluster from; give --cluster NxG")
     spg = max(shards_per_gpu, default=4) or 4
-    shape = ClusterShape(inferred[0], inferred[1], spg)
-    return shape, f"cluster {inferred[0]}x{inferred[1]} (from {len(node_gpus)} stored GPU nodes)"
+    try:
+        shape = ClusterShape.of_nodes(node_gpus, spg)
+    except ValueError:
+        raise ValueError(
+            "no GPU nodes in the store to infer the cluster from; give --cluster NxG"
+        ) from None
+    return shape, f"cluster {shape.text()} (the {shape.nodes} stored GPU nodes, each as it is)"
 
 
 def compare(
@@ -120,7 +122,7 @@ def compare(
         window=window,
         jobs=len(runs),
         jobs_without_usage=without,
-        cluster=f"{shape.nodes}x{shape.gpus_per_node}",
+        cluster=shape.text(),
         seeds=seeds,
         measured_energy_kwh=measured_kwh,
         rows=tuple(savings(base, results[name], touched[name]) for name in order),

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, insert
 from slurmgpu.cli.main import main
 from slurmgpu.report.build import build_report
 from slurmgpu.report.html_page import render_html
-from slurmgpu.sim.fromstore import infer_shape, priors, to_trace
+from slurmgpu.sim.fromstore import priors, to_trace
 from slurmgpu.sim.whatif import compare, site_shape
 from slurmgpu.store import open_store, schema
 from slurmgpu.store.usage import UsageStore
@@ -104,7 +104,6 @@ def test_conversion_is_pure_and_keeps_what_jobs_asked() -> None:
     assert job.model.work == pytest.approx(3 * H) and job.model.util_pct == 100.0
     assert job.time_limit_s is not None and job.time_limit_s >= 3 * H  # drawn, seeded
     assert priors([run]) == ()  # no usage: nothing for the priors to learn
-    assert infer_shape([4, 4, 8, 4]) == (5, 4) and infer_shape([]) is None
 
 
 def test_whatif_json_gives_per_set_figures_and_rightsize_returns_gpu_hours(db: str) -> None:
@@ -134,6 +133,24 @@ def test_whatif_json_gives_per_set_figures_and_rightsize_returns_gpu_hours(db: s
     assert any("issue 33" in n for n in doc["notes"])
     assert doc["measured_energy_kwh"] is None  # the test store has no metered energy
     assert any(n.startswith("1 of 11 jobs have no usage summary") for n in doc["notes"])
+
+
+def test_a_mixed_site_is_replayed_node_by_node(db: str) -> None:
+    """An 8-GPU node beside the 4-GPU one: the simulated cluster is 1x8,1x4 (not 3x4)."""
+    store = open_store(db, migrate=False)
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(schema.nodes),
+            {"cluster": "", "name": "big1", "state": "idle", "gpus": 8, "last_seen": SINCE},
+        )
+    store.engine.dispose()
+    out = CliRunner().invoke(
+        main, ["--db", db, "whatif", *WINDOW, "--json", "--seeds", "1", "--policies", "rightsize"]
+    )
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["cluster"] == "1x8,1x4"
+    assert "cluster 1x8,1x4 (the 2 stored GPU nodes, each as it is)" in doc["notes"]
 
 
 def test_whatif_table_says_what_it_is(db: str) -> None:
