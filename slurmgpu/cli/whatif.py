@@ -53,7 +53,11 @@ from slurmgpu.whatif_figures import WhatifFigures, signed_duration
     show_default=True,
     help="Comma-separated policy sets compared with plain Slurm: " + ", ".join(known_sets()),
 )
-@click.option("--cluster", "cluster_text", help="NODESxGPUS (default: from the stored nodes).")
+@click.option(
+    "--cluster",
+    "cluster_text",
+    help="NODESxGPUS, or groups: 2x8,4x4 (default: the stored nodes, each at its size).",
+)
 @click.option("--seeds", type=click.IntRange(1, 20), default=3, show_default=True)
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of a table.")
 @pass_app

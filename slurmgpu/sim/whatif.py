@@ -53,7 +53,8 @@ def site_shape(node_gpus: Sequence[int], shards_per_gpu: Sequence[int]) -> tuple
         raise ValueError(
             "no GPU nodes in the store to infer the cluster from; give --cluster NxG"
         ) from None
-    return shape, f"cluster {shape.text()} (the {shape.nodes} stored GPU nodes, each as it is)"
+    nodes = f"{shape.nodes} stored GPU node" + ("s" if shape.nodes != 1 else "")
+    return shape, f"cluster {shape.text()} (the {nodes}, each at its own GPU count)"
 
 
 def compare(

@@ -150,7 +150,7 @@ def test_a_mixed_site_is_replayed_node_by_node(db: str) -> None:
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
     assert doc["cluster"] == "1x8,1x4"
-    assert "cluster 1x8,1x4 (the 2 stored GPU nodes, each as it is)" in doc["notes"]
+    assert "cluster 1x8,1x4 (the 2 stored GPU nodes, each at its own GPU count)" in doc["notes"]
 
 
 def test_whatif_table_says_what_it_is(db: str) -> None:
