@@ -122,8 +122,8 @@ def whatif_command(
         def tick(name: str, done: int, total: int) -> None:
             if name not in tasks:
                 tasks[name] = bar.add_task(name, total=total)
-            if done % 64 == 0 or done == total:
-                bar.update(tasks[name], completed=done)
+            if done % 64 == 0 or done == total:  # total grows as timed-out jobs resubmit
+                bar.update(tasks[name], completed=done, total=total)
 
         figures = compare(
             runs,
