@@ -3,7 +3,10 @@
 Clusters are often offline, so the page fetches nothing: no script, no font, no image,
 no stylesheet from anywhere. The charts are SVG drawn here, server-side, so they show in
 any browser (and in a mail client) without JavaScript. Every chart is an ``<svg>`` with
-``data-chart="NAME"``, its marks ``<rect>``/``<polyline>`` with ``class="mark"``.
+``data-chart="NAME"``, its marks ``<rect>``/``<polyline>`` with ``class="mark"``. With
+``sgpu report --whatif`` a last section shows the :class:`~slurmgpu.whatif_figures.
+WhatifFigures` of the window (one ``<tr data-set="SET">`` per policy set), the values
+``sgpu whatif`` prints, formatted by the same helper.
 """
 
 from __future__ import annotations
