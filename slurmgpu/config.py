@@ -17,6 +17,7 @@ Example (every key is optional; these are the defaults)::
     admin_uids = [0]           # may see every user's jobs in GET /v1/jobs
     sample_retention = "6h"    # raw samples older than this are rolled up per hour, deleted
     rollup_retention = "90d"   # hourly rollups older than this are deleted
+    metrics_max_users = 20     # users with their own sgpu_user_* series; the rest: (other)
 
     [slurm]
     backend = "auto"           # auto | cli | pyslurm
@@ -116,6 +117,8 @@ class DaemonSettings:
     # Sized for a 1,000-GPU site to stay under 2 GB (docs/configuration.md#retention).
     sample_retention: timedelta = timedelta(hours=6)
     rollup_retention: timedelta = timedelta(days=90)
+    # Each user is a Prometheus series of sgpu_user_gpus_*: bounded (docs/metrics.md).
+    metrics_max_users: int = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +352,7 @@ def _parse_document(doc: dict[str, Any], text: str, path: Path | None) -> Settin
         rollup_retention=d.duration(
             "rollup_retention", timedelta(days=90), minimum=timedelta(days=1)
         ),
+        metrics_max_users=d.integer("metrics_max_users", 20, maximum=1000),
     )
     d.finish()
     s = _Reader(doc, text, path, "slurm")

@@ -15,8 +15,11 @@ from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
 from slurmgpu.report.build import GROUP_BY, GroupBy, build_report
 from slurmgpu.report.html_page import render_html
 from slurmgpu.report.render import render_table, to_csv, to_json
+from slurmgpu.sim.whatif import compare, site_shape
 from slurmgpu.store import StoreError
+from slurmgpu.store.whatif import WindowRead, read_window
 from slurmgpu.units import parse_duration
+from slurmgpu.whatif_figures import WhatifFigures
 
 
 def parse_moment(value: str, now: datetime, option: str) -> datetime:
@@ -45,6 +48,18 @@ def parse_window(since: str, until: str, now: datetime) -> tuple[datetime, datet
     if end <= start:
         fail(f"--until ({end:%Y-%m-%d %H:%M}) must come after --since ({start:%Y-%m-%d %H:%M})", 2)
     return start, end
+
+
+def _whatif(window: WindowRead, start: datetime, end: datetime) -> WhatifFigures | str:
+    """``sgpu whatif``'s figures (its defaults) on the report's window, or why there are none."""
+    span = f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC"
+    if not window.runs:
+        return f"no finished GPU jobs in the store from {span}: nothing to replay"
+    try:
+        shape, note = site_shape(window.node_gpus, window.shards_per_gpu)
+    except ValueError as exc:
+        return f"not replayed: {exc}"
+    return compare(window.runs, shape, window=span, shape_note=note)
 
 
 @click.command()
@@ -76,6 +91,13 @@ def parse_window(since: str, until: str, now: datetime) -> tuple[datetime, datet
     show_default=True,
     help="How many top wasters to list.",
 )
+@click.option(
+    "--whatif",
+    "with_whatif",
+    is_flag=True,
+    help="Add what each policy set would have changed on the window's jobs (the "
+    "figures of `sgpu whatif` with its defaults; html and json only; slow on long windows).",
+)
 @pass_app
 def report(
     app: AppContext,
@@ -85,11 +107,15 @@ def report(
     fmt: str,
     output: Path | None,
     top: int,
+    with_whatif: bool,
 ) -> None:
     """Report GPU efficiency of the jobs that ended in a window, and what slurmgpu did."""
     now = datetime.now(UTC)
     start, end = parse_window(since, until, now)
+    if with_whatif and fmt not in ("html", "json"):
+        fail("--whatif goes with --format html or json", 2)
     store = app.store(migrate=False)
+    whatif: WhatifFigures | str | None = None
     try:
         result = build_report(
             store.engine,
@@ -100,6 +126,8 @@ def report(
             top=top,
             now=now,
         )
+        if with_whatif:
+            whatif = _whatif(read_window(store.engine, store.cluster, start, end), start, end)
     except (StoreError, SQLAlchemyError) as exc:
         cause = getattr(exc, "orig", None) or exc
         fail(
@@ -123,9 +151,14 @@ def report(
     if fmt == "csv":
         text = to_csv(result)
     elif fmt == "json":
-        text = json.dumps(to_json(result), indent=2) + "\n"
+        doc = to_json(result)
+        if whatif is not None:
+            doc["whatif"] = (
+                whatif.as_json() if isinstance(whatif, WhatifFigures) else {"message": whatif}
+            )
+        text = json.dumps(doc, indent=2) + "\n"
     else:
-        text = render_html(result)
+        text = render_html(result, whatif)
     if output is None:
         click.echo(text, nl=False)
         return

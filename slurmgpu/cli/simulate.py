@@ -113,7 +113,8 @@ def _write(target: str, text: str, console: Console) -> None:
     "cluster_text",
     default="16x4",
     show_default=True,
-    help="NODESxGPUS, or typed groups: 8xa100:4,8xv100:4 (NODESxTYPE:GPUS,...).",
+    help="NODESxGPUS; groups of mixed sizes: 2x8,4x4; or typed groups: 8xa100:4,8xv100:4 "
+    "(NODESxTYPE:GPUS,...).",
 )
 @click.option("--load", type=float, default=1.0, show_default=True, help="Arrival-rate factor.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of every random draw.")

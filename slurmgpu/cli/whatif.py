@@ -14,37 +14,29 @@ Exit codes: 0 compared (or nothing to compare: one line says why); 2 bad option;
 from __future__ import annotations
 
 import json
-import math
-import time
 from datetime import UTC, datetime
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
 from slurmgpu.cli.report import parse_window
-from slurmgpu.sim.fromstore import Savings, infer_shape, priors, savings, to_trace
-from slurmgpu.sim.metrics import RunSummary, summarise
 from slurmgpu.sim.policysets import known_sets
-from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
+from slurmgpu.sim.run import ClusterShape
+from slurmgpu.sim.whatif import DEFAULT_POLICIES, compare, site_shape
 from slurmgpu.store import StoreError
 from slurmgpu.store.whatif import read_window
-
-DEFAULT_POLICIES = "rightsize,colocate,malleable,all"
-FIDELITY = (
-    "simulator figures, not measurements: the simulator's fidelity against real Slurm "
-    "is not yet measured (issue 33); jobs replay at their real run time and asked-for "
-    "GPUs, with the util their summaries recorded"
-)
-
-
-def _hours(s: float) -> str:
-    if math.isnan(s):
-        return "-"
-    return f"{s / 3600:+.2f} h" if abs(s) >= 600 else f"{s:+.0f} s"
+from slurmgpu.whatif_figures import WhatifFigures, signed_duration
 
 
 @click.command("whatif")
@@ -57,11 +49,15 @@ def _hours(s: float) -> str:
 @click.option("--until", default="now", show_default=True, help="End: same forms as --since.")
 @click.option(
     "--policies",
-    default=DEFAULT_POLICIES,
+    default=",".join(DEFAULT_POLICIES),
     show_default=True,
     help="Comma-separated policy sets compared with plain Slurm: " + ", ".join(known_sets()),
 )
-@click.option("--cluster", "cluster_text", help="NODESxGPUS (default: from the stored nodes).")
+@click.option(
+    "--cluster",
+    "cluster_text",
+    help="NODESxGPUS, or groups: 2x8,4x4 (default: the stored nodes, each at its size).",
+)
 @click.option("--seeds", type=click.IntRange(1, 20), default=3, show_default=True)
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of a table.")
 @pass_app
@@ -107,45 +103,11 @@ def whatif_command(
             fail(str(exc), 2)
         shape_note = f"cluster {cluster_text} (--cluster)"
     else:
-        inferred = infer_shape(window.node_gpus)
-        if inferred is None:
-            fail("no GPU nodes in the store to infer the cluster from; give --cluster NxG", 2)
-        spg = max(window.shards_per_gpu, default=4) or 4
-        shape = ClusterShape(inferred[0], inferred[1], spg)
-        shape_note = (
-            f"cluster {inferred[0]}x{inferred[1]} (from {len(window.node_gpus)} stored GPU nodes)"
-        )
-    without = sum(1 for r in runs if not r.has_usage)
-    notes = [FIDELITY, shape_note]
-    if without:
-        notes.append(
-            f"{without} of {len(runs)} jobs have no usage summary: replayed at 100 % util "
-            "(nothing to rightsize or share), so savings are understated"
-        )
-    metered = [r.energy_j for r in runs if r.energy_j is not None]
-    measured_kwh = sum(metered) / 3.6e6 if metered else None
-    notes.append(
-        "energy: the simulator's own GPU power model, not the meters; "
-        + (
-            f"the {len(metered)} metered jobs of the window used {measured_kwh:,.1f} kWh"
-            if measured_kwh is not None
-            else "no job of the window has metered energy"
-        )
-    )
-    if seeds > 1:
-        notes.append(
-            f"means over {seeds} seeds (seeds draw the missing time limits and the "
-            "simulator's random choices); ± is half the range of GPU-hours returned"
-        )
+        try:
+            shape, shape_note = site_shape(window.node_gpus, window.shards_per_gpu)
+        except ValueError as exc:
+            fail(str(exc), 2)
     console = Console(stderr=True)
-    options = SimOptions(record_decisions=True, history=priors(runs))
-    order = ["slurm", *sets]
-    results: dict[str, list[RunSummary]] = {name: [] for name in order}
-    touched: dict[str, list[int]] = {name: [] for name in order}
-    traces = {
-        seed: to_trace(runs, seed=seed, gpus_per_node=shape.gpus_per_node, max_gpus=shape.gpus)
-        for seed in range(1, seeds + 1)
-    }
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -155,45 +117,36 @@ def whatif_command(
         transient=True,
         disable=json_out or not console.is_terminal,
     ) as bar:
-        for name in order:
-            task = bar.add_task(name, total=len(runs) * seeds)
-            for i, seed in enumerate(traces):
+        tasks: dict[str, TaskID] = {}
 
-                def tick(done: int, total: int, i: int = i, task: object = task) -> None:
-                    if done % 64 == 0 or done == total:
-                        bar.update(task, completed=i * len(runs) + done)  # type: ignore[arg-type]
+        def tick(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=total)
+            if done % 64 == 0 or done == total:  # total grows as timed-out jobs resubmit
+                bar.update(tasks[name], completed=done, total=total)
 
-                began = time.perf_counter()
-                run = simulate(traces[seed], shape, name, options, progress=tick)
-                results[name].append(summarise(run, time.perf_counter() - began))
-                touched[name].append(
-                    len({d.job_id for d in run.decisions if d.outcome in ("done", "started")})
-                )
-    base = results["slurm"]
-    rows = [savings(base, results[name], touched[name]) for name in order]
+        figures = compare(
+            runs,
+            shape,
+            window=span,
+            shape_note=shape_note,
+            policies=sets,
+            seeds=seeds,
+            progress=tick,
+        )
     if json_out:
-        doc = {
-            "window": span,
-            "jobs": len(runs),
-            "jobs_without_usage": without,
-            "cluster": f"{shape.nodes}x{shape.gpus_per_node}",
-            "seeds": seeds,
-            "measured_energy_kwh": measured_kwh,
-            "sets": {r.policy_set: r.as_dict() for r in rows},
-            "notes": notes,
-        }
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(figures.as_json(), indent=2))
         return
     out = Console()
     if not out.is_terminal:
         out = Console(width=max(out.width, 140))
-    out.print(_table(rows, span, len(runs), seeds))
-    for note in notes:
+    out.print(_table(figures))
+    for note in figures.notes:
         out.print(f"[dim]{note}[/dim]")
 
 
-def _table(rows: list[Savings], span: str, jobs: int, seeds: int) -> Table:
-    t = Table(title=f"what if: {jobs} GPU jobs, {span} (vs plain Slurm)")
+def _table(figures: WhatifFigures) -> Table:
+    t = Table(title=f"what if: {figures.jobs} GPU jobs, {figures.window} (vs plain Slurm)")
     for col in (
         "policy set",
         "GPU-h",
@@ -208,20 +161,20 @@ def _table(rows: list[Savings], span: str, jobs: int, seeds: int) -> Table:
         "jobs touched",
     ):
         t.add_column(col, justify="left" if col == "policy set" else "right")
-    for r in rows:
-        base = r.policy_set == "slurm"
+    for r in figures.rows:
+        base = r.is_baseline
         returned = "-" if base else f"{r.gpu_hours_returned:,.1f}"
-        if not base and seeds > 1:
+        if not base and figures.seeds > 1:
             returned += f" ± {r.gpu_hours_spread:,.1f}"
         t.add_row(
             r.policy_set,
             f"{r.gpu_hours:,.1f}",
             returned,
-            _hours(r.avg_queue_s).lstrip("+"),
-            "-" if base else _hours(-r.avg_queue_saved_s),
-            _hours(r.avg_jct_s).lstrip("+"),
-            "-" if base else _hours(-r.avg_jct_saved_s),
-            _hours(r.p99_jct_s).lstrip("+"),
+            signed_duration(r.avg_queue_s).lstrip("+"),
+            "-" if base else signed_duration(-r.avg_queue_saved_s),
+            signed_duration(r.avg_jct_s).lstrip("+"),
+            "-" if base else signed_duration(-r.avg_jct_saved_s),
+            signed_duration(r.p99_jct_s).lstrip("+"),
             f"{r.energy_kwh:,.1f}",
             "-" if base else f"{r.energy_saved_kwh:,.1f}",
             "-" if base else str(r.jobs_touched),

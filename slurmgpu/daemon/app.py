@@ -118,7 +118,10 @@ class Daemon:
         hold_release = HoldRelease(usage, placement, store, summarizer)
         cycle = build_policy_cycle(settings, store, slurm) if policies else None
         self.metrics = metrics = DaemonMetrics(
-            store.engine, store.cluster, snapshot=lambda: observer.latest
+            store.engine,
+            store.cluster,
+            snapshot=lambda: observer.latest,
+            max_users=settings.daemon.metrics_max_users,
         )
         retention = Retention(
             store.engine,
@@ -294,6 +297,7 @@ class Daemon:
         service = IngestService(self.usage, auth, directory, metrics=metrics.exposition)
         service.health = self.health.healthz
         metrics.watch_ingest(lambda: (service.accepted, service.rejected))
+        metrics.watch_agents(lambda: dict(service.last_seen))
         try:
             server = ApiServer(service, host, port)
         except OSError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import pwd
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -53,6 +54,10 @@ class IngestService:
         self.health: Callable[[], tuple[int, bytes]] = lambda: (200, b'{"ok": true}')
         self.accepted = 0
         self.rejected = 0
+        # node → when its agent last delivered a batch the store took (Unix time): the
+        # sgpu_agent_last_seen_timestamp_seconds gauge. Bounded by the nodes Slurm lists
+        # (an agent is only accepted for its own node).
+        self.last_seen: dict[str, float] = {}
         self._store_trouble: str | None = None  # logged once until an ingest succeeds
 
     def _reject(self, peer: str, status: HTTPStatus, reason: str) -> tuple[int, bytes]:
@@ -118,6 +123,7 @@ class IngestService:
             log.info("ingest works again")
             self._store_trouble = None
         self.accepted += outcome.accepted
+        self.last_seen[batch.node] = time.time()
         if batch.dropped:
             log.debug("node %s reports %d samples dropped by its spool", batch.node, batch.dropped)
         # 200 even when some samples were refused (each counted and logged once per node

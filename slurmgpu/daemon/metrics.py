@@ -4,11 +4,12 @@ Two kinds of figures:
 
 - counted as they happen (the loop and the API call in): cycle durations, cycles by
   outcome, Slurm call errors by kind, samples ingested and requests rejected;
-- read when scraped: GPUs by partition from the daemon's latest snapshot and the agents'
-  recent samples; decisions by policy, mode and outcome, and transactions by kind and
-  state, with one GROUP BY each from the store; each GPU's power and NVML energy
-  counter from its samples of the last 2 minutes (a scrape every 15-60 s costs four
-  small queries, nothing per job).
+- read when scraped: GPUs by partition, and by user for a bounded number of users
+  (daemon/user_metrics.py), from the daemon's latest snapshot and the agents' recent
+  samples; when each node's agent last delivered samples; decisions by policy, mode
+  and outcome, and transactions by kind and state, with one GROUP BY each from the
+  store; each GPU's power and NVML energy counter from its samples of the last 2
+  minutes (a scrape every 15-60 s costs four small queries, nothing per job).
 
 A registry per daemon (not the process-global one), so tests can run several.
 """
@@ -31,6 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from slurmgpu import userinput_stats
 from slurmgpu.daemon.observer import CycleResult
 from slurmgpu.daemon.shard_metrics import allocated_gpu_count, allocated_gpus, shard_families
+from slurmgpu.daemon.user_metrics import user_families, user_gpus
 from slurmgpu.model import ClusterSnapshot
 from slurmgpu.slurm import decode_stats
 from slurmgpu.store import schema
@@ -45,6 +47,8 @@ __all__ = ["CONTENT_TYPE_LATEST", "DaemonMetrics", "error_kind"]
 # A GPU counts as used when one of its samples in this window was busy: agents sample
 # every 10 s by default, so two minutes tolerate a few lost batches.
 USED_WINDOW = timedelta(minutes=2)
+# Users with their own sgpu_user_* series (daemon.metrics_max_users); the rest: "(other)".
+MAX_USERS = 20
 CYCLE_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -95,8 +99,11 @@ class _StoreCollector(Collector):
         snapshot: Callable[[], ClusterSnapshot | None],
         clock: Callable[[], datetime],
         ingest_counts: Callable[[], tuple[int, int]] | None,
+        max_users: int,
     ) -> None:
         self.engine = engine
+        self.max_users = max_users
+        self.last_seen: Callable[[], Mapping[str, float]] | None = None
         self.cluster = cluster
         self.snapshot = snapshot
         self.clock = clock
@@ -134,11 +141,12 @@ class _StoreCollector(Collector):
         up.add_metric([], 1)
         yield up
 
-    def _busy_gpus(self) -> set[tuple[str, int]]:
+    def _busy_gpus(self) -> tuple[set[tuple[str, int]], dict[int, int]]:
+        """(node, GPU) busy in the last 2 minutes, and how many busy GPUs each job had."""
         s = schema.samples
         since = self.clock() - USED_WINDOW
         stmt = (
-            select(s.c.node, s.c.gpu_index)
+            select(s.c.job_id, s.c.node, s.c.gpu_index)
             .where(
                 s.c.cluster == self.cluster,
                 s.c.kind == "gpu",
@@ -146,10 +154,32 @@ class _StoreCollector(Collector):
                 s.c.job_id.is_not(None),
                 s.c.util_pct > IDLE_UTIL_PCT,
             )
-            .group_by(s.c.node, s.c.gpu_index)
+            .group_by(s.c.job_id, s.c.node, s.c.gpu_index)
         )
+        busy: set[tuple[str, int]] = set()
+        by_job: dict[int, int] = {}
         with self.engine.connect() as conn:
-            return {(str(n), int(i)) for n, i in conn.execute(stmt) if i is not None}
+            for job_id, node, index in conn.execute(stmt):
+                if index is None:
+                    continue
+                busy.add((str(node), int(index)))
+                by_job[int(job_id)] = by_job.get(int(job_id), 0) + 1
+        return busy, by_job
+
+    def _agents(self, snap: ClusterSnapshot | None) -> Metric:
+        """Per node in Slurm's node list: when its agent last posted samples accepted."""
+        family = GaugeMetricFamily(
+            "sgpu_agent_last_seen_timestamp_seconds",
+            "When a node's agent last delivered a sample batch the daemon accepted (Unix "
+            "time; nodes in Slurm's node list heard from since the daemon started).",
+            labels=["node"],
+        )
+        if self.last_seen is not None and snap is not None:
+            seen = self.last_seen()
+            for node in sorted(n.name for n in snap.nodes):
+                if node in seen:
+                    family.add_metric([node], seen[node])
+        return family
 
     def _gpus(self) -> Iterable[Metric]:
         snap = self.snapshot()
@@ -173,10 +203,10 @@ class _StoreCollector(Collector):
         )
         if snap is not None:
             try:
-                busy = self._busy_gpus()
+                busy, by_job = self._busy_gpus()
             except SQLAlchemyError as exc:
                 log.warning("metrics: cannot read samples: %s", str(exc).splitlines()[0])
-                busy = set()
+                busy, by_job = set(), {}
             per: dict[str, list[int]] = {}
             for node in snap.nodes:
                 # Held whole or through shards: a GPU with shard jobs is allocated too.
@@ -194,7 +224,9 @@ class _StoreCollector(Collector):
                 used.add_metric([part], n_used)
                 idle.add_metric([part], max(n_alloc - n_used, 0))
             yield from shard_families(snap.nodes, busy)
+            yield from user_families(user_gpus(snap.jobs, by_job), self.max_users)
         yield from (total, alloc, used, idle)
+        yield self._agents(snap)
 
     def _power(self) -> Iterable[Metric]:
         """Per GPU: mean power and the newest energy counter in the last 2 minutes."""
@@ -315,6 +347,7 @@ class DaemonMetrics:
         snapshot: Callable[[], ClusterSnapshot | None] = lambda: None,
         ingest_counts: Callable[[], tuple[int, int]] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_users: int = MAX_USERS,
     ) -> None:
         self.registry = CollectorRegistry()
         self.cycle_seconds = Histogram(
@@ -339,7 +372,9 @@ class DaemonMetrics:
             self.slurm_errors.labels(kind)  # present at 0, so rate() works from the start
         for outcome in ("ok", "failed"):
             self.cycles.labels(outcome)
-        self._collector = _StoreCollector(engine, cluster, snapshot, clock, ingest_counts)
+        self._collector = _StoreCollector(
+            engine, cluster, snapshot, clock, ingest_counts, max_users
+        )
         self.registry.register(self._collector)
         self.last_cycle = Gauge(
             "sgpu_last_cycle_timestamp_seconds",
@@ -350,6 +385,10 @@ class DaemonMetrics:
     def watch_ingest(self, counts: Callable[[], tuple[int, int]]) -> None:
         """Export (accepted samples, rejected requests) of the API as counters."""
         self._collector.ingest_counts = counts
+
+    def watch_agents(self, last_seen: Callable[[], Mapping[str, float]]) -> None:
+        """Export when each node's agent last delivered samples (node → Unix time)."""
+        self._collector.last_seen = last_seen
 
     def watch(
         self,

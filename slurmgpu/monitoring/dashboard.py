@@ -13,8 +13,10 @@ tests/slurm/test_prometheus_real.py runs each query against a real Prometheus sc
 the lab's daemon.
 
 Panels read the daemon's metrics directly (not the recording rules), so the dashboard
-works without the shipped rules. The daemon exports no per-user or per-job figures to
-Prometheus, so those views are left to ``sgpu report`` (a text panel says so).
+works without the shipped rules. Waste by user reads the bounded per-user series
+(``sgpu_user_gpus_*``: the users with the most idle GPUs, the rest as ``(other)``); the
+daemon exports no per-job figures, so that view is left to ``sgpu eff`` and ``sgpu
+report`` (a text panel says so).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from grafana_foundation_sdk.builders import bargauge, prometheus, stat, text, timeseries
 from grafana_foundation_sdk.builders import common as common_builder
 from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.builders import prometheus, stat, text, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
@@ -53,7 +55,7 @@ class Query:
 @dataclass(frozen=True)
 class PanelSpec:
     title: str
-    kind: str  # "stat" | "timeseries"
+    kind: str  # "stat" | "timeseries" | "bargauge" (an instant query, one bar a series)
     unit: str
     queries: tuple[Query, ...]
     description: str = ""
@@ -193,6 +195,45 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                         "{{partition}}",
                     ),
                 ),
+                stacked=True,
+            ),
+        ),
+    ),
+    (
+        "Users",
+        (
+            PanelSpec(
+                "Idle GPU-hours by user (time range)",
+                "bargauge",
+                "none",
+                (
+                    Query(
+                        "sort_desc(sum by (user)"
+                        f" (sum_over_time(sgpu_user_gpus_idle{{{SEL}}}[$__range:1m])) / 60)",
+                        "{{user}}",
+                    ),
+                ),
+                "Waste by user: allocated GPUs no agent saw busy, taken every minute over the "
+                "dashboard's range (whole GPUs of running jobs; every partition).",
+                width=8,
+            ),
+            PanelSpec(
+                "Idle GPUs by user",
+                "timeseries",
+                "none",
+                (Query(f"sum by (user) (sgpu_user_gpus_idle{{{SEL}}})", "{{user}}"),),
+                "Allocated and not busy in the last 2 minutes, per user; its area is the "
+                "idle GPU-hours.",
+                width=8,
+                stacked=True,
+            ),
+            PanelSpec(
+                "GPUs allocated by user",
+                "timeseries",
+                "none",
+                (Query(f"sum by (user) (sgpu_user_gpus_allocated{{{SEL}}})", "{{user}}"),),
+                "Whole GPUs held by each user's running jobs.",
+                width=8,
                 stacked=True,
             ),
         ),
@@ -339,6 +380,19 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                 width=8,
             ),
             PanelSpec(
+                "Time since each node's agent last delivered samples",
+                "timeseries",
+                "s",
+                (
+                    Query(
+                        f"time() - max by (node) (sgpu_agent_last_seen_timestamp_seconds{{{SEL}}})",
+                        "{{node}}",
+                    ),
+                ),
+                "Agents send every 10 s by default; SgpuAgentSilent fires past 10 minutes.",
+                width=8,
+            ),
+            PanelSpec(
                 "Requests refused",
                 "timeseries",
                 "ops",
@@ -380,10 +434,10 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
 )
 
 NOT_EXPORTED = (
-    "Per-user and per-job waste are not exported to Prometheus: the daemon's /metrics "
-    "has no user or job labels. "
-    "Use `sgpu report --by user` (or `--by account`), `sgpu eff JOBID` and "
-    "`sgpu jobs --active` for those views."
+    "Per-job figures are not exported to Prometheus (a series per job would never end): "
+    "`sgpu eff JOBID` and `sgpu jobs --active` show a job; `sgpu report --by user` (or "
+    "`--by account`) the finished jobs' waste over any window. The user panels name the "
+    "`daemon.metrics_max_users` users with the most idle GPUs; the rest are `(other)`."
 )
 
 
@@ -422,11 +476,18 @@ def _variables() -> list[dash.QueryVariable | dash.DatasourceVariable]:
     return [ds, instance, partition]
 
 
-def _panel(spec: PanelSpec) -> stat.Panel | timeseries.Panel:
-    panel: stat.Panel | timeseries.Panel
+def _panel(spec: PanelSpec) -> stat.Panel | timeseries.Panel | bargauge.Panel:
+    panel: stat.Panel | timeseries.Panel | bargauge.Panel
     if spec.kind == "stat":
         panel = stat.Panel().reduce_options(
             common_builder.ReduceDataOptions().calcs(["lastNotNull"])
+        )
+    elif spec.kind == "bargauge":
+        panel = (
+            bargauge.Panel()
+            .reduce_options(common_builder.ReduceDataOptions().calcs(["lastNotNull"]))
+            .display_mode(common.BarGaugeDisplayMode.BASIC)
+            .orientation(common.VizOrientation.HORIZONTAL)
         )
     else:
         panel = timeseries.Panel().legend(
@@ -452,6 +513,8 @@ def _panel(spec: PanelSpec) -> stat.Panel | timeseries.Panel:
         panel = panel.min(0).max(1)
     for i, q in enumerate(spec.queries):
         target = prometheus.Dataquery().expr(q.expr).ref_id(chr(ord("A") + i))
+        if spec.kind == "bargauge":
+            target = target.instant()
         if q.legend:
             target = target.legend_format(q.legend)
         panel = panel.with_target(target)
@@ -480,10 +543,10 @@ def build() -> dash.Dashboard:
         board = board.with_row(dash.Row(title))
         for spec in panels:
             board = board.with_panel(_panel(spec))
-    board = board.with_row(dash.Row("Users and jobs"))
+    board = board.with_row(dash.Row("Jobs"))
     board = board.with_panel(
         text.Panel()
-        .title("Not in Prometheus")
+        .title("Per job: sgpu eff, sgpu report")
         .mode(TextMode.MARKDOWN)
         .content(NOT_EXPORTED)
         .span(24)

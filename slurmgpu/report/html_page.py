@@ -3,7 +3,10 @@
 Clusters are often offline, so the page fetches nothing: no script, no font, no image,
 no stylesheet from anywhere. The charts are SVG drawn here, server-side, so they show in
 any browser (and in a mail client) without JavaScript. Every chart is an ``<svg>`` with
-``data-chart="NAME"``, its marks ``<rect>``/``<polyline>`` with ``class="mark"``.
+``data-chart="NAME"``, its marks ``<rect>``/``<polyline>`` with ``class="mark"``. With
+``sgpu report --whatif`` a last section shows the :class:`~slurmgpu.whatif_figures.
+WhatifFigures` of the window (one ``<tr data-set="SET">`` per policy set), the values
+``sgpu whatif`` prints, formatted by the same helper.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from markupsafe import Markup, escape
 from slurmgpu.plaintext import shown, template_finalize
 from slurmgpu.report.build import Report
 from slurmgpu.report.render import duration_text, header_text, wait_bin_label
+from slurmgpu.whatif_figures import WhatifFigures, signed_duration
 
 __all__ = ["render_html"]
 
@@ -295,15 +299,22 @@ def _environment() -> Environment:
     env.filters["hours"] = lambda v: "-" if v is None else f"{v:,.1f}"
     env.filters["pct"] = lambda v: "-" if v is None else f"{v:.0f}%"
     env.filters["kwh"] = lambda v: "-" if v is None else f"{v:,.2f}"
+    env.filters["shift"] = signed_duration
+    env.filters["unsigned"] = lambda s: signed_duration(s).lstrip("+")
     env.globals["wait_label"] = wait_bin_label
     return env
 
 
-def render_html(report: Report) -> str:
-    """The whole report as one HTML document (no external resource of any kind)."""
+def render_html(report: Report, whatif: WhatifFigures | str | None = None) -> str:
+    """The whole report as one HTML document (no external resource of any kind).
+
+    ``whatif``: the figures of ``sgpu whatif`` on the same window (a section of their
+    own, the fidelity caveat first), or a line saying why they are missing."""
     template = _environment().get_template("report.html.j2")
     return template.render(
         r=report,
+        whatif=whatif if isinstance(whatif, WhatifFigures) else None,
+        whatif_missing=whatif if isinstance(whatif, str) else None,
         title=header_text(report),
         charts={
             "groups": chart_groups(report),

@@ -7,17 +7,15 @@ Pure conversion, no I/O: :func:`to_trace` takes the finished jobs the store read
 the GPUs it asked for, is submitted when it really was, keeps its user, partition and
 time limit, and uses its GPUs as its end-of-job summary says (mean util, GPU memory
 peak). A job with no summary runs at 100 % util (nothing to rightsize: the conservative
-guess) and is counted by the caller. :func:`infer_shape` turns the stored nodes' GPU
-counts into a ``NxG`` cluster; :func:`savings` compares each policy set's figures with
-plain Slurm's.
+guess) and is counted by the caller. :func:`savings` compares each policy set's figures
+with plain Slurm's. The cluster is built from the stored nodes by
+:meth:`slurmgpu.sim.run.ClusterShape.of_nodes` (each node at its own GPU count).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
@@ -26,8 +24,9 @@ from slurmgpu.sim.clock import EPOCH
 from slurmgpu.sim.metrics import RunSummary
 from slurmgpu.sim.run import seeded
 from slurmgpu.sim.workload import RigidJob, TimeLimitModel, TraceJob
+from slurmgpu.whatif_figures import Savings
 
-__all__ = ["Savings", "StoredJobLike", "infer_shape", "priors", "savings", "to_trace"]
+__all__ = ["Savings", "StoredJobLike", "priors", "savings", "to_trace"]
 
 MAX_SPAN_S = 1e9
 
@@ -154,44 +153,6 @@ def priors(jobs: Sequence[StoredJobLike]) -> tuple[HistoryRecord, ...]:
             )
         )
     return tuple(out)
-
-
-def infer_shape(node_gpus: Sequence[int]) -> tuple[int, int] | None:
-    """``(nodes, GPUs per node)`` of the stored GPU nodes: every GPU node, at the most
-    common GPU count (the simulator's nodes are all alike). None: no GPU node stored."""
-    counts = [g for g in node_gpus if g > 0]
-    if not counts:
-        return None
-    per_node = Counter(counts).most_common(1)[0][0]
-    total = sum(counts)
-    return max(1, math.ceil(total / per_node)), per_node
-
-
-@dataclass(frozen=True, slots=True)
-class Savings:
-    """One policy set against plain Slurm (positive ``*_saved``: the set did better)."""
-
-    policy_set: str
-    gpu_hours: float
-    gpu_hours_returned: float
-    avg_queue_s: float
-    avg_queue_saved_s: float
-    avg_jct_s: float
-    avg_jct_saved_s: float
-    p99_jct_s: float
-    p99_jct_saved_s: float
-    energy_kwh: float
-    energy_saved_kwh: float
-    jobs_touched: int
-    actions: int
-    gpu_hours_spread: float = 0.0  # half the range of GPU-hours returned over the seeds
-
-    def as_dict(self) -> dict[str, float | int | str | None]:
-        out: dict[str, float | int | str | None] = {}
-        for k in self.__slots__:
-            v = getattr(self, k)
-            out[k] = None if isinstance(v, float) and math.isnan(v) else v
-        return out
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -87,25 +87,29 @@ ISSUED = frozenset({"done", "notified", "skipped"})
 class ClusterShape:
     """``16x4``: 16 nodes with 4 GPUs each (and ``shards_per_gpu`` shards per GPU).
 
-    Heterogeneous: ``8xa100:4,8xv100:4`` -- groups of ``NODESxTYPE:GPUS``, the nodes of
-    each group carrying that GPU type (``types``: ``(nodes, type)`` per group, in order).
-    Every group has the same GPUs per node (SimSlurm's nodes are alike in size).
+    Mixed sizes: ``2x8,4x4`` -- groups of ``NODESxGPUS``, in order (``node_gpus``: each
+    node's GPUs; ``gpus_per_node`` is then the largest). Heterogeneous types:
+    ``8xa100:4,8xv100:8`` -- groups of ``NODESxTYPE:GPUS``, the nodes of each group
+    carrying that GPU type (``types``: ``(nodes, type)`` per group, in order). Groups are
+    all typed or all untyped.
     """
 
     nodes: int = 16
     gpus_per_node: int = 4
     shards_per_gpu: int = 4
     types: tuple[tuple[int, str], ...] = ()
+    node_gpus: tuple[int, ...] = ()  # per node, when nodes differ; () = all gpus_per_node
 
     @classmethod
     def parse(cls, text: str, shards_per_gpu: int = 4) -> ClusterShape:
         if ":" in text or "," in text:
-            return cls._parse_typed(text, shards_per_gpu)
+            return cls._parse_groups(text, shards_per_gpu)
         nodes, sep, gpus = text.lower().partition("x")
         if not sep or not nodes.strip().isdigit() or not gpus.strip().isdigit():
             raise ValueError(
-                f"cluster must look like 16x4 (nodes x GPUs per node) or 8xa100:4,8xv100:4"
-                f" (nodes x type:GPUs per node, per group), not {text!r}"
+                f"cluster must look like 16x4 (nodes x GPUs per node), 2x8,4x4 (groups of"
+                f" nodes x GPUs) or 8xa100:4,8xv100:4 (nodes x type:GPUs per node, per"
+                f" group), not {text!r}"
             )
         shape = cls(int(nodes), int(gpus), shards_per_gpu)
         if shape.nodes < 1 or shape.gpus_per_node < 1:
@@ -113,40 +117,76 @@ class ClusterShape:
         return shape
 
     @classmethod
-    def _parse_typed(cls, text: str, shards_per_gpu: int) -> ClusterShape:
+    def _parse_groups(cls, text: str, shards_per_gpu: int) -> ClusterShape:
         groups: list[tuple[int, str]] = []
-        per_node: set[int] = set()
-        for part in text.lower().split(","):
-            nodes, sep, rest = part.strip().partition("x")
-            gpu_type, colon, gpus = rest.partition(":")
+        sizes: list[int] = []
+        parts = [p.strip() for p in text.lower().split(",")]
+        typed = [":" in p for p in parts]
+        if any(typed) and not all(typed):
+            raise ValueError(
+                f"cluster {text!r}: give every group a GPU type (8xa100:4) or none (8x4)"
+            )
+        for part in parts:
+            nodes, sep, rest = part.partition("x")
+            gpu_type, colon, gpus = rest.rpartition(":")
             gpu_type = gpu_type.strip()
             if (
                 not sep
-                or not colon
                 or not nodes.strip().isdigit()
                 or not gpus.strip().isdigit()
-                or not gpu_type
-                or not gpu_type.replace("_", "").replace("-", "").isalnum()
+                or (
+                    colon
+                    and (not gpu_type or not gpu_type.replace("_", "").replace("-", "").isalnum())
+                )
             ):
                 raise ValueError(
-                    f"cluster group {part.strip()!r} must look like 8xv100:4 "
-                    f"(nodes x GPU type : GPUs per node)"
+                    f"cluster group {part!r} must look like 8xv100:4 "
+                    f"(nodes x GPU type : GPUs per node) or 8x4 (nodes x GPUs per node)"
                 )
             if int(nodes) < 1 or int(gpus) < 1:
-                raise ValueError(f"cluster group {part.strip()!r} has no GPU")
-            speed_factor(None, gpu_type)  # a type without measured speeds: refused here
-            groups.append((int(nodes), gpu_type))
-            per_node.add(int(gpus))
-        if len(per_node) > 1:
-            raise ValueError(
-                f"cluster {text!r}: every group needs the same GPUs per node "
-                f"(got {', '.join(map(str, sorted(per_node)))})"
-            )
-        return cls(sum(n for n, _ in groups), per_node.pop(), shards_per_gpu, tuple(groups))
+                raise ValueError(f"cluster group {part!r} has no GPU")
+            if colon:
+                speed_factor(None, gpu_type)  # a type without measured speeds: refused here
+                groups.append((int(nodes), gpu_type))
+            sizes.extend([int(gpus)] * int(nodes))
+        return cls(
+            len(sizes),
+            max(sizes),
+            shards_per_gpu,
+            tuple(groups),
+            tuple(sizes) if len(set(sizes)) > 1 else (),
+        )
+
+    @classmethod
+    def of_nodes(cls, node_gpus: Sequence[int], shards_per_gpu: int = 4) -> ClusterShape:
+        """The cluster of these nodes' GPU counts (nodes without GPUs left out), largest
+        nodes first; a uniform one when every node has as many. ValueError: no GPU."""
+        sizes = sorted((g for g in node_gpus if g > 0), reverse=True)
+        if not sizes:
+            raise ValueError("no node with a GPU")
+        mixed = tuple(sizes) if sizes[0] != sizes[-1] else ()
+        return cls(len(sizes), sizes[0], shards_per_gpu, (), mixed)
 
     @property
     def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return sum(self.node_gpus) if self.node_gpus else self.nodes * self.gpus_per_node
+
+    def per_node(self) -> tuple[int, ...]:
+        """Each node's GPU count, in node order."""
+        return self.node_gpus or (self.gpus_per_node,) * self.nodes
+
+    def text(self) -> str:
+        """How :meth:`parse` spells this shape (``16x4``, ``2x8,4x4``, ``8xa100:4,...``)."""
+        sizes = self.per_node()
+        names = self.node_types()
+        groups: list[tuple[int, str | None, int]] = []
+        for i, g in enumerate(sizes):
+            t = None if names is None else names[i]
+            if groups and groups[-1][1:] == (t, g):
+                groups[-1] = (groups[-1][0] + 1, t, g)
+            else:
+                groups.append((1, t, g))
+        return ",".join(f"{n}x{t}:{g}" if t else f"{n}x{g}" for n, t, g in groups)
 
     def node_types(self) -> tuple[str, ...] | None:
         """Each node's GPU type, in node order; None for an untyped cluster."""
@@ -156,8 +196,8 @@ class ClusterShape:
 
     def gpus_by_type(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for n, t in self.types:
-            out[t] = out.get(t, 0) + n * self.gpus_per_node
+        for t, g in zip(self.node_types() or (), self.per_node(), strict=False):
+            out[t] = out.get(t, 0) + g
         return out
 
 
@@ -280,6 +320,7 @@ class _Runner:
             interference=options.interference,
             node_types=shape.node_types(),
             type_speed=_type_speed if shape.types else None,
+            node_gpus=shape.node_gpus or None,
         )
         self.shape = shape
         self.engine: PolicyEngine = engine or build_engine(policy_set, options.policies)

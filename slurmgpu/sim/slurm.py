@@ -12,6 +12,8 @@ What it models, and how faithfully:
   jobs start now only if they fit and either end by that time or leave the reserved GPUs
   alone. At most ``bf_max_job_test`` (500, Slurm's default) jobs are tried per pass.
   One pass runs at every instant something changes.
+- **Nodes**: ``nodes`` alike of ``gpus_per_node`` GPUs, or each of its own size
+  (``node_gpus``: a site of 8-GPU and 4-GPU nodes); placement is the same either way.
 - **Placement**: ``--gpus=N`` best fit on one node when it fits, else the nodes with the
   most free GPUs first (a job's speed depends on it); ``--gpus-per-node=K --nodes=M``
   on M nodes. Shard jobs pack onto GPUs that already carry shard jobs first.
@@ -120,18 +122,24 @@ class SimSlurm(SchedulerModel):
         slurm_version: str = "22.05.8",
         node_types: Sequence[str] | None = None,
         type_speed: TypeSpeed | None = None,
+        node_gpus: Sequence[int] | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("a cluster needs at least one node with one GPU")
         if node_types is not None and len(node_types) != nodes:
             raise ValueError(f"node_types names {len(node_types)} types for {nodes} nodes")
+        if node_gpus is not None and (len(node_gpus) != nodes or min(node_gpus) < 1):
+            raise ValueError(f"node_gpus must give each of the {nodes} nodes one GPU or more")
+        # Each node's GPUs: gpus_per_node each, or node_gpus (then gpus_per_node is the
+        # most any node has: a job asking more per node fits nowhere).
+        sizes = list(node_gpus) if node_gpus is not None else [gpus_per_node] * nodes
         types = [t.lower() for t in node_types] if node_types is not None else [None] * nodes
         self.type_speed = type_speed
         self.gpus_by_type: dict[str, int] = {}
-        for t in types:
+        for t, size in zip(types, sizes, strict=True):
             if t is not None:
-                self.gpus_by_type[t] = self.gpus_by_type.get(t, 0) + gpus_per_node
-        self.gpus_per_node = gpus_per_node
+                self.gpus_by_type[t] = self.gpus_by_type.get(t, 0) + size
+        self.gpus_per_node = max(sizes)
         self.shards_per_gpu = shards_per_gpu
         self.requeue_delay_s = requeue_delay_s
         self.runtime = runtime or ElasticRuntime()
@@ -143,11 +151,11 @@ class SimSlurm(SchedulerModel):
         self.slurm_version = slurm_version
         width = max(2, len(str(nodes)))
         self._nodes = [
-            SimNode(i, f"gpu{i + 1:0{width}d}", gpus_per_node, shards_per_gpu, types[i])
+            SimNode(i, f"gpu{i + 1:0{width}d}", sizes[i], shards_per_gpu, types[i])
             for i in range(nodes)
         ]
-        self.total_gpus = nodes * gpus_per_node
-        self._free_counts = [gpus_per_node] * nodes  # whole GPUs free, per node
+        self.total_gpus = sum(sizes)
+        self._free_counts = list(sizes)  # whole GPUs free, per node
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, int, int, int, Callable[[], None] | None]] = []

@@ -41,6 +41,7 @@ NEEDS: dict[str, Path | None] = {
     "energy_query": None,
     "retention": None,
     "history_load": None,
+    "metrics_scrape": None,
     # the gpu_check_* benches skip where what they check is absent (their record says so)
     "gpu_check_nvml": None,  # NVML
     "gpu_check_energy": None,  # NVML (and needs only pynvml + the standard library)

@@ -14,6 +14,7 @@ nothing, and a shard job. Through Prometheus' HTTP API the test then checks that
 - every alert's expression evaluates to a vector (empty on this healthy lab);
 - every Grafana dashboard panel's query (slurmgpu/monitoring/dashboard.py) is a vector
   with the labels its legend names;
+- the per-user series and the agents' last-seen times say what the workload does;
 - every sgpu_* family a rule reads is in the daemon's real /metrics;
 - stopping the daemon fires SgpuDaemonDown, and does not call the agents silent.
 
@@ -264,6 +265,19 @@ def test_prometheus_scrapes_the_lab_daemon_and_evaluates_every_rule(
     }
     assert value("instance:sgpu_cycles_failed:ratio_rate10m") == {f"instance={instance}": 0}
     assert value("instance:sgpu_samples_ingested:rate5m")[f"instance={instance}"] > 0
+    # Waste by user: the lab's one submitting user holds the 3 whole GPUs (the shard
+    # job is not counted) and leaves the sleeping job's GPU idle; nobody is "(other)".
+    users = value("sgpu_user_gpus_allocated")
+    named = {k for k in users if not k.endswith("user=(other)")}
+    assert len(named) == 1 and users[named.pop()] == 3, users
+    assert sum(value("sgpu_user_gpus_idle").values()) == 1
+    assert value('sgpu_user_gpus_allocated{user="(other)"}') == {
+        f"instance={instance},job={JOB},user=(other)": 0
+    }
+    # Every node's agent delivered within the last minute.
+    ages = value("time() - sgpu_agent_last_seen_timestamp_seconds")
+    assert {k.split("node=")[1].split(",")[0] for k in ages} == {f"gpu{i}" for i in range(1, 5)}
+    assert all(0 <= age < 60 for age in ages.values()), ages
 
     # Alerts: each expression evaluates (a vector), none fires on this healthy lab.
     alerts = [r for r in shipped if "alert" in r]

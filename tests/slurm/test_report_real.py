@@ -129,6 +129,7 @@ def test_report_figures_match_slurm_and_the_summaries(stack: Telemetry) -> None:
         return done and all(t.usage().summary(j) is not None for j in jobs)
 
     wait_for("four finished jobs with summaries", finished_with_summaries, timeout_s=150)
+    until = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
     want = _by_hand(t, jobs)
     print(f"by hand: {want}")
     # The declared loads, loosely (the first samples of a job can precede its fakeload).
@@ -144,6 +145,14 @@ def test_report_figures_match_slurm_and_the_summaries(stack: Telemetry) -> None:
     assert minutes["totals"]["gpu_hours_allocated"] == approx(want["allocated"], rel=1e-6)
     assert sum(b["jobs"] for b in minutes["efficiency_histogram"]) == len(jobs)
     assert minutes["efficiency_histogram"][0]["jobs"] >= 1  # the sleeping job: 0 %
+    # The whatif section on the same window: these four jobs replayed on the lab's four
+    # 4-GPU nodes, the same figures `sgpu whatif --json` prints for that window.
+    window = ("--since", started.isoformat(), "--until", until.isoformat())
+    whatif = _report(t, *window, "--whatif")["whatif"]
+    assert whatif == json.loads(t.run("whatif", *window, "--json"))
+    assert whatif["jobs"] == len(jobs) and whatif["cluster"] == "4x4"
+    assert list(whatif["sets"]) == ["slurm", "rightsize", "colocate", "malleable", "all"]
+    assert whatif["jobs_without_usage"] == 0 and "issue 33" in whatif["notes"][0]
 
     midnight = started.replace(hour=0, minute=0, second=0)
     days = _report(  # whole days: today is read from its rollup

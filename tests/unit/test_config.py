@@ -217,3 +217,11 @@ def test_sgpu_daemon_listen_option_is_checked_before_anything_starts(tmp_path: P
         result.output.strip() == "sgpu: --listen '1.2.3.4:0': port '0' is not between 1 and 65535"
     )
     assert not (tmp_path / "never.db").exists()
+
+
+def test_metrics_max_users_is_bounded() -> None:
+    assert parse_settings("").daemon.metrics_max_users == 20
+    assert parse_settings("[daemon]\nmetrics_max_users = 0\n").daemon.metrics_max_users == 0
+    for bad in ("-1", "1001", '"many"'):
+        with pytest.raises(ConfigError, match="metrics_max_users"):
+            parse_settings(f"[daemon]\nmetrics_max_users = {bad}\n")

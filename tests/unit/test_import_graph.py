@@ -308,6 +308,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "units",
             "userfiles",
             "userinput_stats",
+            "whatif_figures",
             "wire",
         }
     ),

@@ -29,7 +29,8 @@ from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics, error_kind
 from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.daemon.observer import Observer
-from slurmgpu.model import Job, JobState, Node, NodeGpuAllocation
+from slurmgpu.daemon.user_metrics import OTHER, user_families, user_gpus
+from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.slurm.client import SlurmParseError, SlurmUnavailableError
 from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
 from slurmgpu.store import open_store, schema
@@ -102,6 +103,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     auth = Authenticator(site_secret=SECRET, allow_munge=False, node_addresses=directory.addresses)
     service = IngestService(UsageStore(store.engine), auth, directory, metrics=metrics.exposition)
     metrics.watch_ingest(lambda: (service.accepted, service.rejected))
+    metrics.watch_agents(lambda: dict(service.last_seen))  # as daemon/app.py does
     server = ApiServer(service, "127.0.0.1", 0)
     server.export_metrics(metrics.registry)  # as cli/daemon.py does
     server.start()
@@ -249,6 +251,14 @@ def test_scrape_shows_gpus_cycles_errors_ingest_actions_and_transactions(d: Daem
     assert value("sgpu_api_connections_limit") == 32
     assert value("sgpu_api_timeout_seconds", kind="request") == 30
     assert value("sgpu_api_overloaded_total") == 0
+    # alice's two jobs hold 3 GPUs; gpu1:1 is idle. Nobody is left over for "(other)".
+    assert value("sgpu_user_gpus_allocated", user="alice") == 3
+    assert value("sgpu_user_gpus_idle", user="alice") == 1
+    assert value("sgpu_user_gpus_allocated", user="(other)") == 0
+    assert value("sgpu_user_gpus_idle", user="(other)") == 0
+    for node in ("gpu1", "gpu2"):  # both agents posted just now
+        seen = value("sgpu_agent_last_seen_timestamp_seconds", node=node)
+        assert seen == pytest.approx(time.time(), abs=60)
 
 
 def test_ingest_counter_follows_new_samples_and_rejections(d: Daemon) -> None:
@@ -276,6 +286,51 @@ def test_before_the_first_cycle_gpu_gauges_are_absent_not_zero(d: Daemon) -> Non
 @pytest.fixture
 def d(daemon: Daemon) -> Daemon:
     return daemon
+
+
+def test_no_agent_has_a_last_seen_time_until_it_posts(d: Daemon) -> None:
+    d.loop.run_once()
+    assert not [k for k in _scrape(d) if k[0] == "sgpu_agent_last_seen_timestamp_seconds"]
+    assert _post(d, "gpu2", [_sample("z", 3, 43, 50.0)]) == 200
+    seen = [k for k in _scrape(d) if k[0] == "sgpu_agent_last_seen_timestamp_seconds"]
+    assert seen == [("sgpu_agent_last_seen_timestamp_seconds", (("node", "gpu2"),))]
+
+
+def _running(job_id: int, user: str, gpus: int, *, indices: bool = True, shards: int = 0) -> Job:
+    return Job(
+        job_id=job_id,
+        name="j",
+        user=user,
+        state=JobState.RUNNING,
+        gpus=GpuRequest(gpus=gpus, shards=shards),
+        gpu_allocations=(NodeGpuAllocation("n1", tuple(range(gpus)) if indices else ()),),
+    )
+
+
+def test_user_series_count_whole_gpus_of_running_jobs_by_user() -> None:
+    jobs = [
+        _running(1, "ann", 4),
+        _running(2, "ann", 2, indices=False),  # 22.05 names no index: the asked-for count
+        _running(3, "bob", 0, shards=2),  # shards share a GPU: not in the user series
+        Job(job_id=4, name="p", user="bob", state=JobState.PENDING, gpus=GpuRequest(gpus=8)),
+    ]
+    # job 1 keeps 3 of its 4 GPUs busy, job 2 none; a stray busy count is capped
+    assert user_gpus(jobs, {1: 3, 2: 0, 3: 1}) == {"ann": (6, 3)}
+    assert user_gpus([_running(5, "cy", 1)], {5: 7}) == {"cy": (1, 0)}
+
+
+def test_user_series_are_bounded_and_the_rest_is_summed_as_other() -> None:
+    per_user = {f"u{i:02d}": (4, i % 5) for i in range(30)}
+    allocated, idle = user_families(per_user, 3)
+    got_idle = {s.labels["user"]: s.value for s in idle.samples}
+    got_alloc = {s.labels["user"]: s.value for s in allocated.samples}
+    # the three with the most idle GPUs (4 each: u04, u09, u14 first by name), then "(other)"
+    assert list(got_idle) == ["u04", "u09", "u14", OTHER]
+    assert set(got_alloc) == set(got_idle)
+    assert sum(got_idle.values()) == sum(i for _, i in per_user.values())
+    assert sum(got_alloc.values()) == 4 * 30 and got_alloc[OTHER] == 4 * 27
+    none, _ = user_families({"solo": (1, 1)}, 0)  # 0: every user in "(other)"
+    assert {s.labels["user"]: s.value for s in none.samples} == {OTHER: 1}
 
 
 def test_error_kinds_follow_the_observers_wording() -> None:

@@ -55,12 +55,13 @@ def test_the_dashboard_is_provisionable_and_every_panel_queries_prometheus() -> 
     assert rows == [
         "Cluster",
         "Partitions",
+        "Users",
         "Energy",
         "Actions",
         "Daemon",
-        "Users and jobs",
+        "Jobs",
     ]
-    panels = [p for p in board["panels"] if p["type"] in ("stat", "timeseries")]
+    panels = [p for p in board["panels"] if p["type"] in ("stat", "timeseries", "bargauge")]
     assert [p["title"] for p in panels] == dashboard.PANELS
     assert len(set(dashboard.PANELS)) == len(dashboard.PANELS)
     for p in panels:
@@ -69,6 +70,12 @@ def test_the_dashboard_is_provisionable_and_every_panel_queries_prometheus() -> 
         assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
         # the daemon's selection applies everywhere
         assert all('instance=~"$instance"' in t["expr"] for t in p["targets"]), p["title"]
+        if p["type"] == "bargauge":  # one bar per series: the value now, not a range
+            assert all(t.get("instant") for t in p["targets"]), p["title"]
+    # waste by user: the bounded per-user series, ranked over the dashboard's range
+    by_user = next(p for p in panels if p["title"] == "Idle GPU-hours by user (time range)")
+    assert by_user["type"] == "bargauge"
+    assert "sgpu_user_gpus_idle" in by_user["targets"][0]["expr"]
     # no two panels overlap on Grafana's 24-column grid
     cells = set()
     for p in board["panels"]:

@@ -41,8 +41,9 @@ def test_cluster_text_names_groups_of_typed_nodes_and_plain_shapes_still_parse()
     ("text", "says"),
     [
         ("8xh100:4,8xv100:4", "no measured speed for GPU type 'h100'"),
-        ("8xv100:4,8xt4:8", "same GPUs per node"),
-        ("8xv100,8xt4:4", "must look like 8xv100:4"),
+        ("8xv100:4,8x4", "a GPU type .8xa100:4. or none"),
+        ("8xv100,8xt4:4", "a GPU type .8xa100:4. or none"),
+        ("8x:4", "must look like 8xv100:4"),
         ("0xv100:4", "has no GPU"),
     ],
 )
