@@ -38,7 +38,7 @@ from slurmgpu.wire import (
     munge_header,
     node_token,
 )
-from tests.unit.test_agent_loop import NODE, SECRET, gres_conf, make_loop, sim_dir
+from tests.unit.agent_rig import NODE, SECRET, gres_conf, make_loop, sim_dir
 
 __all__ = ["gres_conf", "sim_dir"]  # fixtures, used by name
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from slurmgpu.report.eff import gpu_diagnosis, job_efficiency, notes, to_json
 from slurmgpu.store.usage import HostUsage
-from tests.unit.test_eff import ended, gpu, host, kinds, make_job, one
+from tests.unit.eff_records import ended, gpu, host, kinds, make_job, one
 
 
 def _io(node: str, cpu_pct: float, cpus: int, iowait: float | None) -> HostUsage:

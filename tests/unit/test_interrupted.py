@@ -31,7 +31,7 @@ from slurmgpu.store import open_store
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
 from tests.fakes import FakeSlurm
-from tests.unit.test_policy_cycle import T0, World, running_job
+from tests.unit.policy_world import T0, World, running_job
 
 
 class Killed(BaseException):

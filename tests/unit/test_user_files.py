@@ -42,7 +42,7 @@ from slurmgpu.store import open_store
 from slurmgpu.tokens import ckpt_tokens, malleable_token
 from slurmgpu.userfiles import UserFileRejected as FileRejected
 from slurmgpu.userfiles import read_user_file
-from tests.unit.test_policy_cycle import T0, World, running_job
+from tests.unit.policy_world import T0, World, running_job
 
 DEEP = b"[" * 60_000  # the finding's file: 60 KB, under the 64 KiB size bound
 
