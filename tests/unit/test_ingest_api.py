@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import msgspec
@@ -17,12 +17,10 @@ import pytest
 
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.listen_address import parse_listen
-from slurmgpu.model import ClusterSnapshot, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import (
     GpuSampleIn,
-    HostSampleIn,
     SampleBatch,
     encode,
     hmac_header,
@@ -30,8 +28,7 @@ from slurmgpu.wire import (
     munge_header,
     node_token,
 )
-
-SECRET = b"s" * 64
+from tests.unit.ingest_payloads import SECRET, batch, snapshot
 
 
 @dataclass
@@ -55,21 +52,6 @@ class Api:
             return exc.code, json.loads(exc.read())
 
 
-def snapshot() -> ClusterSnapshot:
-    job = Job(
-        job_id=42,
-        name="train",
-        user="alice",
-        state=JobState.RUNNING,
-        cpus=4,
-        node_count=1,
-        nodes=("gpu1",),
-        gpu_allocations=(NodeGpuAllocation("gpu1", (0, 1)),),
-    )
-    nodes = (Node("gpu1", "mixed", address="127.0.0.1"), Node("gpu2", "idle", address="127.0.0.1"))
-    return ClusterSnapshot(taken_at=datetime.now(UTC), jobs=(job,), nodes=nodes)
-
-
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
@@ -84,34 +66,6 @@ def api(tmp_path: Path) -> Iterator[Api]:
         yield Api(f"http://127.0.0.1:{server.address[1]}", usage, service)
     finally:
         server.stop()
-
-
-def batch(node: str = "gpu1", n: int = 3, uid: str = "u") -> bytes:
-    now = time.time()
-    return encode(
-        SampleBatch(
-            node=node,
-            gpu=[
-                GpuSampleIn(
-                    sample_uid=f"{uid}{i}",
-                    at=now - 10 * (n - i),
-                    gpu_index=0,
-                    job_id=42,
-                    util_pct=80.0,
-                    memory_used_mib=1000.0,
-                    memory_total_mib=81920.0,
-                    processes=1,
-                    source="device",
-                )
-                for i in range(n)
-            ],
-            host=[
-                HostSampleIn(
-                    sample_uid=f"{uid}h", at=now, job_id=42, cpu_pct=150.0, cpus_allocated=4
-                )
-            ],
-        )
-    )
 
 
 def signed(node: str, body: bytes) -> str:
