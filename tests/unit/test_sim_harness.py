@@ -19,11 +19,7 @@ from slurmgpu.sim.profiles import load_profiles
 from slurmgpu.sim.run import ClusterShape, simulate
 from slurmgpu.store import open_store
 from tests.fakes import FakeSlurm
-
-DATA = Path("/work/shared/data/pollux")
-needs_data = pytest.mark.skipif(
-    not (DATA / "profiles").is_dir(), reason=f"Pollux data not found under {DATA}"
-)
+from tests.unit.pollux_data import DATA, needs_data
 
 
 def test_the_daemon_and_the_simulator_run_the_same_policy_classes(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from slurmgpu.cli.main import main
@@ -23,6 +22,7 @@ from slurmgpu.sim.slurm import SimSlurm
 from slurmgpu.sim.workload import MalleableRange, RigidJob, TraceJob
 from slurmgpu.store import open_store
 from tests.fakes import FakeSlurm
+from tests.unit.pollux_data import DATA, needs_data
 
 
 def _job(submit: float, gpus: int, seconds: float, name: str) -> TraceJob:
@@ -82,10 +82,7 @@ def test_the_daemon_runs_las_only_when_the_site_enables_it(tmp_path: Path) -> No
     assert AttainedServicePolicy in {type(b(SimPolicies())) for b in POLICY_SETS["all"]}
 
 
-DATA = Path("/work/shared/data/pollux")
-
-
-@pytest.mark.skipif(not (DATA / "profiles").is_dir(), reason=f"Pollux data not found under {DATA}")
+@needs_data
 def test_sgpu_simulate_over_seeds_reports_means_ci_and_the_new_figures(tmp_path: Path) -> None:
     out = tmp_path / "cmp.json"
     # a wide terminal: the table has many columns (energy too) and Rich folds narrow ones

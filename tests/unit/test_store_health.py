@@ -530,10 +530,10 @@ def test_a_file_system_gone_read_only_after_a_disk_error_is_named_read_only(
     """What a failing disk does (ext4 ``errors=remount-ro``): SQLite says "disk I/O error";
     Linux 6.x keeps the mount ``rw`` and marks the super block ``emergency_ro``, which
     statvfs does not show. The line must say read-only, not "disk I/O error" alone."""
-    from tests.unit.test_store_faults import Ext4, _why_not
+    from tests.unit.store_damage import Ext4, ext4_unavailable
 
-    if _why_not() is not None:
-        pytest.skip(_why_not() or "")
+    if (why := ext4_unavailable()) is not None:
+        pytest.skip(why)
     from slurmgpu.store.health import Cause, classify
 
     disk = Ext4(tmp_path)
