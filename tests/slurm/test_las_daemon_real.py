@@ -23,8 +23,7 @@ import pytest
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, running_stack
-from tests.slurm.test_malleable_daemon_real import (
+from tests.slurm.elastic_training import (
     SLURM,
     assert_continuous,
     fill_cluster,
@@ -34,6 +33,7 @@ from tests.slurm.test_malleable_daemon_real import (
     steps,
     trainer,
 )
+from tests.slurm.harness import Telemetry, running_stack
 
 CONFIG = """
 [policy.rightsize]

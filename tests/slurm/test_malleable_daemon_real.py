@@ -34,12 +34,20 @@ import pytest
 from slurmgpu.actuate.resize import HELD_REASONS
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
-from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for
+from tests.slurm.elastic_training import (
+    SLURM,
+    assert_continuous,
+    fill_cluster,
+    job,
+    running,
+    sbatch,
+    starts,
+    steps,
+    trainer,
+)
 from tests.slurm.harness import Telemetry, running_stack
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "elastic_train.py"
+from tests.slurm.train_log import read_jsonl
 
 CONFIG = """
 [policy.rightsize]
@@ -56,97 +64,12 @@ requeue_delay = "2s"
 startup_time = "2s"
 """
 
-SLURM = CliSlurmClient(timeout_s=20)
-
-
-def job(job_id: int) -> Job | None:
-    return next((j for j in SLURM.jobs() if j.job_id == job_id), None)
-
-
-def running(job_id: int, gpus: int | None = None) -> Job | None:
-    j = job(job_id)
-    ok = (
-        j is not None
-        and j.state is JobState.RUNNING
-        and "COMPLETING" not in j.state_flags
-        and (gpus is None or j.allocated_gpus == gpus)
-    )
-    return j if ok else None
-
-
-def sbatch(t: Telemetry, *args: str) -> int:
-    return SLURM.submit(["-o", "/dev/null", *args], env=t.env)
-
-
-def trainer(t: Telemetry, log: Path, *extra: str) -> int:
-    return t.submit(
-        *extra,
-        "--malleable",
-        "2:4",
-        "--checkpoint-grace",
-        "30s",
-        "--elastic-dir",
-        str(t.tmp / "state"),
-        "--gres=gpu:4",
-        "-J",
-        "elastic",
-        "--wrap",
-        f"{sys.executable} {EXAMPLE} --steps 100000 --step-time 0.2 --sim-util 80 "
-        f"--sim-dir {t.sim_dir} --log {log}",
-    )
-
-
-def records(log: Path) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-
-
-def steps(log: Path) -> list[int]:
-    return [int(r["step"]) for r in records(log) if "event" not in r]
-
-
-def starts(log: Path) -> list[tuple[Any, Any, Any]]:
-    return [
-        (r["gpus"], r["restart"], r["resumed_step"])
-        for r in records(log)
-        if r.get("event") == "start"
-    ]
-
-
-def last_step_per_run(log: Path) -> list[int]:
-    out: list[int] = []
-    last = 0
-    for r in records(log):
-        if r.get("event") == "start" and last:
-            out.append(last)
-        elif "event" not in r:
-            last = int(r["step"])
-    return out
-
 
 def malleable_actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = json.loads(
         t.run("actions", "--json", "--job", str(job_id), "--policy", "malleable")
     )
     return list(reversed(rows))  # oldest first
-
-
-def assert_continuous(log: Path) -> None:
-    s = steps(log)
-    assert s == list(range(1, len(s) + 1)), "a step was lost or repeated across the resizes"
-    runs = starts(log)
-    for (_, _, resumed), prev_last in zip(runs[1:], last_step_per_run(log), strict=True):
-        assert resumed == prev_last  # each run resumed where the previous one checkpointed
-    losses = {int(r["step"]): float(r["loss"]) for r in records(log) if "event" not in r}
-    for _, _, resumed in runs[1:]:
-        assert losses[resumed + 1] < 0.8 * losses[1]  # trained on, not from scratch
-
-
-def fill_cluster(t: Telemetry) -> list[int]:
-    fillers = [sbatch(t, "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
-    wait_for("the fillers running", lambda: all(running(f) for f in fillers))
-    return fillers
 
 
 @pytest.mark.slow
@@ -232,7 +155,7 @@ def test_the_daemon_killed_after_each_slurm_call_of_a_resize_never_holds_or_resi
         assert [(g, r) for g, r, _ in starts(log)] == [(4, 0), (2, 1)]
         assert_continuous(log)
         # The run signalled by the daemon that died trained on in place after its wait.
-        assert [r["event"] for r in records(log) if r.get("event") == "resumed_in_place"]
+        assert [r["event"] for r in read_jsonl(log) if r.get("event") == "resumed_in_place"]
 
         def closed() -> list[dict[str, Any]] | None:
             rows: list[dict[str, Any]] = json.loads(
