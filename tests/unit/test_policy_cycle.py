@@ -36,6 +36,7 @@ def test_idle_job_is_warned_twice_then_requeued_in_enforce_mode(tmp_path: Path) 
     assert w.alerts(1)[-1] == ("requeue", "done")
     (requeued,) = w.slurm.jobs()
     assert requeued.restart_count == 1
+    assert w.slurm.actions == [("requeue", "1")]
 
 
 def test_same_verdict_is_not_audited_every_cycle(tmp_path: Path) -> None:
