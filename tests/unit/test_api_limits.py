@@ -31,7 +31,7 @@ from slurmgpu.daemon.api import (
     IngestService,
     NodeDirectory,
 )
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import MAX_BODY_BYTES, Caller, hmac_header, node_token
 from tests.unit.ingest_payloads import SECRET, batch, snapshot
@@ -341,12 +341,11 @@ def test_headers_past_the_size_limit_are_cut_off(tmp_path: Path) -> None:
         assert served.agent_post() == 200
 
 
-def test_the_accept_queue_holds_a_burst_of_connections(tmp_path: Path) -> None:
+def test_the_accept_queue_holds_a_burst_of_connections(store: JobStore) -> None:
     # With socketserver's backlog of 5, a burst of attackers' connections filled the
     # accept queue and an agent's SYN was dropped, to be resent by TCP a second later.
     # The server is not accepting here: every connection of the burst must still be
     # queued by the kernel (its handshake completes), not dropped.
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     snap = snapshot()
     directory = NodeDirectory(lambda: snap)
     auth = Authenticator(site_secret=SECRET, node_addresses=directory.addresses)

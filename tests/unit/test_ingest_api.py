@@ -17,7 +17,7 @@ import pytest
 
 from slurmgpu.daemon.api import ApiServer, Authenticator, IngestService, NodeDirectory
 from slurmgpu.listen_address import parse_listen
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import (
     GpuSampleIn,
@@ -203,8 +203,7 @@ def test_munge_credential_for_other_body_is_rejected(api: Api) -> None:
     assert "does not match" in str(reply["error"])
 
 
-def test_trailing_idle_time_counts_from_the_last_busy_sample(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_trailing_idle_time_counts_from_the_last_busy_sample(store: JobStore) -> None:
     usage = UsageStore(store.engine)
     t0 = time.time() - 600
     samples = [
@@ -232,8 +231,7 @@ def test_parse_listen() -> None:
         parse_listen("localhost")
 
 
-def test_before_the_first_node_list_batches_get_503_so_agents_keep_them(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_before_the_first_node_list_batches_get_503_so_agents_keep_them(store: JobStore) -> None:
     directory = NodeDirectory(lambda: None)
     auth = Authenticator(site_secret=SECRET, node_addresses=directory.addresses)
     service = IngestService(UsageStore(store.engine), auth, directory)

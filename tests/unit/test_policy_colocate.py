@@ -24,7 +24,7 @@ from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.interference import slowdown_with
 from slurmgpu.policy.settings import ColocateSettings, PolicyConfigError
 from slurmgpu.slurm.client import SlurmCommandError
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from tests.fakes import FakeSlurm
 from tests.unit.policy_builders import HOUR, MIN, T0, alert
@@ -332,8 +332,7 @@ def _separation_decisions() -> list[object]:
     return list(PolicyEngine([(ColocatePolicy(), Mode.ENFORCE)]).decide(snap(jobs, usage=usage)))
 
 
-def test_separation_is_requeue_held_then_update_then_release(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_separation_is_requeue_held_then_update_then_release(store: JobStore) -> None:
     slurm = FakeSlurm([sharing(10, started=HOUR), sharing(11, started=5 * MIN)])
     audit = AuditStore(store.engine)
     (result,) = Actuator(slurm, audit).carry_out(_separation_decisions(), T0)  # type: ignore[arg-type]
@@ -345,8 +344,7 @@ def test_separation_is_requeue_held_then_update_then_release(tmp_path: Path) -> 
     assert row.numbers["memory_used_mib"] == 80 * GIB
 
 
-def test_a_refused_update_still_releases_the_job_and_is_audited_failed(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_a_refused_update_still_releases_the_job_and_is_audited_failed(store: JobStore) -> None:
     slurm = FakeSlurm([sharing(10, started=HOUR), sharing(11, started=5 * MIN)])
     slurm.update_fails_with = SlurmCommandError("Invalid generic resource (gres) specification")
     audit = AuditStore(store.engine)
@@ -356,8 +354,7 @@ def test_a_refused_update_still_releases_the_job_and_is_audited_failed(tmp_path:
     assert slurm.actions[-1] == ("release", "11")
 
 
-def test_a_separation_interrupted_by_a_daemon_stop_is_released_on_start(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_a_separation_interrupted_by_a_daemon_stop_is_released_on_start(store: JobStore) -> None:
     audit = AuditStore(store.engine)
     audit.record(_separation_decisions(), T0)  # type: ignore[arg-type]  # pending: died here
     slurm = FakeSlurm([sharing(11, started=5 * MIN)])

@@ -20,7 +20,7 @@ from slurmgpu.sim.policysets import POLICY_SETS, SimPolicies
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.slurm import SimSlurm
 from slurmgpu.sim.workload import MalleableRange, RigidJob, TraceJob
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from tests.fakes import FakeSlurm
 from tests.unit.pollux_data import DATA, needs_data
 
@@ -69,8 +69,7 @@ def test_las_preempts_a_long_job_for_a_short_one_through_the_resize_transaction(
     assert all(j.state is JobState.COMPLETED for j in las.jobs)
 
 
-def test_the_daemon_runs_las_only_when_the_site_enables_it(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+def test_the_daemon_runs_las_only_when_the_site_enables_it(store: JobStore) -> None:
     off = build_policy_cycle(parse_settings(""), store, FakeSlurm())
     assert not any(isinstance(p, AttainedServicePolicy) for p, _ in off.engine.policies)
     on = build_policy_cycle(
