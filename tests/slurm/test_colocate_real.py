@@ -21,22 +21,15 @@ import pytest
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store.usage import GpuUsage
+from tests.configs import QUICK_POLICY, config_toml, observing
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry, running_stack
 
-CONFIG = """
-[policy]
-history_refresh = "1s"
-[policy.engine]
-job_cooldown = "1s"
-[policy.rightsize]
-mode = "observe"
-[policy.idle_gpu]
-mode = "observe"
-[policy.colocate]
-mode = "enforce"
-device_memory = "80GiB"
-"""
+CONFIG = config_toml(
+    QUICK_POLICY,
+    observing("rightsize", "idle_gpu"),
+    {"policy.colocate": {"mode": "enforce", "device_memory": "80GiB"}},
+)
 
 _GRES_IDX = re.compile(r"GRES=shard:(\d+)\(IDX:(\d+)\)")
 

@@ -45,36 +45,17 @@ from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store, schema
+from tests.configs import QUICK_IDLE_ENFORCE, QUICK_POLICY, config_toml, observing
 from tests.polling import wait_for
 from tests.slurm.harness import NODES, Telemetry, running_stack
 
 FAULTS: Counter[str] = Counter()  # kind -> faults injected and survived
 
-IDLE = """
-[policy]
-history_refresh = "1s"
-[policy.engine]
-job_cooldown = "1s"
-[policy.idle_gpu]
-mode = "enforce"
-warn_after = "4s"
-second_warn_after = "off"
-act_after = "10s"
-min_warning_lead = "3s"
-[policy.rightsize]
-mode = "observe"
-"""
+IDLE = config_toml(QUICK_POLICY, QUICK_IDLE_ENFORCE, observing("rightsize"))
 
-RIGHTSIZE = """
-[policy]
-history_refresh = "1s"
-[policy.engine]
-job_cooldown = "1s"
-[policy.idle_gpu]
-mode = "observe"
-[policy.rightsize]
-mode = "enforce"
-"""
+RIGHTSIZE = config_toml(
+    QUICK_POLICY, observing("idle_gpu"), {"policy.rightsize": {"mode": "enforce"}}
+)
 
 
 @pytest.fixture(scope="module", autouse=True)

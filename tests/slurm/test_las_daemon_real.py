@@ -22,6 +22,7 @@ import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
+from tests.configs import config_toml, observing
 from tests.polling import wait_for
 from tests.slurm.elastic_training import (
     SLURM,
@@ -35,22 +36,18 @@ from tests.slurm.elastic_training import (
 )
 from tests.slurm.harness import Telemetry, running_stack
 
-CONFIG = """
-[policy.rightsize]
-mode = "observe"
-[policy.idle_gpu]
-mode = "observe"
-[policy.colocate]
-mode = "observe"
-[policy.malleable]
-mode = "observe"
-[policy.las]
-enabled = true
-mode = "enforce"
-queue_limits = [0.002]
-min_runtime = "5s"
-min_wait = "1s"
-"""
+CONFIG = config_toml(
+    observing("rightsize", "idle_gpu", "colocate", "malleable"),
+    {
+        "policy.las": {
+            "enabled": True,
+            "mode": "enforce",
+            "queue_limits": [0.002],
+            "min_runtime": "5s",
+            "min_wait": "1s",
+        }
+    },
+)
 
 
 def las_actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:

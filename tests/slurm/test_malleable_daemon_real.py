@@ -34,6 +34,7 @@ import pytest
 from slurmgpu.actuate.resize import HELD_REASONS
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
+from tests.configs import config_toml, observing
 from tests.polling import wait_for
 from tests.slurm.elastic_training import (
     SLURM,
@@ -49,20 +50,18 @@ from tests.slurm.elastic_training import (
 from tests.slurm.harness import Telemetry, running_stack
 from tests.slurm.train_log import read_jsonl
 
-CONFIG = """
-[policy.rightsize]
-mode = "observe"
-[policy.idle_gpu]
-mode = "observe"
-[policy.colocate]
-mode = "observe"
-[policy.malleable]
-mode = "enforce"
-min_interval = "5s"
-checkpoint_time = "2s"
-requeue_delay = "2s"
-startup_time = "2s"
-"""
+CONFIG = config_toml(
+    observing("rightsize", "idle_gpu", "colocate"),
+    {
+        "policy.malleable": {
+            "mode": "enforce",
+            "min_interval": "5s",
+            "checkpoint_time": "2s",
+            "requeue_delay": "2s",
+            "startup_time": "2s",
+        }
+    },
+)
 
 
 def malleable_actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
