@@ -8,28 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.model import Job, JobState
-from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for
-from tests.slurm.harness import EXAMPLE, Telemetry
+from tests.slurm.harness import EXAMPLE, SLURM, Telemetry, running_job
 from tests.slurm.train_log import last_step_per_run, read_jsonl
-
-SLURM = CliSlurmClient(timeout_s=20)
-
-
-def job(job_id: int) -> Job | None:
-    return next((j for j in SLURM.jobs() if j.job_id == job_id), None)
-
-
-def running(job_id: int, gpus: int | None = None) -> Job | None:
-    j = job(job_id)
-    ok = (
-        j is not None
-        and j.state is JobState.RUNNING
-        and "COMPLETING" not in j.state_flags
-        and (gpus is None or j.allocated_gpus == gpus)
-    )
-    return j if ok else None
 
 
 def sbatch(t: Telemetry, *args: str) -> int:
@@ -81,5 +62,5 @@ def assert_continuous(log: Path) -> None:
 
 def fill_cluster(t: Telemetry) -> list[int]:
     fillers = [sbatch(t, "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
-    wait_for("the fillers running", lambda: all(running(f) for f in fillers))
+    wait_for("the fillers running", lambda: all(running_job(f) for f in fillers))
     return fillers

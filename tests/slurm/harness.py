@@ -30,6 +30,24 @@ from tests.slurm.train_log import read_jsonl
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_train.py"
+SLURM = CliSlurmClient(timeout_s=20)  # SLURM_CONF from the environment: the session's lab
+
+
+def listed_job(job_id: int) -> Job | None:
+    """``job_id`` as squeue lists it now; None when it is not listed."""
+    return next((j for j in SLURM.jobs() if j.job_id == job_id), None)
+
+
+def running_job(job_id: int, gpus: int | None = None) -> Job | None:
+    """``job_id`` while it runs (not completing), on ``gpus`` GPUs if given; else None."""
+    j = listed_job(job_id)
+    ok = (
+        j is not None
+        and j.state is JobState.RUNNING
+        and "COMPLETING" not in j.state_flags
+        and (gpus is None or j.allocated_gpus == gpus)
+    )
+    return j if ok else None
 
 
 def free_port() -> int:

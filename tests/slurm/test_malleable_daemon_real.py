@@ -37,17 +37,14 @@ from slurmgpu.model import Job, JobState
 from tests.configs import config_toml, observing
 from tests.polling import wait_for
 from tests.slurm.elastic_training import (
-    SLURM,
     assert_continuous,
     fill_cluster,
-    job,
-    running,
     sbatch,
     starts,
     steps,
     trainer,
 )
-from tests.slurm.harness import Telemetry, running_stack
+from tests.slurm.harness import SLURM, Telemetry, listed_job, running_job, running_stack
 from tests.slurm.train_log import read_jsonl
 
 CONFIG = config_toml(
@@ -78,25 +75,27 @@ def test_the_daemon_shrinks_a_malleable_job_for_a_rigid_job_and_grows_it_back(
     log = tmp_path / "elastic.jsonl"
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
         elastic = trainer(t, log)
-        wait_for("the malleable job at 4 GPUs", lambda: running(elastic, 4))
+        wait_for("the malleable job at 4 GPUs", lambda: running_job(elastic, 4))
         wait_for("10 steps", lambda: len(steps(log)) >= 10)
         fill_cluster(t)
         submitted = time.monotonic()
         rigid = sbatch(t, "--gres=gpu:2", "-t", "1", "-J", "rigid", "--wrap", "sleep 15")
 
-        wait_for("the rigid job running", lambda: running(rigid), timeout_s=90)
+        wait_for("the rigid job running", lambda: running_job(rigid), timeout_s=90)
         rigid_started = time.monotonic() - submitted
-        wait_for("the malleable job at 2 GPUs", lambda: running(elastic, 2), timeout_s=30)
+        wait_for("the malleable job at 2 GPUs", lambda: running_job(elastic, 2), timeout_s=30)
         shrink = malleable_actions(t, elastic)
         assert [(a["numbers"]["direction"], a["outcome"]) for a in shrink] == [("shrink", "done")]
         assert shrink[0]["numbers"]["for_job"] == rigid
         assert shrink[0]["fields"] == {"from_gpus": "4", "to_gpus": "2"}
 
         wait_for(
-            "the rigid job done", lambda: (j := job(rigid)) and j.state.is_terminal, timeout_s=60
+            "the rigid job done",
+            lambda: (j := listed_job(rigid)) and j.state.is_terminal,
+            timeout_s=60,
         )
         ended = time.monotonic()
-        grown = wait_for("the malleable job at 4 GPUs again", lambda: running(elastic, 4))
+        grown = wait_for("the malleable job at 4 GPUs again", lambda: running_job(elastic, 4))
         grow_s = time.monotonic() - ended
         assert grown.restart_count == 2
         wait_for(
@@ -132,7 +131,7 @@ def test_the_daemon_killed_after_each_slurm_call_of_a_resize_never_holds_or_resi
     log = tmp_path / "elastic.jsonl"
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
         elastic = trainer(t, log)
-        wait_for("the malleable job at 4 GPUs", lambda: running(elastic, 4))
+        wait_for("the malleable job at 4 GPUs", lambda: running_job(elastic, 4))
         wait_for("10 steps", lambda: len(steps(log)) >= 10)
         fill_cluster(t)
         t.stop_daemon()  # from here on, daemons that die mid-resize
@@ -143,14 +142,16 @@ def test_the_daemon_killed_after_each_slurm_call_of_a_resize_never_holds_or_resi
         assert kills == [[c, str(elastic)] for c in calls]
         t.start_daemon()
 
-        wait_for("the rigid job running", lambda: running(rigid), timeout_s=60)
-        final = wait_for("the malleable job at 2 GPUs", lambda: running(elastic, 2), timeout_s=60)
+        wait_for("the rigid job running", lambda: running_job(rigid), timeout_s=60)
+        final = wait_for(
+            "the malleable job at 2 GPUs", lambda: running_job(elastic, 2), timeout_s=60
+        )
         assert final.restart_count == 1  # requeued once: never resized twice
         wait_for(
             "steps at 2 GPUs",
             lambda: len(starts(log)) == 2 and steps(log)[-1] > starts(log)[-1][2] + 5,
         )
-        assert not held(job(elastic))
+        assert not held(listed_job(elastic))
         assert [(g, r) for g, r, _ in starts(log)] == [(4, 0), (2, 1)]
         assert_continuous(log)
         # The run signalled by the daemon that died trained on in place after its wait.
@@ -188,10 +189,10 @@ def test_a_waiting_malleable_job_starts_at_the_gpus_free_and_grows_later(
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
         full = [sbatch(t, "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
         half = sbatch(t, "--gres=gpu:2", "--wrap", "sleep 600")
-        wait_for("3 full nodes and a half one", lambda: all(running(j) for j in [*full, half]))
+        wait_for("3 full nodes and a half one", lambda: all(running_job(j) for j in [*full, half]))
         elastic = trainer(t, log, "-t", "3")
 
-        started = wait_for("the malleable job running at 2 GPUs", lambda: running(elastic, 2))
+        started = wait_for("the malleable job running at 2 GPUs", lambda: running_job(elastic, 2))
         assert started.restart_count == 0  # started smaller, not resized
         (update,) = [a for a in malleable_actions(t, elastic) if a["kind"] == "update"]
         assert update["outcome"] == "done" and update["numbers"]["direction"] == "start_smaller"
@@ -205,7 +206,7 @@ def test_a_waiting_malleable_job_starts_at_the_gpus_free_and_grows_later(
         wait_for("steps at 2 GPUs", lambda: len(steps(log)) >= 40)
 
         SLURM.cancel(half)
-        grown = wait_for("the malleable job grown to 4 GPUs", lambda: running(elastic, 4))
+        grown = wait_for("the malleable job grown to 4 GPUs", lambda: running_job(elastic, 4))
         assert grown.restart_count == 1
         wait_for(
             "steps at 4 GPUs",
