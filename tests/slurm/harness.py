@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from slurmgpu.store import open_store
 from slurmgpu.store.usage import GpuUsage, UsageStore
 from tests.lab_processes import job_processes
 from tests.polling import wait_for
+from tests.ports import free_port
 from tests.slurm.train_log import read_jsonl
 
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
@@ -48,12 +48,6 @@ def running_job(job_id: int, gpus: int | None = None) -> Job | None:
         and (gpus is None or j.allocated_gpus == gpus)
     )
     return j if ok else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -41,7 +41,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurmgpu.monitoring import dashboard
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, free_port
+from tests.ports import free_port
+from tests.slurm.harness import Telemetry
 from tests.tier_guard import need_tool
 
 RULES = Path(__file__).resolve().parents[2] / "slurmgpu" / "monitoring" / "rules.yml"
