@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
@@ -60,7 +60,9 @@ def apply_intents(job: Job, intents: Sequence[Intent]) -> Job:
 class FakeSlurm:
     """Holds jobs and nodes in memory and applies what is done to them as Slurm would show it
     in the next listing; ``fail_with`` makes the next listings raise, ``update_fails_with``
-    the next updates (after they are recorded, as a refused ``scontrol update``).
+    the next updates (after they are recorded, as a refused ``scontrol update``), and
+    ``before_next_listing`` runs once as the next job listing starts (what happens
+    meanwhile elsewhere: a disk filling up; or, raising, a bug on a record).
 
     ``calls`` names every call, listings and actions alike, in order; ``actions`` holds each
     action as ``(call, "<job id>[ <detail>]")``; ``updates`` the intents of each update that
@@ -87,6 +89,7 @@ class FakeSlurm:
         self.actions: list[tuple[str, str]] = []
         self.updates: list[tuple[int, tuple[Intent, ...]]] = []
         self.update_fails_with: SlurmError | None = None
+        self.before_next_listing: Callable[[], None] | None = None
         self._next_id = max(self._jobs, default=0) + 1
 
     def _act(self, call: str, job_id: str | int, detail: str = "") -> None:
@@ -101,6 +104,9 @@ class FakeSlurm:
 
     def jobs(self) -> list[Job]:
         self.calls.append("jobs")
+        if (meanwhile := self.before_next_listing) is not None:
+            self.before_next_listing = None
+            meanwhile()
         if self.fail_with is not None:
             raise self.fail_with
         return list(self._jobs.values())

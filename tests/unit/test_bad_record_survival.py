@@ -228,18 +228,8 @@ def test_the_daemon_does_not_downgrade_a_newer_schema(tmp_path: Path) -> None:
 # -- the observe loop itself -------------------------------------------------------------
 
 
-class _Glitchy(FakeSlurm):
-    """Raises an unforeseen error (a bug on a record) on the first listing only."""
-
-    def __init__(self) -> None:
-        super().__init__(_jobs(2))
-        self.listings = 0
-
-    def jobs(self) -> list[Job]:
-        self.listings += 1
-        if self.listings == 1:
-            raise TypeError("unexpected None in a job record")
-        return super().jobs()
+def _unforeseen_error() -> None:
+    raise TypeError("unexpected None in a job record")  # a bug on a record
 
 
 def test_a_cycle_that_raises_costs_that_cycle_not_the_daemon(
@@ -248,8 +238,10 @@ def test_a_cycle_that_raises_costs_that_cycle_not_the_daemon(
     from slurmgpu.daemon.loop import DaemonLoop
     from slurmgpu.daemon.observer import Observer
 
+    slurm = FakeSlurm(_jobs(2))
+    slurm.before_next_listing = _unforeseen_error  # the first listing only
     loop = DaemonLoop(
-        Observer(_Glitchy(), store),
+        Observer(slurm, store),
         interval=timedelta(milliseconds=1),
         max_backoff=timedelta(milliseconds=2),
     )
