@@ -33,14 +33,14 @@ EXAMPLE = ROOT / "examples" / "elastic_train.py"
 SLURM = CliSlurmClient(timeout_s=20)  # SLURM_CONF from the environment: the session's lab
 
 
-def listed_job(job_id: int) -> Job | None:
+def listed_job(job_id: int, slurm: CliSlurmClient = SLURM) -> Job | None:
     """``job_id`` as squeue lists it now; None when it is not listed."""
-    return next((j for j in SLURM.jobs() if j.job_id == job_id), None)
+    return next((j for j in slurm.jobs() if j.job_id == job_id), None)
 
 
-def running_job(job_id: int, gpus: int | None = None) -> Job | None:
+def running_job(job_id: int, gpus: int | None = None, slurm: CliSlurmClient = SLURM) -> Job | None:
     """``job_id`` while it runs (not completing), on ``gpus`` GPUs if given; else None."""
-    j = listed_job(job_id)
+    j = listed_job(job_id, slurm)
     ok = (
         j is not None
         and j.state is JobState.RUNNING
@@ -265,17 +265,10 @@ class Lab:
         return self.slurm.submit(["-o", "/dev/null", *args], env=self.env)
 
     def job(self, job_id: int) -> Job | None:
-        return next((j for j in self.slurm.jobs() if j.job_id == job_id), None)
+        return listed_job(job_id, self.slurm)
 
     def running(self, job_id: int, gpus: int | None = None) -> Job | None:
-        job = self.job(job_id)
-        ok = (
-            job is not None
-            and job.state is JobState.RUNNING
-            and "COMPLETING" not in job.state_flags
-            and (gpus is None or job.allocated_gpus == gpus)
-        )
-        return job if ok else None
+        return running_job(job_id, gpus, self.slurm)
 
     def drive(self, *args: str, expect: int = 0) -> str:
         proc = subprocess.run(
