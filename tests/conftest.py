@@ -33,6 +33,8 @@ from tests import (
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from slurmgpu.store import JobStore
+
 
 def _xdist_worker_index() -> int:
     """0, 1, ... for pytest-xdist's workers gw0, gw1, ...; 0 without xdist."""
@@ -262,3 +264,14 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'state.db'}"
     url: str = request.getfixturevalue("empty_postgres_url")
     return url
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[JobStore]:
+    """A migrated SQLite store of its own for the test (``tmp_path / 'state.db'``),
+    disposed of after it."""
+    from slurmgpu.store import open_store
+
+    opened = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    yield opened
+    opened.engine.dispose()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
@@ -58,7 +58,15 @@ def apply_intents(job: Job, intents: Sequence[Intent]) -> Job:
 
 
 class FakeSlurm:
-    """Holds jobs and nodes in memory; ``fail_with`` makes the next listings raise.
+    """Holds jobs and nodes in memory and applies what is done to them as Slurm would show it
+    in the next listing; ``fail_with`` makes the next listings raise, ``update_fails_with``
+    the next updates (after they are recorded, as a refused ``scontrol update``), and
+    ``before_next_listing`` runs once as the next job listing starts (what happens
+    meanwhile elsewhere: a disk filling up; or, raising, a bug on a record).
+
+    ``calls`` names every call, listings and actions alike, in order; ``actions`` holds each
+    action as ``(call, "<job id>[ <detail>]")``; ``updates`` the intents of each update that
+    Slurm took.
 
     Also an ``AccountingClient``: ``accounting`` (job id → Job, as ``sacct`` would report
     it) answers :meth:`finished_jobs`; ``None`` (the default) behaves like a cluster with
@@ -78,8 +86,15 @@ class FakeSlurm:
         self.accounting_fail_with: BaseException | None = None
         self.sacct_queries: list[list[int]] = []
         self.calls: list[str] = []
+        self.actions: list[tuple[str, str]] = []
         self.updates: list[tuple[int, tuple[Intent, ...]]] = []
+        self.update_fails_with: SlurmError | None = None
+        self.before_next_listing: Callable[[], None] | None = None
         self._next_id = max(self._jobs, default=0) + 1
+
+    def _act(self, call: str, job_id: str | int, detail: str = "") -> None:
+        self.calls.append(call)
+        self.actions.append((call, f"{job_id} {detail}" if detail else str(job_id)))
 
     def set_jobs(self, jobs: Sequence[Job]) -> None:
         self._jobs = {j.job_id: j for j in jobs}
@@ -89,6 +104,9 @@ class FakeSlurm:
 
     def jobs(self) -> list[Job]:
         self.calls.append("jobs")
+        if (meanwhile := self.before_next_listing) is not None:
+            self.before_next_listing = None
+            meanwhile()
         if self.fail_with is not None:
             raise self.fail_with
         return list(self._jobs.values())
@@ -117,6 +135,7 @@ class FakeSlurm:
         cwd: str | None = None,
         stdin: bytes | None = None,
     ) -> int:
+        self.calls.append("submit")
         job_id = self._next_id
         self._next_id += 1
         self._jobs[job_id] = Job(job_id=job_id, name="job", user="u", state=JobState.PENDING)
@@ -130,6 +149,9 @@ class FakeSlurm:
 
     def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
         """Applies the intents to the listed job (:func:`apply_intents`) and records them."""
+        self._act("update", job_id, repr(intents))
+        if self.update_fails_with is not None:
+            raise self.update_fails_with
         job = self._get(job_id)
         if not intents:
             raise SlurmCommandError("scontrol update: no fields to update")
@@ -137,27 +159,34 @@ class FakeSlurm:
         self.updates.append((job.job_id, tuple(intents)))
 
     def hold(self, job_id: str | int) -> None:
+        self._act("hold", job_id)
         self._get(job_id)
 
     def release(self, job_id: str | int) -> None:
+        self._act("release", job_id)
         self._get(job_id)
 
     def requeue(self, job_id: str | int, *, hold: bool = False) -> None:
+        self._act("requeuehold" if hold else "requeue", job_id)
         job = self._get(job_id)
         self._jobs[job.job_id] = replace(
             job, state=JobState.PENDING, restart_count=job.restart_count + 1, start_time=None
         )
 
     def signal(self, job_id: str | int, signal: str, *, batch_only: bool = False) -> None:
+        self._act("signal", job_id, signal)
         self._get(job_id)
 
     def cancel(self, job_id: str | int) -> None:
+        self._act("cancel", job_id)
         job = self._get(job_id)
         self._jobs[job.job_id] = replace(job, state=JobState.CANCELLED)
 
     def set_array_throttle(self, array_job_id: int, max_running: int) -> None:
+        self._act("throttle", array_job_id, str(max_running))
         self._get(array_job_id)
 
     def set_time_limit(self, job_id: str | int, limit: timedelta) -> None:
+        self._act("set_time_limit", job_id, str(limit))
         job = self._get(job_id)
         self._jobs[job.job_id] = replace(job, time_limit=limit)

@@ -31,22 +31,10 @@ from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.workload import RigidJob, TraceJob
 from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.history import load_history
+from tests.configs import QUICK_IDLE_ENFORCE, QUICK_POLICY, config_toml
 from tests.fakes import FakeSlurm
 
-CONFIG = """
-[policy]
-history_refresh = "1s"
-[policy.engine]
-job_cooldown = "1s"
-[policy.idle_gpu]
-mode = "enforce"
-warn_after = "4s"
-second_warn_after = "off"
-act_after = "10s"
-min_warning_lead = "3s"
-[policy.rightsize]
-mode = "enforce"
-"""
+CONFIG = config_toml(QUICK_POLICY, QUICK_IDLE_ENFORCE, {"policy.rightsize": {"mode": "enforce"}})
 
 USER = "root"
 PARTITION = "gpu"

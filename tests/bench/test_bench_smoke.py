@@ -11,16 +11,13 @@ bench/resize_path.py needs the lab cluster (tests/slurm/test_bench_resize_path.p
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
+from tests.bench.smoke import BENCH, ROOT, run_smoke
+
 DATA = ROOT.parent / "shared" / "data"
 
 # bench -> what it needs beyond the repository (None: nothing)
@@ -48,26 +45,6 @@ NEEDS: dict[str, Path | None] = {
     "gpu_check_torch": None,  # torch; with the CPU build: gloo on 2 CPU ranks, ~40 s
 }
 ELSEWHERE = {"resize_path": "tests/slurm/test_bench_resize_path.py (needs the lab cluster)"}
-
-
-def run_smoke(
-    name: str, out: Path, *extra: str
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / f"{name}.py"), "--smoke", "--json-out", str(out), *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    records = sorted(out.glob(f"{name}-*.json"))
-    assert len(records) == 1, (
-        f"{name}: expected one JSON record in {out}, found {records}; exit {proc.returncode}\n"
-        f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    )
-    doc: dict[str, Any] = json.loads(records[0].read_text())
-    return proc, doc
 
 
 def test_every_bench_has_a_smoke_run() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -20,18 +19,13 @@ import pytest
 
 from slurmgpu.elastic import init
 from slurmgpu.elastic.scaling import scaled_lr
+from tests.ports import free_port
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
 from slurmgpu.elastic import torch as etorch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ddp(world: int, scenario: str, state_dir: Path, out: Path) -> dict[str, Any]:
@@ -44,7 +38,7 @@ def _ddp(world: int, scenario: str, state_dir: Path, out: Path) -> dict[str, Any
 
 
 def _ddp_once(world: int, scenario: str, state_dir: Path, out: Path) -> tuple[list[int], list[str]]:
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(world):
         env = {
@@ -274,7 +268,7 @@ def test_a_signal_during_agree_all_reduce_is_not_lost(
     overwritten by the (older) agreed value: the next step's agree() sees it."""
     dist = torch.distributed
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         run = init({"SLURM_JOB_ID": "6", "SGPU_ELASTIC_DIR": str(tmp_path)}, install_handlers=False)

@@ -5,28 +5,50 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from slurmgpu.lab.cluster import LabCluster
+from slurmgpu.model import Job, JobState
+from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.store.usage_query import GpuUsage
+from tests.lab_processes import job_processes
 from tests.polling import wait_for
+from tests.ports import free_port
+from tests.slurm.train_log import read_jsonl
 
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "elastic_train.py"
+SLURM = CliSlurmClient(timeout_s=20)  # SLURM_CONF from the environment: the session's lab
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def listed_job(job_id: int, slurm: CliSlurmClient = SLURM) -> Job | None:
+    """``job_id`` as squeue lists it now; None when it is not listed."""
+    return next((j for j in slurm.jobs() if j.job_id == job_id), None)
+
+
+def running_job(job_id: int, gpus: int | None = None, slurm: CliSlurmClient = SLURM) -> Job | None:
+    """``job_id`` while it runs (not completing), on ``gpus`` GPUs if given; else None."""
+    j = listed_job(job_id, slurm)
+    ok = (
+        j is not None
+        and j.state is JobState.RUNNING
+        and "COMPLETING" not in j.state_flags
+        and (gpus is None or j.allocated_gpus == gpus)
+    )
+    return j if ok else None
 
 
 @dataclass
@@ -212,3 +234,127 @@ def running_stack(
             t.daemon.wait(timeout=60)
         for log in tmp_path.glob("*.log"):
             assert "Traceback" not in log.read_text(), f"{log.name} has a traceback"
+
+
+@dataclass
+class Lab:
+    """``sgpu`` on the lab cluster with its own store and config and no daemon: jobs are
+    submitted with ``sgpu submit`` or sbatch, and resized by ``tests/slurm/resize_driver.py``
+    (the daemon's own MalleableActuator, in a process a test can kill)."""
+
+    tmp: Path
+    env: dict[str, str]
+    db: str
+    slurm: CliSlurmClient
+
+    def sgpu(self, *args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "slurmgpu", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, f"sgpu {' '.join(args)}: {proc.stderr.strip()}"
+        return proc.stdout
+
+    def submit(self, *args: str) -> int:
+        return int(self.sgpu("submit", "--parsable", "-o", "/dev/null", *args).split(";")[0])
+
+    def sbatch(self, *args: str) -> int:
+        return self.slurm.submit(["-o", "/dev/null", *args], env=self.env)
+
+    def job(self, job_id: int) -> Job | None:
+        return listed_job(job_id, self.slurm)
+
+    def running(self, job_id: int, gpus: int | None = None) -> Job | None:
+        return running_job(job_id, gpus, self.slurm)
+
+    def drive(self, *args: str, expect: int = 0) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.slurm.resize_driver", "--db", self.db, *args],
+            env={**self.env, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == expect, f"driver {args} exited {proc.returncode}: {out}"
+        assert "Traceback" not in out, out
+        return out
+
+    def trainer(
+        self, name: str, gpus: int, lo: int, hi: int, steps: int = 100000, *extra: str
+    ) -> int:
+        log = self.tmp / f"{name}.jsonl"
+        return self.submit(
+            "--malleable",
+            f"{lo}:{hi}",
+            "--checkpoint-grace",
+            "30s",
+            "--elastic-dir",
+            str(self.tmp / "state"),
+            f"--gres=gpu:{gpus}",
+            *extra,
+            "-J",
+            name,
+            "--wrap",
+            f"{sys.executable} {EXAMPLE} --steps {steps} --step-time 0.2 --log {log}",
+        )
+
+    def log(self, name: str) -> list[dict[str, Any]]:
+        return read_jsonl(self.tmp / f"{name}.jsonl")
+
+    def processes(self, job_id: int) -> list[psutil.Process]:
+        """Processes of ``job_id`` of this lab's cluster (its ``SLURM_CONF`` too, not only
+        its id: another lab may run a job of that id; tests/lab_processes.py)."""
+        return job_processes(job_id, self.env["SLURM_CONF"])
+
+    def steps(self, name: str) -> list[int]:
+        return [int(r["step"]) for r in self.log(name) if "event" not in r]
+
+    def starts(self, name: str) -> list[tuple[Any, Any, Any]]:
+        return [
+            (r["gpus"], r["restart"], r["resumed_step"])
+            for r in self.log(name)
+            if r.get("event") == "start"
+        ]
+
+
+def lab_dir(slurm_cluster: LabCluster, prefix: str) -> Path:
+    """A fresh directory under the lab's root, with the checkout and this Python shared with
+    the cluster: a Slurm chroot (the release stage: 24.11, 26.05) sees them bound in, so
+    the jobs' ``sgpu launch``, torchrun and workers run the same code as on the host."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=slurm_cluster.root))
+    slurm_cluster.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
+    return path
+
+
+@contextmanager
+def driven_lab(tmp: Path, extra_env: Mapping[str, str] | None = None) -> Iterator[Lab]:
+    """A :class:`Lab` keeping its store, config and logs in ``tmp``; on leaving, every job
+    of the session is cancelled and the cluster waited on to drain."""
+    config = tmp / "config.toml"
+    config.write_text('[slurm]\ncommand_timeout = "20s"\n')
+    db = f"sqlite:///{tmp / 'state.db'}"
+    env = {
+        **os.environ,
+        "SGPU_DB": db,
+        "SGPU_CONFIG": str(config),
+        "PYTHONPATH": str(ROOT),
+        **(extra_env or {}),
+    }
+    lab = Lab(tmp, env, db, CliSlurmClient(timeout_s=20))
+    lab.sgpu("db", "upgrade")
+    try:
+        yield lab
+    finally:
+        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
+        wait_for(
+            "the cluster to drain",
+            lambda: not [j for j in lab.slurm.jobs() if not j.state.is_terminal],
+            timeout_s=60,
+        )

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from slurmgpu.lab.cluster import LabCluster
-from tests.bench.test_bench_smoke import run_smoke
+from tests.bench.smoke import run_smoke
 
 
 def test_resize_path_bench_smoke(slurm_cluster: LabCluster, tmp_path: Path) -> None:

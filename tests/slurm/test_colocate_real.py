@@ -19,24 +19,16 @@ from typing import Any
 import pytest
 
 from slurmgpu.lab.cluster import LabCluster
-from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store.usage_query import GpuUsage
+from tests.configs import QUICK_POLICY, config_toml, observing
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, running_stack
+from tests.slurm.harness import Telemetry, listed_job, running_stack
 
-CONFIG = """
-[policy]
-history_refresh = "1s"
-[policy.engine]
-job_cooldown = "1s"
-[policy.rightsize]
-mode = "observe"
-[policy.idle_gpu]
-mode = "observe"
-[policy.colocate]
-mode = "enforce"
-device_memory = "80GiB"
-"""
+CONFIG = config_toml(
+    QUICK_POLICY,
+    observing("rightsize", "idle_gpu"),
+    {"policy.colocate": {"mode": "enforce", "device_memory": "80GiB"}},
+)
 
 _GRES_IDX = re.compile(r"GRES=shard:(\d+)\(IDX:(\d+)\)")
 
@@ -68,10 +60,6 @@ def slurm_shard_gpu(job_id: int) -> tuple[int, int] | None:
     ).stdout
     m = _GRES_IDX.search(out)
     return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def squeue_job(job_id: int) -> Any:
-    return next((j for j in CliSlurmClient().jobs() if j.job_id == job_id), None)
 
 
 def shareable(t: Telemetry, node: str, gpu_mem: str, load: str, *extra: str) -> int:
@@ -112,7 +100,8 @@ def test_two_light_jobs_share_one_gpu_and_the_heavy_one_keeps_a_whole_gpu(
             assert action["mode"] == "enforce"
             assert action["fields"] == {"TresPerNode": "gres:shard:2"}
             assert action["numbers"]["shards_proposed"] == 2
-            assert squeue_job(job).gpus.shards_per_node == 2
+            listed = listed_job(job)
+            assert listed is not None and listed.gpus.shards_per_node == 2
         release(light_a, light_b)
         placed_a = wait_for("light job A on a GPU", lambda: slurm_shard_gpu(light_a))
         placed_b = wait_for("light job B on a GPU", lambda: slurm_shard_gpu(light_b))
@@ -147,7 +136,8 @@ def test_two_light_jobs_share_one_gpu_and_the_heavy_one_keeps_a_whole_gpu(
 
         # The heavy job was seen for as long as the light ones were packed: never packed.
         assert colocate_actions(t, heavy) == []
-        assert squeue_job(heavy).gpus.shards_per_node == 4
+        listed = listed_job(heavy)
+        assert listed is not None and listed.gpus.shards_per_node == 4
         # Nor is the light pair separated.
         assert all(
             x["kind"] != "requeue" for j in (light_a, light_b) for x in colocate_actions(t, j)
@@ -194,13 +184,14 @@ def test_a_job_whose_memory_grows_is_separated_before_the_gpu_fills(
         assert n["memory_fraction"] >= 0.9
         assert n["memory_used_mib"] < n["memory_total_mib"] == 81920, "separated before a full GPU"
         assert action["fields"]["TresPerNode"] == "gres:shard:4"
-        job = wait_for(
+        requeued = wait_for(
             "the requeue in Slurm",
-            lambda: (j := squeue_job(growing)) is not None and j.restart_count >= 1 and j,
+            lambda: j if (j := listed_job(growing)) is not None and j.restart_count >= 1 else None,
         )
-        assert job.gpus.shards_per_node == 4, "requeued onto a whole GPU's shards"
-        assert "sgpu:separated" in job.comment
-        assert job.state.value == "PENDING"
+        assert requeued.gpus.shards_per_node == 4, "requeued onto a whole GPU's shards"
+        assert "sgpu:separated" in requeued.comment
+        assert requeued.state.value == "PENDING"
         # The older job keeps running where it was, never separated.
-        assert squeue_job(older).state.value == "RUNNING"
+        kept = listed_job(older)
+        assert kept is not None and kept.state.value == "RUNNING"
         assert all(a["kind"] != "requeue" for a in colocate_actions(t, older))

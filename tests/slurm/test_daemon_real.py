@@ -19,7 +19,7 @@ import pytest
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import JobStore, open_store
 from tests.polling import wait_for
-from tests.slurm.harness import free_port
+from tests.ports import free_port
 
 JOB_SCRIPT = """#!/bin/bash
 echo "CVD=${CUDA_VISIBLE_DEVICES:-none} SHARDS=${SLURM_SHARDS_ON_NODE:-0}" \

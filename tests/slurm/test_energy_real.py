@@ -17,24 +17,15 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
-from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.telemetry.simgpu import SimulatedGpuProbe
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, running_stack
+from tests.slurm.harness import Telemetry
 
 TRACE_STEP_S = 0.1
-
-
-@pytest.fixture
-def stack(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Telemetry]:
-    with running_stack(slurm_cluster, tmp_path) as t:
-        yield t
 
 
 class PowerTrace(threading.Thread):

@@ -42,39 +42,18 @@ import pytest
 from sqlalchemy import select
 
 from slurmgpu.lab.cluster import LabCluster
-from slurmgpu.model import Job
-from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store, schema
+from tests.configs import QUICK_IDLE_ENFORCE, QUICK_POLICY, config_toml, observing
 from tests.polling import wait_for
-from tests.slurm.harness import NODES, Telemetry, running_stack
+from tests.slurm.harness import NODES, Telemetry, listed_job, running_stack
 
 FAULTS: Counter[str] = Counter()  # kind -> faults injected and survived
 
-IDLE = """
-[policy]
-history_refresh = "1s"
-[policy.engine]
-job_cooldown = "1s"
-[policy.idle_gpu]
-mode = "enforce"
-warn_after = "4s"
-second_warn_after = "off"
-act_after = "10s"
-min_warning_lead = "3s"
-[policy.rightsize]
-mode = "observe"
-"""
+IDLE = config_toml(QUICK_POLICY, QUICK_IDLE_ENFORCE, observing("rightsize"))
 
-RIGHTSIZE = """
-[policy]
-history_refresh = "1s"
-[policy.engine]
-job_cooldown = "1s"
-[policy.idle_gpu]
-mode = "observe"
-[policy.rightsize]
-mode = "enforce"
-"""
+RIGHTSIZE = config_toml(
+    QUICK_POLICY, observing("idle_gpu"), {"policy.rightsize": {"mode": "enforce"}}
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -91,10 +70,6 @@ def fault_report(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def slurm_job(job_id: int) -> Job | None:
-    return next((j for j in CliSlurmClient().jobs() if j.job_id == job_id), None)
 
 
 def audit(t: Telemetry, job_id: int, policy: str) -> list[tuple[str, str, str]]:
@@ -193,12 +168,12 @@ def test_daemon_killed_during_idle_warn_then_requeue(
         t.start_daemon()
         wait_for(
             "the requeue to show in Slurm",
-            lambda: (j := slurm_job(job)) is not None and j.restart_count >= 1,
+            lambda: (j := listed_job(job)) is not None and j.restart_count >= 1,
             120,
         )
         elapse("five daemon cycles after the requeue", 5)
         # Acted on once: one requeue in Slurm, one requeue that took effect in the audit.
-        j = slurm_job(job)
+        j = listed_job(job)
         assert j is not None, "the job was lost"
         assert j.restart_count == 1, f"requeued {j.restart_count} times"
         assert j.state.value == "PENDING" and "Held" not in j.reason, j.reason
@@ -275,7 +250,7 @@ def test_daemon_killed_during_rightsize_update_of_a_held_pending_job(
             if point == "after_execute:update":
                 assert any("taken (confirmed after restart)" in r[2] for r in rows), rows
             assert changes == 1, f"{point}: the job was changed {changes} times: {rows}"
-            j = slurm_job(job)
+            j = listed_job(job)
             assert j is not None and j.state.value == "PENDING", "the job was lost"
             assert j.time_limit is not None and j.time_limit.total_seconds() < 36000
             assert "JobHeldUser" in j.reason, f"the user's hold must stay: {j.reason}"
@@ -329,7 +304,7 @@ def test_restart_with_a_broken_config_refuses_in_one_line_and_loses_nothing(
         assert_agents_drained(t)
         samples_arriving(t)
         assert assert_no_samples_lost(t) > 0
-        j = slurm_job(job)
+        j = listed_job(job)
         assert j is not None and j.state.value == "RUNNING"
         (row,) = open_store(t.db, migrate=False).jobs(job_ids=[job])
         assert not row.gone
@@ -523,7 +498,7 @@ def test_database_disk_full_then_read_only_then_recovered(
         assert_agents_drained(t)
         samples_arriving(t)
         assert assert_no_samples_lost(t) > 0
-        assert slurm_job(job) is not None
+        assert listed_job(job) is not None
         assert "Traceback" not in daemon_log(t)
         t.stop_daemon()  # before the tmpfs goes away
         t.daemon = None
@@ -633,7 +608,7 @@ def test_database_read_only_under_the_running_daemon(
         assert_agents_drained(t)
         samples_arriving(t)
         assert assert_no_samples_lost(t) > 0
-        assert slurm_job(job) is not None
+        assert listed_job(job) is not None
         assert "Traceback" not in daemon_log(t)
         t.stop_daemon()  # before the file system goes away
         t.daemon = None

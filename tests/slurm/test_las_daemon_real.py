@@ -22,35 +22,23 @@ import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
+from tests.configs import config_toml, observing
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, running_stack
-from tests.slurm.test_malleable_daemon_real import (
-    SLURM,
-    assert_continuous,
-    fill_cluster,
-    job,
-    running,
-    starts,
-    steps,
-    trainer,
-)
+from tests.slurm.elastic_training import assert_continuous, fill_cluster, starts, steps, trainer
+from tests.slurm.harness import SLURM, Telemetry, listed_job, running_job, running_stack
 
-CONFIG = """
-[policy.rightsize]
-mode = "observe"
-[policy.idle_gpu]
-mode = "observe"
-[policy.colocate]
-mode = "observe"
-[policy.malleable]
-mode = "observe"
-[policy.las]
-enabled = true
-mode = "enforce"
-queue_limits = [0.002]
-min_runtime = "5s"
-min_wait = "1s"
-"""
+CONFIG = config_toml(
+    observing("rightsize", "idle_gpu", "colocate", "malleable"),
+    {
+        "policy.las": {
+            "enabled": True,
+            "mode": "enforce",
+            "queue_limits": [0.002],
+            "min_runtime": "5s",
+            "min_wait": "1s",
+        }
+    },
+)
 
 
 def las_actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
@@ -68,16 +56,16 @@ def test_the_daemon_preempts_a_long_running_job_for_a_new_one_and_it_resumes(
     second_log = tmp_path / "second.jsonl"
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
         first = trainer(t, first_log)
-        wait_for("the first training at 4 GPUs", lambda: running(first, 4))
+        wait_for("the first training at 4 GPUs", lambda: running_job(first, 4))
         # 0.002 GPU-h = 7.2 GPU-s: 4 GPUs for 2 s; enough steps for a clear loss drop
         wait_for("40 steps", lambda: len(steps(first_log)) >= 40)
         fill_cluster(t)
         second = trainer(t, second_log)
 
-        wait_for("the second training running", lambda: running(second, 4), timeout_s=90)
+        wait_for("the second training running", lambda: running_job(second, 4), timeout_s=90)
 
         def pending_with_nice() -> Job | None:
-            j = job(first)
+            j = listed_job(first)
             return j if j is not None and j.state is JobState.PENDING and j.nice > 0 else None
 
         waiting = wait_for("the first one pending with its queue's nice", pending_with_nice)
@@ -90,7 +78,7 @@ def test_the_daemon_preempts_a_long_running_job_for_a_new_one_and_it_resumes(
         assert [a for a in las_actions(t, second) if a["kind"] == "resize"] == []
 
         SLURM.cancel(second)
-        wait_for("the first training back at 4 GPUs", lambda: running(first, 4), timeout_s=90)
+        wait_for("the first training back at 4 GPUs", lambda: running_job(first, 4), timeout_s=90)
         wait_for(
             "steps after it resumed",
             lambda: (

@@ -34,95 +34,31 @@ import pytest
 from slurmgpu.cycle.resize import HELD_REASONS
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
-from slurmgpu.slurm.cli import CliSlurmClient
+from tests.configs import config_toml, observing
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, running_stack
+from tests.slurm.elastic_training import (
+    assert_continuous,
+    fill_cluster,
+    sbatch,
+    starts,
+    steps,
+    trainer,
+)
+from tests.slurm.harness import SLURM, Telemetry, listed_job, running_job, running_stack
+from tests.slurm.train_log import read_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "elastic_train.py"
-
-CONFIG = """
-[policy.rightsize]
-mode = "observe"
-[policy.idle_gpu]
-mode = "observe"
-[policy.colocate]
-mode = "observe"
-[policy.malleable]
-mode = "enforce"
-min_interval = "5s"
-checkpoint_time = "2s"
-requeue_delay = "2s"
-startup_time = "2s"
-"""
-
-SLURM = CliSlurmClient(timeout_s=20)
-
-
-def job(job_id: int) -> Job | None:
-    return next((j for j in SLURM.jobs() if j.job_id == job_id), None)
-
-
-def running(job_id: int, gpus: int | None = None) -> Job | None:
-    j = job(job_id)
-    ok = (
-        j is not None
-        and j.state is JobState.RUNNING
-        and "COMPLETING" not in j.state_flags
-        and (gpus is None or j.allocated_gpus == gpus)
-    )
-    return j if ok else None
-
-
-def sbatch(t: Telemetry, *args: str) -> int:
-    return SLURM.submit(["-o", "/dev/null", *args], env=t.env)
-
-
-def trainer(t: Telemetry, log: Path, *extra: str) -> int:
-    return t.submit(
-        *extra,
-        "--malleable",
-        "2:4",
-        "--checkpoint-grace",
-        "30s",
-        "--elastic-dir",
-        str(t.tmp / "state"),
-        "--gres=gpu:4",
-        "-J",
-        "elastic",
-        "--wrap",
-        f"{sys.executable} {EXAMPLE} --steps 100000 --step-time 0.2 --sim-util 80 "
-        f"--sim-dir {t.sim_dir} --log {log}",
-    )
-
-
-def records(log: Path) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-
-
-def steps(log: Path) -> list[int]:
-    return [int(r["step"]) for r in records(log) if "event" not in r]
-
-
-def starts(log: Path) -> list[tuple[Any, Any, Any]]:
-    return [
-        (r["gpus"], r["restart"], r["resumed_step"])
-        for r in records(log)
-        if r.get("event") == "start"
-    ]
-
-
-def last_step_per_run(log: Path) -> list[int]:
-    out: list[int] = []
-    last = 0
-    for r in records(log):
-        if r.get("event") == "start" and last:
-            out.append(last)
-        elif "event" not in r:
-            last = int(r["step"])
-    return out
+CONFIG = config_toml(
+    observing("rightsize", "idle_gpu", "colocate"),
+    {
+        "policy.malleable": {
+            "mode": "enforce",
+            "min_interval": "5s",
+            "checkpoint_time": "2s",
+            "requeue_delay": "2s",
+            "startup_time": "2s",
+        }
+    },
+)
 
 
 def malleable_actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
@@ -132,23 +68,6 @@ def malleable_actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
     return list(reversed(rows))  # oldest first
 
 
-def assert_continuous(log: Path) -> None:
-    s = steps(log)
-    assert s == list(range(1, len(s) + 1)), "a step was lost or repeated across the resizes"
-    runs = starts(log)
-    for (_, _, resumed), prev_last in zip(runs[1:], last_step_per_run(log), strict=True):
-        assert resumed == prev_last  # each run resumed where the previous one checkpointed
-    losses = {int(r["step"]): float(r["loss"]) for r in records(log) if "event" not in r}
-    for _, _, resumed in runs[1:]:
-        assert losses[resumed + 1] < 0.8 * losses[1]  # trained on, not from scratch
-
-
-def fill_cluster(t: Telemetry) -> list[int]:
-    fillers = [sbatch(t, "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
-    wait_for("the fillers running", lambda: all(running(f) for f in fillers))
-    return fillers
-
-
 @pytest.mark.slow
 def test_the_daemon_shrinks_a_malleable_job_for_a_rigid_job_and_grows_it_back(
     slurm_cluster: LabCluster, tmp_path: Path
@@ -156,25 +75,27 @@ def test_the_daemon_shrinks_a_malleable_job_for_a_rigid_job_and_grows_it_back(
     log = tmp_path / "elastic.jsonl"
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
         elastic = trainer(t, log)
-        wait_for("the malleable job at 4 GPUs", lambda: running(elastic, 4))
+        wait_for("the malleable job at 4 GPUs", lambda: running_job(elastic, 4))
         wait_for("10 steps", lambda: len(steps(log)) >= 10)
         fill_cluster(t)
         submitted = time.monotonic()
         rigid = sbatch(t, "--gres=gpu:2", "-t", "1", "-J", "rigid", "--wrap", "sleep 15")
 
-        wait_for("the rigid job running", lambda: running(rigid), timeout_s=90)
+        wait_for("the rigid job running", lambda: running_job(rigid), timeout_s=90)
         rigid_started = time.monotonic() - submitted
-        wait_for("the malleable job at 2 GPUs", lambda: running(elastic, 2), timeout_s=30)
+        wait_for("the malleable job at 2 GPUs", lambda: running_job(elastic, 2), timeout_s=30)
         shrink = malleable_actions(t, elastic)
         assert [(a["numbers"]["direction"], a["outcome"]) for a in shrink] == [("shrink", "done")]
         assert shrink[0]["numbers"]["for_job"] == rigid
         assert shrink[0]["fields"] == {"from_gpus": "4", "to_gpus": "2"}
 
         wait_for(
-            "the rigid job done", lambda: (j := job(rigid)) and j.state.is_terminal, timeout_s=60
+            "the rigid job done",
+            lambda: (j := listed_job(rigid)) and j.state.is_terminal,
+            timeout_s=60,
         )
         ended = time.monotonic()
-        grown = wait_for("the malleable job at 4 GPUs again", lambda: running(elastic, 4))
+        grown = wait_for("the malleable job at 4 GPUs again", lambda: running_job(elastic, 4))
         grow_s = time.monotonic() - ended
         assert grown.restart_count == 2
         wait_for(
@@ -210,7 +131,7 @@ def test_the_daemon_killed_after_each_slurm_call_of_a_resize_never_holds_or_resi
     log = tmp_path / "elastic.jsonl"
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
         elastic = trainer(t, log)
-        wait_for("the malleable job at 4 GPUs", lambda: running(elastic, 4))
+        wait_for("the malleable job at 4 GPUs", lambda: running_job(elastic, 4))
         wait_for("10 steps", lambda: len(steps(log)) >= 10)
         fill_cluster(t)
         t.stop_daemon()  # from here on, daemons that die mid-resize
@@ -221,18 +142,20 @@ def test_the_daemon_killed_after_each_slurm_call_of_a_resize_never_holds_or_resi
         assert kills == [[c, str(elastic)] for c in calls]
         t.start_daemon()
 
-        wait_for("the rigid job running", lambda: running(rigid), timeout_s=60)
-        final = wait_for("the malleable job at 2 GPUs", lambda: running(elastic, 2), timeout_s=60)
+        wait_for("the rigid job running", lambda: running_job(rigid), timeout_s=60)
+        final = wait_for(
+            "the malleable job at 2 GPUs", lambda: running_job(elastic, 2), timeout_s=60
+        )
         assert final.restart_count == 1  # requeued once: never resized twice
         wait_for(
             "steps at 2 GPUs",
             lambda: len(starts(log)) == 2 and steps(log)[-1] > starts(log)[-1][2] + 5,
         )
-        assert not held(job(elastic))
+        assert not held(listed_job(elastic))
         assert [(g, r) for g, r, _ in starts(log)] == [(4, 0), (2, 1)]
         assert_continuous(log)
         # The run signalled by the daemon that died trained on in place after its wait.
-        assert [r["event"] for r in records(log) if r.get("event") == "resumed_in_place"]
+        assert [r["event"] for r in read_jsonl(log) if r.get("event") == "resumed_in_place"]
 
         def closed() -> list[dict[str, Any]] | None:
             rows: list[dict[str, Any]] = json.loads(
@@ -266,10 +189,10 @@ def test_a_waiting_malleable_job_starts_at_the_gpus_free_and_grows_later(
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
         full = [sbatch(t, "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
         half = sbatch(t, "--gres=gpu:2", "--wrap", "sleep 600")
-        wait_for("3 full nodes and a half one", lambda: all(running(j) for j in [*full, half]))
+        wait_for("3 full nodes and a half one", lambda: all(running_job(j) for j in [*full, half]))
         elastic = trainer(t, log, "-t", "3")
 
-        started = wait_for("the malleable job running at 2 GPUs", lambda: running(elastic, 2))
+        started = wait_for("the malleable job running at 2 GPUs", lambda: running_job(elastic, 2))
         assert started.restart_count == 0  # started smaller, not resized
         (update,) = [a for a in malleable_actions(t, elastic) if a["kind"] == "update"]
         assert update["outcome"] == "done" and update["numbers"]["direction"] == "start_smaller"
@@ -283,7 +206,7 @@ def test_a_waiting_malleable_job_starts_at_the_gpus_free_and_grows_later(
         wait_for("steps at 2 GPUs", lambda: len(steps(log)) >= 40)
 
         SLURM.cancel(half)
-        grown = wait_for("the malleable job grown to 4 GPUs", lambda: running(elastic, 4))
+        grown = wait_for("the malleable job grown to 4 GPUs", lambda: running_job(elastic, 4))
         assert grown.restart_count == 1
         wait_for(
             "steps at 4 GPUs",

@@ -15,26 +15,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from slurmgpu.lab.cluster import LabCluster
-from slurmgpu.slurm.cli import CliSlurmClient
-from tests.lab_processes import job_processes
 from tests.polling import wait_for
-from tests.slurm.test_malleable_real import Lab
+from tests.slurm.harness import ROOT, Lab, driven_lab, lab_dir
+from tests.slurm.train_log import read_jsonl
 from tests.tier_guard import skip_missing
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "integration" / "lightning_worker.py"
 TORCHRUN = f"{sys.executable} -m torch.distributed.run --standalone"
 SAMPLES, GLOBAL_BATCH = 96, 8
@@ -44,40 +37,15 @@ SAMPLES, GLOBAL_BATCH = 96, 8
 def lab(slurm_cluster: LabCluster) -> Iterator[Lab]:
     if importlib.util.find_spec("lightning") is None:
         skip_missing("slurm", "lightning is not installed (pip install 'slurmgpu[lightning]')")
-    tmp_path = Path(tempfile.mkdtemp(prefix="lightning-", dir=slurm_cluster.root))
-    slurm_cluster.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
-    config = tmp_path / "config.toml"
-    config.write_text('[slurm]\ncommand_timeout = "20s"\n')
-    db = f"sqlite:///{tmp_path / 'state.db'}"
-    env = {
-        **os.environ,
-        "SGPU_DB": db,
-        "SGPU_CONFIG": str(config),
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-    }
-    lab = Lab(tmp_path, env, db, CliSlurmClient(timeout_s=20))
-    lab.sgpu("db", "upgrade")
-    try:
-        yield lab
-    finally:
-        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
-        wait_for(
-            "the cluster to drain",
-            lambda: not [j for j in lab.slurm.jobs() if not j.state.is_terminal],
-            timeout_s=60,
-        )
+    with driven_lab(lab_dir(slurm_cluster, "lightning-"), {"OMP_NUM_THREADS": "1"}) as it:
+        yield it
 
 
 def _records(lab: Lab) -> list[dict[str, Any]]:
     recs: list[dict[str, Any]] = []
     for path in sorted((lab.tmp / "out").glob("pl.rank*.jsonl")):
-        recs += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        recs += read_jsonl(path)
     return recs
-
-
-def _processes(lab: Lab, job_id: int) -> list[psutil.Process]:
-    return job_processes(job_id, lab.env["SLURM_CONF"])
 
 
 @pytest.mark.slow
@@ -110,7 +78,7 @@ def test_a_lightning_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> Non
     )
     wait_for("the job at 2 GPUs", lambda: lab.running(job, 2))
     wait_for("5 steps at 2 ranks", lambda: len(_records(lab)) >= 10, timeout_s=180)
-    first_run = _processes(lab, job)
+    first_run = lab.processes(job)
     fillers = [lab.sbatch("--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
     fillers.append(lab.sbatch("--gres=gpu:2", "--wrap", "sleep 600"))
     wait_for("the fillers running", lambda: all(lab.running(f) for f in fillers))
@@ -125,7 +93,7 @@ def test_a_lightning_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> Non
     wait_for(
         "the rigid job done", lambda: (j := lab.job(rigid)) and j.state.is_terminal, timeout_s=90
     )
-    second_run = _processes(lab, job)
+    second_run = lab.processes(job)
     lab.drive("--start", f"{job}:1:2")
     resized = wait_for("the job at 2 GPUs again", lambda: lab.running(job, 2))
     assert resized.restart_count == 2
@@ -143,7 +111,7 @@ def test_a_lightning_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> Non
     assert json.loads(ack_path.read_text())["acks"] == 2
     lab.slurm.cancel(job)
     wait_for("the job gone", lambda: (j := lab.job(job)) is None or j.state.is_terminal)
-    wait_for("no process of the job left", lambda: not _processes(lab, job), timeout_s=30)
+    wait_for("no process of the job left", lambda: not lab.processes(job), timeout_s=30)
 
     records = _records(lab)
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)

@@ -14,133 +14,24 @@ test can kill.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
-from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "elastic_train.py"
-
-
-@dataclass
-class Lab:
-    tmp: Path
-    env: dict[str, str]
-    db: str
-    slurm: CliSlurmClient
-
-    def sgpu(self, *args: str) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-m", "slurmgpu", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert proc.returncode == 0, f"sgpu {' '.join(args)}: {proc.stderr.strip()}"
-        return proc.stdout
-
-    def submit(self, *args: str) -> int:
-        return int(self.sgpu("submit", "--parsable", "-o", "/dev/null", *args).split(";")[0])
-
-    def sbatch(self, *args: str) -> int:
-        return self.slurm.submit(["-o", "/dev/null", *args], env=self.env)
-
-    def job(self, job_id: int) -> Job | None:
-        return next((j for j in self.slurm.jobs() if j.job_id == job_id), None)
-
-    def running(self, job_id: int, gpus: int | None = None) -> Job | None:
-        job = self.job(job_id)
-        ok = (
-            job is not None
-            and job.state is JobState.RUNNING
-            and "COMPLETING" not in job.state_flags
-            and (gpus is None or job.allocated_gpus == gpus)
-        )
-        return job if ok else None
-
-    def drive(self, *args: str, expect: int = 0) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.slurm.resize_driver", "--db", self.db, *args],
-            env={**self.env, "PYTHONPATH": str(ROOT)},
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == expect, f"driver {args} exited {proc.returncode}: {out}"
-        assert "Traceback" not in out, out
-        return out
-
-    def trainer(
-        self, name: str, gpus: int, lo: int, hi: int, steps: int = 100000, *extra: str
-    ) -> int:
-        log = self.tmp / f"{name}.jsonl"
-        return self.submit(
-            "--malleable",
-            f"{lo}:{hi}",
-            "--checkpoint-grace",
-            "30s",
-            "--elastic-dir",
-            str(self.tmp / "state"),
-            f"--gres=gpu:{gpus}",
-            *extra,
-            "-J",
-            name,
-            "--wrap",
-            f"{sys.executable} {EXAMPLE} --steps {steps} --step-time 0.2 --log {log}",
-        )
-
-    def log(self, name: str) -> list[dict[str, Any]]:
-        path = self.tmp / f"{name}.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def steps(self, name: str) -> list[int]:
-        return [int(r["step"]) for r in self.log(name) if "event" not in r]
-
-    def starts(self, name: str) -> list[tuple[Any, Any, Any]]:
-        return [
-            (r["gpus"], r["restart"], r["resumed_step"])
-            for r in self.log(name)
-            if r.get("event") == "start"
-        ]
+from tests.slurm.harness import EXAMPLE, Lab, driven_lab
+from tests.slurm.train_log import last_step_per_run
 
 
 @pytest.fixture
 def lab(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Lab]:
-    config = tmp_path / "config.toml"
-    config.write_text('[slurm]\ncommand_timeout = "20s"\n')
-    db = f"sqlite:///{tmp_path / 'state.db'}"
-    env = {**os.environ, "SGPU_DB": db, "SGPU_CONFIG": str(config), "PYTHONPATH": str(ROOT)}
-    lab = Lab(tmp_path, env, db, CliSlurmClient(timeout_s=20))
-    lab.sgpu("db", "upgrade")
-    try:
-        yield lab
-    finally:
-        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
-        wait_for(
-            "the cluster to drain",
-            lambda: not [j for j in lab.slurm.jobs() if not j.state.is_terminal],
-            timeout_s=60,
-        )
+    with driven_lab(tmp_path) as it:
+        yield it
 
 
 def _consecutive(steps: list[int]) -> bool:
@@ -182,7 +73,7 @@ def test_a_malleable_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> Non
     assert _consecutive(steps), "a step was lost or repeated across the resizes"
     # Each run resumed from exactly the step where the previous one checkpointed.
     for (_, _, resumed), prev_last in zip(
-        starts[1:], _last_step_per_run(lab.log("elastic")), strict=True
+        starts[1:], last_step_per_run(lab.log("elastic")), strict=True
     ):
         assert resumed == prev_last
     losses = {int(r["step"]): float(r["loss"]) for r in lab.log("elastic") if "event" not in r}
@@ -192,17 +83,6 @@ def test_a_malleable_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> Non
         assert losses[resumed + 1] < 0.8 * first  # trained on, not from scratch
     rows = lab.sgpu("actions", "--job", str(job))
     assert "test" in rows and "resize" in rows
-
-
-def _last_step_per_run(records: list[dict[str, Any]]) -> list[int]:
-    out: list[int] = []
-    last = 0
-    for r in records:
-        if r.get("event") == "start" and last:
-            out.append(last)
-        elif "event" not in r:
-            last = int(r["step"])
-    return out
 
 
 def test_a_job_that_did_not_opt_in_is_never_signalled_held_or_updated(lab: Lab) -> None:

@@ -22,26 +22,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job
-from slurmgpu.slurm.cli import CliSlurmClient
-from tests.lab_processes import job_processes
 from tests.polling import wait_for
-from tests.slurm.test_malleable_real import Lab
+from tests.slurm.harness import ROOT, Lab, driven_lab, lab_dir
+from tests.slurm.train_log import last_step_per_run
 from tests.tier_guard import skip_missing
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_ddp_elastic.py"
 TORCHRUN = f"{sys.executable} -m torch.distributed.run --standalone"
 
@@ -50,32 +44,8 @@ TORCHRUN = f"{sys.executable} -m torch.distributed.run --standalone"
 def lab(slurm_cluster: LabCluster) -> Iterator[Lab]:
     if importlib.util.find_spec("torch") is None:  # the jobs' torchrun needs it
         skip_missing("release", "torch is not installed (pip install torch==2.13.0)")
-    # Under the lab's root, which a Slurm chroot sees too; with a chroot (the release
-    # stage: 24.11, 26.05), the checkout and this Python are bound into it, so the jobs'
-    # sgpu launch, torchrun and workers run the same code as on the host's Slurm.
-    tmp_path = Path(tempfile.mkdtemp(prefix="torch-", dir=slurm_cluster.root))
-    slurm_cluster.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
-    config = tmp_path / "config.toml"
-    config.write_text('[slurm]\ncommand_timeout = "20s"\n')
-    db = f"sqlite:///{tmp_path / 'state.db'}"
-    env = {
-        **os.environ,
-        "SGPU_DB": db,
-        "SGPU_CONFIG": str(config),
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-    }
-    lab = Lab(tmp_path, env, db, CliSlurmClient(timeout_s=20))
-    lab.sgpu("db", "upgrade")
-    try:
-        yield lab
-    finally:
-        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
-        wait_for(
-            "the cluster to drain",
-            lambda: not [j for j in lab.slurm.jobs() if not j.state.is_terminal],
-            timeout_s=60,
-        )
+    with driven_lab(lab_dir(slurm_cluster, "torch-"), {"OMP_NUM_THREADS": "1"}) as it:
+        yield it
 
 
 def _torch_job(lab: Lab, name: str, *extra: str, grace: str = "30s") -> int:
@@ -102,39 +72,16 @@ def _torch_job(lab: Lab, name: str, *extra: str, grace: str = "30s") -> int:
     return int(out.strip().split(";")[0])
 
 
-def _records(lab: Lab, name: str) -> list[dict[str, Any]]:
-    path = lab.tmp / f"{name}.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _steps(lab: Lab, name: str) -> list[dict[str, Any]]:
-    return [r for r in _records(lab, name) if "event" not in r]
+    return [r for r in lab.log(name) if "event" not in r]
 
 
 def _starts(lab: Lab, name: str) -> list[tuple[Any, Any, Any]]:
     return [
         (r["world"], r["restart"], r["resumed_step"])
-        for r in _records(lab, name)
+        for r in lab.log(name)
         if r.get("event") == "start"
     ]
-
-
-def _last_step_per_run(records: list[dict[str, Any]]) -> list[int]:
-    out: list[int] = []
-    last = 0
-    for r in records:
-        if r.get("event") == "start" and last:
-            out.append(last)
-        elif "event" not in r:
-            last = int(r["step"])
-    return out
-
-
-def _job_processes(lab: Lab, job_id: int) -> list[psutil.Process]:
-    """Processes of ``job_id`` of this session's lab (not another lab's job of that id)."""
-    return job_processes(job_id, lab.env["SLURM_CONF"])
 
 
 def _reference(lab: Lab, steps: int) -> dict[int, float]:
@@ -173,7 +120,7 @@ def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None
     job = _torch_job(lab, "ddp", "-t", "30")
     wait_for("the torch job at 4 GPUs", lambda: lab.running(job, 4))
     wait_for("10 steps at 4 ranks", lambda: len(_steps(lab, "ddp")) >= 10, timeout_s=120)
-    first_run = _job_processes(lab, job)
+    first_run = lab.processes(job)
     assert len(first_run) >= 6  # the launcher, torchrun and 4 workers (and a shell)
     fillers = [lab.sbatch("--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
     wait_for("the fillers running", lambda: all(lab.running(f) for f in fillers))
@@ -190,7 +137,7 @@ def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None
     wait_for(
         "the rigid job done", lambda: (j := lab.job(rigid)) and j.state.is_terminal, timeout_s=90
     )
-    second_run = _job_processes(lab, job)
+    second_run = lab.processes(job)
     lab.drive("--start", f"{job}:2:4")
     resized = wait_for("the torch job at 4 GPUs again", lambda: lab.running(job, 4))
     assert resized.restart_count == 2
@@ -206,15 +153,15 @@ def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None
 
     starts = _starts(lab, "ddp")
     assert [(w, r) for w, r, _ in starts] == [(4, 0), (2, 1), (4, 2)]
-    records = _records(lab, "ddp")
-    for (_, _, resumed), prev_last in zip(starts[1:], _last_step_per_run(records), strict=True):
+    records = lab.log("ddp")
+    for (_, _, resumed), prev_last in zip(starts[1:], last_step_per_run(records), strict=True):
         assert resumed == prev_last  # each run resumed where the previous one checkpointed
     steps = [int(s["step"]) for s in _steps(lab, "ddp")]
     assert steps == list(range(1, len(steps) + 1)), "a step was lost or repeated"
 
     lab.slurm.cancel(job)
     wait_for("the torch job gone", lambda: (j := lab.job(job)) is None or j.state.is_terminal)
-    wait_for("no process of the job left", lambda: not _job_processes(lab, job), timeout_s=30)
+    wait_for("no process of the job left", lambda: not lab.processes(job), timeout_s=30)
 
     # The loss carries on as if nothing happened: an uninterrupted run of the same seed.
     losses = {int(s["step"]): float(s["loss"]) for s in _steps(lab, "ddp")}
@@ -260,8 +207,8 @@ def test_at_the_time_limit_a_torchrun_job_checkpoints_and_is_requeued(lab: Lab) 
     wait_for("the second run training", lambda: len(_starts(lab, "limit")) == 2, timeout_s=90)
     (_, _, fresh), (_, restart, resumed) = _starts(lab, "limit")
     assert fresh == 0 and restart == 1
-    records = _records(lab, "limit")
-    assert resumed == _last_step_per_run(records)[0] > 0  # resumed at the checkpointed step
+    records = lab.log("limit")
+    assert resumed == last_step_per_run(records)[0] > 0  # resumed at the checkpointed step
     events = [
         json.loads(x)
         for x in (lab.tmp / "state" / str(job) / "launch.jsonl").read_text().splitlines()

@@ -23,6 +23,7 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.parse import parse_time_limit
+from tests.configs import QUICK_IDLE_ENFORCE, QUICK_POLICY, config_toml
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry, running_stack
 
@@ -53,26 +54,20 @@ def smtp() -> Iterator[tuple[int, Inbox]]:
 
 
 def policy_config(smtp_port: int, rightsize_mode: str) -> str:
-    return f"""
-[policy]
-history_refresh = "1s"
-[policy.engine]
-job_cooldown = "1s"
-[policy.idle_gpu]
-mode = "enforce"
-warn_after = "4s"
-second_warn_after = "off"
-act_after = "24s"
-min_warning_lead = "3s"
-[policy.rightsize]
-mode = "{rightsize_mode}"
-[notify]
-enabled = true
-smtp_host = "127.0.0.1"
-smtp_port = {smtp_port}
-domain = "example.org"
-sender = "slurmgpu@example.org"
-"""
+    return config_toml(
+        QUICK_POLICY,
+        QUICK_IDLE_ENFORCE,
+        {"policy.idle_gpu": {"act_after": "24s"}, "policy.rightsize": {"mode": rightsize_mode}},
+        {
+            "notify": {
+                "enabled": True,
+                "smtp_host": "127.0.0.1",
+                "smtp_port": smtp_port,
+                "domain": "example.org",
+                "sender": "slurmgpu@example.org",
+            }
+        },
+    )
 
 
 def actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:

@@ -40,10 +40,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.monitoring import dashboard
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, free_port, running_stack
+from tests.ports import free_port
+from tests.slurm.harness import Telemetry
 from tests.tier_guard import need_tool
 
 RULES = Path(__file__).resolve().parents[2] / "slurmgpu" / "monitoring" / "rules.yml"
@@ -102,12 +102,6 @@ def _test_rules(tmp: Path) -> Path:
     out = tmp / "rules.yml"
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
-
-
-@pytest.fixture
-def stack(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Telemetry]:
-    with running_stack(slurm_cluster, tmp_path) as t:
-        yield t
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ from slurmgpu.model import Job, JobState
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.jsonformat import KNOWN_DATA_PARSERS, data_parser_version
 from tests.polling import wait_for
+from tests.slurm.harness import listed_job, running_job
 
 pytestmark = pytest.mark.release
 
@@ -68,21 +69,6 @@ def slurm(slurm_cluster: LabCluster) -> Iterator[CliSlurmClient]:
         yield client
     finally:
         _drain(client)
-
-
-def _job(slurm: CliSlurmClient, job_id: int) -> Job | None:
-    return next((j for j in slurm.jobs() if j.job_id == job_id), None)
-
-
-def _running(slurm: CliSlurmClient, job_id: int, gpus: int | None = None) -> Job | None:
-    j = _job(slurm, job_id)
-    ok = (
-        j is not None
-        and j.state is JobState.RUNNING
-        and "COMPLETING" not in j.state_flags
-        and (gpus is None or j.allocated_gpus == gpus)
-    )
-    return j if ok else None
 
 
 def _sbatch(slurm: CliSlurmClient, *args: str) -> int:
@@ -112,7 +98,7 @@ def test_submit_and_observe(slurm: CliSlurmClient) -> None:
     assert data_parser_version(listing.stdout) in KNOWN_DATA_PARSERS
 
     job_id = _sbatch(slurm, "--gres=gpu:1", "-w", "gpu3", "-t", "10", "--wrap", "sleep 300")
-    job = wait_for("the job running", lambda: _running(slurm, job_id))
+    job = wait_for("the job running", lambda: running_job(job_id, slurm=slurm))
     assert job.gpus.gpus == 1 and job.gpus.per_node == 1
     assert job.time_limit == timedelta(minutes=10)
     assert [(a.node, len(a.gpu_indices)) for a in job.gpu_allocations] == [("gpu3", 1)]
@@ -126,7 +112,9 @@ def test_shards_and_whole_gpus_on_one_node(slurm: CliSlurmClient) -> None:
     whole = _sbatch(slurm, "--gres=gpu:2", "-w", "gpu1", "--wrap", "sleep 300")
     two = _sbatch(slurm, "--gres=shard:2", "-w", "gpu1", "--wrap", "sleep 300")
     three = _sbatch(slurm, "--gres=shard:3", "-w", "gpu1", "--wrap", "sleep 300")
-    wait_for("all three running", lambda: all(_running(slurm, j) for j in (whole, two, three)))
+    wait_for(
+        "all three running", lambda: all(running_job(j, slurm=slurm) for j in (whole, two, three))
+    )
 
     for parser in _data_parsers():
         client = CliSlurmClient(timeout_s=20, data_parser=parser)
@@ -157,11 +145,11 @@ def test_shards_and_whole_gpus_on_one_node(slurm: CliSlurmClient) -> None:
 def test_rightsize_update_applies_in_this_release(slurm: CliSlurmClient) -> None:
     version = slurm.version()
     job_id = _sbatch(slurm, "-H", "--gres=gpu:2", "-t", "60", "--wrap", "sleep 300")
-    wait_for("the held job listed", lambda: _job(slurm, job_id))
+    wait_for("the held job listed", lambda: listed_job(job_id, slurm))
     intents = (SetGpus(1), SetTimeLimit(30 * 60))  # what the rightsize policy proposes
     assert version  # update_job spells the intents for this release
     slurm.update_job(job_id, intents)
-    job = _job(slurm, job_id)
+    job = listed_job(job_id, slurm)
     assert job is not None and job.gpus.gpus == 1, job
     assert job.time_limit == timedelta(minutes=30)
     # and confirm reads each intent back off this release's listing
@@ -170,7 +158,7 @@ def test_rightsize_update_applies_in_this_release(slurm: CliSlurmClient) -> None
         ("TimeLimit", True, "TimeLimit 00:30:00"),
     ]
     slurm.release(job_id)
-    ran = wait_for("the job running at 1 GPU", lambda: _running(slurm, job_id, 1))
+    ran = wait_for("the job running at 1 GPU", lambda: running_job(job_id, 1, slurm))
     assert ran.gpus.gpus == 1
 
 
@@ -223,8 +211,8 @@ def test_malleable_resize_completes_beside_an_invalid_utf8_job_name(
         "--gres=gpu:2", "-w", "gpu2", "-J", "elastic", str(tmp / "job.sh"),
     )  # fmt: skip
     job_id = int(out.strip().split(";")[0])
-    wait_for("the malleable job at 2 GPUs", lambda: _running(slurm, job_id, 2))
-    odd = _job(slurm, bad)
+    wait_for("the malleable job at 2 GPUs", lambda: running_job(job_id, 2, slurm))
+    odd = listed_job(bad, slurm)
     assert odd is not None and odd.name == "bad\ufffd\ufffdname"  # listed, not dropped
 
     proc = subprocess.run(
@@ -234,10 +222,10 @@ def test_malleable_resize_completes_beside_an_invalid_utf8_job_name(
     )  # fmt: skip
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "nothing in flight" in said, said
-    resized = wait_for("the malleable job at 1 GPU", lambda: _running(slurm, job_id, 1))
+    resized = wait_for("the malleable job at 1 GPU", lambda: running_job(job_id, 1, slurm))
     assert resized.restart_count == 1
     assert resized.gpus.gpus == 1
-    assert _running(slurm, bad, 1) is not None  # the other job untouched
+    assert running_job(bad, 1, slurm) is not None  # the other job untouched
 
 
 def test_accounting_path(slurm: CliSlurmClient) -> None:
@@ -245,7 +233,7 @@ def test_accounting_path(slurm: CliSlurmClient) -> None:
     failed = _sbatch(slurm, "--gres=shard:2", "--wrap", "exit 3")
 
     def over(job_id: int) -> bool:
-        job = _job(slurm, job_id)
+        job = listed_job(job_id, slurm)
         return job is not None and job.state.is_terminal
 
     wait_for("both jobs over", lambda: over(ok) and over(failed))

@@ -15,27 +15,18 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import open_store, schema
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, running_stack
+from tests.slurm.harness import Telemetry
 
 ACCOUNT = "sgpu-report"
 approx = pytest.approx
-
-
-@pytest.fixture
-def stack(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Telemetry]:
-    with running_stack(slurm_cluster, tmp_path) as t:
-        yield t
 
 
 def _scontrol(job_id: int) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Damaged and starved stores for tests: corrupt pages in the middle, a tiny tmpfs.
+"""Damaged and starved stores for tests: corrupt pages in the middle, a tiny tmpfs, an ext4
+loop image that fails.
 
 A page overwritten in the middle of the file is what a bad disk or a torn copy leaves:
 the header is fine, so the database opens and most queries work; only a query that
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import sqlite3
 import subprocess
 import uuid
@@ -164,3 +166,61 @@ def tmpfs(path: Path, size: str = "16m") -> Iterator[Tmpfs]:
         yield fs
     finally:
         fs.close()
+
+
+IMAGE_MIB = 32
+
+
+def ext4_unavailable() -> str | None:
+    """Why an ext4 loop image cannot be mounted here; None where it can."""
+    if os.geteuid() != 0:
+        return "needs root to mount an ext4 loop image"
+    for tool in ("mount", "umount", "losetup", "mkfs.ext4", "e2fsck"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found"
+    if not Path("/dev/loop-control").exists():
+        return "no loop devices (/dev/loop-control)"
+    return None
+
+
+class Ext4:
+    """A mounted ext4 loop image that can be failed, filled, checked and remounted."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.image = tmp / "disk.img"
+        self.mnt = tmp / "mnt"
+        self.mnt.mkdir()
+        with self.image.open("wb") as f:
+            f.truncate(IMAGE_MIB << 20)
+        self._run("mkfs.ext4", "-q", "-F", str(self.image))
+        self.mount()
+
+    @staticmethod
+    def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, check=check, capture_output=True, text=True, timeout=60)
+
+    def mount(self) -> None:
+        self._run("mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.mnt))
+        src = self._run("findmnt", "-n", "-o", "SOURCE", str(self.mnt)).stdout.strip()
+        self.device = Path(src).name  # loopN
+
+    def fail(self) -> None:
+        """An ext4 error, as a failing disk raises it: the kernel remounts read-only."""
+        Path(f"/sys/fs/ext4/{self.device}/trigger_fs_error").write_text("slurmgpu test\n")
+        opts = self._run("findmnt", "-n", "-o", "OPTIONS", str(self.mnt)).stdout.strip()
+        # "ro", or "emergency_ro" (Linux 6.x keeps "rw" and adds this flag).
+        assert {"ro", "emergency_ro"} & set(opts.split(",")), opts
+        with pytest.raises(OSError):
+            (self.mnt / "probe").write_text("x")
+
+    def repair(self) -> None:
+        """What an operator does: unmount, fsck, mount again."""
+        self._run("umount", str(self.mnt))
+        fsck = self._run("e2fsck", "-fy", str(self.image), check=False)
+        assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 1: errors corrected
+        self.mount()
+
+    def close(self) -> None:
+        mounted = self._run("findmnt", str(self.mnt), check=False).returncode == 0
+        if mounted and self._run("umount", str(self.mnt), check=False).returncode != 0:
+            self._run("umount", "-l", str(self.mnt), check=False)

@@ -4,17 +4,14 @@ decisions that raised) together in one transaction, whatever their number."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
-import pytest
 from sqlalchemy import event
 
 from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.intent import SetTimeLimit
 from slurmgpu.policy.base import Action, Decision, Mode
-from slurmgpu.store import JobStore, open_store
+from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from tests.fakes import FakeSlurm
 from tests.unit.policy_builders import pending_job
@@ -35,13 +32,6 @@ class Raising:
         if action.job_id == 7:
             raise RuntimeError("mail server on fire")
         return "sent"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[JobStore]:
-    s = open_store(f"sqlite:///{tmp_path / 'a.db'}")
-    yield s
-    s.engine.dispose()
 
 
 def test_every_decision_gets_its_outcome_in_three_transactions(store: JobStore) -> None:

@@ -31,7 +31,7 @@ from slurmgpu.daemon.ingest import IngestService
 from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.model import ClusterSnapshot, Node
 from slurmgpu.replyauth import REPLY_HEADER, ReplyAuthError, reply_message
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import (
     SampleBatch,
@@ -41,7 +41,7 @@ from slurmgpu.wire import (
     munge_header,
     node_token,
 )
-from tests.unit.test_agent_loop import NODE, SECRET, gres_conf, make_loop, sim_dir
+from tests.unit.agent_rig import NODE, SECRET, gres_conf, make_loop, sim_dir
 
 __all__ = ["gres_conf", "sim_dir"]  # fixtures, used by name
 
@@ -309,9 +309,8 @@ def test_a_munge_reply_counts_only_from_the_daemons_uid_and_only_once() -> None:
 
 @pytest.mark.skipif(not munge_available(), reason="munged is not running here")
 def test_the_daemon_signs_munge_replies_that_the_agent_takes_only_from_its_uid(
-    tmp_path: Path,
+    store: JobStore,
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     snap = ClusterSnapshot(
         taken_at=datetime.now(UTC), jobs=(), nodes=(Node(NODE, "mixed", address="127.0.0.1"),)
     )

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.agent.loop import AgentLoop, CycleReport
-from slurmgpu.agent.sampler import NodeSampler
+from slurmgpu.agent.loop import CycleReport
 from slurmgpu.agent.sender import (
     AgentAuthError,
     Backoff,
@@ -29,36 +28,21 @@ from slurmgpu.agent.sender import (
     choose_auth,
     read_node_token,
 )
-from slurmgpu.agent.spool import BatchSpool
-from slurmgpu.telemetry.gresconf import minors_by_index, read_gres_conf
-from slurmgpu.telemetry.host import HostUsageSampler
-from slurmgpu.telemetry.simgpu import SimulatedGpuProbe, declaration_path
+from slurmgpu.telemetry.simgpu import declaration_path
 from slurmgpu.wire import NodeJob, SampleBatch, munge_available, node_token, verify_hmac
 from tests.fakedaemon import FakeDaemon
 from tests.polling import wait_for
+from tests.unit.agent_rig import DEADLINE_S, NODE, SECRET, gres_conf, make_loop, sim_dir
 
-NODE = "agentnode"
+__all__ = ["gres_conf", "sim_dir"]  # fixtures, used by name
+
 JOB = 987_654  # unlikely to collide with a real job on the machine running the tests
 OTHER_JOB = 987_655
 DECLARED_UTIL = 70.0
 DECLARED_MEM_MIB = 2048
-SECRET = b"0123456789abcdef0123456789abcdef-test-site-secret"
-DEADLINE_S = 30.0
 REPO = Path(__file__).resolve().parents[2]
 
 # -- fixtures -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def gres_conf(tmp_path: Path) -> Path:
-    path = tmp_path / "gres.conf"
-    path.write_text(f"NodeName={NODE} Name=gpu File=/dev/tty[0-3]\n")
-    return path
-
-
-@pytest.fixture
-def sim_dir(tmp_path: Path) -> Path:
-    return tmp_path / "simgpu"
 
 
 @pytest.fixture
@@ -122,29 +106,6 @@ def token_file(tmp_path: Path) -> Path:
     path.write_text(node_token(SECRET, NODE).hex() + "\n")
     path.chmod(0o600)
     return path
-
-
-def make_loop(
-    daemon: FakeDaemon,
-    gres_conf: Path,
-    sim_dir: Path,
-    spool_dir: Path,
-    *,
-    token: bytes | None = None,
-    max_batches: int = 1000,
-) -> AgentLoop:
-    probe = SimulatedGpuProbe(NODE, gres_conf, None, sim_dir)
-    sampler = NodeSampler(
-        NODE,
-        probe,
-        HostUsageSampler(),
-        slurm_minors_by_index=minors_by_index(read_gres_conf(gres_conf, NODE)),
-    )
-    client = DaemonClient(
-        daemon.url, NODE, HmacAuth(token or node_token(SECRET, NODE)), timeout_s=5.0
-    )
-    spool = BatchSpool(spool_dir, max_batches=max_batches)
-    return AgentLoop(sampler, client, spool, interval_s=0.1, drain_budget_s=DEADLINE_S)
 
 
 def _seq(uid: str) -> int:

@@ -15,7 +15,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +28,10 @@ from slurmgpu.daemon.api_limits import ApiLimits
 from slurmgpu.daemon.auth import AuthBusyError, Authenticator
 from slurmgpu.daemon.ingest import IngestService
 from slurmgpu.daemon.node_directory import NodeDirectory
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import MAX_BODY_BYTES, Caller, hmac_header, node_token
-from tests.unit.test_ingest_api import SECRET, batch, snapshot
+from tests.unit.ingest_payloads import SECRET, batch, snapshot
 
 
 @dataclass
@@ -52,11 +52,19 @@ class Served:
         body = batch("gpu1", uid=uid)
         return self.post(body, hmac_header(node_token(SECRET, "gpu1"), "gpu1", body))[0]
 
-    def raw(self) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port), timeout=20)
+    def raw(self, source: str = "127.0.0.1") -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), 20, (source, 0))
+
+    def exchange(self, request: bytes, source: str = "127.0.0.1") -> bytes:
+        """Send ``request`` on a fresh connection from ``source``; all it was answered."""
+        with self.raw(source) as s:
+            s.sendall(request)
+            return _reply(s)
 
 
-def _serve(tmp_path: Path, limits: ApiLimits) -> Generator[Served, None, None]:
+@contextlib.contextmanager
+def serving(tmp_path: Path, limits: ApiLimits) -> Iterator[Served]:
+    """The API on a free port of 127.0.0.1 with ``limits``, stopped on leaving."""
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     snap = snapshot()
     directory = NodeDirectory(lambda: snap)
@@ -73,9 +81,10 @@ def _serve(tmp_path: Path, limits: ApiLimits) -> Generator[Served, None, None]:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    yield from _serve(
+    with serving(
         tmp_path, ApiLimits(max_connections=3, idle_timeout_s=1.0, request_timeout_s=2.0)
-    )
+    ) as it:
+        yield it
 
 
 def _reply(sock: socket.socket) -> bytes:
@@ -94,25 +103,19 @@ def _wait_for(cond: Callable[[], bool], what: str) -> None:
 
 def test_an_unauthenticated_body_is_refused_before_it_is_read(served: Served) -> None:
     # Headers of an 8 MiB POST and not one byte of its body: the 401 comes anyway.
-    s = served.raw()
-    s.sendall(
+    reply = served.exchange(
         f"POST /v1/samples HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
     )
-    reply = _reply(s)
-    s.close()
     assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
     assert b"Connection: close" in reply
 
 
 def test_a_token_for_an_unknown_node_is_refused_before_the_body(served: Served) -> None:
     header = hmac_header(node_token(SECRET, "nosuch"), "nosuch", b"")
-    s = served.raw()
-    s.sendall(
+    reply = served.exchange(
         f"POST /v1/samples HTTP/1.1\r\nAuthorization: {header}\r\n"
         f"Content-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
     )
-    reply = _reply(s)
-    s.close()
     assert reply.startswith(b"HTTP/1.1 403"), reply[:200]
     assert b"unknown node" in reply
 
@@ -150,9 +153,8 @@ def _held_post(port: int, source: str = "127.0.0.1", node: str = "gpu1") -> sock
 def test_connections_beyond_the_limit_get_503_with_retry_after(served: Served) -> None:
     held = [_held_post(served.port) for _ in range(3)]
     _wait_for(lambda: served.server.stats.active == 3, "three connections being served")
-    s = _held_post(served.port)
-    reply = _reply(s)
-    s.close()
+    with _held_post(served.port) as s:
+        reply = _reply(s)
     assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
     assert b"Retry-After: 5" in reply
     assert served.server.stats.overloaded == 1
@@ -197,21 +199,18 @@ def test_limits_and_refusals_are_in_the_metrics(served: Served) -> None:
 
 
 def test_one_address_cannot_take_every_connection_slot(tmp_path: Path) -> None:
-    serving = _serve(tmp_path, ApiLimits(max_connections=4, max_per_peer=2, idle_timeout_s=5.0))
-    served = next(serving)
-    try:
+    with serving(
+        tmp_path, ApiLimits(max_connections=4, max_per_peer=2, idle_timeout_s=5.0)
+    ) as served:
         other = [_held_post(served.port, "127.0.0.2", "gpu2") for _ in range(2)]
         _wait_for(lambda: served.server.stats.active == 2, "two connections from 127.0.0.2")
-        third = _held_post(served.port, "127.0.0.2", "gpu2")
-        reply = _reply(third)
-        third.close()
+        with _held_post(served.port, "127.0.0.2", "gpu2") as third:
+            reply = _reply(third)
         assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
         assert served.server.stats.peer_overloaded == 1
         assert served.agent_post() == 200  # from 127.0.0.1: a slot is still free for it
         for c in other:
             c.close()
-    finally:
-        serving.close()
 
 
 # -- issue 36, finding 3: forged headers, log floods, slowloris from several addresses ----
@@ -230,13 +229,10 @@ def test_a_forged_token_header_claiming_a_large_body_is_refused_before_the_body(
         else f"Sgpu-HMAC node=gpu1,ts={now},nonce={'0' * 32},len={MAX_BODY_BYTES},"
         f"sha256={'0' * 64},sig={'0' * 64}"
     )
-    s = served.raw()
-    s.sendall(
+    reply = served.exchange(
         f"POST /v1/samples HTTP/1.1\r\nAuthorization: {forged}\r\n"
         f"Content-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
     )
-    reply = _reply(s)
-    s.close()
     assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
     assert served.server.stats.timeouts == 0  # answered, not cut off waiting for the body
 
@@ -245,13 +241,10 @@ def test_a_signed_header_must_name_the_content_length_it_comes_with(served: Serv
     # A genuine header (captured) sent with a larger Content-Length: refused unread.
     body = batch("gpu1")
     header = hmac_header(node_token(SECRET, "gpu1"), "gpu1", body)
-    s = served.raw()
-    s.sendall(
+    reply = served.exchange(
         f"POST /v1/samples HTTP/1.1\r\nAuthorization: {header}\r\n"
         f"Content-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
     )
-    reply = _reply(s)
-    s.close()
     assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
     assert b"is not the Content-Length" in reply
 
@@ -262,12 +255,11 @@ def test_refusals_are_logged_once_per_peer_and_reason_and_counted_by_reason(
     with caplog.at_level(logging.WARNING, logger="slurmgpu.api"):
         for source in ("127.0.0.2", "127.0.0.3"):
             for _ in range(20):
-                conn = socket.create_connection(("127.0.0.1", served.port), 20, (source, 0))
-                conn.sendall(b"GET /v1/nodes/gpu1/jobs HTTP/1.1\r\nAuthorization: Bearer x\r\n\r\n")
-                reply = _reply(conn)
+                reply = served.exchange(
+                    b"GET /v1/nodes/gpu1/jobs HTTP/1.1\r\nAuthorization: Bearer x\r\n\r\n", source
+                )
                 # (seen once on a loaded machine: something else than a 401; say what)
                 assert reply.startswith(b"HTTP/1.1 401"), reply[:300]
-                conn.close()
     lines = [r.getMessage() for r in caplog.records if "rejected request" in r.getMessage()]
     assert len(lines) == 2, lines  # one per peer for this reason in the interval
     assert {line.split()[3] for line in lines} == {"127.0.0.2:", "127.0.0.3:"}
@@ -282,48 +274,41 @@ def test_slow_headers_from_five_addresses_do_not_keep_agents_from_a_slot(tmp_pat
     # Each address stays within its own connection share, but five of them together hold
     # more connections than there are slots: while they trickle their headers, agents
     # (whose headers come at once) must still be served.
-    serving = _serve(tmp_path, ApiLimits(max_connections=4, max_per_peer=2, idle_timeout_s=20.0))
-    served = next(serving)
-    slow: list[socket.socket] = []
-    try:
-        for i in range(5):
-            for _ in range(2):
-                c = socket.create_connection(
-                    ("127.0.0.1", served.port), 20, (f"127.0.0.{i + 2}", 0)
-                )
-                c.sendall(b"POST /v1/samples HTTP/1.1\r\nHost: x\r\nX-Pad: a")
-                slow.append(c)
-        _wait_for(
-            lambda: (
-                (
-                    getattr(served.server.stats, "pending", 0)  # (no such stage before issue 36)
-                    + served.server.stats.active
-                    + served.server.stats.overloaded
-                    + served.server.stats.peer_overloaded
-                )
-                >= 10
-            ),
-            "ten slow connections taken in or refused",
-        )
-        assert served.agent_post("during") == 200
-        assert served.server.stats.overloaded == 0
-    finally:
-        for c in slow:
-            c.close()
-        serving.close()
+    with serving(
+        tmp_path, ApiLimits(max_connections=4, max_per_peer=2, idle_timeout_s=20.0)
+    ) as served:
+        slow: list[socket.socket] = []
+        try:
+            for i in range(5):
+                for _ in range(2):
+                    c = served.raw(f"127.0.0.{i + 2}")
+                    c.sendall(b"POST /v1/samples HTTP/1.1\r\nHost: x\r\nX-Pad: a")
+                    slow.append(c)
+            stats = served.server.stats
+            _wait_for(
+                lambda: (
+                    # (``pending``: no such stage before issue 36)
+                    getattr(stats, "pending", 0)
+                    + stats.active
+                    + stats.overloaded
+                    + stats.peer_overloaded
+                    >= 10
+                ),
+                "ten slow connections taken in or refused",
+            )
+            assert served.agent_post("during") == 200
+            assert served.server.stats.overloaded == 0
+        finally:
+            for c in slow:
+                c.close()
 
 
 def test_slow_headers_are_cut_off_logged_and_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    serving = _serve(tmp_path, ApiLimits(header_timeout_s=0.5, max_pending_per_peer=2))
-    served = next(serving)
-    try:
+    with serving(tmp_path, ApiLimits(header_timeout_s=0.5, max_pending_per_peer=2)) as served:
         with caplog.at_level(logging.WARNING, logger="slurmgpu.api"):
-            slow = [
-                socket.create_connection(("127.0.0.1", served.port), 20, ("127.0.0.2", 0))
-                for _ in range(3)
-            ]
+            slow = [served.raw("127.0.0.2") for _ in range(3)]
             for c in slow:
                 c.sendall(b"POST /v1/samples HTTP/1.1\r\n")
             replies = [_reply(c) for c in slow]  # each ends: refused, or cut off
@@ -335,14 +320,10 @@ def test_slow_headers_are_cut_off_logged_and_counted(
         messages = [r.getMessage() for r in caplog.records]
         assert sum("headers too slow" in m for m in messages) == 1  # two, logged once
         assert served.agent_post() == 200
-    finally:
-        serving.close()
 
 
 def test_headers_past_the_size_limit_are_cut_off(tmp_path: Path) -> None:
-    serving = _serve(tmp_path, ApiLimits(max_header_bytes=1024))
-    served = next(serving)
-    try:
+    with serving(tmp_path, ApiLimits(max_header_bytes=1024)) as served:
         s = served.raw()
         with contextlib.suppress(OSError):
             s.sendall(
@@ -355,16 +336,13 @@ def test_headers_past_the_size_limit_are_cut_off(tmp_path: Path) -> None:
             "the header limit",
         )
         assert served.agent_post() == 200
-    finally:
-        serving.close()
 
 
-def test_the_accept_queue_holds_a_burst_of_connections(tmp_path: Path) -> None:
+def test_the_accept_queue_holds_a_burst_of_connections(store: JobStore) -> None:
     # With socketserver's backlog of 5, a burst of attackers' connections filled the
     # accept queue and an agent's SYN was dropped, to be resent by TCP a second later.
     # The server is not accepting here: every connection of the burst must still be
     # queued by the kernel (its handshake completes), not dropped.
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     snap = snapshot()
     directory = NodeDirectory(lambda: snap)
     auth = Authenticator(site_secret=SECRET, node_addresses=directory.addresses)

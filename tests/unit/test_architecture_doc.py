@@ -1,4 +1,5 @@
-"""docs/architecture.md draws the layer order tests/unit/test_import_graph.py enforces.
+"""docs/architecture.md draws the layer order tests/unit/test_import_graph.py enforces
+(the order itself is kept in tests/unit/import_graph.py).
 
 The page's picture and its table are read back here and compared with ``LAYERS``, so the
 page cannot drift from the code: a package moved in the test and not on the page (or the
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.unit.test_import_graph import LAYERS
+from tests.unit.import_graph import LAYERS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 

@@ -24,7 +24,7 @@ from slurmgpu.model import ClusterSnapshot, Job
 from slurmgpu.policy.base import Action, Mode, PolicySnapshot
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.isolate import propose_isolated
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
 from tests.fakes import FakeSlurm
@@ -140,9 +140,8 @@ def test_a_broken_policy_is_skipped_and_the_others_still_decide() -> None:
 
 
 def test_the_policy_cycle_logs_the_job_counts_it_and_goes_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     usage, audit = UsageStore(store.engine), AuditStore(store.engine)
     engine = PolicyEngine([(_Picky({3}), Mode.ADVISE)])
     cycle = PolicyCycle(engine, usage, audit, Actuator(FakeSlurm(), audit))
@@ -157,9 +156,8 @@ def test_the_policy_cycle_logs_the_job_counts_it_and_goes_on(
 
 
 def test_a_cycle_that_raises_is_logged_counted_and_survived(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     usage, audit = UsageStore(store.engine), AuditStore(store.engine)
     cycle = PolicyCycle(PolicyEngine([]), usage, audit, Actuator(FakeSlurm(), audit))
     snap = ClusterSnapshot(taken_at=T0, jobs=tuple(_jobs(2)), nodes=())
@@ -171,8 +169,7 @@ def test_a_cycle_that_raises_is_logged_counted_and_survived(
     assert cycle.run(snap, T0) == []  # and the next one runs
 
 
-def test_history_days_beyond_the_calendar_does_not_overflow(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_history_days_beyond_the_calendar_does_not_overflow(store: JobStore) -> None:
     usage, audit = UsageStore(store.engine), AuditStore(store.engine)
     cycle = PolicyCycle(
         PolicyEngine([]), usage, audit, Actuator(FakeSlurm(), audit), history_days=1_000_000
@@ -231,29 +228,20 @@ def test_the_daemon_does_not_downgrade_a_newer_schema(tmp_path: Path) -> None:
 # -- the observe loop itself -------------------------------------------------------------
 
 
-class _Glitchy(FakeSlurm):
-    """Raises an unforeseen error (a bug on a record) on the first listing only."""
-
-    def __init__(self) -> None:
-        super().__init__(_jobs(2))
-        self.listings = 0
-
-    def jobs(self) -> list[Job]:
-        self.listings += 1
-        if self.listings == 1:
-            raise TypeError("unexpected None in a job record")
-        return super().jobs()
+def _unforeseen_error() -> None:
+    raise TypeError("unexpected None in a job record")  # a bug on a record
 
 
 def test_a_cycle_that_raises_costs_that_cycle_not_the_daemon(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     from slurmgpu.daemon.loop import DaemonLoop
     from slurmgpu.daemon.observer import Observer
 
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    slurm = FakeSlurm(_jobs(2))
+    slurm.before_next_listing = _unforeseen_error  # the first listing only
     loop = DaemonLoop(
-        Observer(_Glitchy(), store),
+        Observer(slurm, store),
         interval=timedelta(milliseconds=1),
         max_backoff=timedelta(milliseconds=2),
     )

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.daemon.policy_cycle import PolicyCycle
@@ -28,7 +27,7 @@ from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.workload import RigidJob, TraceJob
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
 from tests.fakes import FakeSlurm
@@ -89,7 +88,7 @@ def _key(decisions: Sequence[Decision]) -> list[tuple[object, ...]]:
 
 
 def test_the_daemon_and_the_simulator_decide_alike_through_the_shared_cycle(
-    tmp_path: Path,
+    store: JobStore,
 ) -> None:
     trace = [
         _job(0, "idle-a", "alice", 5, 1, 0.0),
@@ -102,7 +101,6 @@ def test_the_daemon_and_the_simulator_decide_alike_through_the_shared_cycle(
     run = simulate(trace, ClusterShape(1, 4, 0), "idle", options, engine=sim_engine)
     assert run.executed >= 1, "the scenario must act (requeue) for the check to mean much"
 
-    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     audit = AuditStore(store.engine)
     slurm = FakeSlurm()
     daemon_engine = RecordingEngine()

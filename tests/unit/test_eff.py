@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -15,116 +14,27 @@ from rich.console import Console
 from slurmgpu.cli.context import AppContext
 from slurmgpu.cli.eff import eff as eff_command
 from slurmgpu.jobdiff import diff_jobs
-from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
+from slurmgpu.model import Job, JobState, Node
 from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.report.eff import EffThresholds, JobEfficiency, job_efficiency, usage_from_summary
-from slurmgpu.report.eff_advice import Note, notes
+from slurmgpu.report.eff_advice import notes
 from slurmgpu.report.eff_json import to_json
 from slurmgpu.report.eff_render import render_report
-from slurmgpu.store import JobStore, open_store
+from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
-from slurmgpu.store.usage_query import GpuUsage, HostUsage
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
-
-T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
-GIB = 1024
-H100_MIB = 81559.0
-
-
-def make_job(
-    *,
-    job_id: int = 100,
-    state: JobState = JobState.COMPLETED,
-    elapsed: timedelta = timedelta(hours=2),
-    time_limit: timedelta | None = timedelta(hours=3),
-    cpus: int = 4,
-    memory_mib: int | None = None,
-    gpus: dict[str, tuple[int, ...]] | None = None,
-    shards: int = 0,
-    tasks: int = 1,
-    **extra: Any,
-) -> Job:
-    gpus = {"gpu1": (0,)} if gpus is None else gpus
-    allocations = tuple(NodeGpuAllocation(node, indices) for node, indices in gpus.items())
-    total = sum(len(i) for i in gpus.values())
-    return Job(
-        job_id=job_id,
-        name="train",
-        user="alice",
-        account="ml",
-        partition="gpu",
-        state=state,
-        start_time=T0,
-        end_time=T0 + elapsed if state.is_terminal else None,
-        time_limit=time_limit,
-        cpus=cpus,
-        memory_mib=memory_mib,
-        node_count=len(gpus) or 1,
-        tasks=tasks,
-        gpus=GpuRequest(gpus=total, shards=shards),
-        nodes=tuple(gpus) or ("gpu1",),
-        gpu_allocations=allocations,
-        **extra,
-    )
-
-
-def gpu(
-    index: int,
-    mean: float,
-    *,
-    node: str = "gpu1",
-    peak: float | None = None,
-    memory_mib: float = 20_000.0,
-    total_mib: float | None = H100_MIB,
-    idle: timedelta = timedelta(0),
-    never_busy: bool | None = None,
-    processes: int | None = 1,
-    samples: int = 240,
-    errors: int = 0,
-    span: timedelta = timedelta(hours=2),
-) -> GpuUsage:
-    never = mean == 0 and (peak or 0) == 0 if never_busy is None else never_busy
-    return GpuUsage(
-        node=node,
-        gpu_index=index,
-        samples=samples,
-        mean_util_pct=mean,
-        max_util_pct=peak if peak is not None else min(100.0, mean * 1.2),
-        max_memory_mib=memory_mib,
-        memory_total_mib=total_mib,
-        first_at=T0,
-        last_at=T0 + span,
-        trailing_idle=span if never else idle,
-        never_busy=never,
-        shared=False,
-        error_samples=errors,
-        max_processes=processes,
-    )
-
-
-def host(node: str, cpu_pct: float, cpus: int, memory_mib: float = 4 * GIB) -> HostUsage:
-    return HostUsage(
-        node=node,
-        samples=240,
-        mean_cpu_pct=cpu_pct,
-        max_cpu_pct=cpu_pct,
-        cpus_allocated=cpus,
-        max_memory_mib=memory_mib,
-    )
-
-
-def ended(job: Job) -> datetime:
-    return (job.end_time or T0) + timedelta(minutes=5)
-
-
-def kinds(found: list[Note]) -> list[str]:
-    return [n.kind for n in found]
-
-
-def one(found: list[Note], kind: str) -> Note:
-    (note,) = [n for n in found if n.kind == kind]
-    return note
-
+from tests.unit.eff_records import (
+    GIB,
+    H100_MIB,
+    T0,
+    ended,
+    gpu,
+    host,
+    kinds,
+    make_job,
+    one,
+    store_job,
+)
 
 # -- figures and GPU notes ----------------------------------------------------------------
 
@@ -532,12 +442,6 @@ def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, AppContext
     return url, AppContext(config_path=config, db_override=url)
 
 
-def _store_job(url: str, job: Job) -> JobStore:
-    store = open_store(url)
-    store.apply_cycle(diff_jobs({}, [job]), {}, [], T0)
-    return store
-
-
 def _array_task_with_samples(url: str) -> Job:
     job = replace(
         make_job(
@@ -551,7 +455,7 @@ def _array_task_with_samples(url: str) -> Job:
         array_job_id=120,
         array_task_id=3,
     )
-    store = _store_job(url, job)
+    store = store_job(url, job)
     gpu_samples, host_samples = [], []
     for minute in range(121):
         at = (T0 + timedelta(minutes=minute)).timestamp()
@@ -644,7 +548,7 @@ def test_eff_of_a_job_without_samples_uses_the_stored_summary(
 ) -> None:
     url, app = db
     job = make_job(job_id=200, cpus=4)
-    store = _store_job(url, job)
+    store = store_job(url, job)
     summary = {
         "version": 1,
         "nodes": {
@@ -705,7 +609,7 @@ def test_eff_of_a_job_with_no_samples_asks_whether_the_agent_runs(
     db: tuple[str, AppContext],
 ) -> None:
     url, app = db
-    _store_job(url, make_job(job_id=300, cpus=4))
+    store_job(url, make_job(job_id=300, cpus=4))
     result = CliRunner().invoke(eff_command, ["300"], obj=app)
     assert result.exit_code == 0, result.output
     assert "no usage samples: is `sgpu agent` running on gpu1?" in result.output

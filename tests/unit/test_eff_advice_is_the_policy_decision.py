@@ -21,9 +21,9 @@ from slurmgpu.report.eff import EffThresholds, job_efficiency
 from slurmgpu.report.eff_advice import notes
 from slurmgpu.slurm import sbatch
 from tests.hypothesis_profiles import examples
+from tests.unit.eff_records import ended, host, make_job
+from tests.unit.eff_records import gpu as gpu_usage
 from tests.unit.policy_builders import T0
-from tests.unit.test_eff import ended, host, make_job
-from tests.unit.test_eff import gpu as gpu_usage
 
 LIMIT = timedelta(days=30)  # every request far above the usage: both sides advise
 MEMORY_REQUEST_MIB = 10**7

@@ -21,7 +21,7 @@ from slurmgpu.store import open_store
 from slurmgpu.store.summary_columns import energy_columns
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import GpuSampleIn, SampleBatch
-from tests.unit.test_eff import T0, _store_job, make_job
+from tests.unit.eff_records import T0, make_job, store_job
 
 STEP_S = 10
 
@@ -146,7 +146,7 @@ def test_summary_and_eff_carry_the_energy(tmp_path: Path, monkeypatch: pytest.Mo
         start_time=T0,
         end_time=T0 + timedelta(seconds=600),
     )
-    store = _store_job(url, job)
+    store = store_job(url, job)
     usage = UsageStore(store.engine, store.cluster)
     n = 61
     powers = [500.0] * 30 + [80.0] * 31

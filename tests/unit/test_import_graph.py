@@ -17,9 +17,14 @@ import sys
 from functools import cache
 from pathlib import Path
 
-import slurmgpu
-
-PACKAGE = Path(slurmgpu.__file__).parent
+from tests.unit.import_graph import (
+    LAYERS,
+    LEAF_LAYER,
+    PACKAGE,
+    import_graph,
+    imported_names,
+    slurmgpu_modules,
+)
 
 # policy/ decides; these packages talk to the world. Issue 21, item 2.
 IO_PACKAGES = ("slurm", "store", "daemon", "actuate", "cli", "telemetry", "agent", "notify")
@@ -27,85 +32,6 @@ IO_PACKAGES = ("slurm", "store", "daemon", "actuate", "cli", "telemetry", "agent
 # Known policy → I/O imports not yet removed, each with the reason. Empty is the goal; an
 # entry here is a debt the test names, not a silent pass (it fails if the import is gone).
 POLICY_IO_ALLOWANCES: dict[tuple[str, str], str] = {}
-
-
-def _modules() -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = ("slurmgpu", *path.relative_to(PACKAGE).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        found[".".join(parts)] = path
-    return found
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _imported_names(name: str, path: Path, *, type_checking: bool = True) -> set[str]:
-    """Dotted names ``name`` imports at module level; those in ``if TYPE_CHECKING:``
-    blocks too unless ``type_checking`` is false (what loading the module runs)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    names: set[str] = set()
-
-    def visit(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    module = ".".join([*base, *([node.module] if node.module else [])])
-                else:
-                    module = node.module or ""
-                names.add(module)
-                names.update(f"{module}.{alias.name}" for alias in node.names)
-            elif isinstance(node, ast.If):
-                if type_checking or not _is_type_checking(node.test):
-                    visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-                for handler in node.handlers:
-                    visit(handler.body)
-                visit(node.orelse)
-                visit(node.finalbody)
-            elif isinstance(node, ast.With):
-                visit(node.body)
-            elif isinstance(node, ast.ClassDef):
-                visit(node.body)  # a class body runs at import time
-
-    visit(ast.parse(path.read_text(encoding="utf-8")).body)
-    return names
-
-
-@cache  # the source does not change during a run; every test here reads the same graph
-def import_graph(*, type_checking: bool = True) -> dict[str, set[str]]:
-    """Module → the slurmgpu modules it imports (directly): with ``type_checking``, those
-    its ``if TYPE_CHECKING:`` blocks name too; without, only those loading it loads first.
-    Do not mutate it."""
-    modules = _modules()
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        edges: set[str] = set()
-        for dotted in _imported_names(name, path, type_checking=type_checking):
-            target = dotted
-            while target and target not in modules:
-                target = target.rpartition(".")[0]
-            if not target.startswith("slurmgpu"):
-                continue
-            # the packages above the target run their __init__ first; one's own are
-            # already loading, so they are not edges of this module
-            parts = target.split(".")
-            for i in range(2, len(parts) + 1):
-                step = ".".join(parts[:i])
-                if step != name and not name.startswith(step + "."):
-                    edges.add(step)
-        graph[name] = edges
-    return graph
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -174,8 +100,8 @@ def test_graph_counts_type_checking_imports(tmp_path: Path) -> None:
         "else:\n"
         "    import slurmgpu.tokens\n"
     )
-    everything = _imported_names("slurmgpu.mod", source)
-    loaded = _imported_names("slurmgpu.mod", source, type_checking=False)
+    everything = imported_names("slurmgpu.mod", source)
+    loaded = imported_names("slurmgpu.mod", source, type_checking=False)
     assert "slurmgpu.policy.priors.Estimate" in everything
     assert "slurmgpu.policy.priors.Estimate" not in loaded
     assert {"slurmgpu.units", "slurmgpu.tokens"} <= loaded <= everything
@@ -286,46 +212,6 @@ def test_the_simulator_runs_without_sqlalchemy_loaded() -> None:
 
 # ---------------------------------------------------------------- layers (issue 37, item 4)
 
-# The layer order of docs/architecture.md, bottom first: a package (or top-level module)
-# imports only from layers below its own; the leaves may import each other (the circle
-# test above keeps them acyclic). Unlike the graph above, this counts EVERY import
-# statement: ``if TYPE_CHECKING:`` ones and function-level (lazy) ones too, since a
-# layer that names an upper layer only for its types still depends on it.
-LAYERS: tuple[frozenset[str], ...] = (
-    frozenset(  # leaves: values and pure helpers every layer may read
-        {
-            "boundedjson",
-            "checkpoint_signal",
-            "intent",
-            "jobdiff",
-            "listen_address",
-            "model",
-            "nodeusage",
-            "plaintext",
-            "replyauth",
-            "settings_table",
-            "tokens",
-            "units",
-            "userfiles",
-            "userinput_stats",
-            "whatif_figures",
-            "wire",
-        }
-    ),
-    frozenset({"slurm", "telemetry"}),  # the outside world's syntax and devices
-    frozenset({"policy"}),  # pure decisions
-    frozenset({"elastic"}),  # the jobs' own runtime (goodput from policy)
-    frozenset({"cycle"}),  # the one policy cycle, its protocols
-    frozenset({"store"}),  # SQL: jobs, samples, audit, transactions
-    # act on Slurm, tell people, read the store; Prometheus rules and Grafana dashboard
-    frozenset({"actuate", "notify", "report", "monitoring"}),
-    frozenset({"agent", "config", "lab", "sim"}),  # node agent, composition, lab, simulator
-    frozenset({"daemon"}),
-    frozenset({"cli"}),
-    frozenset({"__main__"}),
-)
-LEAF_LAYER = 0
-
 
 def _top_level_units() -> set[str]:
     """``store`` for slurmgpu/store/, ``model`` for slurmgpu/model.py (not __init__)."""
@@ -359,7 +245,7 @@ def _every_import(path: Path, package: str) -> list[tuple[str, int]]:
 def unit_imports() -> dict[str, dict[str, list[str]]]:
     """Top-level unit → the other units it imports → where (``module:line``)."""
     found: dict[str, dict[str, list[str]]] = {}
-    for name, path in _modules().items():
+    for name, path in slurmgpu_modules().items():
         parts = name.split(".")
         if len(parts) < 2:
             continue  # slurmgpu/__init__.py
@@ -437,7 +323,7 @@ def test_actuate_writes_through_the_store_never_sql_of_its_own() -> None:
     the actions table; that is AuditStore.link_transaction now."""
     sql = sorted(
         f"{name}: {module}"
-        for name, path in _modules().items()
+        for name, path in slurmgpu_modules().items()
         if name.startswith("slurmgpu.actuate")
         for module, _line in _every_import(path, name.rpartition(".")[0])
         if module.split(".")[0] == "sqlalchemy" or module.startswith("slurmgpu.store.schema")

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import msgspec
@@ -20,12 +20,10 @@ from slurmgpu.daemon.auth import Authenticator
 from slurmgpu.daemon.ingest import IngestService
 from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.listen_address import parse_listen
-from slurmgpu.model import ClusterSnapshot, Job, JobState, Node, NodeGpuAllocation
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import (
     GpuSampleIn,
-    HostSampleIn,
     SampleBatch,
     encode,
     hmac_header,
@@ -33,8 +31,7 @@ from slurmgpu.wire import (
     munge_header,
     node_token,
 )
-
-SECRET = b"s" * 64
+from tests.unit.ingest_payloads import SECRET, batch, snapshot
 
 
 @dataclass
@@ -58,21 +55,6 @@ class Api:
             return exc.code, json.loads(exc.read())
 
 
-def snapshot() -> ClusterSnapshot:
-    job = Job(
-        job_id=42,
-        name="train",
-        user="alice",
-        state=JobState.RUNNING,
-        cpus=4,
-        node_count=1,
-        nodes=("gpu1",),
-        gpu_allocations=(NodeGpuAllocation("gpu1", (0, 1)),),
-    )
-    nodes = (Node("gpu1", "mixed", address="127.0.0.1"), Node("gpu2", "idle", address="127.0.0.1"))
-    return ClusterSnapshot(taken_at=datetime.now(UTC), jobs=(job,), nodes=nodes)
-
-
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
@@ -87,34 +69,6 @@ def api(tmp_path: Path) -> Iterator[Api]:
         yield Api(f"http://127.0.0.1:{server.address[1]}", usage, service)
     finally:
         server.stop()
-
-
-def batch(node: str = "gpu1", n: int = 3, uid: str = "u") -> bytes:
-    now = time.time()
-    return encode(
-        SampleBatch(
-            node=node,
-            gpu=[
-                GpuSampleIn(
-                    sample_uid=f"{uid}{i}",
-                    at=now - 10 * (n - i),
-                    gpu_index=0,
-                    job_id=42,
-                    util_pct=80.0,
-                    memory_used_mib=1000.0,
-                    memory_total_mib=81920.0,
-                    processes=1,
-                    source="device",
-                )
-                for i in range(n)
-            ],
-            host=[
-                HostSampleIn(
-                    sample_uid=f"{uid}h", at=now, job_id=42, cpu_pct=150.0, cpus_allocated=4
-                )
-            ],
-        )
-    )
 
 
 def signed(node: str, body: bytes) -> str:
@@ -252,8 +206,7 @@ def test_munge_credential_for_other_body_is_rejected(api: Api) -> None:
     assert "does not match" in str(reply["error"])
 
 
-def test_trailing_idle_time_counts_from_the_last_busy_sample(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_trailing_idle_time_counts_from_the_last_busy_sample(store: JobStore) -> None:
     usage = UsageStore(store.engine)
     t0 = time.time() - 600
     samples = [
@@ -281,8 +234,7 @@ def test_parse_listen() -> None:
         parse_listen("localhost")
 
 
-def test_before_the_first_node_list_batches_get_503_so_agents_keep_them(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_before_the_first_node_list_batches_get_503_so_agents_keep_them(store: JobStore) -> None:
     directory = NodeDirectory(lambda: None)
     auth = Authenticator(site_secret=SECRET, node_addresses=directory.addresses)
     service = IngestService(UsageStore(store.engine), auth, directory)

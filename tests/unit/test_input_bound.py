@@ -10,7 +10,7 @@ from slurmgpu.report.eff import job_efficiency
 from slurmgpu.report.eff_advice import gpu_diagnosis, notes
 from slurmgpu.report.eff_json import to_json
 from slurmgpu.store.usage_query import HostUsage
-from tests.unit.test_eff import ended, gpu, host, kinds, make_job, one
+from tests.unit.eff_records import ended, gpu, host, kinds, make_job, one
 
 
 def _io(node: str, cpu_pct: float, cpus: int, iowait: float | None) -> HostUsage:

@@ -27,11 +27,11 @@ from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings
 from slurmgpu.slurm.client import SlurmUnavailableError
 from slurmgpu.slurm.parse import parse_time_limit
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
 from tests.fakes import FakeSlurm
-from tests.unit.test_policy_cycle import T0, World, running_job
+from tests.unit.policy_world import T0, World, running_job
 
 
 class Killed(BaseException):
@@ -191,9 +191,8 @@ def _changed_since(audit: AuditStore, since: datetime) -> dict[int | None, datet
 
 @pytest.mark.parametrize("point", ["after_record", "after_execute"])
 def test_interrupted_time_limit_update_is_judged_by_the_new_limit(
-    tmp_path: Path, point: str
+    store: JobStore, point: str
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     audit = AuditStore(store.engine)
     slurm = FakeSlurm([pending_job(7)])
     with pytest.raises(Killed):
@@ -216,9 +215,8 @@ def test_interrupted_time_limit_update_is_judged_by_the_new_limit(
 
 
 def test_slurm_down_at_restart_leaves_them_pending_until_the_first_listing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     audit = AuditStore(store.engine)
     slurm = FakeSlurm([pending_job(7), running_job(8)])
     warn = Decision(
@@ -254,8 +252,7 @@ def test_slurm_down_at_restart_leaves_them_pending_until_the_first_listing(
     assert actuator.settle_interrupted(jobs) == 0  # settled once
 
 
-def test_a_job_gone_from_slurm_is_not_confirmed_either_way(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_a_job_gone_from_slurm_is_not_confirmed_either_way(store: JobStore) -> None:
     audit = AuditStore(store.engine)
     audit.record([update_decision(9, "01:00:00")], datetime.now(UTC))
     Actuator(FakeSlurm([]), audit).recover()

@@ -7,7 +7,7 @@ doors into it.
 
 from __future__ import annotations
 
-from tests.unit.test_import_graph import import_graph
+from tests.unit.import_graph import import_graph
 
 LAB_DOORS = frozenset({"slurmgpu.cli.cluster", "slurmgpu.cli.fakeload"})
 

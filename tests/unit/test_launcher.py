@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -25,14 +24,9 @@ import pytest
 from slurmgpu.elastic.launcher import catches, tree
 from slurmgpu.elastic.spec import read_ack
 from tests.polling import wait_for
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _fake_slurm(bin_dir: Path, time_left: str) -> Path:
@@ -68,7 +62,7 @@ class Launched:
         cmd = [
             sys.executable, "-m", "slurmgpu", "launch", "--",
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-            "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
+            "--master-addr=127.0.0.1", f"--master-port={free_port()}",
             str(ROOT / "tests" / "unit" / "launch_worker.py"),
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stderr=subprocess.PIPE)

@@ -24,7 +24,7 @@ from slurmgpu.daemon.observer import Observer
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.nodeusage import UsageFinding, reconcile
 from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore, open_store
 from tests.fakes import FakeSlurm
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -167,8 +167,7 @@ def _scrape(metrics: DaemonMetrics) -> dict[tuple[str, tuple[tuple[str, str], ..
     }
 
 
-def test_metrics_have_shard_series_and_count_gpus_holding_shards(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_metrics_have_shard_series_and_count_gpus_holding_shards(store: JobStore) -> None:
     node = replace(_node("gpu:2(IDX:0-1),shard:0(-/4,-/4,0/4,0/4)"), partitions=("gpu",))
     observer = Observer(FakeSlurm([*LOAD, _job(5, shard_gpu=2, shards=2)], [node]), store)
     metrics = DaemonMetrics(store.engine, store.cluster, snapshot=lambda: observer.latest)

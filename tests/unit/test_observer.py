@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from slurmgpu.daemon.observer import Observer
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.slurm.client import SlurmClient, SlurmParseError, SlurmUnavailableError
-from slurmgpu.store import JobStore, open_store
+from slurmgpu.store import JobStore
 from tests.fakes import FakeSlurm
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -48,11 +47,6 @@ def running(job: Job) -> Job:
         nodes=("gpu1",),
         gpu_allocations=(NodeGpuAllocation("gpu1", (0, 1)),),
     )
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> JobStore:
-    return open_store(f"sqlite:///{tmp_path / 'state.db'}")
 
 
 def test_fake_implements_the_slurm_client_protocol() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import pytest
 from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.cli.submit import take_gpu_mem
 from slurmgpu.config import ConfigError, parse_settings
-from slurmgpu.intent import Intent, NarrowToShards, SetComment
+from slurmgpu.intent import NarrowToShards, SetComment
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.base import GpuStat, HistoryRecord, JobUsage, Mode, PolicySnapshot
 from slurmgpu.policy.colocate import (
@@ -24,7 +24,7 @@ from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.interference import slowdown_with
 from slurmgpu.policy.settings import ColocateSettings, PolicyConfigError
 from slurmgpu.slurm.client import SlurmCommandError
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from tests.fakes import FakeSlurm
 from tests.unit.policy_builders import HOUR, MIN, T0, alert
@@ -326,67 +326,40 @@ def test_engine_lets_a_separation_through_the_cooldown_of_the_packing() -> None:
 # -- actuation ------------------------------------------------------------------------
 
 
-class RecordingSlurm(FakeSlurm):
-    """FakeSlurm that logs the order of requeue/update/release; ``refuse_update`` fails it."""
-
-    def __init__(self, jobs: Iterable[Job], *, refuse_update: bool = False) -> None:
-        super().__init__(list(jobs))
-        self.log: list[tuple[str, str]] = []
-        self.refuse_update = refuse_update
-
-    def requeue(self, job_id: str | int, *, hold: bool = False) -> None:
-        self.log.append(("requeuehold" if hold else "requeue", str(job_id)))
-        super().requeue(job_id, hold=hold)
-
-    def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
-        self.log.append(("update", f"{job_id} {intents!r}"))
-        if self.refuse_update:
-            raise SlurmCommandError("Invalid generic resource (gres) specification")
-        super().update_job(job_id, intents)
-
-    def release(self, job_id: str | int) -> None:
-        self.log.append(("release", str(job_id)))
-        super().release(job_id)
-
-
 def _separation_decisions() -> list[object]:
     jobs = [sharing(10, started=HOUR), sharing(11, started=5 * MIN)]
     usage = {10: [stat(20, 40 * GIB)], 11: [stat(20, 40 * GIB)]}
     return list(PolicyEngine([(ColocatePolicy(), Mode.ENFORCE)]).decide(snap(jobs, usage=usage)))
 
 
-def test_separation_is_requeue_held_then_update_then_release(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
-    slurm = RecordingSlurm([sharing(10, started=HOUR), sharing(11, started=5 * MIN)])
+def test_separation_is_requeue_held_then_update_then_release(store: JobStore) -> None:
+    slurm = FakeSlurm([sharing(10, started=HOUR), sharing(11, started=5 * MIN)])
     audit = AuditStore(store.engine)
     (result,) = Actuator(slurm, audit).carry_out(_separation_decisions(), T0)  # type: ignore[arg-type]
     assert result.outcome == "done"
-    assert [step for step, _ in slurm.log] == ["requeuehold", "update", "release"]
-    assert "NarrowToShards(shards=4)" in slurm.log[1][1]
+    assert [step for step, _ in slurm.actions] == ["requeuehold", "update", "release"]
+    assert "NarrowToShards(shards=4)" in slurm.actions[1][1]
     (row,) = audit.list(policy="colocate")
     assert row.kind == "requeue" and row.outcome == "done"
     assert row.numbers["memory_used_mib"] == 80 * GIB
 
 
-def test_a_refused_update_still_releases_the_job_and_is_audited_failed(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
-    slurm = RecordingSlurm(
-        [sharing(10, started=HOUR), sharing(11, started=5 * MIN)], refuse_update=True
-    )
+def test_a_refused_update_still_releases_the_job_and_is_audited_failed(store: JobStore) -> None:
+    slurm = FakeSlurm([sharing(10, started=HOUR), sharing(11, started=5 * MIN)])
+    slurm.update_fails_with = SlurmCommandError("Invalid generic resource (gres) specification")
     audit = AuditStore(store.engine)
     (result,) = Actuator(slurm, audit).carry_out(_separation_decisions(), T0)  # type: ignore[arg-type]
     assert result.outcome == "failed"
     assert "Invalid generic resource" in (result.error or "")
-    assert slurm.log[-1] == ("release", "11")
+    assert slurm.actions[-1] == ("release", "11")
 
 
-def test_a_separation_interrupted_by_a_daemon_stop_is_released_on_start(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_a_separation_interrupted_by_a_daemon_stop_is_released_on_start(store: JobStore) -> None:
     audit = AuditStore(store.engine)
     audit.record(_separation_decisions(), T0)  # type: ignore[arg-type]  # pending: died here
-    slurm = RecordingSlurm([sharing(11, started=5 * MIN)])
+    slurm = FakeSlurm([sharing(11, started=5 * MIN)])
     assert Actuator(slurm, audit).recover() == 1
-    assert [step for step, _ in slurm.log] == ["update", "release"]
+    assert [step for step, _ in slurm.actions] == ["update", "release"]
     (row,) = audit.list(policy="colocate")
     assert row.outcome == "failed"
 

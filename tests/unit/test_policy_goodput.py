@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from slurmgpu.policy.goodput import batch_candidates, best_batch, efficiency, goodput
 from slurmgpu.sim.profiles import APPLICATIONS, load_profiles
 from slurmgpu.sim.workload import ProfiledJob, packed
-
-DATA = Path("/work/shared/data/pollux")
-needs_data = pytest.mark.skipif(
-    not (DATA / "profiles").is_dir(), reason=f"Pollux data not found under {DATA}"
-)
+from tests.unit.pollux_data import DATA, needs_data
 
 
 def _step(gpus: int, fixed: float = 0.05, per_sample: float = 0.001) -> Callable[[int], float]:

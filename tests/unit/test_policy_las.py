@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +29,7 @@ from slurmgpu.policy.settings import (
     EngineSettings,
     PolicyConfigError,
 )
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
 from tests.unit.policy_builders import HOUR, MIN, T0, pending_job, running_job
 
@@ -262,8 +261,7 @@ def test_engine_cooldown_still_guards_a_running_job_against_another_policy() -> 
     assert d.suppressed.startswith("cooldown")
 
 
-def test_audit_does_not_count_ordering_updates_as_changes(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_audit_does_not_count_ordering_updates_as_changes(store: JobStore) -> None:
     audit = AuditStore(store.engine)
     job = pending_job(7, gpus_per_node=2)
     limit = Action("rightsize", "update", 7, job.user, "limit", intents=(SetTimeLimit(3600),))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 from slurmgpu.slurm.jsonformat import decode_sinfo, decode_squeue
 from slurmgpu.slurm.sacct import decode_sacct
 from tests.hypothesis_profiles import examples
+from tests.unit.hostile_records import ANY_JSON, ODD_VALUES, with_hostile
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SETTINGS = settings(
@@ -31,78 +31,6 @@ SETTINGS = settings(
 SQUEUE = sorted(GOLDEN.glob("slurm-*/mixed_squeue.json"))
 SINFO = sorted(GOLDEN.glob("slurm-*/mixed_sinfo.json"))
 SACCT = sorted(GOLDEN.glob("slurm-*/sacct.json"))
-HOSTILE_ID = 10**7  # hostile records get ids no capture uses
-
-# raw bytes a JSON string may carry from Slurm: invalid UTF-8 as is, or escapes
-_ODD_BYTES = st.lists(
-    st.sampled_from(
-        [b"\xff", b"\xfe", b"\xc3", b"\xed\xa0\x80", b"\\ud800", b"\\udfff", b"\\u0000",
-         b"\\\"", b"\\\\", b"\x1b[31m", b"[/bold]", b"\xe2\x80\xae", b"a", b"\\n", b"%n"]
-    ),
-    max_size=12,
-).map(b"".join)  # fmt: skip
-
-_ANY_JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
-_FIELDS = [
-    "job_id", "name", "user_name", "job_state", "tres_per_node", "gres_detail", "nodes",
-    "time_limit", "cpus", "node_count", "exit_code", "array_job_id", "submit_time",
-    "memory_per_node", "tres_alloc_str", "comment", "state_reason", "requeue",
-]  # fmt: skip
-_ODD_VALUES = st.sampled_from(
-    [
-        "gpu:4(IDX:0-3),shard:2(-/4,?/4)", "gpu:(((", "shard:99999999999999999999",
-        "gpu[1-99999999999]", "RUNNING_IN_THE_FUTURE", 2**70, -1, {"set": True, "number": 1e300},
-        {"set": True, "infinite": True}, ["FUTURE_STATE", "RUNNING"], [], {}, "", None,
-    ]
-)  # fmt: skip
-
-
-@st.composite
-def _hostile(draw: st.DrawFn, n: int) -> tuple[Any, bytes | None]:
-    """A hostile record (a JSON value) and, maybe, raw bytes to put in its name."""
-    kind = draw(st.sampled_from(["fields", "bytes", "not_an_object"]))
-    if kind == "not_an_object":
-        return draw(
-            st.one_of(st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=3))
-        ), None
-    record: dict[str, Any] = {"job_id": HOSTILE_ID + n, "name": f"@@NAME{n}@@"}
-    for field in draw(st.lists(st.sampled_from(_FIELDS), max_size=5)):
-        record[field] = draw(st.one_of(_ODD_VALUES, _ANY_JSON))
-    return record, draw(_ODD_BYTES) if kind == "bytes" else None
-
-
-def _with_hostile(path: Path, data: st.DataObject, key: str) -> tuple[bytes, None]:
-    doc = json.loads(path.read_bytes().decode("utf-8", "replace"))
-    good = doc[key]
-    hostile = data.draw(st.lists(_hostile(len(good)), min_size=1, max_size=6), label="hostile")
-    records = list(good)
-    taken = {json.dumps(r.get("job_id")) for r in good}
-    for i, (record, _) in enumerate(hostile):
-        if isinstance(record, dict):
-            record["name"] = f"@@NAME{i}@@"
-            # a record of another job's id is not hostile, it is that job: keep ids apart
-            if (
-                record.get("job_id") == HOSTILE_ID + len(good)
-                or json.dumps(record.get("job_id")) in taken
-                or isinstance(record.get("job_id"), bool | int | float)
-            ):
-                record["job_id"] = HOSTILE_ID + i
-        records.insert(data.draw(st.integers(0, len(records)), label="at"), record)
-    doc[key] = records
-    raw = json.dumps(doc).encode()
-    for i, (_, name) in enumerate(hostile):
-        raw = raw.replace(f'"@@NAME{i}@@"'.encode(), b'"' + (name or b"x") + b'"')
-    return raw, None
 
 
 @SETTINGS
@@ -110,7 +38,7 @@ def _with_hostile(path: Path, data: st.DataObject, key: str) -> tuple[bytes, Non
 def test_hostile_job_records_never_cost_the_good_jobs(data: st.DataObject) -> None:
     path = data.draw(st.sampled_from(SQUEUE), label="capture")
     alone = {j.job_id: j for j in decode_squeue(path.read_bytes())[0]}
-    raw, _ = _with_hostile(path, data, "jobs")
+    raw, _ = with_hostile(path, data, "jobs")
     jobs, _ = decode_squeue(raw)
     got = {j.job_id: j for j in jobs}
     for job_id, job in alone.items():
@@ -127,7 +55,7 @@ def test_hostile_node_records_never_cost_the_good_nodes(data: st.DataObject) -> 
     alone = {n.name: n for n in decode_sinfo(path.read_bytes())}
     doc = json.loads(path.read_bytes())
     for _ in range(data.draw(st.integers(1, 4), label="n")):
-        junk = data.draw(st.one_of(_ANY_JSON, st.fixed_dictionaries({"name": _ODD_VALUES})))
+        junk = data.draw(st.one_of(ANY_JSON, st.fixed_dictionaries({"name": ODD_VALUES})))
         doc[key].insert(data.draw(st.integers(0, len(doc[key])), label="at"), junk)
     got = {n.name: n for n in decode_sinfo(json.dumps(doc))}
     for name, node in alone.items():
@@ -139,7 +67,7 @@ def test_hostile_node_records_never_cost_the_good_nodes(data: st.DataObject) -> 
 def test_hostile_sacct_records_never_cost_the_good_jobs(data: st.DataObject) -> None:
     path = data.draw(st.sampled_from(SACCT), label="capture")
     alone = {j.job_id: j for j in decode_sacct(path.read_bytes())[0]}
-    raw, _ = _with_hostile(path, data, "jobs")
+    raw, _ = with_hostile(path, data, "jobs")
     got = {j.job_id: j for j in decode_sacct(raw)[0]}
     for job_id, job in alone.items():
         assert got[job_id] == job

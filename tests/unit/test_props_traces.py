@@ -40,6 +40,7 @@ from slurmgpu.sim.workload import ProfiledJob, RigidJob, TraceJob
 from slurmgpu.slurm.parse import format_time_limit
 from slurmgpu.slurm.sacct import decode_sacct
 from tests.hypothesis_profiles import examples
+from tests.unit.pollux_data import DATA
 from tests.unit.props_json import damaged_json
 from tests.unit.props_tally import Tally, report
 
@@ -48,7 +49,6 @@ tally_report = report(TALLY)
 SETTINGS = settings(
     max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-DATA = Path("/work/shared/data/pollux")
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 EPOCH = datetime(2017, 10, 1, tzinfo=UTC)
 

@@ -22,7 +22,7 @@ from slurmgpu.model import ClusterSnapshot
 from slurmgpu.policy.base import Action, Mode, PolicySnapshot, resize_action
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.settings import EngineSettings
-from slurmgpu.store import open_store, schema
+from slurmgpu.store import JobStore, schema
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.transactions import TransactionStore
 from slurmgpu.store.usage import UsageStore
@@ -44,8 +44,9 @@ class ShrinkEverything:
                 yield resize_action(self.name, job, 4, 2, "a rigid job waits")
 
 
-def test_resize_decisions_start_transactions_only_for_opted_in_jobs(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_resize_decisions_start_transactions_only_for_opted_in_jobs(
+    tmp_path: Path, store: JobStore
+) -> None:
     now = datetime.now(UTC)
     store.record_submission(
         7,

@@ -7,13 +7,12 @@ import dataclasses
 import random
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
-from slurmgpu.store import open_store, schema
+from slurmgpu.store import JobStore, open_store, schema
 from slurmgpu.store.retention import DEFAULT_MAX_SAMPLES, Retention, roll_up_and_prune
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.store.usage_query import GpuEnergy, GpuUsage, HostUsage
@@ -138,8 +137,7 @@ def test_pruning_keeps_every_usage_figure(url: str, seed: int, max_samples: int)
     _same(after[0][11], _figures(usage)[0][11])
 
 
-def test_samples_arriving_late_for_a_pruned_hour_still_count(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_samples_arriving_late_for_a_pruned_hour_still_count(store: JobStore) -> None:
     usage = UsageStore(store.engine)
     _fill(usage, 7, NOW - timedelta(days=2), 24)
     roll_up_and_prune(store.engine, "", now=NOW)
@@ -151,9 +149,8 @@ def test_samples_arriving_late_for_a_pruned_hour_still_count(tmp_path: Path) -> 
 
 
 def test_rollups_older_than_their_retention_go_and_a_run_waits_its_interval(
-    tmp_path: Path,
+    store: JobStore,
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     usage = UsageStore(store.engine)
     _fill(usage, 9, NOW - timedelta(days=200), 5)
     keeper = Retention(store.engine, "", rollup_retention=timedelta(days=180))

@@ -28,7 +28,7 @@ from slurmgpu.daemon.ingest import IngestService
 from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.listen_address import parse_listen
 from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import AuthError, Caller, hmac_header, node_token
@@ -258,10 +258,9 @@ def test_no_token_is_issued_when_the_audit_cannot_be_written(tmp_path: Path) -> 
     assert "Traceback" not in proc.stderr
 
 
-def test_every_policy_decision_records_the_daemons_uid(tmp_path: Path) -> None:
+def test_every_policy_decision_records_the_daemons_uid(store: JobStore) -> None:
     from slurmgpu.policy.base import Action, Decision, Mode
 
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     audit = AuditStore(store.engine)
     action = Action(policy="idle_gpu", kind="warn", job_id=5, user="alice", reason="idle")
     audit.record([Decision(action, Mode.ADVISE, execute=False, notify=True)], datetime.now(UTC))

@@ -9,7 +9,7 @@ from slurmgpu.sim.metrics import SIM_GPU_POWER, summarise
 from slurmgpu.sim.profiles import load_profiles
 from slurmgpu.sim.render import Comparison, comparison_csv
 from slurmgpu.sim.run import ClusterShape, simulate
-from tests.unit.test_sim_harness import DATA, needs_data
+from tests.unit.pollux_data import DATA, needs_data
 
 
 @needs_data

@@ -17,17 +17,12 @@ from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import POLICY_SETS, SimPolicies, build_engine
 from slurmgpu.sim.profiles import load_profiles
 from slurmgpu.sim.run import ClusterShape, simulate
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from tests.fakes import FakeSlurm
-
-DATA = Path("/work/shared/data/pollux")
-needs_data = pytest.mark.skipif(
-    not (DATA / "profiles").is_dir(), reason=f"Pollux data not found under {DATA}"
-)
+from tests.unit.pollux_data import DATA, needs_data
 
 
-def test_the_daemon_and_the_simulator_run_the_same_policy_classes(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+def test_the_daemon_and_the_simulator_run_the_same_policy_classes(store: JobStore) -> None:
     daemon = build_policy_cycle(Settings(), store, FakeSlurm())
     daemon_classes = {type(p) for p, _ in daemon.engine.policies}
     sim_classes = {type(build(SimPolicies())) for build in POLICY_SETS["all"]}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from slurmgpu.cli.main import main
@@ -21,8 +20,9 @@ from slurmgpu.sim.policysets import POLICY_SETS, SimPolicies
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.slurm import SimSlurm
 from slurmgpu.sim.workload import MalleableRange, RigidJob, TraceJob
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from tests.fakes import FakeSlurm
+from tests.unit.pollux_data import DATA, needs_data
 
 
 def _job(submit: float, gpus: int, seconds: float, name: str) -> TraceJob:
@@ -69,8 +69,7 @@ def test_las_preempts_a_long_job_for_a_short_one_through_the_resize_transaction(
     assert all(j.state is JobState.COMPLETED for j in las.jobs)
 
 
-def test_the_daemon_runs_las_only_when_the_site_enables_it(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+def test_the_daemon_runs_las_only_when_the_site_enables_it(store: JobStore) -> None:
     off = build_policy_cycle(parse_settings(""), store, FakeSlurm())
     assert not any(isinstance(p, AttainedServicePolicy) for p, _ in off.engine.policies)
     on = build_policy_cycle(
@@ -82,10 +81,7 @@ def test_the_daemon_runs_las_only_when_the_site_enables_it(tmp_path: Path) -> No
     assert AttainedServicePolicy in {type(b(SimPolicies())) for b in POLICY_SETS["all"]}
 
 
-DATA = Path("/work/shared/data/pollux")
-
-
-@pytest.mark.skipif(not (DATA / "profiles").is_dir(), reason=f"Pollux data not found under {DATA}")
+@needs_data
 def test_sgpu_simulate_over_seeds_reports_means_ci_and_the_new_figures(tmp_path: Path) -> None:
     out = tmp_path / "cmp.json"
     # a wide terminal: the table has many columns (energy too) and Rich folds narrow ones

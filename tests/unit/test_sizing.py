@@ -32,9 +32,9 @@ from slurmgpu.slurm.sbatch import mem_size
 from slurmgpu.slurm.update import update_fields
 from slurmgpu.units import format_time_limit
 from tests.hypothesis_profiles import examples
+from tests.unit.eff_records import ended, host, make_job
+from tests.unit.eff_records import gpu as gpu_usage
 from tests.unit.policy_builders import pending_job, record, snapshot
-from tests.unit.test_eff import ended, host, make_job
-from tests.unit.test_eff import gpu as gpu_usage
 
 DAY = timedelta(days=1)
 

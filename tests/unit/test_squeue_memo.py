@@ -22,7 +22,7 @@ from slurmgpu.model import JobState
 from slurmgpu.slurm import decode_stats
 from slurmgpu.slurm.jsonformat import JobMemo, decode_squeue
 from tests.hypothesis_profiles import examples
-from tests.unit.test_props_hostile_records import _with_hostile
+from tests.unit.hostile_records import with_hostile
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SQUEUE = sorted(GOLDEN.glob("slurm-*/mixed_squeue*.json"))
@@ -105,7 +105,7 @@ def test_bad_utf8_is_repaired_and_counted_once_a_listing(caplog: pytest.LogCaptu
 @given(data=st.data())
 def test_hostile_records_decode_the_same_with_a_memo(data: st.DataObject) -> None:
     path = data.draw(st.sampled_from(SQUEUE), label="capture")
-    raw, _ = _with_hostile(path, data, "jobs")
+    raw, _ = with_hostile(path, data, "jobs")
     plain, _ = decode_squeue(raw)
     memo: JobMemo = {}
     skipped = decode_stats.snapshot().records_skipped.get("squeue", 0)

@@ -5,22 +5,22 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from sqlalchemy import text
 
-from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
+from slurmgpu.model import Job
 from slurmgpu.store import StoreError, create_store_engine, open_store, upgrade
 from slurmgpu.store.database import current_revision, head_revision
 from slurmgpu.store.rows import job_to_row, row_to_job
 from slurmgpu.store.schema import metadata
 from tests.hypothesis_profiles import examples
+from tests.unit.job_strategies import jobs
 
 
 def test_migrations_produce_exactly_the_declared_schema(tmp_path: Path) -> None:
@@ -56,57 +56,6 @@ def test_bad_url_is_one_clear_error() -> None:
 def test_opening_a_missing_database_without_create_says_so(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="does not exist"):
         create_store_engine(f"sqlite:///{tmp_path / 'none.db'}", create=False)
-
-
-times = st.one_of(
-    st.none(),
-    st.datetimes(
-        min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
-    ).map(lambda d: d.replace(microsecond=0)),
-)
-small = st.integers(min_value=0, max_value=10_000)
-
-jobs = st.builds(
-    Job,
-    job_id=st.integers(min_value=1, max_value=2**40),
-    name=st.text(max_size=20),
-    user=st.text(max_size=10),
-    state=st.sampled_from(list(JobState)),
-    uid=st.none() | small,
-    state_flags=st.frozensets(st.sampled_from(["REQUEUED", "COMPLETING", "CONFIGURING"])),
-    array_job_id=st.none() | small,
-    array_task_id=st.none() | small,
-    submit_time=times,
-    start_time=times,
-    end_time=times,
-    time_limit=st.none() | small.map(lambda m: timedelta(minutes=m)),
-    cpus=small,
-    memory_mib=st.none() | small,
-    gpus=st.builds(
-        GpuRequest,
-        gpus=small,
-        per_node=st.none() | small,
-        shards=small,
-        gpu_type=st.none() | st.sampled_from(["a100", "h100"]),
-        sources=st.lists(
-            st.sampled_from(["tres_per_node", "tres_per_job"]), max_size=2, unique=True
-        ).map(tuple),
-    ),
-    nodes=st.lists(st.sampled_from(["gpu1", "gpu2", "n-3"]), max_size=3, unique=True).map(tuple),
-    gpu_allocations=st.lists(
-        st.builds(
-            NodeGpuAllocation,
-            node=st.sampled_from(["gpu1", "gpu2"]),
-            gpu_indices=st.lists(st.integers(0, 7), max_size=4).map(tuple),
-            shards=small,
-        ),
-        max_size=2,
-    ).map(tuple),
-    restart_count=small,
-    requeue=st.booleans(),
-    comment=st.text(max_size=30),
-    exit_code=st.none() | st.integers(0, 255),
-)
 
 
 @settings(max_examples=examples(200))

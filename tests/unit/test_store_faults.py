@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -45,65 +43,9 @@ from slurmgpu.store.database import StoreError
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import GpuSampleIn, SampleBatch
 from tests.fakes import FakeSlurm
+from tests.unit.store_damage import Ext4, ext4_unavailable
 
-IMAGE_MIB = 32
-
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to mount an ext4 loop image"
-    for tool in ("mount", "umount", "losetup", "mkfs.ext4", "e2fsck"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found"
-    if not Path("/dev/loop-control").exists():
-        return "no loop devices (/dev/loop-control)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
-
-
-class Ext4:
-    """A mounted ext4 loop image that can be failed, filled, checked and remounted."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.image = tmp / "disk.img"
-        self.mnt = tmp / "mnt"
-        self.mnt.mkdir()
-        with self.image.open("wb") as f:
-            f.truncate(IMAGE_MIB << 20)
-        self._run("mkfs.ext4", "-q", "-F", str(self.image))
-        self.mount()
-
-    @staticmethod
-    def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(args, check=check, capture_output=True, text=True, timeout=60)
-
-    def mount(self) -> None:
-        self._run("mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.mnt))
-        src = self._run("findmnt", "-n", "-o", "SOURCE", str(self.mnt)).stdout.strip()
-        self.device = Path(src).name  # loopN
-
-    def fail(self) -> None:
-        """An ext4 error, as a failing disk raises it: the kernel remounts read-only."""
-        Path(f"/sys/fs/ext4/{self.device}/trigger_fs_error").write_text("slurmgpu test\n")
-        opts = self._run("findmnt", "-n", "-o", "OPTIONS", str(self.mnt)).stdout.strip()
-        # "ro", or "emergency_ro" (Linux 6.x keeps "rw" and adds this flag).
-        assert {"ro", "emergency_ro"} & set(opts.split(",")), opts
-        with pytest.raises(OSError):
-            (self.mnt / "probe").write_text("x")
-
-    def repair(self) -> None:
-        """What an operator does: unmount, fsck, mount again."""
-        self._run("umount", str(self.mnt))
-        fsck = self._run("e2fsck", "-fy", str(self.image), check=False)
-        assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 1: errors corrected
-        self.mount()
-
-    def close(self) -> None:
-        mounted = self._run("findmnt", str(self.mnt), check=False).returncode == 0
-        if mounted and self._run("umount", str(self.mnt), check=False).returncode != 0:
-            self._run("umount", "-l", str(self.mnt), check=False)
+pytestmark = pytest.mark.skipif(ext4_unavailable() is not None, reason=ext4_unavailable() or "")
 
 
 @pytest.fixture

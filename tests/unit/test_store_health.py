@@ -43,7 +43,6 @@ from slurmgpu.cli.main import main
 from slurmgpu.config import Settings
 from slurmgpu.daemon.app import Daemon, DaemonError
 from slurmgpu.daemon.lease import DaemonLease
-from slurmgpu.model import Job
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import UsageStore
 from tests.fakes import FakeSlurm
@@ -330,29 +329,15 @@ def test_a_read_only_file_system_is_named_read_only(tmp_path: Path) -> None:
             assert "corrupt" not in line and "not a database" not in line
 
 
-class _FillsTheDisk(FakeSlurm):
-    """Slurm answers, and meanwhile the database's file system fills up."""
-
-    def __init__(self, fs: store_damage.Tmpfs, jobs: list[Job]) -> None:
-        super().__init__(jobs, NODES)
-        self.fs = fs
-        self.filled = False
-
-    def jobs(self) -> list[Job]:
-        if not self.filled:
-            self.fs.fill()
-            self.filled = True
-        return super().jobs()
-
-
 @needs_mounts
 def test_once_exits_4_naming_disk_full_when_its_cycle_could_not_store(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "fs", "4m") as fs:
         db = fs.path / "state.db"
         populated(db)
-        slurm = _FillsTheDisk(fs, listing(400))  # 200 new jobs to store
+        slurm = FakeSlurm(listing(400), NODES)  # 200 new jobs to store
+        slurm.before_next_listing = fs.fill  # Slurm answers; meanwhile the disk fills up
         out = _sgpu(db, "daemon", "--once", "--no-policies", slurm=slurm)
-        assert slurm.filled
+        assert slurm.before_next_listing is None, "the disk was never filled"
         assert out.exit_code == 4, out.output
         line = _one_line(out)
         assert "disk full" in line and "free space" in line, line
@@ -530,10 +515,10 @@ def test_a_file_system_gone_read_only_after_a_disk_error_is_named_read_only(
     """What a failing disk does (ext4 ``errors=remount-ro``): SQLite says "disk I/O error";
     Linux 6.x keeps the mount ``rw`` and marks the super block ``emergency_ro``, which
     statvfs does not show. The line must say read-only, not "disk I/O error" alone."""
-    from tests.unit.test_store_faults import Ext4, _why_not
+    from tests.unit.store_damage import Ext4, ext4_unavailable
 
-    if _why_not() is not None:
-        pytest.skip(_why_not() or "")
+    if (why := ext4_unavailable()) is not None:
+        pytest.skip(why)
     from slurmgpu.store.health import Cause, classify
 
     disk = Ext4(tmp_path)

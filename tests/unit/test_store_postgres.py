@@ -29,7 +29,7 @@ from slurmgpu.store.usage_query import GpuUsage, HostUsage
 from slurmgpu.wire import GpuSampleIn, HostSampleIn, SampleBatch
 from tests.fakes import FakeSlurm
 from tests.hypothesis_profiles import examples
-from tests.unit.test_store import jobs as job_strategy
+from tests.unit.job_strategies import jobs as job_strategy
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=UTC)
 CEST = timezone(timedelta(hours=2))

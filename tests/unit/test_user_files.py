@@ -38,11 +38,11 @@ from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.malleable import MalleablePolicy
 from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings, MalleableSettings
-from slurmgpu.store import open_store
+from slurmgpu.store import JobStore
 from slurmgpu.tokens import ckpt_tokens, malleable_token
 from slurmgpu.userfiles import UserFileRejected as FileRejected
 from slurmgpu.userfiles import read_user_file
-from tests.unit.test_policy_cycle import T0, World, running_job
+from tests.unit.policy_world import T0, World, running_job
 
 DEEP = b"[" * 60_000  # the finding's file: 60 KB, under the 64 KiB size bound
 
@@ -240,9 +240,8 @@ def test_a_reader_that_raises_costs_its_job_only(caplog: pytest.LogCaptureFixtur
 
 
 def test_a_malformed_comment_token_is_counted_and_logged_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     directory = MalleableDirectory(store)
     job = running_job(41)
     job = replace(job, comment="sgpu:malleable=1:4 sgpu:ckpt=KILL:60")
@@ -256,9 +255,11 @@ def test_a_malformed_comment_token_is_counted_and_logged_once(
 
 
 def test_one_jobs_exception_while_gathering_its_spec_leaves_the_others(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    store: JobStore,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     directory = MalleableDirectory(store)
     jobs = tuple(_malleable_job(j, "bob", tmp_path) for j in (51, 52))
     real = directory._submission

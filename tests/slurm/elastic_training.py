@@ -1,0 +1,66 @@
+"""The example training (examples/elastic_train.py) under the real daemon stack on the lab
+cluster: the jobs beside it, its submission, its JSONL log, and the check that its steps
+carry on across resizes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.polling import wait_for
+from tests.slurm.harness import EXAMPLE, SLURM, Telemetry, running_job
+from tests.slurm.train_log import last_step_per_run, read_jsonl
+
+
+def sbatch(t: Telemetry, *args: str) -> int:
+    return SLURM.submit(["-o", "/dev/null", *args], env=t.env)
+
+
+def trainer(t: Telemetry, log: Path, *extra: str) -> int:
+    return t.submit(
+        *extra,
+        "--malleable",
+        "2:4",
+        "--checkpoint-grace",
+        "30s",
+        "--elastic-dir",
+        str(t.tmp / "state"),
+        "--gres=gpu:4",
+        "-J",
+        "elastic",
+        "--wrap",
+        f"{sys.executable} {EXAMPLE} --steps 100000 --step-time 0.2 --sim-util 80 "
+        f"--sim-dir {t.sim_dir} --log {log}",
+    )
+
+
+def steps(log: Path) -> list[int]:
+    return [int(r["step"]) for r in read_jsonl(log) if "event" not in r]
+
+
+def starts(log: Path) -> list[tuple[Any, Any, Any]]:
+    return [
+        (r["gpus"], r["restart"], r["resumed_step"])
+        for r in read_jsonl(log)
+        if r.get("event") == "start"
+    ]
+
+
+def assert_continuous(log: Path) -> None:
+    s = steps(log)
+    assert s == list(range(1, len(s) + 1)), "a step was lost or repeated across the resizes"
+    runs = starts(log)
+    for (_, _, resumed), prev_last in zip(
+        runs[1:], last_step_per_run(read_jsonl(log)), strict=True
+    ):
+        assert resumed == prev_last  # each run resumed where the previous one checkpointed
+    losses = {int(r["step"]): float(r["loss"]) for r in read_jsonl(log) if "event" not in r}
+    for _, _, resumed in runs[1:]:
+        assert losses[resumed + 1] < 0.8 * losses[1]  # trained on, not from scratch
+
+
+def fill_cluster(t: Telemetry) -> list[int]:
+    fillers = [sbatch(t, "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
+    wait_for("the fillers running", lambda: all(running_job(f) for f in fillers))
+    return fillers
