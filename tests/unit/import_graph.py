@@ -27,6 +27,14 @@ def is_type_checking(test: ast.expr) -> bool:
     )
 
 
+def from_module(node: ast.ImportFrom, package: str) -> str:
+    """The dotted module a ``from ... import`` statement in ``package`` reads from."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
 def imported_names(name: str, path: Path, *, type_checking: bool = True) -> set[str]:
     """Dotted names ``name`` imports at module level; those in ``if TYPE_CHECKING:``
     blocks too unless ``type_checking`` is false (what loading the module runs)."""
@@ -38,11 +46,7 @@ def imported_names(name: str, path: Path, *, type_checking: bool = True) -> set[
             if isinstance(node, ast.Import):
                 names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    module = ".".join([*base, *([node.module] if node.module else [])])
-                else:
-                    module = node.module or ""
+                module = from_module(node, package)
                 names.add(module)
                 names.update(f"{module}.{alias.name}" for alias in node.names)
             elif isinstance(node, ast.If):

@@ -21,6 +21,7 @@ from tests.unit.import_graph import (
     LAYERS,
     LEAF_LAYER,
     PACKAGE,
+    from_module,
     import_graph,
     imported_names,
     slurmgpu_modules,
@@ -229,11 +230,7 @@ def _every_import(path: Path, package: str) -> list[tuple[str, int]]:
         if isinstance(node, ast.Import):
             out.extend((alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                module = node.module or ""
+            module = from_module(node, package)
             out.append((module, node.lineno))
             # ``from slurmgpu import store``: the name may be a package of its own
             if module == "slurmgpu":
