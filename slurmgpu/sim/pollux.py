@@ -55,6 +55,7 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
+from slurmgpu.sim.metrics import percentile, rho_values
 from slurmgpu.sim.profiles import Application, ThroughputProfile
 from slurmgpu.sim.progress import ElasticRuntime
 from slurmgpu.sim.workload import ProfiledJob, TraceJob
@@ -285,6 +286,36 @@ class PolluxResult:
     def jct(self) -> list[float]:
         return [j.end_s - j.submit_s for j in self.jobs if not math.isnan(j.end_s)]
 
+    def figures(self) -> dict[str, float]:
+        """The figures ``bench/sim_pollux.py`` prints for every set, for this run:
+        JCT (submission to end; the artifact's), p50/p99, makespan, GPU-hours held,
+        preemptions and resizes per job, Themis' rho (worst, % above 1.05; ``T_id`` at
+        the GPUs the trace asked for, at the trace's batch, as for our sets), timeouts
+        (none: Pollux jobs have no time limit) and jobs left unfinished."""
+        done = [j for j in self.jobs if not math.isnan(j.end_s)]
+        jct = self.jct()
+        n = max(1, len(self.jobs))
+        rho = rho_values(
+            [(j.submit_s, j.end_s, j.trace_gpus, j.model) for j in done],
+            self.nodes * self.gpus_per_node,
+            self.gpus_per_node,
+        )
+        first = min((j.submit_s for j in done), default=0.0)
+        last = max((j.end_s for j in done), default=0.0)
+        return {
+            "avg_jct_s": sum(jct) / len(jct) if jct else math.nan,
+            "p50_jct_s": percentile(jct, 50),
+            "p99_jct_s": percentile(jct, 99),
+            "makespan_s": max(0.0, last - first),
+            "gpu_hours": sum(j.gpu_s for j in self.jobs) / 3600.0,
+            "preemptions_per_job": sum(j.preemptions for j in self.jobs) / n,
+            "resizes_per_job": sum(j.resizes for j in self.jobs) / n,
+            "rho_max": max(rho, default=math.nan),
+            "rho_over_pct": 100.0 * sum(r > 1.05 for r in rho) / len(rho) if rho else math.nan,
+            "timeouts": 0.0,
+            "unfinished": float(len(self.jobs) - len(done)),
+        }
+
 
 class _Search:
     """The genetic allocation search, its population carried from period to period."""
@@ -296,6 +327,20 @@ class _Search:
         self.rng = np.random.default_rng(search.seed)
         self.prev: IntArray | None = None
         self.prev_keys: list[int] = []
+        # every application's goodput tables stacked: (applications x slices, nodes,
+        # replicas); offsets[id(goodputs)] is where one application's slices start
+        # (index 0: a job that never ran, whose speed-up is its replicas over the fair
+        # share, the artifact's ``lambda n, r: r``)
+        self.tables = np.broadcast_to(
+            np.arange(MAX_REPLICAS + 1, dtype=np.float64), (1, 17, MAX_REPLICAS + 1)
+        ).copy()
+        self.offsets: dict[int, int] = {}
+
+    def add(self, gp: _Goodputs) -> None:
+        """Make ``gp``'s tables searchable (once per application)."""
+        if id(gp) not in self.offsets:
+            self.offsets[id(gp)] = self.tables.shape[0]
+            self.tables = np.concatenate([self.tables, gp.table])
 
     def optimize(self, jobs: Sequence[PolluxJob], now: float, delay: float) -> IntArray:
         """The best allocation matrix (jobs x nodes) for ``jobs`` (already in order)."""
@@ -305,27 +350,25 @@ class _Search:
             if job.alloc:
                 base[i] = job.alloc
         maxrep = np.array([j.max_replicas() for j in jobs], dtype=np.int64)
-        # speed-up table per job: (jobs, nodes + 1, replicas + 1)
+        # each job's speed-up table: its goodput table in its noise slice over its
+        # goodput on its fair share, or (never run) replicas over the fair share
         fair = max(1, math.ceil(nn * g / nj))
-        speed = np.zeros((nj, 17, MAX_REPLICAS + 1))
+        table = np.zeros(nj, dtype=np.int64)
+        norm = np.full(nj, float(fair))
         for i, job in enumerate(jobs):
-            if job.max_seen == 0:
-                speed[i] = np.arange(MAX_REPLICAS + 1)[None, :] / fair
-                continue
-            k = job.slice_of()
-            gp = job.goodputs
-            norm = gp.best_upto[k, min(fair, MAX_REPLICAS)]
-            speed[i] = gp.table[k] / norm if norm > 0 else 0.0
+            if job.max_seen > 0:
+                k = job.slice_of()
+                table[i] = self.offsets[id(job.goodputs)] + k
+                norm[i] = job.goodputs.best_upto[k, min(fair, MAX_REPLICAS)] or math.inf
         scale = nn / (nn * g)  # a node's share of the cluster: speed-up 1 = one node's worth
         age = np.array([now - j.submit_s for j in jobs])
         restarts = np.array([max(j.restarts, 0) for j in jobs], dtype=np.float64)
         factor = np.maximum(age - restarts * delay, 0.0) / (age + delay)
-        jidx = np.arange(nj)[None, :]
 
         def fitness(states: IntArray) -> FloatArray:
             n_nodes = np.count_nonzero(states, axis=2)
             n_reps = np.minimum(states.sum(axis=2), MAX_REPLICAS)
-            sp = speed[jidx, np.minimum(n_nodes, 16), n_reps] * scale
+            sp = self.tables[table[None, :], np.minimum(n_nodes, 16), n_reps] / norm * scale
             changed = np.any(states != base[None], axis=2)
             sp = np.where(changed, sp * factor[None, :], sp)
             p = self.s.power
@@ -336,30 +379,39 @@ class _Search:
             distributed = np.count_nonzero(states, axis=2) > 1
             mask = (states * distributed[:, :, None]) > 0
             states[np.cumsum(mask, axis=1) > 1] = 0
-            # at most max_replicas per job, nodes taken in a random order
-            shuffle = np.argsort(self.rng.random(states.shape), axis=2)
-            states = np.take_along_axis(states, shuffle, axis=2)
-            states = np.minimum(np.cumsum(states, axis=2), maxrep[None, :, None])
-            states = np.diff(states, axis=2, prepend=0)
-            states = np.take_along_axis(states, np.argsort(shuffle, axis=2), axis=2)
+            # at most max_replicas per job, nodes taken in a random order (only the
+            # jobs over their cap change)
+            over = np.nonzero(states.sum(axis=2) > maxrep[None, :])
+            if len(over[0]):
+                rows = states[over]
+                shuffle = np.argsort(self.rng.random(rows.shape, dtype=np.float32), axis=1)
+                rows = np.take_along_axis(rows, shuffle, axis=1)
+                rows = np.minimum(np.cumsum(rows, axis=1), maxrep[over[1]][:, None])
+                rows = np.diff(rows, axis=1, prepend=0)
+                states[over] = np.take_along_axis(rows, np.argsort(shuffle, axis=1), axis=1)
             # node capacity, jobs in order
             states = np.minimum(np.cumsum(states, axis=1), g)
             return np.asarray(np.diff(states, axis=1, prepend=0))
 
         def mutate(states: IntArray) -> IntArray:
             p = states.shape[0]
-            reset = self.rng.random((p, nj)) < 0.1
+            reset = self.rng.random((p, nj), dtype=np.float32) < 0.1
             states = np.where(reset[:, :, None], base[None], states)
-            prob = np.where(self.rng.random((p, nj)) < 0.1, 0.1, 0.0)
-            states[self.rng.random(states.shape) < prob[:, :, None]] = 0
+            chosen = np.nonzero(self.rng.random((p, nj), dtype=np.float32) < 0.1)
+            if len(chosen[0]):
+                rows = states[chosen]
+                rows[self.rng.random(rows.shape, dtype=np.float32) < 0.1] = 0
+                states[chosen] = rows
             free = g - states.sum(axis=1)  # (p, nodes)
-            mask1 = np.broadcast_to((free > 0)[:, None, :], states.shape)
-            prob1 = mask1 / np.maximum(mask1.sum(axis=1, keepdims=True), 1.0)
-            mask2 = np.logical_and(states > 0, mask1)
+            has_free = free > 0
+            prob1 = np.where(has_free, 1.0 / nj, 0.0)[:, None, :]
+            mask2 = np.logical_and(states > 0, has_free[:, None, :])
             prob2 = mask2 / np.maximum(mask2.sum(axis=1, keepdims=True), 1.0)
-            m = self.rng.random(states.shape) < prob1 + prob2 - prob1 * prob2
-            grown = self.rng.integers(states, g + 1)
-            states[m] = grown[m]
+            m = np.nonzero(
+                self.rng.random(states.shape, dtype=np.float32) < prob1 + prob2 - prob1 * prob2
+            )
+            low = states[m]
+            states[m] = low + (self.rng.random(len(low)) * (g + 1 - low)).astype(np.int64)
             return states
 
         pop = self._seed_population(jobs, base)
@@ -430,6 +482,8 @@ def simulate_pollux(
             )
         )
     searcher = _Search(opts, nodes, gpus_per_node)
+    for job in jobs:
+        searcher.add(job.goodputs)
     now = 0.0
     left = len(jobs)
     while left and now < max_virtual_s:
