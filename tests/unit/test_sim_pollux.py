@@ -71,12 +71,12 @@ def test_the_search_keeps_node_capacity_replica_caps_and_one_spread_job_per_node
             [("cifar10", 2048), ("imagenet", 3200), ("deepspeech2", 320), ("bert", 384)] * 5
         )
     ]
-    jobs = [
-        PolluxJob(
-            i, t.submit_s, t.model.app, _goodputs(t.model.app, t.model.profile, 4), 1, t.model
-        )  # type: ignore[attr-defined]
-        for i, t in enumerate(trace)
-    ]
+    jobs = []
+    for i, t in enumerate(trace):
+        model = t.model
+        assert isinstance(model, ProfiledJob)
+        gp = _goodputs(model.app, model.profile, 4)
+        jobs.append(PolluxJob(i, t.submit_s, model.app, gp, 1, model))
     for j in jobs[:10]:
         j.max_seen = 8  # has run: may grow to 16 (capped by its batch limit)
     search = _Search(PolluxSearch(population=16, generations=6, seed=3), 4, 4)
