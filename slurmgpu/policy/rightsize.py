@@ -15,7 +15,11 @@ in the site's :class:`~slurmgpu.policy.sizing.SizingRules`):
   :mod:`slurmgpu.policy.priors`),
   ``min_time_limit`` (15 min), and ``time_headroom`` * the longest elapsed time of a
   RUNNING job with the same user and name (a sibling running for 2 h proves a run can
-  take 2 h), rounded up to ``time_round`` (5 min). A job with no limit
+  take 2 h), rounded up to ``time_round`` (5 min). The headroom grows by
+  ``timeout_margin_growth`` (1.5) for every run at the key that ended ``TIMEOUT``: a run
+  killed at its limit says the key's runs vary more than its history showed (the
+  simulator requeues a job rightsized into a timeout with its old limit; the next limit
+  at its key is then wider). A job with no limit
   (``UNLIMITED``) gets one. Only from runs of the job's own script or name unless
   ``time_from_other_jobs``: the user's other jobs say little about this one's run time,
   and a limit too short is a killed run (on Pollux workloads 1, 2 and 4, 66 of the 71
@@ -261,7 +265,9 @@ def _derive(
     run_time_s, samples, gpu_samples, gpu_scaled = run
     time_s: int | None = None
     if s.time_limit and k.sets_limit:
-        time_s = time_limit_s(run_time_s, c.headroom, c.round_s, c.min_time_s)
+        # the key's margin grows with every run of it that hit its limit
+        headroom = c.headroom * s.timeout_margin_growth**k.est.timeouts
+        time_s = time_limit_s(run_time_s, headroom, c.round_s, c.min_time_s)
     return _Derived(
         k,
         run_time_s,

@@ -289,6 +289,8 @@ class RightsizeSettings:
     - ``target_cores_per_gpu`` (12, JDS): CPUs are never cut below this many per GPU.
     - ``min_history`` (3): past runs needed at a key before it is trusted.
     - ``min_change_fraction`` (0.2): smaller reductions are not proposed.
+    - ``timeout_margin_growth`` (1.5, >= 1): the time limit's headroom is multiplied by
+      this for every run at the key that ended ``TIMEOUT`` (its margin grows).
     - ``max_judged_per_cycle`` (25,000; 0: no limit): pending jobs judged anew in one
       cycle. A job keeps its verdict while it, its opt-in and its history stay the same,
       so only a first cycle on a deep queue, or a reload that changed most users'
@@ -312,6 +314,7 @@ class RightsizeSettings:
     target_cores_per_gpu: int = 12
     min_change_fraction: float = 0.2
     max_judged_per_cycle: int = 25_000
+    timeout_margin_growth: float = 1.5
 
     @classmethod
     def from_mapping(
@@ -336,6 +339,7 @@ class RightsizeSettings:
                 "min_change_fraction", 0.2, minimum=0.0, maximum=1.0, above_minimum=False
             ),
             max_judged_per_cycle=t.integer("max_judged_per_cycle", 25_000, minimum=0),
+            timeout_margin_growth=t.number("timeout_margin_growth", 1.5, minimum=1.0),
         )
         t.finish()
         return s

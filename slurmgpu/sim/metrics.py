@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 
 from slurmgpu.model import JobState
 from slurmgpu.sim.run import SimRun
+from slurmgpu.sim.workload import JobModel
 from slurmgpu.telemetry.gpupower import GPU_POWER, GpuPowerModel, power_model
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "finish_time_fairness",
     "mean_summary",
     "percentile",
+    "rho_values",
     "summarise",
     "type_use",
 ]
@@ -221,10 +223,22 @@ def type_use(run: SimRun) -> dict[str, TypeUse]:
 def finish_time_fairness(run: SimRun) -> list[float]:
     """Themis' rho of every finished job of ``run`` (see the module docstring)."""
     jobs = [j for j in run.jobs if not math.isnan(j.end_s)]
+    return rho_values(
+        [(j.origin_s, j.end_s, j.spec.gpus, j.model) for j in jobs],
+        run.shape.gpus,
+        run.shape.gpus_per_node,
+    )
+
+
+def rho_values(
+    jobs: Sequence[tuple[float, float, int, JobModel]], gpus: int, per_node: int
+) -> list[float]:
+    """Themis' rho of finished jobs given as (first submission, end, GPUs asked, work
+    model), on a cluster of ``gpus`` GPUs, ``per_node`` a node (any scheduler's run)."""
     if not jobs:
         return []
     # jobs in the system over time: +1 at first submission, -1 at the final end
-    events = sorted([(j.origin_s, 1) for j in jobs] + [(j.end_s, -1) for j in jobs])
+    events = sorted([(j[0], 1) for j in jobs] + [(j[1], -1) for j in jobs])
     times: list[float] = []
     area: list[float] = []  # integral of the count up to times[i]
     counts: list[int] = []  # the count right after times[i]
@@ -245,22 +259,20 @@ def finish_time_fairness(run: SimRun) -> list[float]:
             return 0.0
         return area[i] + counts[i] * (t - times[i])
 
-    gpus = run.shape.gpus
-    per_node = run.shape.gpus_per_node
     out = []
-    for j in jobs:
-        jct = j.end_s - j.origin_s
+    for origin, end, asked, model in jobs:
+        jct = end - origin
         if jct <= 0:
             continue
-        n = max(1.0, (integral(j.end_s) - integral(j.origin_s)) / jct)
+        n = max(1.0, (integral(end) - integral(origin)) / jct)
         share = gpus / n
-        want = max(1, j.spec.gpus)
+        want = max(1, asked)
         if share >= want:
-            alone = j.model.run_time(want, per_node)
+            alone = model.run_time(want, per_node)
         elif share >= 1:
-            alone = j.model.run_time(int(share), per_node)
+            alone = model.run_time(int(share), per_node)
         else:
-            alone = j.model.run_time(1, per_node) / share
+            alone = model.run_time(1, per_node) / share
         if alone > 0 and math.isfinite(alone):
             out.append(jct / alone)
     return out

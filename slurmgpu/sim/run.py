@@ -66,7 +66,7 @@ from slurmgpu.sim.usage import LazyUsage, UsageModel
 from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.update import audit_fields
-from slurmgpu.tokens import POOL
+from slurmgpu.tokens import NORIGHTSIZE, POOL, rightsize_opted_out
 from slurmgpu.tokens import parse as parse_tokens
 
 __all__ = [
@@ -220,6 +220,9 @@ class SimOptions:
     policies: SimPolicies = field(default_factory=SimPolicies)
     max_virtual_s: float = 400 * 86400.0
     max_resubmits: int = 3  # a user resubmits a timed-out job this many times
+    # A job whose limit the daemon lowered (rightsizing, a resize's limit) and that ran
+    # into it is requeued with the limit it asked for, keeping its place in the queue.
+    restore_lowered_limits: bool = True
     record_decisions: bool = False
     history: tuple[HistoryRecord, ...] = ()  # finished jobs known before the trace starts
     # None: every pending job opted in to rightsizing; else the daemon's rule per job.
@@ -264,6 +267,7 @@ class SimRun:
     all_jobs: list[SimJob] = field(default_factory=list)  # with timed-out earlier attempts
     preemptions: int = 0  # jobs checkpointed and requeued at their own size
     reorders: int = 0  # ordering updates (Nice) executed
+    limit_restores: int = 0  # jobs requeued with the limit they asked for (a lowered one hit)
 
 
 def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
@@ -342,7 +346,7 @@ class _Runner:
         self.last_changes = -1
         self.last_cycle = -math.inf
         self.cycles = self.executed = self.failed = self.resizes = 0
-        self.reorders = self.preemptions = 0
+        self.reorders = self.preemptions = self.limit_restores = 0
         self.records: list[DecisionRecord] = []
         # The daemon's resize transactions (cycle.dispatch: jobs and array pools),
         # in memory, acknowledged by SimSlurm's checkpoint record, in virtual time.
@@ -388,7 +392,30 @@ class _Runner:
 
     def _ended(self, job: SimJob) -> None:
         self.history_records.append(_history_record(self.sim, job))
+        asked = job.spec.time_limit_s
         if (
+            job.state is JobState.TIMEOUT
+            and self.options.restore_lowered_limits
+            and job.array_job_id is None
+            and job.time_limit_s is not None
+            and (asked is None or job.time_limit_s < asked)
+            and job.resubmits < self.options.max_resubmits
+        ):
+            # Rightsizing never costs a job its run: one that ran into a limit lowered
+            # for it is requeued (``scontrol requeue`` takes a finished batch job) with
+            # the limit it asked for, at its place in the queue (its submit time), after
+            # Slurm's requeue delay, resuming from the checkpoint taken at SIGTERM. Its
+            # comment gains ``sgpu:norightsize``: its limit is not lowered again.
+            comment = job.spec.comment
+            if not rightsize_opted_out(comment):
+                comment = f"{comment},{NORIGHTSIZE}" if comment else NORIGHTSIZE
+            new_id = self.sim.submit_job(replace(job.spec, comment=comment), resume=job)
+            task = self.sim.all_jobs[new_id]
+            task.submit_s = job.submit_s
+            task.eligible_s = self.sim.now + self.options.requeue_delay_s
+            self.limit_restores += 1
+            self.total += 1
+        elif (
             job.state is JobState.TIMEOUT
             and job.array_job_id is None
             and job.resubmits < self.options.max_resubmits
@@ -645,6 +672,7 @@ class _Runner:
             list(sim.all_jobs.values()),
             self.preemptions,
             self.reorders,
+            self.limit_restores,
         )
 
 

@@ -82,6 +82,23 @@ def test_time_limit_is_quantile_times_headroom_rounded_up() -> None:
     assert a.slurm_id == "100" and a.requires_opt_in and a.alert == "rightsize"
 
 
+def test_the_keys_margin_grows_with_each_run_that_hit_its_limit() -> None:
+    # 60 min runs; one of them was killed at a (rightsized) 78 min limit
+    history = [record(run_time=MIN * m) for m in (50, 55, 60)]
+    timed_out = [*history, record(run_time=MIN * 78, state="TIMEOUT")]
+    a = only(propose([pending_job(time_limit=8 * HOUR)], timed_out, ONLY_TIME))
+    # 78 min (the killed run, the longest) * 1.3 * 1.5 = 152.1 min -> 155 min
+    assert limit_of(a) == limit("02:35:00")
+    twice = [*timed_out, record(run_time=MIN * 78, state="TIMEOUT")]
+    b = only(propose([pending_job(time_limit=8 * HOUR)], twice, ONLY_TIME))
+    # * 1.5 again: 78 * 1.3 * 2.25 = 228.15 min -> 230 min
+    assert limit_of(b) == limit("03:50:00")
+    # growth 1 keeps the plain rule
+    flat = replace(ONLY_TIME, timeout_margin_growth=1.0)
+    c = only(propose([pending_job(time_limit=8 * HOUR)], timed_out, flat))
+    assert limit_of(c) == limit("01:45:00")  # 78 * 1.3 = 101.4 -> 105 min
+
+
 def test_time_limit_never_goes_below_the_minimum() -> None:
     history = [record(run_time=MIN)] * 3
     a = only(propose([pending_job(time_limit=2 * HOUR)], history, ONLY_TIME))
