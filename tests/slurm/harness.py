@@ -13,11 +13,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.store import open_store
 from slurmgpu.store.usage import GpuUsage, UsageStore
 from tests.polling import wait_for
+
+if TYPE_CHECKING:
+    from tests.slurm.test_malleable_real import Lab
 
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
 
@@ -211,3 +215,55 @@ def running_stack(
             t.daemon.wait(timeout=60)
         for log in tmp_path.glob("*.log"):
             assert "Traceback" not in log.read_text(), f"{log.name} has a traceback"
+
+
+# --------------------------------------------------------------------------- frameworks
+
+
+@contextmanager
+def framework_lab(
+    slurm_cluster: LabCluster, prefix: str, modules: tuple[str, ...], why: str, tier: str
+) -> Iterator[Lab]:
+    """A :class:`tests.slurm.test_malleable_real.Lab` for a malleable-framework test
+    (torchrun, Lightning, Hugging Face): skips through ``tier`` when one of ``modules``
+    (the jobs' framework) is missing, ``why`` saying how to install it.
+
+    Its directory is under the lab's root, which a Slurm chroot sees too; the checkout and
+    this Python are shared with the cluster (bound into a chroot: the release stage), so
+    the jobs' sgpu launch, torchrun and workers run the same code as the test. At the end
+    every job is cancelled and the cluster drained.
+    """
+    import importlib.util
+    import tempfile
+
+    from slurmgpu.slurm.cli import CliSlurmClient
+    from tests.slurm.test_malleable_real import Lab
+    from tests.tier_guard import skip_missing
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        skip_missing(tier, f"{', '.join(missing)} not installed ({why})")
+    root = Path(__file__).resolve().parents[2]
+    tmp_path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=slurm_cluster.root))
+    slurm_cluster.share(root, Path(sys.prefix), Path(sys.base_prefix))
+    config = tmp_path / "config.toml"
+    config.write_text('[slurm]\ncommand_timeout = "20s"\n')
+    db = f"sqlite:///{tmp_path / 'state.db'}"
+    env = {
+        **os.environ,
+        "SGPU_DB": db,
+        "SGPU_CONFIG": str(config),
+        "PYTHONPATH": str(root),
+        "OMP_NUM_THREADS": "1",
+    }
+    lab = Lab(tmp_path, env, db, CliSlurmClient(timeout_s=20))
+    lab.sgpu("db", "upgrade")
+    try:
+        yield lab
+    finally:
+        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
+        wait_for(
+            "the cluster to drain",
+            lambda: not [j for j in lab.slurm.jobs() if not j.state.is_terminal],
+            timeout_s=60,
+        )

@@ -13,12 +13,8 @@ tests/integration/test_elastic_lightning.py's (the same code without Slurm).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,11 +24,10 @@ import psutil
 import pytest
 
 from slurmgpu.lab.cluster import LabCluster
-from slurmgpu.slurm.cli import CliSlurmClient
 from tests.lab_processes import job_processes
 from tests.polling import wait_for
+from tests.slurm.harness import framework_lab
 from tests.slurm.test_malleable_real import Lab
-from tests.tier_guard import skip_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "integration" / "lightning_worker.py"
@@ -42,31 +37,10 @@ SAMPLES, GLOBAL_BATCH = 96, 8
 
 @pytest.fixture
 def lab(slurm_cluster: LabCluster) -> Iterator[Lab]:
-    if importlib.util.find_spec("lightning") is None:
-        skip_missing("slurm", "lightning is not installed (pip install 'slurmgpu[lightning]')")
-    tmp_path = Path(tempfile.mkdtemp(prefix="lightning-", dir=slurm_cluster.root))
-    slurm_cluster.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
-    config = tmp_path / "config.toml"
-    config.write_text('[slurm]\ncommand_timeout = "20s"\n')
-    db = f"sqlite:///{tmp_path / 'state.db'}"
-    env = {
-        **os.environ,
-        "SGPU_DB": db,
-        "SGPU_CONFIG": str(config),
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-    }
-    lab = Lab(tmp_path, env, db, CliSlurmClient(timeout_s=20))
-    lab.sgpu("db", "upgrade")
-    try:
+    with framework_lab(
+        slurm_cluster, "lightning", ("lightning",), "pip install 'slurmgpu[lightning]'", "slurm"
+    ) as lab:
         yield lab
-    finally:
-        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
-        wait_for(
-            "the cluster to drain",
-            lambda: not [j for j in lab.slurm.jobs() if not j.state.is_terminal],
-            timeout_s=60,
-        )
 
 
 def _records(lab: Lab) -> list[dict[str, Any]]:

@@ -19,13 +19,10 @@ checkout and this Python bound into them), after the host's 22.05 in the slurm t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,11 +32,10 @@ import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job
-from slurmgpu.slurm.cli import CliSlurmClient
 from tests.lab_processes import job_processes
 from tests.polling import wait_for
+from tests.slurm.harness import framework_lab
 from tests.slurm.test_malleable_real import Lab
-from tests.tier_guard import skip_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_ddp_elastic.py"
@@ -48,34 +44,10 @@ TORCHRUN = f"{sys.executable} -m torch.distributed.run --standalone"
 
 @pytest.fixture
 def lab(slurm_cluster: LabCluster) -> Iterator[Lab]:
-    if importlib.util.find_spec("torch") is None:  # the jobs' torchrun needs it
-        skip_missing("release", "torch is not installed (pip install torch==2.13.0)")
-    # Under the lab's root, which a Slurm chroot sees too; with a chroot (the release
-    # stage: 24.11, 26.05), the checkout and this Python are bound into it, so the jobs'
-    # sgpu launch, torchrun and workers run the same code as on the host's Slurm.
-    tmp_path = Path(tempfile.mkdtemp(prefix="torch-", dir=slurm_cluster.root))
-    slurm_cluster.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
-    config = tmp_path / "config.toml"
-    config.write_text('[slurm]\ncommand_timeout = "20s"\n')
-    db = f"sqlite:///{tmp_path / 'state.db'}"
-    env = {
-        **os.environ,
-        "SGPU_DB": db,
-        "SGPU_CONFIG": str(config),
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-    }
-    lab = Lab(tmp_path, env, db, CliSlurmClient(timeout_s=20))
-    lab.sgpu("db", "upgrade")
-    try:
+    with framework_lab(
+        slurm_cluster, "torch", ("torch",), "pip install torch==2.13.0", "release"
+    ) as lab:
         yield lab
-    finally:
-        subprocess.run(["scancel", "--user", "root"], check=False, timeout=30)
-        wait_for(
-            "the cluster to drain",
-            lambda: not [j for j in lab.slurm.jobs() if not j.state.is_terminal],
-            timeout_s=60,
-        )
 
 
 def _torch_job(lab: Lab, name: str, *extra: str, grace: str = "30s") -> int:
