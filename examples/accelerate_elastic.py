@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                             "lr": scheduler.get_last_lr()[0],
                             "world": world,
                             "accumulation": accelerator.gradient_accumulation_steps,
+                            "restart": run.restart_count,
+                            "at": round(time.time(), 3),
                         },
                     )
                 losses, seen = [], []
