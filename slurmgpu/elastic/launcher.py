@@ -53,6 +53,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,11 +164,8 @@ def _signal_steps(job_id: int, signum: int) -> str | None:
     return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
 
 
-def head_address(env: Mapping[str, str]) -> str | None:
-    """The ``NodeAddr`` of the job's first node (``scontrol``), None when unknown."""
-    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
-    if not nodelist:
-        return None
+def _node_addr(nodelist: str) -> str | None:
+    """The ``NodeAddr`` of the first node of ``nodelist`` (``scontrol``), None on failure."""
     try:
         names = subprocess.run(
             ["scontrol", "show", "hostnames", nodelist],
@@ -192,6 +190,20 @@ def head_address(env: Mapping[str, str]) -> str | None:
         if field_text.startswith("NodeAddr="):
             return field_text.removeprefix("NodeAddr=") or first
     return first
+
+
+def head_address(env: Mapping[str, str]) -> str | None:
+    """Where the job's first node is reached: its ``NodeAddr`` (``scontrol``), else this
+    host's own address (the batch shell runs on the allocation's first node); None when
+    neither is known."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+    addr = _node_addr(nodelist) if nodelist else None
+    if addr:
+        return addr
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
 
 
 def _requeue(job_id: int) -> str | None:

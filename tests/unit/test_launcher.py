@@ -258,3 +258,20 @@ def test_the_batch_launcher_exports_the_head_nodes_address(tmp_path: Path) -> No
         assert launcher._child is not None
         launcher._child.wait(timeout=30)
         assert out.read_text().strip() == expected
+
+
+def test_without_scontrol_the_head_is_this_hosts_address(tmp_path: Path) -> None:
+    """The batch shell runs on the allocation's first node: when scontrol cannot say the
+    node's NodeAddr (not on PATH here), this host's own address stands in."""
+    import socket as socket_module
+
+    from slurmgpu.elastic.launcher import head_address
+
+    env = {"SLURM_JOB_NODELIST": "gpu[1-2]", "PATH": str(tmp_path)}
+    old = os.environ["PATH"]
+    os.environ["PATH"] = str(tmp_path)  # no scontrol
+    try:
+        got = head_address(env)
+    finally:
+        os.environ["PATH"] = old
+    assert got == socket_module.gethostbyname(socket_module.gethostname())
