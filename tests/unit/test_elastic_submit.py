@@ -166,3 +166,9 @@ def test_a_script_with_a_launcher_per_node_needs_the_batch_launcher(
     else:
         assert got.error is not None and verdict in got.error
         assert f"`exec sgpu launch -- {body}`" in got.error
+
+
+def test_the_multinode_example_script_passes_the_check() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "torch_multinode.sh"
+    got = check_script(example)
+    assert got.error is None and got.note is None
