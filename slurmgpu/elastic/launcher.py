@@ -30,7 +30,8 @@ batch shell, starts ``CMD`` and stays its supervisor:
   ``srun`` in its tree) sends the checkpoint signal on to them (``scancel --signal=SIG
   JOB``: every step, not the batch shell); each node's launcher relays it to its
   workers. Only the batch launcher requeues at the time limit: a launcher inside a job
-  step (``SLURM_STEP_ID`` set) never does, or each node would requeue the job once.
+  step (``SLURM_STEP_ID`` 0, 1, ...; 26.05 gives the batch script -5) never does, or
+  each node would requeue the job once.
 - **SIGTERM** (the requeue, scancel, preemption, the time limit's kill), SIGINT, SIGHUP:
   relayed to every process of the tree. Once the training processes (those that caught the
   checkpoint signal) have exited, what is left (torchrun, shells) is SIGKILLed at once:
@@ -68,7 +69,7 @@ import psutil
 from slurmgpu.elastic.runtime import _count_devices, _env_int, _signal_number
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, job_dir, read_ack
 
-__all__ = ["LAUNCH_LOG", "Launcher", "catches", "head_address", "main", "tree"]
+__all__ = ["LAUNCH_LOG", "Launcher", "catches", "head_address", "in_step", "main", "tree"]
 
 LAUNCH_LOG = "launch.jsonl"
 DEFAULT_TERM_WAIT_S = 20.0
@@ -456,6 +457,19 @@ class Launcher:
         self._reap_orphans()
 
 
+_FIRST_SPECIAL_STEP = 0xFFFFFFF0  # Slurm's batch, extern, interactive... step ids
+
+
+def in_step(env: Mapping[str, str]) -> bool:
+    """Whether this process is a task of an ``srun`` job step (not the batch script).
+
+    22.05 sets no ``SLURM_STEP_ID`` in the batch script; 26.05 sets the batch step's
+    special id as a negative number (-5); a step's tasks get 0, 1, ...
+    """
+    text = env.get("SLURM_STEP_ID", "").strip()
+    return text.isdigit() and int(text) < _FIRST_SPECIAL_STEP
+
+
 def from_env(command: Sequence[str], env: Mapping[str, str] | None = None) -> Launcher:
     e = dict(os.environ if env is None else env)
     job_id = _env_int(e, "SLURM_JOB_ID", default=0)
@@ -477,7 +491,7 @@ def from_env(command: Sequence[str], env: Mapping[str, str] | None = None) -> La
         grace_s=max(grace, 0.0),
         term_wait_s=max(term_wait, 0.0),
         env=e,
-        in_step=bool(e.get("SLURM_STEP_ID", "").strip()),
+        in_step=in_step(e),
         nodes=max(_env_int(e, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1), 1),
     )
 

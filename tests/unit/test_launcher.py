@@ -275,3 +275,16 @@ def test_without_scontrol_the_head_is_this_hosts_address(tmp_path: Path) -> None
     finally:
         os.environ["PATH"] = old
     assert got == socket_module.gethostbyname(socket_module.gethostname())
+
+
+@pytest.mark.parametrize(
+    ("step_id", "expected"),
+    [(None, False), ("-5", False), ("4294967291", False), ("0", True), ("3", True), ("x", False)],
+)
+def test_a_step_task_is_told_from_the_batch_script(step_id: str | None, expected: bool) -> None:
+    """22.05's batch script has no SLURM_STEP_ID, 26.05's has -5 (its batch step's id);
+    srun's tasks have 0, 1, ..."""
+    from slurmgpu.elastic.launcher import in_step
+
+    env = {} if step_id is None else {"SLURM_STEP_ID": step_id}
+    assert in_step(env) is expected
