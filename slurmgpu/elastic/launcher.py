@@ -336,13 +336,13 @@ class Launcher:
             for pid in targets:
                 self._send(pid, signum)
             self.event("checkpoint_signal", relayed_to=targets)
-            if not self.in_step and self._has_steps(everything):
+            to_steps = not self.in_step and self._has_steps(everything)
+            if to_steps:
                 # Tasks of srun steps (a launcher per node) are not in this tree, and
                 # neither Slurm's --signal=B: nor (on 22.05) scancel --full reaches them.
                 error = self.signal_steps(self.job_id, signum)
                 self.event("relayed_to_steps", error=error)
-                targets = targets or [-1]
-            if not targets:
+            if not targets and not to_steps:
                 self.event(
                     "warning",
                     detail=f"no process catches SIG{self.checkpoint_signal.name[3:]}: "
