@@ -330,7 +330,8 @@ class ResizeExecutor:
             return False
         for row in rows:  # newest first
             if row.state == RUNNING:
-                return "NumNodes" in (row.payload.get("fields") or {})
+                intents, _ = parse_fields(row.payload.get("fields") or {}, strict=False)
+                return any(isinstance(i, SetNodes) for i in intents)
         return False
 
     # ------------------------------------------------------------------ cycle

@@ -152,17 +152,14 @@ def _time_left_s(job_id: int) -> float | None:
 
 def _signal_steps(job_id: int, signum: int) -> str | None:
     """``scancel --signal=SIG JOB``: every step of the job, not the batch shell."""
+    from slurmgpu.slurm.cli import CliSlurmClient
+    from slurmgpu.slurm.client import SlurmError
+
     try:
-        proc = subprocess.run(
-            ["scancel", f"--signal={signal.Signals(signum).name[3:]}", str(job_id)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        CliSlurmClient(timeout_s=30).signal(job_id, signal.Signals(signum).name[3:])
+    except SlurmError as exc:
         return str(exc)
-    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
+    return None
 
 
 def _node_addr(nodelist: str) -> str | None:
