@@ -27,6 +27,12 @@ the ack's time), ``exit_after_term`` (the requeue's SIGTERM reaching the launche
 launcher gone, every process of the run with it) and ``exit_after_ckpt`` (checkpoint durable
 → gone, which includes the daemon seeing the ack and requeueing). Target: the run gone
 within 1 s of the checkpoint being durable and of the SIGTERM; whole resize < 30 s.
+
+``--frameworks torch,accelerate,multinode`` measures each the same way after the toy
+runtime, in the same run, and prints each beside the toy runtime's fast-path figure:
+``accelerate`` is examples/accelerate_elastic.py (a plain Accelerate loop, 4 / 2 ranks),
+``multinode`` the PyTorch example over 2 nodes x 2 GPUs (a launcher per node under srun,
+c10d rendezvous on the first node) shrunk to 1 node and grown back by node count.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -161,7 +168,54 @@ def resize_with_exit(
     return phases
 
 
-def run_torch(
+@dataclass(frozen=True)
+class Framework:
+    """A training submitted with ``sgpu submit --malleable`` and resized on the fast path."""
+
+    name: str
+    malleable: str  # MIN:MAX GPUs
+    shape: tuple[str, ...]  # the job's size options (GPUs per node, nodes)
+    sizes: tuple[int, int]  # shrink to, grow back to
+    wrap: str  # the command; {log} is its training log (lines with restart and at)
+
+
+def frameworks() -> dict[str, Framework]:
+    torchrun = f"{sys.executable} -m torch.distributed.run"
+    ddp = f"{ROOT / 'examples/torch_ddp_elastic.py'} --steps 1000000 --step-time 0.1"
+    acc = f"{ROOT / 'examples/accelerate_elastic.py'} --epochs 100000 --step-time 0.1"
+    port = 29000 + os.getpid() % 20000
+    per_node = (
+        f"srun --ntasks-per-node=1 {sys.executable} -m slurmgpu launch -- {torchrun} "
+        "--nnodes=$SLURM_NNODES --nproc-per-node=$SGPU_GPUS --rdzv-backend=c10d "
+        f"--rdzv-endpoint=$SGPU_HEAD_ADDR:{port} --rdzv-id=$SLURM_JOB_ID"
+    )
+    return {
+        "torch": Framework(
+            "torch",
+            "2:4",
+            ("--gres=gpu:4",),
+            (2, 4),
+            f"{torchrun} --standalone --nproc-per-node=$SGPU_GPUS {ddp} --train-log {{log}}",
+        ),
+        "accelerate": Framework(
+            "accelerate",
+            "2:4",
+            ("--gres=gpu:4",),
+            (2, 4),
+            f"{torchrun} --standalone --nproc-per-node=$SGPU_GPUS {acc} --train-log {{log}}",
+        ),
+        "multinode": Framework(  # 2 nodes x 2 GPUs <-> 1 node, by node count
+            "multinode",
+            "2:4",
+            ("-N", "2", "--gres=gpu:2"),
+            (2, 4),
+            f"{per_node} {ddp} --train-log {{log}}",
+        ),
+    }
+
+
+def run_framework(
+    fw: Framework,
     env: dict[str, str],
     tmp: Path,
     slurm: CliSlurmClient,
@@ -169,9 +223,8 @@ def run_torch(
     directory: MalleableDirectory,
     resizes: int,
 ) -> list[dict[str, float]]:
-    """The PyTorch example under torchrun, resized 4 -> 2 -> 4 ... on the fast path."""
-    log = tmp / "torch.jsonl"
-    torchrun = f"{sys.executable} -m torch.distributed.run --standalone"
+    """``fw``'s training resized down and up ... on the fast path."""
+    log = tmp / f"{fw.name}.jsonl"
     out = subprocess.run(
         [
             sys.executable,
@@ -180,17 +233,16 @@ def run_torch(
             "submit",
             "--parsable",
             "-o",
-            str(tmp / "torch.out"),
+            str(tmp / f"{fw.name}.out"),
             "--malleable",
-            "2:4",
+            fw.malleable,
             "--checkpoint-grace",
             "60s",
             "--elastic-dir",
             str(tmp / "state"),
-            "--gres=gpu:4",
+            *fw.shape,
             "--wrap",
-            f"{torchrun} --nproc-per-node=$SGPU_GPUS {ROOT / 'examples/torch_ddp_elastic.py'} "
-            f"--steps 1000000 --step-time 0.1 --train-log {log}",
+            fw.wrap.format(log=log),
         ],
         env={**env, "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -199,21 +251,26 @@ def run_torch(
         timeout=60,
     )
     job_id = int(out.stdout.strip().split(";")[0])
-    _wait("the torch job training", lambda: len(_log(log)) > 5, 180)
+    _wait(f"the {fw.name} job training", lambda: len(_log(log)) > 5, 180)
     results = []
     for i in range(resizes):
-        to = 2 if i % 2 == 0 else 4
+        to = fw.sizes[i % 2]
         phases = resize_with_exit(slurm, store, directory, job_id, to, log, tmp / "state")
         results.append(phases)
         print(
-            f"torch -> {to} GPUs: "
+            f"{fw.name} -> {to} GPUs: "
             + ", ".join(f"{k} {phases.get(k, float('nan')):.2f}s" for k in PHASES + EXIT_PHASES),
             flush=True,
         )
         time.sleep(2)
     steps = [int(r["step"]) for r in _log(log) if "event" not in r]
-    assert steps == list(range(1, len(steps) + 1)), "torch: steps lost or repeated"
+    assert steps == list(range(1, len(steps) + 1)), f"{fw.name}: steps lost or repeated"
     slurm.cancel(job_id)
+    _wait(
+        f"the {fw.name} job ended",
+        lambda: (j := _job(slurm, job_id)) is None or j.state.is_terminal,
+        60,
+    )
     return results
 
 
@@ -228,6 +285,13 @@ def main() -> int:
         help="use the lab cluster SLURM_CONF points at instead of starting one (CI's smoke run)",
     )
     p.add_argument("--torch", action="store_true", help="also a PyTorch job (torchrun, fast path)")
+    p.add_argument(
+        "--frameworks",
+        default="",
+        help="comma-separated, each also measured on the fast path: torch (as --torch), "
+        "accelerate (examples/accelerate_elastic.py), multinode (torchrun over 2 nodes x "
+        "2 GPUs, resized by node count)",
+    )
     add_arguments(p, "one resize per path")
     args = p.parse_args()
     if args.smoke:
@@ -321,35 +385,53 @@ def main() -> int:
         )
         run.baseline = {"slurm_requeue_path_s": med["slurm"]}
         run.figures = {"fast_path_s": med["fast"], "slurm_vs_fast": ratio, "steps": len(steps)}
-        if args.torch:
+        names = [n.strip() for n in args.frameworks.split(",") if n.strip()]
+        if args.torch and "torch" not in names:
+            names.insert(0, "torch")
+        known = frameworks()
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            p.error(f"unknown --frameworks {unknown}: choose from {sorted(known)}")
+        if names:
             slurm.cancel(job_id)
             _wait(
                 "the toy job ended",
                 lambda: (j := _job(slurm, job_id)) is None or j.state.is_terminal,
                 60,
             )
-            torch_runs = run_torch(env, tmp, slurm, store, directory, args.resizes)
-            toy = results["fast"]
-            print(f"\n{'phase':16s} {'torch (s)':>10s} {'toy (s)':>8s}   (fast path, medians)")
-            for k in PHASES + EXIT_PHASES:
-                a = [r[k] for r in torch_runs if k in r]
-                b = [r[k] for r in toy if k in r]
-                ma = statistics.median(a) if a else float("nan")
-                mb = statistics.median(b) if b else float("nan")
-                print(f"{k:16s} {ma:10.2f} {mb:8.2f}")
-            worst = max((r.get("exit_after_term", float("nan")) for r in torch_runs), default=0)
-            total = statistics.median(r["total"] for r in torch_runs)
-            print(
-                f"\ntorch: decision -> first step at the new size {total:.1f} s (target < 30 s); "
-                f"SIGTERM -> every process gone at most {worst:.2f} s (target <= 1 s)"
+        measured: dict[str, list[dict[str, float]]] = {}
+        for name in names:
+            measured[name] = run_framework(
+                known[name], env, tmp, slurm, store, directory, args.resizes
             )
-            run.figures["torch_s"] = {
-                k: statistics.median([r[k] for r in torch_runs if k in r])
-                for k in PHASES + EXIT_PHASES
-                if any(k in r for r in torch_runs)
-            }
-            run.target("torch_total_s", total, "< 30", total < 30)
-            run.target("torch_exit_after_term_s", worst, "<= 1", worst <= 1)
+        if measured:
+            toy = results["fast"]
+            head = " ".join(f"{n + ' (s)':>14s}" for n in measured)
+            print(f"\n{'phase':16s} {head} {'toy (s)':>8s}   (fast path, medians)")
+            for k in PHASES + EXIT_PHASES:
+                cells = []
+                for rows in [*measured.values(), toy]:
+                    values = [r[k] for r in rows if k in r]
+                    cells.append(statistics.median(values) if values else float("nan"))
+                body = " ".join(f"{c:14.2f}" for c in cells[:-1])
+                print(f"{k:16s} {body} {cells[-1]:8.2f}")
+            toy_total = statistics.median(r["total"] for r in toy)
+            for name, rows in measured.items():
+                total = statistics.median(r["total"] for r in rows)
+                worst = max((r.get("exit_after_term", float("nan")) for r in rows), default=0)
+                print(
+                    f"{name}: decision -> first step at the new size {total:.1f} s "
+                    f"(target < 30 s; the elastic runtime's {toy_total:.1f} s); SIGTERM -> "
+                    f"every process gone at most {worst:.2f} s"
+                )
+                run.figures[f"{name}_s"] = {
+                    k: statistics.median([r[k] for r in rows if k in r])
+                    for k in PHASES + EXIT_PHASES
+                    if any(k in r for r in rows)
+                }
+                run.target(f"{name}_total_s", total, "< 30", total < 30)
+                if name == "torch":
+                    run.target("torch_exit_after_term_s", worst, "<= 1", worst <= 1)
         run.write(args.json_out)
     finally:
         if lab is not None:

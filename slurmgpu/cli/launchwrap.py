@@ -22,6 +22,7 @@ __all__ = ["ScriptVerdict", "check_script", "launch_prefix", "wrap_command"]
 
 _SHELL_CHARS = re.compile(r"[;&|<>`$()\n'\"\\*?~{}]")
 _LAUNCH_RE = re.compile(r"(^|[\s/])(sgpu|slurmgpu)\s+launch(\s|$)|-m\s+slurmgpu\s+launch(\s|$)")
+_SRUN_RE = re.compile(r"(^|[\s/])srun(\s|$)")
 _TORCHRUN_RE = re.compile(r"(^|[\s/])torchrun(\s|$)|-m\s+torch\.distributed\.(run|launch)(\s|$)")
 _MAX_SCRIPT_BYTES = 1 << 20
 
@@ -32,9 +33,25 @@ def launch_prefix() -> str:
     return f"exec {shlex.quote(sys.executable)} -m slurmgpu launch --"
 
 
+def _launch_under_srun(text: str) -> bool:
+    """``srun ... sgpu launch -- ...``: one launcher per node, under srun."""
+    launch = _LAUNCH_RE.search(text)
+    srun = _SRUN_RE.search(text)
+    return launch is not None and srun is not None and srun.start() < launch.start()
+
+
 def wrap_command(cmd: str) -> str:
-    """The ``--wrap`` command to submit for ``cmd``."""
+    """The ``--wrap`` command to submit for ``cmd``.
+
+    ``srun ... sgpu launch -- torchrun ...`` (a launcher per node) gets the batch launcher
+    in front too: it is what the time limit's signal reaches, and it requeues the job.
+    """
     text = cmd.strip()
+    if _launch_under_srun(text):
+        body = text.removeprefix("exec ").strip()
+        if not _SHELL_CHARS.search(body):
+            return f"{launch_prefix()} {body}"
+        return f"{launch_prefix()} /bin/sh -c {shlex.quote(body)}"
     if _LAUNCH_RE.search(text):
         return text if text.startswith("exec ") else f"exec {text}"
     if not _SHELL_CHARS.search(text):
@@ -70,6 +87,12 @@ def check_script(path: str | Path) -> ScriptVerdict:
     lines = _commands(data.decode("utf-8", errors="replace"))
     launch = [(n, line) for n, line in lines if _LAUNCH_RE.search(line)]
     for number, line in launch:
+        if _launch_under_srun(line) and not line.startswith("exec "):
+            return ScriptVerdict(
+                error=f"{name} line {number} runs a launcher per node under srun with no "
+                "batch launcher in front: the time limit's signal reaches only the batch "
+                f"shell; write `exec sgpu launch -- {line}`"
+            )
         if not line.startswith("exec "):
             return ScriptVerdict(
                 error=f"{name} line {number} runs `sgpu launch` without `exec`: the batch "

@@ -165,13 +165,15 @@ def job_gpus(job: Job) -> int:
     return job.allocated_gpus or job.gpus.gpus
 
 
-def resize_intent(job: Job, to_gpus: int) -> Intent:
+def resize_intent(job: Job, to_gpus: int, *, by_nodes: bool = False) -> Intent:
     """The change that gives ``job`` ``to_gpus`` GPUs in total.
 
     ``--gres``/``--gpus-per-node`` jobs change their per-node count on one node, or their
-    node count when ``to_gpus`` is a multiple of the per-node count; ``--gpus`` jobs their
-    total. ``TresPerNode`` replaces the whole per-node TRES string, so jobs that also ask
-    for shards (or anything else per node) are refused.
+    node count when ``to_gpus`` is a multiple of the per-node count (on more than one
+    node, or with ``by_nodes``: a multi-node job shrunk to one node grows back by node
+    count, keeping its GPUs per node); ``--gpus`` jobs their total. ``TresPerNode``
+    replaces the whole per-node TRES string, so jobs that also ask for shards (or
+    anything else per node) are refused.
     """
     req = job.gpus
     if to_gpus < 1:
@@ -183,7 +185,7 @@ def resize_intent(job: Job, to_gpus: int) -> Intent:
     if req.per_node is None:
         raise ResizeError("the job's GPU request is not per node or per job")
     nodes = max(job.node_count, 1)
-    if nodes == 1:
+    if nodes == 1 and not by_nodes:
         return SetGpus(to_gpus, req.gpu_type or None)
     if to_gpus % req.per_node == 0:
         return SetNodes(to_gpus // req.per_node)
@@ -253,7 +255,8 @@ class ResizeExecutor:
         preempt = is_preempt(action)  # the same transaction at the same size
         if to_gpus == current and not preempt:
             raise ResizeError(f"job {job.job_id} already has {current} GPUs")
-        old: list[Intent] = [resize_intent(job, current)]
+        by_nodes = self._resized_by_nodes(job.job_id)
+        old: list[Intent] = [resize_intent(job, current, by_nodes=by_nodes)]
         sized = resize_of(action.intents)
         moved = sized.gpu_type if isinstance(sized, Resize) else None
         # the changes for the held job's update besides its size (nice, time limit)
@@ -263,7 +266,7 @@ class ResizeExecutor:
             # the type-aware malleable policy moves the job to another GPU type: the
             # new request names it (``gpu:TYPE:N``); the old update keeps the old type
             job = dataclasses.replace(job, gpus=dataclasses.replace(job.gpus, gpu_type=moved))
-        new: list[Intent] = [resize_intent(job, to_gpus)]
+        new: list[Intent] = [resize_intent(job, to_gpus, by_nodes=by_nodes)]
         if nice is not None:
             # A preempted job waits in the queue its policy put it in.
             new.append(nice)
@@ -314,6 +317,22 @@ class ResizeExecutor:
             log.warning("resize %d of job %d: signal not sent yet: %s", row.id, job.job_id, exc)
             return row
         return advanced or row
+
+    def _resized_by_nodes(self, job_id: int) -> bool:
+        """Whether the job's last completed resize changed its node count (``NumNodes``):
+        a multi-node job shrunk to one node keeps being resized by node count."""
+        try:
+            rows = self.store.recent([KIND], job_id=job_id, limit=20)
+        # The SQL store's StoreError (not imported: the simulator loads this module
+        # without sqlalchemy); the history is a hint that never stops the resize.
+        except Exception as exc:
+            log.warning("resize history of job %d unreadable: %s", job_id, exc)
+            return False
+        for row in rows:  # newest first
+            if row.state == RUNNING:
+                intents, _ = parse_fields(row.payload.get("fields") or {}, strict=False)
+                return any(isinstance(i, SetNodes) for i in intents)
+        return False
 
     # ------------------------------------------------------------------ cycle
 

@@ -18,6 +18,20 @@ batch shell, starts ``CMD`` and stays its supervisor:
   ``ack.json``, written once the checkpoint is durable) and requeues the job itself
   (``scontrol requeue``): Slurm would otherwise end it TIMEOUT. For a resize the daemon
   does the requeue.
+- **Several nodes**: the batch script runs one launcher per node through ``srun``
+  inside the batch launcher, ``exec sgpu launch -- srun --ntasks-per-node=1 sgpu launch
+  -- torchrun --nnodes=$SLURM_NNODES --rdzv-backend=c10d
+  --rdzv-endpoint=$SGPU_HEAD_ADDR:PORT ...`` (``sgpu submit --malleable`` adds the outer
+  one to a ``--wrap``). The batch launcher exports ``SGPU_HEAD_ADDR``: the first node's
+  ``NodeAddr`` (where torchrun's c10d store listens), ``127.0.0.1`` for a job on one
+  node (a job resized by node count runs on one node at times). Neither the time
+  limit's signal (``B:``) nor, on 22.05, the daemon's ``scancel --full`` reaches the
+  tasks of a step, so the batch launcher of a job with steps (more than one node, or an
+  ``srun`` in its tree) sends the checkpoint signal on to them (``scancel --signal=SIG
+  JOB``: every step, not the batch shell); each node's launcher relays it to its
+  workers. Only the batch launcher requeues at the time limit: a launcher inside a job
+  step (``SLURM_STEP_ID`` 0, 1, ...; 26.05 gives the batch script -5) never does, or
+  each node would requeue the job once.
 - **SIGTERM** (the requeue, scancel, preemption, the time limit's kill), SIGINT, SIGHUP:
   relayed to every process of the tree. Once the training processes (those that caught the
   checkpoint signal) have exited, what is left (torchrun, shells) is SIGKILLed at once:
@@ -40,6 +54,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,7 +69,7 @@ import psutil
 from slurmgpu.elastic.runtime import _count_devices, _env_int, _signal_number
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, job_dir, read_ack
 
-__all__ = ["LAUNCH_LOG", "Launcher", "catches", "main", "tree"]
+__all__ = ["LAUNCH_LOG", "Launcher", "catches", "head_address", "in_step", "main", "tree"]
 
 LAUNCH_LOG = "launch.jsonl"
 DEFAULT_TERM_WAIT_S = 20.0
@@ -135,6 +150,60 @@ def _time_left_s(job_id: int) -> float | None:
     return None if left is None else left.total_seconds()
 
 
+def _signal_steps(job_id: int, signum: int) -> str | None:
+    """``scancel --signal=SIG JOB``: every step of the job, not the batch shell."""
+    from slurmgpu.slurm.cli import CliSlurmClient
+    from slurmgpu.slurm.client import SlurmError
+
+    try:
+        CliSlurmClient(timeout_s=30).signal(job_id, signal.Signals(signum).name[3:])
+    except SlurmError as exc:
+        return str(exc)
+    return None
+
+
+def _node_addr(nodelist: str) -> str | None:
+    """The ``NodeAddr`` of the first node of ``nodelist`` (``scontrol``), None on failure."""
+    try:
+        names = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        first = names.stdout.split()[0] if names.returncode == 0 and names.stdout else ""
+        if not first:
+            return None
+        node = subprocess.run(
+            ["scontrol", "-o", "show", "node", first],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for field_text in node.stdout.split():
+        if field_text.startswith("NodeAddr="):
+            return field_text.removeprefix("NodeAddr=") or first
+    return first
+
+
+def head_address(env: Mapping[str, str]) -> str | None:
+    """Where the job's first node is reached: its ``NodeAddr`` (``scontrol``), else this
+    host's own address (the batch shell runs on the allocation's first node); None when
+    neither is known."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+    addr = _node_addr(nodelist) if nodelist else None
+    if addr:
+        return addr
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+
+
 def _requeue(job_id: int) -> str | None:
     """``scontrol requeue JOB``; None when done, else why not."""
     try:
@@ -163,6 +232,10 @@ class Launcher:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     time_left: Callable[[int], float | None] = _time_left_s
     requeue: Callable[[int], str | None] = _requeue
+    in_step: bool = False  # inside a job step (srun): never requeues, never relays to steps
+    nodes: int = 1  # the job's node count
+    signal_steps: Callable[[int, int], str | None] = _signal_steps
+    find_head: Callable[[Mapping[str, str]], str | None] = head_address
     clock: Callable[[], float] = time.monotonic
     _child: subprocess.Popen[bytes] | None = None
     _pending: list[int] = field(default_factory=list)  # signals received, not yet handled
@@ -200,6 +273,11 @@ class Launcher:
         env = dict(self.env)
         env["SGPU_LAUNCHER_PID"] = str(os.getpid())
         env.setdefault("SGPU_GPUS", str(max(_count_devices(self.env), 1)))
+        if not self.in_step and "SGPU_HEAD_ADDR" not in env:
+            # On one node every torchrun agent is here: no scontrol call on the way in.
+            head = self.find_head(self.env) if self.nodes > 1 else "127.0.0.1"
+            if head:
+                env["SGPU_HEAD_ADDR"] = head
         # Ignored across exec: torchrun and shells in the tree survive the signal.
         previous = signal.signal(self.checkpoint_signal, signal.SIG_IGN)
         try:
@@ -250,16 +328,25 @@ class Launcher:
         if signum == self.checkpoint_signal:
             ack = read_ack(self.state_dir, self.job_id)  # before the relay: it may ack at once
             before = ack.acks if ack else 0
-            targets = [p.pid for p in self._all() if catches(p.pid, signum)]
+            everything = self._all()
+            targets = [p.pid for p in everything if catches(p.pid, signum)]
             for pid in targets:
                 self._send(pid, signum)
             self.event("checkpoint_signal", relayed_to=targets)
-            if not targets:
+            to_steps = not self.in_step and self._has_steps(everything)
+            if to_steps:
+                # Tasks of srun steps (a launcher per node) are not in this tree, and
+                # neither Slurm's --signal=B: nor (on 22.05) scancel --full reaches them.
+                error = self.signal_steps(self.job_id, signum)
+                self.event("relayed_to_steps", error=error)
+            if not targets and not to_steps:
                 self.event(
                     "warning",
                     detail=f"no process catches SIG{self.checkpoint_signal.name[3:]}: "
                     "does the training call slurmgpu.elastic.init()?",
                 )
+            if self.in_step:
+                return  # the batch launcher requeues at the time limit
             left = self.time_left(self.job_id)
             if left is not None and left <= self.grace_s + TIME_LIMIT_SLACK_S:
                 self._requeue_after_ack = (before, self.clock() + self.grace_s)
@@ -276,6 +363,16 @@ class Launcher:
             self._stopping_since = self.clock()
         self._requeue_after_ack = None
         self.event("stop_signal", signal=signal.Signals(signum).name, relayed_to=targets)
+
+    def _has_steps(self, processes: Sequence[psutil.Process]) -> bool:
+        """Whether the command runs job steps: several nodes, or an ``srun`` in the tree."""
+        if self.nodes > 1:
+            return True
+        for p in processes:
+            with contextlib.suppress(psutil.Error):
+                if p.name() == "srun":
+                    return True
+        return False
 
     def _maybe_requeue(self) -> None:
         if self._requeue_after_ack is None:
@@ -357,6 +454,19 @@ class Launcher:
         self._reap_orphans()
 
 
+_FIRST_SPECIAL_STEP = 0xFFFFFFF0  # Slurm's batch, extern, interactive... step ids
+
+
+def in_step(env: Mapping[str, str]) -> bool:
+    """Whether this process is a task of an ``srun`` job step (not the batch script).
+
+    22.05 sets no ``SLURM_STEP_ID`` in the batch script; 26.05 sets the batch step's
+    special id as a negative number (-5); a step's tasks get 0, 1, ...
+    """
+    text = env.get("SLURM_STEP_ID", "").strip()
+    return text.isdigit() and int(text) < _FIRST_SPECIAL_STEP
+
+
 def from_env(command: Sequence[str], env: Mapping[str, str] | None = None) -> Launcher:
     e = dict(os.environ if env is None else env)
     job_id = _env_int(e, "SLURM_JOB_ID", default=0)
@@ -378,6 +488,8 @@ def from_env(command: Sequence[str], env: Mapping[str, str] | None = None) -> La
         grace_s=max(grace, 0.0),
         term_wait_s=max(term_wait, 0.0),
         env=e,
+        in_step=in_step(e),
+        nodes=max(_env_int(e, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1), 1),
     )
 
 

@@ -3,6 +3,7 @@ node with the simulated GPU probe, and the `sgpu` command line, all as real proc
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from tests.lab_processes import job_processes
 from tests.polling import wait_for
 from tests.ports import free_port
 from tests.slurm.train_log import read_jsonl
+from tests.tier_guard import skip_missing
 
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
 ROOT = Path(__file__).resolve().parents[2]
@@ -358,3 +360,17 @@ def driven_lab(tmp: Path, extra_env: Mapping[str, str] | None = None) -> Iterato
             lambda: not [j for j in lab.slurm.jobs() if not j.state.is_terminal],
             timeout_s=60,
         )
+
+
+@contextmanager
+def framework_lab(
+    slurm_cluster: LabCluster, prefix: str, modules: tuple[str, ...], why: str, tier: str
+) -> Iterator[Lab]:
+    """A :func:`driven_lab` for a malleable-framework test (torchrun, Lightning, Hugging
+    Face, multi-node): skips through ``tier`` when one of ``modules`` (the jobs' framework)
+    is missing, ``why`` saying how to install it. One thread per worker (``OMP_NUM_THREADS``)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        skip_missing(tier, f"{', '.join(missing)} not installed ({why})")
+    with driven_lab(lab_dir(slurm_cluster, f"{prefix}-"), {"OMP_NUM_THREADS": "1"}) as lab:
+        yield lab

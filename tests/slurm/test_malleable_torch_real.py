@@ -22,8 +22,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,12 +30,12 @@ import pytest
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job
 from tests.polling import wait_for
-from tests.slurm.harness import ROOT, Lab, driven_lab, lab_dir
+from tests.slurm.harness import Lab, driven_lab, lab_dir
+from tests.slurm.torch_reference import TORCH_EXAMPLE, TORCHRUN, torch_reference
 from tests.slurm.train_log import last_step_per_run
 from tests.tier_guard import skip_missing
 
-EXAMPLE = ROOT / "examples" / "torch_ddp_elastic.py"
-TORCHRUN = f"{sys.executable} -m torch.distributed.run --standalone"
+EXAMPLE = TORCH_EXAMPLE
 
 
 @pytest.fixture
@@ -82,36 +80,6 @@ def _starts(lab: Lab, name: str) -> list[tuple[Any, Any, Any]]:
         for r in lab.log(name)
         if r.get("event") == "start"
     ]
-
-
-def _reference(lab: Lab, steps: int) -> dict[int, float]:
-    """The same training uninterrupted (2 ranks, outside Slurm, same seed), ``steps`` long."""
-    ref = lab.tmp / "reference"
-    ref.mkdir()
-    env = {k: v for k, v in lab.env.items() if not k.startswith("SLURM_")}
-    env["SGPU_ELASTIC_DIR"] = str(ref / "state")
-    done = subprocess.run(
-        [
-            *TORCHRUN.split(),
-            "--nproc-per-node=2",
-            str(EXAMPLE),
-            "--steps",
-            "100000",
-            "--stop-at",
-            str(steps),
-            "--train-log",
-            str(ref / "ref.jsonl"),
-        ],
-        cwd=ref,
-        env=env,
-        check=False,
-        timeout=600,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, f"reference run exited {done.returncode}:\n{done.stderr[-3000:]}"
-    records = [json.loads(x) for x in (ref / "ref.jsonl").read_text().splitlines()]
-    return {int(r["step"]): float(r["loss"]) for r in records if "event" not in r}
 
 
 @pytest.mark.slow
@@ -165,7 +133,7 @@ def test_a_torchrun_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> None
 
     # The loss carries on as if nothing happened: an uninterrupted run of the same seed.
     losses = {int(s["step"]): float(s["loss"]) for s in _steps(lab, "ddp")}
-    reference = _reference(lab, max(losses))
+    reference = torch_reference(lab, max(losses))
     assert sorted(reference) == sorted(losses)
     # Step by step up to 20 steps past the first resize (4 -> 2 ranks): the sums over 4
     # and 2 ranks differ by a float rounding (~1e-7), and the checkpoint brought back

@@ -132,3 +132,43 @@ def test_sgpu_submit_refuses_exec_torchrun_before_calling_sbatch(tmp_path: Path)
     err = proc.stderr.strip()
     assert "torchrun dies of the checkpoint signal" in err and len(err.splitlines()) == 1
     assert "exec sgpu launch -- torchrun --nproc-per-node=4 train.py" in err
+
+
+def test_a_launcher_per_node_under_srun_gets_the_batch_launcher_in_front() -> None:
+    launch = launch_prefix()
+    per_node = (
+        "srun --ntasks-per-node=1 sgpu launch -- torchrun --nnodes=$SLURM_NNODES "
+        "--rdzv-endpoint=$SGPU_HEAD_ADDR:29400 train.py"
+    )
+    out = _prepare(("--malleable=2:4", "-N", "2", f"--wrap={per_node}"))
+    assert f"--wrap={launch} /bin/sh -c '{per_node}'" in out  # $VARs: through a shell
+    plain = "srun --ntasks-per-node=1 sgpu launch -- torchrun train.py"
+    assert f"--wrap={launch} {plain}" in _prepare(("--malleable=2:4", f"--wrap={plain}"))
+    outer = f"exec sgpu launch -- {plain}"  # already in front: kept
+    assert f"--wrap={outer}" in _prepare(("--malleable=2:4", f"--wrap={outer}"))
+
+
+@pytest.mark.parametrize(
+    ("body", "verdict"),
+    [
+        ("exec sgpu launch -- srun sgpu launch -- torchrun --nnodes=2 train.py", None),
+        ("srun --ntasks-per-node=1 sgpu launch -- torchrun train.py", "per node under srun"),
+    ],
+)
+def test_a_script_with_a_launcher_per_node_needs_the_batch_launcher(
+    tmp_path: Path, body: str, verdict: str | None
+) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH -N 2\n{body}\n")
+    got = check_script(script)
+    if verdict is None:
+        assert got.error is None and got.note is None
+    else:
+        assert got.error is not None and verdict in got.error
+        assert f"`exec sgpu launch -- {body}`" in got.error
+
+
+def test_the_multinode_example_script_passes_the_check() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "torch_multinode.sh"
+    got = check_script(example)
+    assert got.error is None and got.note is None

@@ -186,3 +186,99 @@ def test_no_process_of_the_command_outlives_it(tmp_path: Path) -> None:
     ]
     cleaned = next(e for e in events if e["event"] == "cleaned_up")
     assert cleaned["killed"] == [pid]
+
+
+@pytest.mark.parametrize(("in_step", "nodes"), [(False, 2), (True, 2), (False, 1)])
+def test_the_batch_launcher_of_a_multinode_job_signals_the_steps_and_alone_requeues(
+    tmp_path: Path, in_step: bool, nodes: int
+) -> None:
+    """The time limit's signal reaches only the batch launcher: with several nodes it
+    sends it on to the job's steps (each node's launcher); a launcher inside a step
+    neither does that nor requeues (one requeue per job, not per node)."""
+    from slurmgpu.elastic.launcher import Launcher
+
+    relayed: list[tuple[int, int]] = []
+
+    def signal_steps(job_id: int, signum: int) -> str | None:
+        relayed.append((job_id, signum))
+        return None
+
+    launcher = Launcher(
+        command=["sleep", "30"],
+        job_id=9,
+        state_dir=tmp_path,
+        env={"PATH": os.environ["PATH"], "SLURM_JOB_NODELIST": "gpu[1-2]"},
+        time_left=lambda job_id: 30.0,  # inside the grace: the time limit's signal
+        in_step=in_step,
+        nodes=nodes,
+        signal_steps=signal_steps,
+        find_head=lambda env: "10.0.0.1",
+    )
+    launcher.start()
+    try:
+        launcher._handle(signal.SIGUSR2)
+    finally:
+        assert launcher._child is not None
+        launcher._child.kill()
+        launcher._child.wait()
+    events = [json.loads(x)["event"] for x in launcher.log_path.read_text().splitlines()]
+    assert relayed == ([] if in_step or nodes == 1 else [(9, signal.SIGUSR2)])
+    assert ("time_limit" in events) is not in_step
+    assert ("relayed_to_steps" in events) is (not in_step and nodes > 1)
+    start = json.loads(launcher.log_path.read_text().splitlines()[0])
+    assert start["event"] == "start"
+
+
+def test_the_batch_launcher_exports_the_head_nodes_address(tmp_path: Path) -> None:
+    from slurmgpu.elastic.launcher import Launcher
+
+    script = 'echo "$SGPU_HEAD_ADDR" > "$0"'
+    for nodes, in_step, expected in (
+        (2, False, "10.0.0.1"),
+        (1, False, "127.0.0.1"),
+        (2, True, ""),
+    ):
+        out = tmp_path / f"head-{nodes}-{in_step}"
+        launcher = Launcher(
+            command=["/bin/sh", "-c", script, str(out)],
+            job_id=9,
+            state_dir=tmp_path,
+            env={"PATH": os.environ["PATH"]},
+            in_step=in_step,
+            nodes=nodes,
+            find_head=lambda env: "10.0.0.1",
+        )
+        launcher.start()
+        assert launcher._child is not None
+        launcher._child.wait(timeout=30)
+        assert out.read_text().strip() == expected
+
+
+def test_without_scontrol_the_head_is_this_hosts_address(tmp_path: Path) -> None:
+    """The batch shell runs on the allocation's first node: when scontrol cannot say the
+    node's NodeAddr (not on PATH here), this host's own address stands in."""
+    import socket as socket_module
+
+    from slurmgpu.elastic.launcher import head_address
+
+    env = {"SLURM_JOB_NODELIST": "gpu[1-2]", "PATH": str(tmp_path)}
+    old = os.environ["PATH"]
+    os.environ["PATH"] = str(tmp_path)  # no scontrol
+    try:
+        got = head_address(env)
+    finally:
+        os.environ["PATH"] = old
+    assert got == socket_module.gethostbyname(socket_module.gethostname())
+
+
+@pytest.mark.parametrize(
+    ("step_id", "expected"),
+    [(None, False), ("-5", False), ("4294967291", False), ("0", True), ("3", True), ("x", False)],
+)
+def test_a_step_task_is_told_from_the_batch_script(step_id: str | None, expected: bool) -> None:
+    """22.05's batch script has no SLURM_STEP_ID, 26.05's has -5 (its batch step's id);
+    srun's tasks have 0, 1, ..."""
+    from slurmgpu.elastic.launcher import in_step
+
+    env = {} if step_id is None else {"SLURM_STEP_ID": step_id}
+    assert in_step(env) is expected

@@ -27,7 +27,7 @@ from slurmgpu.cycle.resize import (
     durations,
     resize_intent,
 )
-from slurmgpu.cycle.transactions import TransactionRow
+from slurmgpu.cycle.transactions import MemoryTransactions, TransactionRow
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.spec import Ack
 from slurmgpu.intent import Intent, Resize, SetGpus, SetNice, SetNodes, SetTimeLimit, StartSoon
@@ -387,3 +387,29 @@ def test_a_type_aware_resize_puts_the_named_gpu_type_in_the_update(tmp_path: Pat
     w.slurm.settle()
     assert w.cycle().state == "updated"
     assert w.slurm.updates == [(JOB, (SetGpus(2, "p100"), StartSoon(1)))]
+
+
+def test_a_multinode_job_shrunk_to_one_node_grows_back_by_node_count() -> None:
+    one_node = replace(gpu_job(1), node_count=1, gpus=GpuRequest(gpus=2, per_node=2))
+    assert resize_intent(one_node, 4) == SetGpus(4)  # a single-node job stays on one node
+    assert resize_intent(one_node, 4, by_nodes=True) == SetNodes(2)
+    with pytest.raises(ResizeError, match="whole number of nodes"):
+        resize_intent(one_node, 3, by_nodes=True)
+    store = MemoryTransactions()
+    executor = ResizeExecutor(ResizeSlurm([one_node]), store)
+    assert not executor._resized_by_nodes(1)  # no history: per-node changes
+    fields = {"NumNodes": "1", "StartTime": "now+1"}
+    store.create(
+        1, "resize", "running", at=T0, deadline=None, payload={"fields": fields}, open_states=()
+    )
+    assert executor._resized_by_nodes(1)  # its last resize changed the node count
+    store.create(
+        1,
+        "resize",
+        "running",
+        at=T0,
+        deadline=None,
+        payload={"fields": {"TresPerNode": "gres:gpu:4"}},
+        open_states=(),
+    )
+    assert not executor._resized_by_nodes(1)  # the newest one counts
