@@ -6,8 +6,8 @@ import pytest
 
 from slurmgpu.telemetry.gresconf import GresConfError, mps_minors, parse_gres_conf
 
-# Shaped like what slurmd's AutoDetect=nvml writes for a MIG-enabled A100 (slurm.conf
-# docs: the first of MultipleFiles is the parent GPU, then its nvidia-caps files).
+# Hand-written in the shape of gres.conf MIG lines (MultipleFiles: parent GPU first,
+# then its nvidia-caps files); not yet checked against a real AutoDetect=nvml node.
 MIG_AND_MPS = """\
 NodeName=n[1-2] Name=gpu Type=3g.40gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21
 NodeName=n[1-2] Name=gpu Type=1g.10gb+me MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap30
