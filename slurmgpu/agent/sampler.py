@@ -26,6 +26,7 @@ from pathlib import Path
 
 from slurmgpu.model import NodeGpuAllocation
 from slurmgpu.telemetry.attribution import (
+    MIG_PROBE_STRIDE,
     JobGpuUsage,
     attribute,
     job_for_pid,
@@ -140,7 +141,17 @@ class NodeSampler:
             physical, minors or None, self.pci_by_index or None
         ).joined(mig_map)
         for probe_index in set(index_map.unmapped) - self._unmapped_warned:
-            log.info("probed GPU %d is not a Slurm GPU of %s; ignored", probe_index, self.node)
+            if probe_index in mig_map.unmapped:
+                parent, mig = divmod(probe_index, MIG_PROBE_STRIDE)
+                log.info(
+                    "MIG instance %d of probed GPU %d matches no Slurm GPU of %s (gres.conf "
+                    "lists another number of MIG lines for it); ignored",
+                    mig,
+                    parent - 1,
+                    self.node,
+                )
+            else:
+                log.info("probed GPU %d is not a Slurm GPU of %s; ignored", probe_index, self.node)
             self._unmapped_warned.add(probe_index)
 
         job_pids: dict[int, int | None] = dict(self._scan_pids(self.proc_root))
