@@ -9,6 +9,12 @@ while the samples are taken, so per-process memory and SM utilization can be che
 otherwise the GPUs are only sampled. Prints one JSON document (samples, checks, problems)
 on stdout.
 
+MIG: the check only reads. Under "mig" it says, per GPU, whether MIG is on (current and
+pending mode), whether GPM answers, and for a MIG-enabled GPU each instance's profile,
+memory and GPM SM utilization (None on the first sample: GPM needs two). It never
+changes a device's MIG mode; on a GPU with MIG off it says so and that no instance could
+be read. With MIG on, the torch load runs on the first MIG instance CUDA exposes.
+
 Exit codes: 0 every device sample is complete; 1 a device sample has an error, or lacks its
 index, uuid, minor number or PCI bus id; 2 the probe cannot start (no driver, no
 nvidia-ml-py). Observations that depend on the environment (the load's pid is invisible
@@ -18,6 +24,7 @@ inside a container's pid namespace, say) are reported under "checks" without fai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -145,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "ordinal_equals_minor": {str(d["index"]): d["index"] == d["minor_number"] for d in last},
         "mig_instances": {str(d["index"]): len(d["mig_instances"]) for d in last},
+        "mig": _mig_status(rounds),
         "per_process_util_known": any(
             p["sm_util_pct"] is not None for r in rounds[1:] for d in r for p in d["processes"]
         ),
@@ -160,6 +168,56 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if problems else 0
 
 
+def _mig_status(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per GPU: MIG mode and GPM support read with bare pynvml (never set), and what the
+    probe's last sample read of each MIG instance."""
+    import pynvml
+
+    status: dict[str, Any] = {}
+    last = rounds[-1] if rounds else []
+    pynvml.nvmlInit()
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            entry: dict[str, Any] = {}
+            try:
+                current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+                entry["mode"] = {"current": int(current), "pending": int(pending)}
+                on = int(current) == pynvml.NVML_DEVICE_MIG_ENABLE
+                entry["says"] = (
+                    "MIG on: instances below"
+                    if on
+                    else "MIG off on this GPU: no MIG instance to read (mode left as it is)"
+                )
+            except pynvml.NVMLError as exc:
+                entry["says"] = f"MIG not supported on this GPU ({exc})"
+            try:
+                support = pynvml.nvmlGpmQueryDeviceSupport(handle)
+                entry["gpm_supported"] = bool(support.isSupportedDevice)
+            except pynvml.NVMLError as exc:
+                entry["gpm_supported"] = f"no ({exc})"
+            device = next((d for d in last if d["index"] == i), None)
+            entry["instances"] = [
+                {
+                    k: m[k]
+                    for k in (
+                        "uuid",
+                        "profile",
+                        "gpu_instance_id",
+                        "memory_used_mib",
+                        "memory_total_mib",
+                        "util_pct",
+                        "sm_occupancy_pct",
+                    )
+                }
+                for m in (device["mig_instances"] if device else [])
+            ]
+            status[str(i)] = entry
+    finally:
+        pynvml.nvmlShutdown()
+    return status
+
+
 def _bare_nvml_round_s(repeats: int = 5) -> float:
     """The floor a probe sample is measured against: utilisation and memory of every
     device read with bare pynvml calls (median of ``repeats``)."""
@@ -172,7 +230,8 @@ def _bare_nvml_round_s(repeats: int = 5) -> float:
             t0 = time.perf_counter()
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                pynvml.nvmlDeviceGetUtilizationRates(handle)
+                with contextlib.suppress(pynvml.NVMLError):  # NotSupported under MIG
+                    pynvml.nvmlDeviceGetUtilizationRates(handle)
                 pynvml.nvmlDeviceGetMemoryInfo(handle)
             times.append(time.perf_counter() - t0)
     finally:

@@ -26,11 +26,13 @@ from pathlib import Path
 
 from slurmgpu.model import NodeGpuAllocation
 from slurmgpu.telemetry.attribution import (
+    MIG_PROBE_STRIDE,
     JobGpuUsage,
     attribute,
     job_for_pid,
     map_probe_to_slurm_indices,
     scan_job_pids,
+    split_mig_devices,
 )
 from slurmgpu.telemetry.host import HostUsageSampler
 from slurmgpu.telemetry.probe import GpuDeviceSample, GpuProbe, ProbeUnavailableError
@@ -129,12 +131,27 @@ class NodeSampler:
     def sample(self, jobs: NodeJobs, now: float) -> tuple[list[GpuSampleIn], list[HostSampleIn]]:
         """Return this cycle's GPU samples (one per job and GPU) and host samples (per job)."""
         self.seq += 1
-        devices = self._probe()
+        # A MIG instance is a Slurm GPU of its own: one device per instance from here on.
+        devices, mig_map = split_mig_devices(self._probe(), self.slurm_minors_by_index)
+        slices = {*mig_map, *mig_map.unmapped}
+        physical = [d for d in devices if d.index not in slices]
+        mig_slurm = set(mig_map.values())
+        minors = {i: m for i, m in self.slurm_minors_by_index.items() if i not in mig_slurm}
         index_map = map_probe_to_slurm_indices(
-            devices, self.slurm_minors_by_index or None, self.pci_by_index or None
-        )
+            physical, minors or None, self.pci_by_index or None
+        ).joined(mig_map)
         for probe_index in set(index_map.unmapped) - self._unmapped_warned:
-            log.info("probed GPU %d is not a Slurm GPU of %s; ignored", probe_index, self.node)
+            if probe_index in mig_map.unmapped:
+                parent, mig = divmod(probe_index, MIG_PROBE_STRIDE)
+                log.info(
+                    "MIG instance %d of probed GPU %d matches no Slurm GPU of %s (gres.conf "
+                    "lists another number of MIG lines for it); ignored",
+                    mig,
+                    parent - 1,
+                    self.node,
+                )
+            else:
+                log.info("probed GPU %d is not a Slurm GPU of %s; ignored", probe_index, self.node)
             self._unmapped_warned.add(probe_index)
 
         job_pids: dict[int, int | None] = dict(self._scan_pids(self.proc_root))

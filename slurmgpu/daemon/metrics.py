@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, and_, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu import userinput_stats
@@ -166,6 +166,31 @@ class _StoreCollector(Collector):
                 by_job[int(job_id)] = by_job.get(int(job_id), 0) + 1
         return busy, by_job
 
+    def _unknown_gpus(self) -> tuple[set[tuple[str, int]], dict[int, int]]:
+        """(node, GPU) whose job had processes in the last 2 minutes but no sample said how
+        busy (a MIG slice without GPM), and how many such GPUs each job had: neither used
+        nor idle."""
+        s = schema.samples
+        stmt = (
+            select(s.c.job_id, s.c.node, s.c.gpu_index)
+            .where(
+                s.c.cluster == self.cluster,
+                s.c.kind == "gpu",
+                s.c.at >= self.clock() - USED_WINDOW,
+                s.c.job_id.is_not(None),
+                s.c.gpu_index.is_not(None),
+            )
+            .group_by(s.c.job_id, s.c.node, s.c.gpu_index)
+            .having(and_(func.max(s.c.util_pct).is_(None), func.max(s.c.processes) > 0))
+        )
+        unknown: set[tuple[str, int]] = set()
+        by_job: dict[int, int] = {}
+        with self.engine.connect() as conn:
+            for job_id, node, index in conn.execute(stmt):
+                unknown.add((str(node), int(index)))
+                by_job[int(job_id)] = by_job.get(int(job_id), 0) + 1
+        return unknown, by_job
+
     def _agents(self, snap: ClusterSnapshot | None) -> Metric:
         """Per node in Slurm's node list: when its agent last posted samples accepted."""
         family = GaugeMetricFamily(
@@ -198,34 +223,53 @@ class _StoreCollector(Collector):
         )
         idle = GaugeMetricFamily(
             "sgpu_gpus_idle",
-            "Allocated GPUs not busy in the last 2 minutes (allocated - used), by partition.",
+            "Allocated GPUs not busy in the last 2 minutes (allocated - used - util "
+            "unknown), by partition.",
+            labels=["partition"],
+        )
+        unknown_family = GaugeMetricFamily(
+            "sgpu_gpus_util_unknown",
+            "Allocated GPUs with job processes in the last 2 minutes but no known "
+            "utilisation (a MIG slice on a board without GPM): neither used nor idle.",
             labels=["partition"],
         )
         if snap is not None:
             try:
                 busy, by_job = self._busy_gpus()
+                unknown, unknown_by_job = self._unknown_gpus()
             except SQLAlchemyError as exc:
                 log.warning("metrics: cannot read samples: %s", str(exc).splitlines()[0])
-                busy, by_job = set(), {}
+                busy, by_job, unknown, unknown_by_job = set(), {}, set(), {}
             per: dict[str, list[int]] = {}
             for node in snap.nodes:
                 # Held whole or through shards: a GPU with shard jobs is allocated too.
                 allocated = allocated_gpus(node)
                 n_alloc = allocated_gpu_count(node)
                 n_used = len({i for n, i in busy if n == node.name} & allocated) if allocated else 0
+                n_unknown = (
+                    len({i for n, i in unknown - busy if n == node.name} & allocated)
+                    if allocated
+                    else 0
+                )
                 for part in node.partitions or ("",):
-                    row = per.setdefault(part, [0, 0, 0])
+                    row = per.setdefault(part, [0, 0, 0, 0])
                     row[0] += node.gpus
                     row[1] += n_alloc
                     row[2] += n_used
-            for part, (n_total, n_alloc, n_used) in sorted(per.items()):
+                    row[3] += n_unknown
+            for part, (n_total, n_alloc, n_used, n_unknown) in sorted(per.items()):
                 total.add_metric([part], n_total)
                 alloc.add_metric([part], n_alloc)
                 used.add_metric([part], n_used)
-                idle.add_metric([part], max(n_alloc - n_used, 0))
+                unknown_family.add_metric([part], n_unknown)
+                idle.add_metric([part], max(n_alloc - n_used - n_unknown, 0))
             yield from shard_families(snap.nodes, busy)
-            yield from user_families(user_gpus(snap.jobs, by_job), self.max_users)
-        yield from (total, alloc, used, idle)
+            # A GPU of unknown use is not counted idle against its user either.
+            not_idle = {
+                j: by_job.get(j, 0) + unknown_by_job.get(j, 0) for j in {*by_job, *unknown_by_job}
+            }
+            yield from user_families(user_gpus(snap.jobs, not_idle), self.max_users)
+        yield from (total, alloc, used, idle, unknown_family)
         yield self._agents(snap)
 
     def _power(self) -> Iterable[Metric]:

@@ -20,7 +20,9 @@ from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.report.energy import JobEnergy
 from slurmgpu.store.usage_query import GpuUsage, HostUsage
 
-GpuStatus = Literal["ok", "low", "idle", "no-process", "no-data", "error"]
+# "util-unknown": processes ran, but no sample could say how busy the GPU was (a MIG slice
+# on a board without GPM): neither idle nor busy, and left out of the job's util.
+GpuStatus = Literal["ok", "low", "idle", "no-process", "no-data", "error", "util-unknown"]
 GpuRole = Literal["gpu", "shard", "unallocated"]
 UsageSourceKind = Literal["samples", "summary", "none"]
 
@@ -183,7 +185,7 @@ def _no_process(u: GpuUsage) -> bool:
 
 
 def gpu_counted(g: GpuEfficiency) -> bool:
-    return g.status not in {"no-data", "error"} or g.counted_as_zero
+    return g.status not in {"no-data", "error", "util-unknown"} or g.counted_as_zero
 
 
 def primary_role(gpus: Sequence[GpuEfficiency]) -> GpuRole:
@@ -197,6 +199,8 @@ def _gpu_status(u: GpuUsage, th: EffThresholds) -> GpuStatus:
         return "error"
     if _no_process(u):
         return "no-process"
+    if u.mean_util_pct is None:
+        return "util-unknown"  # no known util sample: never_busy would read unknown as 0
     if u.never_busy or u.trailing_idle >= th.idle_alert:
         return "idle"
     if (u.mean_util_pct or 0.0) < th.gpu_util_warn_pct:
@@ -311,7 +315,7 @@ def job_efficiency(
                 max_util_pct=u.max_util_pct,
                 max_memory_mib=u.max_memory_mib,
                 memory_total_mib=u.memory_total_mib,
-                trailing_idle=None if status == "error" else u.trailing_idle,
+                trailing_idle=None if status in {"error", "util-unknown"} else u.trailing_idle,
                 ever_busy=status not in {"error", "no-process"} and not u.never_busy,
                 shared=u.shared,
                 error_samples=u.error_samples,

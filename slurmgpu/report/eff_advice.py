@@ -136,6 +136,8 @@ def _names(gpus: Sequence[GpuEfficiency], *, idle: bool = False) -> str:
             extra.append("no process")
         elif g.status == "no-data":
             extra.append("no samples")
+        elif g.status == "util-unknown":
+            extra.append("utilization unknown")
         if idle and g.trailing_idle is not None:
             extra.append(f"last {_minutes(g.trailing_idle)}")
         parts.append(f"{g.label} ({', '.join(extra)})" if extra else g.label)

@@ -27,6 +27,7 @@ _STATUS_STYLE = {
     "no-process": "red",
     "no-data": "dim",
     "error": "magenta",
+    "util-unknown": "dim",
 }
 _SEVERITY_MARK = {"alert": ("!!", "bold red"), "warn": ("! ", "yellow"), "info": ("- ", "cyan")}
 

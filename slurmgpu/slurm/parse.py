@@ -475,7 +475,8 @@ def _parse_gres_item(item: str, whole: str, skipped: list[str] | None = None) ->
         raise GresStringError(f"invalid GRES {_show(whole)}: too many fields in {_show(item)}")
     if rest:
         gtype = None if rest[0] in _NULL_TYPES else rest[0]
-        if gtype is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+", gtype):
+        # "+" for MIG profiles with extra engines ("1g.10gb+me").
+        if gtype is not None and not re.fullmatch(r"[A-Za-z0-9_.+\-]+", gtype):
             raise GresStringError(f"invalid GRES {_show(whole)}: bad type in {_show(item)}")
     count = _parse_count(count_text, whole, GresStringError) if count_text is not None else 1
     indices: tuple[int, ...] = ()

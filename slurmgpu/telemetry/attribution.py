@@ -223,6 +223,10 @@ class GpuIndexMap(Mapping[int, int]):
     def guessed(self) -> frozenset[int]:
         return frozenset(p for p, (_, m) in self._pairs.items() if m == "identity")
 
+    def joined(self, other: GpuIndexMap) -> GpuIndexMap:
+        """This map and ``other`` (probe indices of the two must not overlap)."""
+        return GpuIndexMap({**self._pairs, **other._pairs}, (*self.unmapped, *other.unmapped))
+
 
 def map_probe_to_slurm_indices(
     devices: Sequence[GpuDeviceSample],
@@ -280,6 +284,74 @@ def map_probe_to_slurm_indices(
     for device in undecided:
         claim(device, device.index, "identity")
     return GpuIndexMap(pairs, sorted(unmapped))
+
+
+# -- MIG instances as Slurm GPUs ---------------------------------------------------
+
+# Probe indices of MIG instances: (parent probe index + 1) * MIG_PROBE_STRIDE + MIG index,
+# far above any real ordinal so they never collide with a physical device.
+MIG_PROBE_STRIDE = 1 << 16
+
+
+def split_mig_devices(
+    devices: Sequence[GpuDeviceSample], slurm_minors_by_index: Mapping[int, int] | None
+) -> tuple[list[GpuDeviceSample], GpuIndexMap]:
+    """Replace each MIG-enabled device by one device per MIG instance, mapped to Slurm.
+
+    Slurm makes each MIG instance a GPU of its own (``gpu:1g.10gb``), whose gres.conf line
+    names the parent's device file first, so the parent's minor number appears once per
+    instance in ``slurm_minors_by_index``. The instances (ordered by GPU instance id) are
+    paired with those Slurm indices in index order. That order is not proven to be
+    Slurm's (no golden file from a real MIG node yet), so the pairs are marked guessed
+    (method ``"identity"``), as reports already say for any unproven mapping. When the
+    counts differ, the instances stay unmapped. An instance's util is GPM's SM
+    utilization (None when unknown); power and energy are the parent's, not a slice's,
+    so they are left None.
+
+    Returns the new device list (devices without MIG unchanged) and the instances' map.
+    """
+    slurm_by_minor: dict[int, list[int]] = {}
+    for idx, minor in sorted((slurm_minors_by_index or {}).items()):
+        slurm_by_minor.setdefault(minor, []).append(idx)
+    out: list[GpuDeviceSample] = []
+    pairs: dict[int, tuple[int, MapMethod]] = {}
+    unmapped: list[int] = []
+    for device in devices:
+        if not device.ok or not device.mig_instances:
+            out.append(device)
+            continue
+        instances = sorted(
+            device.mig_instances,
+            key=lambda m: (m.gpu_instance_id is None, m.gpu_instance_id or 0, m.index),
+        )
+        parent_minor = device.minor_number
+        targets = slurm_by_minor.get(parent_minor, []) if parent_minor is not None else []
+        if len(targets) != len(instances):
+            log.debug(
+                "GPU %s has %d MIG instances and %d Slurm GPUs: instances unmapped",
+                device.uuid,
+                len(instances),
+                len(targets),
+            )
+        for position, mig in enumerate(instances):
+            probe_index = (device.index + 1) * MIG_PROBE_STRIDE + mig.index
+            out.append(
+                GpuDeviceSample(
+                    index=probe_index,
+                    uuid=mig.uuid,
+                    name=f"{device.name or 'GPU'} MIG {mig.profile or '?'}",
+                    util_pct=mig.util_pct,
+                    memory_used_mib=mig.memory_used_mib,
+                    memory_total_mib=mig.memory_total_mib,
+                    processes=mig.processes,
+                    error=mig.error,
+                )
+            )
+            if len(targets) == len(instances):
+                pairs[probe_index] = (targets[position], "identity")
+            else:
+                unmapped.append(probe_index)
+    return out, GpuIndexMap(pairs, unmapped)
 
 
 # -- who used what --------------------------------------------------------------------

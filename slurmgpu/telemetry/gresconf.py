@@ -118,6 +118,33 @@ def parse_gres_conf(text: str, node: str) -> list[GresGpuDevice]:
     return devices
 
 
+def mps_minors(text: str, node: str) -> set[int]:
+    """Return the minors of ``node``'s GPUs that a ``Name=mps`` line shares with MPS.
+
+    ``Name=mps Count=100 File=/dev/nvidia0`` offers 100 % of /dev/nvidia0's SMs to MPS
+    clients; an ``mps`` line without ``File=`` names no device and adds nothing.
+    """
+    minors: set[int] = set()
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.lower().startswith("include"):
+            continue
+        try:
+            fields = _fields(line)
+        except ValueError as exc:
+            raise GresConfError(f"gres.conf line {lineno}: {exc}") from None
+        if fields.get("name", "").lower() != "mps":
+            continue
+        node_names = fields.get("nodename")
+        if node_names is not None and node not in _expand(node_names):
+            continue
+        for path in _expand(fields["file"]) if fields.get("file") else []:
+            m = _TRAILING_NUMBER.search(path)
+            if m:
+                minors.add(int(m.group(1)))
+    return minors
+
+
 def read_gres_conf(path: Path, node: str) -> list[GresGpuDevice]:
     """Return ``node``'s GPUs from the gres.conf at ``path`` (see ``parse_gres_conf``)."""
     return parse_gres_conf(path.read_text(), node)

@@ -16,11 +16,19 @@ microseconds), one per process that had non-zero utilization, or raises
 ``NVMLError_NotFound`` when there is none. The probe keeps the newest timestamp per device
 between calls, so each call covers the window since the previous one, and a running
 process with no sample in that window is reported at 0 %.
+
+Under MIG the driver has neither device nor per-process utilization. Where the board
+supports GPM (``nvmlGpmQueryDeviceSupport``: Hopper and newer) the probe takes one GPM
+sample per GPU instance each call (``nvmlGpmMigSampleGet``) and reads SM utilization and
+SM occupancy over the window between that sample and the previous call's
+(``nvmlGpmMetricsGet``); elsewhere, and on the first call, they are None (unknown).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -35,6 +43,8 @@ log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
 _NVML_SUCCESS = 0
+# The name NVML gives a MIG device: "NVIDIA A100-SXM4-40GB MIG 1g.5gb".
+_MIG_PROFILE = re.compile(r"\bMIG (\d+g\.\d+gb(?:\+\w+)?)")
 
 
 class NvmlApi(Protocol):
@@ -45,7 +55,10 @@ class NvmlApi(Protocol):
     (bytes), ``nvmlDeviceGetPciInfo`` ``.busId``, the running-process lists objects with
     ``.pid``/``.usedGpuMemory`` (bytes or None), ``nvmlDeviceGetProcessUtilization``
     samples with ``.pid``/``.smUtil``/``.timeStamp``; ``nvmlDeviceGetMigMode`` returns
-    ``[current, pending]``.
+    ``[current, pending]``. GPM: ``nvmlGpmQueryDeviceSupport`` returns a structure with
+    ``.isSupportedDevice``; samples are opaque pointers from ``nvmlGpmSampleAlloc``; the
+    probe fills a ``c_nvmlGpmMetricsGet_t`` and reads each ``metrics[i]`` (``.metricId``,
+    ``.nvmlReturn``, ``.value``) after ``nvmlGpmMetricsGet``.
     """
 
     NVMLError: type[Exception]
@@ -58,6 +71,10 @@ class NvmlApi(Protocol):
     NVML_ERROR_NO_PERMISSION: int
     NVML_TEMPERATURE_GPU: int
     NVML_DEVICE_MIG_ENABLE: int
+    NVML_GPM_METRICS_GET_VERSION: int
+    NVML_GPM_METRIC_SM_UTIL: int
+    NVML_GPM_METRIC_SM_OCCUPANCY: int
+    c_nvmlGpmMetricsGet_t: Callable[[], Any]
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
@@ -81,6 +98,11 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> Any: ...
     def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int: ...
     def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int: ...
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any: ...
+    def nvmlGpmSampleAlloc(self) -> Any: ...
+    def nvmlGpmSampleFree(self, sample: Any) -> None: ...
+    def nvmlGpmMigSampleGet(self, handle: Any, gpuInstanceId: int, sample: Any) -> Any: ...
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any: ...
 
 
 class _DeviceGone(Exception):
@@ -144,6 +166,9 @@ class NvmlProbe:
         self._open = True
         # Newest per-process utilization timestamp seen, per device (uuid, else ordinal).
         self._last_seen_us: dict[str, int] = {}
+        # GPM support per device, and the previous GPM sample per (device, GPU instance).
+        self._gpm_supported: dict[str, bool] = {}
+        self._gpm_previous: dict[tuple[str, int], Any] = {}
 
     @staticmethod
     def _init_message(api: NvmlApi, exc: BaseException) -> str:
@@ -169,6 +194,9 @@ class NvmlProbe:
         if not self._open:
             return
         self._open = False
+        for sample in self._gpm_previous.values():
+            self._free_gpm(sample)
+        self._gpm_previous.clear()
         try:
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError as exc:
@@ -240,7 +268,7 @@ class NvmlProbe:
             temperature_c = int(temp) if temp is not None else None
 
             processes = self._processes(handle, uuid or f"ordinal:{index}")
-            mig = self._mig_instances(handle)
+            mig = self._mig_instances(handle, uuid or f"ordinal:{index}")
         except _DeviceGone as gone:
             return GpuDeviceSample(
                 index=index,
@@ -324,12 +352,14 @@ class NvmlProbe:
             for pid in sorted(memory_by_pid)
         )
 
-    def _mig_instances(self, handle: Any) -> tuple[GpuMigInstanceSample, ...]:
+    def _mig_instances(self, handle: Any, key: str) -> tuple[GpuMigInstanceSample, ...]:
         n = self._nvml
         mode = self._get(n.nvmlDeviceGetMigMode, handle)
         if not mode or int(mode[0]) != n.NVML_DEVICE_MIG_ENABLE:
+            self._drop_gpm(key, keep=set())
             return ()
         count = self._get(n.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
+        gpm = self._gpm_support(handle, key)
         instances: list[GpuMigInstanceSample] = []
         for mig_index in range(int(count)):
             try:
@@ -356,6 +386,11 @@ class NvmlProbe:
             procs = self._get(n.nvmlDeviceGetComputeRunningProcesses, mig) or ()
             gi = self._get(n.nvmlDeviceGetGpuInstanceId, mig)
             ci = self._get(n.nvmlDeviceGetComputeInstanceId, mig)
+            name = _text(self._get(n.nvmlDeviceGetName, mig))
+            profile = _MIG_PROFILE.search(name) if name else None
+            sm_util, occupancy = (
+                self._gpm_window(handle, key, int(gi)) if gpm and gi is not None else (None, None)
+            )
             instances.append(
                 GpuMigInstanceSample(
                     index=mig_index,
@@ -372,6 +407,82 @@ class NvmlProbe:
                         )
                         for p in procs
                     ),
+                    profile=profile.group(1) if profile else None,
+                    util_pct=sm_util,
+                    sm_occupancy_pct=occupancy,
                 )
             )
+        live = {m.gpu_instance_id for m in instances if m.gpu_instance_id is not None}
+        self._drop_gpm(key, keep=live)
         return tuple(instances)
+
+    # -- GPM (MIG utilization) -----------------------------------------------------------
+
+    def _gpm_support(self, handle: Any, key: str) -> bool:
+        """Whether the device answers GPM queries; asked once per device."""
+        known = self._gpm_supported.get(key)
+        if known is not None:
+            return known
+        support = self._get(self._nvml.nvmlGpmQueryDeviceSupport, handle)
+        supported = bool(getattr(support, "isSupportedDevice", 0)) if support else False
+        self._gpm_supported[key] = supported
+        return supported
+
+    def _free_gpm(self, sample: Any) -> None:
+        try:
+            self._nvml.nvmlGpmSampleFree(sample)
+        except self._nvml.NVMLError as exc:
+            log.debug("nvmlGpmSampleFree: %s", exc)
+
+    def _drop_gpm(self, key: str, keep: set[int]) -> None:
+        """Free the kept GPM samples of GPU instances of ``key`` that no longer exist."""
+        for slot in [s for s in self._gpm_previous if s[0] == key and s[1] not in keep]:
+            self._free_gpm(self._gpm_previous.pop(slot))
+
+    def _gpm_window(self, handle: Any, key: str, gpu_instance_id: int) -> tuple[float | None, ...]:
+        """(SM util %, SM occupancy %) of one GPU instance since the previous call.
+
+        (None, None) on the first call for the instance, or when GPM fails for it.
+        """
+        n = self._nvml
+        unknown: tuple[float | None, ...] = (None, None)
+        try:
+            sample = n.nvmlGpmSampleAlloc()
+        except n.NVMLError as exc:
+            log.debug("nvmlGpmSampleAlloc: %s", exc)
+            return unknown
+        try:
+            n.nvmlGpmMigSampleGet(handle, gpu_instance_id, sample)
+        except n.NVMLError as exc:
+            self._free_gpm(sample)
+            reason = self._gone_reason(exc)
+            if reason is not None:
+                raise _DeviceGone(reason) from None
+            log.debug("nvmlGpmMigSampleGet(%d): %s", gpu_instance_id, exc)
+            return unknown
+        previous = self._gpm_previous.pop((key, gpu_instance_id), None)
+        self._gpm_previous[(key, gpu_instance_id)] = sample
+        if previous is None:
+            return unknown
+        wanted = (n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY)
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(wanted)
+        request.sample1 = previous
+        request.sample2 = sample
+        for i, metric_id in enumerate(wanted):
+            request.metrics[i].metricId = metric_id
+        try:
+            answer = n.nvmlGpmMetricsGet(request)
+        except n.NVMLError as exc:
+            log.debug("nvmlGpmMetricsGet(%d): %s", gpu_instance_id, exc)
+            return unknown
+        finally:
+            self._free_gpm(previous)
+        values: list[float | None] = []
+        for i in range(len(wanted)):
+            metric = answer.metrics[i]
+            value = float(metric.value)
+            ok = int(metric.nvmlReturn) == _NVML_SUCCESS and math.isfinite(value)
+            values.append(min(100.0, max(0.0, value)) if ok else None)
+        return tuple(values)

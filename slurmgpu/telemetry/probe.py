@@ -32,7 +32,15 @@ class GpuProcessSample:
 
 @dataclass(frozen=True, slots=True)
 class GpuMigInstanceSample:
-    """One MIG device (a GPU instance + compute instance) inside a MIG-enabled GPU."""
+    """One MIG device (a GPU instance + compute instance) inside a MIG-enabled GPU.
+
+    ``profile`` is the MIG profile as Slurm types it (``1g.10gb``, ``3g.40gb+me``), read
+    off the MIG device's name; None when the name does not carry one. Under MIG NVML has
+    no duty-cycle utilization, per device or per process: ``util_pct`` is GPM's SM
+    utilization (percent of the instance's SMs busy) and ``sm_occupancy_pct`` GPM's SM
+    occupancy over the window since the previous sample, both None ("unknown", never 0)
+    where GPM is unsupported (before Hopper) and on a probe's first sample.
+    """
 
     index: int  # MIG device index within its parent (nvmlDeviceGetMigDeviceHandleByIndex)
     uuid: str | None
@@ -42,6 +50,9 @@ class GpuMigInstanceSample:
     memory_total_mib: int | None
     processes: tuple[GpuProcessSample, ...] = ()
     error: str | None = None
+    profile: str | None = None
+    util_pct: float | None = None
+    sm_occupancy_pct: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

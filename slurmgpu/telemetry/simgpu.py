@@ -22,6 +22,20 @@ power; it is kept in ``state_dir/<node>/.energy.json`` so an agent restart conti
 (the time the agent was down counted at the first new reading's power, as a real
 counter keeps counting).
 
+MIG: a gres.conf GPU line whose ``Type=`` is a MIG profile (``1g.10gb``, ``3g.40gb+me``)
+is one MIG instance of the physical GPU named by its (first) device file, as Slurm's
+AutoDetect writes them (``MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21``).
+The probe then reports, as NVML does on a MIG-enabled board, one device per physical GPU
+(sample index: the Slurm index of its first instance) with ``util_pct`` None and one
+``mig_instances`` entry per line: memory total from the profile, memory and util (GPM's
+SM utilization, which the simulation always has) summed over the declarations on that
+Slurm index, and processes without per-process utilization. Declarations on a MIG
+instance name its Slurm index as ``device``, like any other.
+
+MPS: a GPU that gres.conf also lists under ``Name=mps`` serves MPS clients. NVML reports
+their memory but no per-process SM share, so the simulation reports their processes with
+``sm_util_pct`` None; the device's util is known.
+
 Writers replace files atomically (temp file + rename in the same directory), so a reader
 never sees half a declaration.
 """
@@ -33,6 +47,7 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
 import time
 import uuid as uuidlib
@@ -43,8 +58,18 @@ from pathlib import Path
 import psutil
 
 from slurmgpu.telemetry.gpupower import EnergyCounter, GpuPowerModel, power_model
-from slurmgpu.telemetry.gresconf import GresConfError, GresGpuDevice, read_gres_conf
-from slurmgpu.telemetry.probe import GpuDeviceSample, GpuProcessSample, ProbeUnavailableError
+from slurmgpu.telemetry.gresconf import (
+    GresConfError,
+    GresGpuDevice,
+    mps_minors,
+    parse_gres_conf,
+)
+from slurmgpu.telemetry.probe import (
+    GpuDeviceSample,
+    GpuMigInstanceSample,
+    GpuProcessSample,
+    ProbeUnavailableError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +77,14 @@ ENV_STATE_DIR = "SGPU_SIMGPU_DIR"
 DEFAULT_STATE_DIR = Path("/var/tmp/slurmgpu-simgpu")  # noqa: S108 - shared by design, sticky
 DEFAULT_INTERVAL_S = 5.0
 _SHARED_DIR_MODE = 0o1777  # like /tmp: every job user may declare, none may remove others'
+# A MIG profile as Slurm types it: compute slices "g." memory "gb", optional "+me" etc.
+_MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb(?:\+\w+)?$")
+
+
+def mig_profile_memory_mib(profile: str | None) -> int | None:
+    """The memory of a MIG profile in MiB (``1g.10gb`` → 10240); None if not a profile."""
+    m = _MIG_PROFILE.match(profile or "")
+    return int(m.group(2)) * 1024 if m else None
 
 
 def default_state_dir() -> Path:
@@ -225,9 +258,12 @@ class SimulatedGpuProbe:
         self.stale_factor = stale_factor
         self._clock = clock
         gres: list[GresGpuDevice] = []
+        mps: set[int] = set()
         if gres_conf is not None:
             try:
-                gres = read_gres_conf(gres_conf, node)
+                text = gres_conf.read_text()
+                gres = parse_gres_conf(text, node)
+                mps = mps_minors(text, node)
             except OSError as exc:
                 raise ProbeUnavailableError(
                     f"cannot read {gres_conf}: {exc.strerror or exc}"
@@ -237,8 +273,24 @@ class SimulatedGpuProbe:
         if not gres and devices is not None:
             gres = [GresGpuDevice(index=i, path=None, minor=i) for i in range(devices)]
         self.devices: tuple[GresGpuDevice, ...] = tuple(gres)
+        self.mps_minors = frozenset(mps)
+        # Physical GPUs: a plain gres line, or the MIG lines that share a device minor.
+        units: list[list[GresGpuDevice]] = []
+        parent_of_minor: dict[int, list[GresGpuDevice]] = {}
+        for device in self.devices:
+            if mig_profile_memory_mib(device.gpu_type) is not None and device.minor is not None:
+                known = parent_of_minor.get(device.minor)
+                if known is not None:
+                    known.append(device)
+                    continue
+                parent_of_minor[device.minor] = [device]
+                units.append(parent_of_minor[device.minor])
+            else:
+                units.append([device])
+        self._units: tuple[tuple[GresGpuDevice, ...], ...] = tuple(tuple(u) for u in units)
         self.power_models: tuple[GpuPowerModel, ...] = tuple(
-            power_model(d.gpu_type or gpu_model) for d in self.devices
+            power_model(gpu_model if _is_mig(u[0]) else (u[0].gpu_type or gpu_model))
+            for u in self._units
         )
         self._counters = self._load_counters()
 
@@ -312,8 +364,10 @@ class SimulatedGpuProbe:
             by_device.setdefault(declaration.device, []).append(declaration)
         now = self._clock()
         samples = [
-            self._device_sample(dev, model, by_device.get(dev.index, []), now)
-            for dev, model in zip(self.devices, self.power_models, strict=True)
+            self._mig_sample(unit, model, by_device, now)
+            if _is_mig(unit[0])
+            else self._device_sample(unit[0], model, by_device.get(unit[0].index, []), now)
+            for unit, model in zip(self._units, self.power_models, strict=True)
         ]
         self._save_counters()
         return samples
@@ -328,6 +382,7 @@ class SimulatedGpuProbe:
         declarations.sort(key=lambda d: d.pid)
         util = min(100.0, sum(d.util_pct for d in declarations))
         ident = device.minor if device.minor is not None else device.index
+        mps = device.minor is not None and device.minor in self.mps_minors
         kind = device.gpu_type or model.name
         power_w = round(model.power_w(util), 1)
         counter = self._counters.setdefault(device.index, EnergyCounter())
@@ -345,7 +400,73 @@ class SimulatedGpuProbe:
             energy_mj=energy_mj,
             temperature_c=int(30 + util / 2),  # plausible, clearly synthetic
             processes=tuple(
-                GpuProcessSample(pid=d.pid, used_memory_mib=d.memory_mib, sm_util_pct=d.util_pct)
+                GpuProcessSample(
+                    pid=d.pid,
+                    used_memory_mib=d.memory_mib,
+                    sm_util_pct=None if mps else d.util_pct,  # no per-client share under MPS
+                )
                 for d in declarations
             ),
         )
+
+    def _mig_sample(
+        self,
+        unit: tuple[GresGpuDevice, ...],
+        model: GpuPowerModel,
+        by_device: Mapping[int, list[LoadDeclaration]],
+        now: float,
+    ) -> GpuDeviceSample:
+        """One MIG-enabled physical GPU: device util unknown, usage per instance."""
+        first = unit[0]
+        assert first.minor is not None
+        instances: list[GpuMigInstanceSample] = []
+        for position, device in enumerate(unit):
+            declarations = sorted(by_device.get(device.index, []), key=lambda d: d.pid)
+            instances.append(
+                GpuMigInstanceSample(
+                    index=position,
+                    uuid=f"MIG-{self._uuid(f'{first.minor}:{device.index}')}",
+                    gpu_instance_id=position + 1,
+                    compute_instance_id=0,
+                    memory_used_mib=sum(d.memory_mib for d in declarations),
+                    memory_total_mib=mig_profile_memory_mib(device.gpu_type),
+                    processes=tuple(
+                        GpuProcessSample(pid=d.pid, used_memory_mib=d.memory_mib)
+                        for d in declarations
+                    ),
+                    profile=device.gpu_type,
+                    util_pct=min(100.0, sum(d.util_pct for d in declarations)),
+                    sm_occupancy_pct=None,  # the simulation has no warps to count
+                )
+            )
+        # Power follows the share of the GPU's SMs busy: each instance's util weighted by
+        # its compute slices (out of 7 on A100/H100).
+        busy = sum((m.util_pct or 0.0) * _slices(m.profile) / 7.0 for m in instances)
+        power_w = round(model.power_w(min(100.0, busy)), 1)
+        counter = self._counters.setdefault(first.index, EnergyCounter())
+        return GpuDeviceSample(
+            index=first.index,
+            uuid=f"GPU-{self._uuid(str(first.minor))}",
+            name=f"Simulated {model.name} (MIG)",
+            pci_bus_id=f"00000000:{(0x10 + first.minor) % 0x100:02X}:00.0",
+            minor_number=first.minor,
+            util_pct=None,  # NVML: NotSupported on a MIG-enabled GPU
+            memory_used_mib=sum(m.memory_used_mib or 0 for m in instances),
+            memory_total_mib=self.memory_total_mib,
+            power_w=power_w,
+            energy_mj=counter.read(power_w, at=now),
+            temperature_c=int(30 + busy / 2),
+            mig_instances=tuple(instances),
+        )
+
+    def _uuid(self, ident: str) -> uuidlib.UUID:
+        return uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"slurmgpu-sim:{self.node}:{ident}")
+
+
+def _is_mig(device: GresGpuDevice) -> bool:
+    return device.minor is not None and mig_profile_memory_mib(device.gpu_type) is not None
+
+
+def _slices(profile: str | None) -> int:
+    m = _MIG_PROFILE.match(profile or "")
+    return int(m.group(1)) if m else 0

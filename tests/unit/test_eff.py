@@ -689,3 +689,52 @@ def test_the_store_reports_a_gpu_that_was_never_busy_as_never_busy(
     assert g.never_busy
     assert g.trailing_idle == timedelta(minutes=10)  # from the first sample, not from 1970
     assert g.max_processes == 0
+
+
+def test_a_mig_slice_with_unknown_util_is_reported_unknown_not_idle(tmp_path: Path) -> None:
+    """Util None (a MIG slice without GPM) is stored as NULL and read back as unknown."""
+    store = open_store(f"sqlite:///{tmp_path / 'mig.db'}")
+    usage = UsageStore(store.engine, store.cluster)
+    at = T0.timestamp()
+    usage.ingest(
+        SampleBatch(
+            node="gpu1",
+            gpu=[
+                GpuSampleIn(
+                    sample_uid=f"m{i}",
+                    at=at + 60 * i,
+                    gpu_index=2,
+                    job_id=100,
+                    util_pct=None,
+                    memory_used_mib=3000.0,
+                    memory_total_mib=10240.0,
+                    processes=1,
+                    source="device",
+                )
+                for i in range(30)
+            ],
+        )
+    )
+    with store.engine.connect() as conn:
+        utils = conn.exec_driver_sql("SELECT DISTINCT util_pct FROM samples").all()
+    assert utils == [(None,)]  # NULL, never 0
+    (u,) = usage.gpu_usage(100)
+    assert (u.samples, u.mean_util_pct, u.max_util_pct, u.max_memory_mib) == (
+        30,
+        None,
+        None,
+        3000.0,
+    )
+    job = make_job(cpus=1, gpus={"gpu1": (2,)}, elapsed=timedelta(minutes=30))
+    report = job_efficiency(job, [u], [host("gpu1", 90.0, 1)], ended(job))
+    (g,) = report.gpus
+    assert (g.status, g.trailing_idle, g.mean_util_pct) == ("util-unknown", None, None)
+    assert report.gpu_util_pct is None
+    assert not {"idle-gpu", "no-gpu-use", "gpus"} & set(kinds(notes(report)))
+    assert "util-unknown" in _render_text(report)
+
+
+def _render_text(report: JobEfficiency) -> str:
+    console = Console(width=120, record=True)
+    console.print(render_report(report, notes(report)))
+    return console.export_text()

@@ -438,3 +438,25 @@ def test_the_daemon_exports_how_many_pending_jobs_rightsizing_has_yet_to_judge(
     finally:
         lease.release()
         store.engine.dispose()
+
+
+def test_a_gpu_whose_util_is_unknown_is_neither_used_nor_idle(d: Daemon) -> None:
+    d.loop.run_once()
+    # gpu1:1 runs a process of job 42 but no sample knows its util (a MIG slice, no GPM).
+    unknown = GpuSampleIn(
+        sample_uid="u", at=time.time(), gpu_index=1, job_id=42, util_pct=None, processes=1
+    )
+    assert _post(d, "gpu1", [_sample("a", 0, 42, 80.0), unknown]) == 200
+    assert _post(d, "gpu2", [_sample("c", 3, 43, 50.0)]) == 200
+
+    def served_alone() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        scraped = _scrape(d)
+        return scraped if scraped[("sgpu_api_connections", ())] == 1 else None
+
+    m = wait_for("the POSTs' connections to close", served_alone, timeout_s=30)
+    gpu = (("partition", "gpu"),)
+    assert m[("sgpu_gpus_allocated", gpu)] == 3
+    assert m[("sgpu_gpus_used", gpu)] == 2
+    assert m[("sgpu_gpus_util_unknown", gpu)] == 1
+    assert m[("sgpu_gpus_idle", gpu)] == 0  # the unknown GPU is not read as idle
+    assert m[("sgpu_user_gpus_idle", (("user", "alice"),))] == 0

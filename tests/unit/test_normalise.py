@@ -755,3 +755,24 @@ def test_select_backend_pyslurm_forced_here() -> None:
         pytest.skip("pyslurm is installed here")
     with pytest.raises(SlurmError, match="pyslurm is not installed"):
         select_backend("pyslurm", slurm_version=lambda: "22.05.8")
+
+
+# --------------------------------------------------------------------------- MIG slices
+
+
+@pytest.mark.parametrize(
+    ("release", "tres_per_node"),
+    [("22.05", "gres:gpu:1g.10gb:1"), ("24.11", "gres/gpu:1g.10gb:1")],
+)
+def test_a_mig_slice_job_is_one_typed_gpu_on_the_slices_index(
+    release: str, tres_per_node: str
+) -> None:
+    """A real squeue record with its GRES rewritten as a MIG slice job would print it
+    (hand-written: no golden file from a MIG node yet)."""
+    data: dict[str, Any] = json.loads((GOLDEN / f"slurm-{release}" / "squeue.json").read_text())
+    record = data["jobs"][0]
+    record.update(tres_per_node=tres_per_node, gres_detail=["gpu:1g.10gb:1(IDX:2)"])
+    data["jobs"] = [record]
+    (job,), _ = decode_squeue(json.dumps(data).encode())
+    assert (job.gpus.gpus, job.gpus.gpu_type) == (1, "1g.10gb")
+    assert [a.gpu_indices for a in job.gpu_allocations] == [(2,)]

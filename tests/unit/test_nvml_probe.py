@@ -8,6 +8,7 @@ code to ``NVMLError_NotSupported``, ``NVMLError_GpuIsLost``, …
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,11 @@ class FakeMig:
     used_bytes: int
     total_bytes: int
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    profile: str = "1g.10gb"
+    # GPM counters the test advances between samples: SM cycles busy and elapsed.
+    sm_busy_cycles: int = 0
+    sm_elapsed_cycles: int = 0
+    occupancy_pct: float = 0.0
 
 
 @dataclass
@@ -58,6 +64,7 @@ class FakeGpu:
     mig_mode: tuple[int, int] | None = None  # None: MIG not supported by the board
     migs: dict[int, FakeMig] = field(default_factory=dict)
     max_migs: int = 7
+    gpm_supported: bool = False  # GPM (nvmlGpm*) answers on Hopper and newer
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,10 @@ class FakeNvml:
     NVML_ERROR_NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
+    NVML_GPM_METRIC_SM_UTIL = pynvml.NVML_GPM_METRIC_SM_UTIL
+    NVML_GPM_METRIC_SM_OCCUPANCY = pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
+    c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
 
     def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
         self.gpus = gpus
@@ -87,6 +98,9 @@ class FakeNvml:
         self.init_calls = 0
         self.shutdown_calls = 0
         self.util_timestamps: list[tuple[str, int]] = []
+        # GPM samples: address → (gpu instance id, busy, elapsed, occupancy) once filled.
+        self.gpm_samples: dict[int, tuple[int, int, int, float] | None] = {}
+        self._gpm_keep: list[Any] = []  # keeps the sample buffers alive
 
     def _live(self, handle: _Handle) -> FakeGpu:
         if self.init_calls <= self.shutdown_calls:
@@ -120,7 +134,8 @@ class FakeNvml:
         return handle.mig.uuid if handle.mig else gpu.uuid  # pynvml decodes to str
 
     def nvmlDeviceGetName(self, handle: Any) -> Any:
-        return self._live(handle).name
+        gpu = self._live(handle)
+        return f"{gpu.name} MIG {handle.mig.profile}" if handle.mig else gpu.name
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
         gpu = self._live(handle)
@@ -225,6 +240,65 @@ class FakeNvml:
         self._live(handle)
         assert handle.mig is not None
         return int(handle.mig.compute_instance_id)
+
+    # -- GPM, as nvidia-ml-py: opaque sample pointers and a c_nvmlGpmMetricsGet_t --
+
+    @staticmethod
+    def _address(sample: Any) -> int:
+        address = ctypes.cast(sample, ctypes.c_void_p).value
+        assert address is not None
+        return address
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
+        gpu = self._live(handle)
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(gpu.gpm_supported)
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        sample = ctypes.pointer(pynvml.struct_c_nvmlGpmSample_t())
+        self._gpm_keep.append(sample)
+        self.gpm_samples[self._address(sample)] = None
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        del self.gpm_samples[self._address(sample)]  # KeyError: a double free
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gpuInstanceId: int, sample: Any) -> Any:
+        gpu = self._live(handle)
+        if not gpu.gpm_supported:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mig = next((m for m in gpu.migs.values() if m.gpu_instance_id == gpuInstanceId), None)
+        if mig is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        address = self._address(sample)
+        assert address in self.gpm_samples, "sample not allocated (or freed)"
+        self.gpm_samples[address] = (
+            gpuInstanceId,
+            mig.sm_busy_cycles,
+            mig.sm_elapsed_cycles,
+            mig.occupancy_pct,
+        )
+        return sample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        assert metricsGet.version == pynvml.NVML_GPM_METRICS_GET_VERSION
+        first = self.gpm_samples[self._address(metricsGet.sample1)]
+        second = self.gpm_samples[self._address(metricsGet.sample2)]
+        assert first is not None and second is not None and first[0] == second[0]
+        elapsed = second[2] - first[2]
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            if metric.metricId == pynvml.NVML_GPM_METRIC_SM_UTIL and elapsed > 0:
+                metric.value = 100.0 * (second[1] - first[1]) / elapsed
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+            elif metric.metricId == pynvml.NVML_GPM_METRIC_SM_OCCUPANCY and elapsed > 0:
+                metric.value = second[3]
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
 
 
 def _two_gpus() -> list[FakeGpu]:
@@ -353,6 +427,74 @@ def test_mig_instances_are_listed_when_mig_mode_is_on() -> None:
         for m in sample.mig_instances
     ] == [(0, "MIG-1111", 1, 0, 5120), (2, "MIG-2222", 2, 0, 0)]
     assert [(p.pid, p.used_memory_mib) for p in sample.mig_instances[0].processes] == [(900, 4096)]
+
+
+def _mig_gpu(*, gpm: bool) -> FakeGpu:
+    return FakeGpu(
+        uuid="GPU-eeee",
+        minor=0,
+        bus_id="00000000:17:00.0",
+        mig_mode=(pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE),
+        gpm_supported=gpm,
+        migs={
+            0: FakeMig("MIG-1111", 3, 0, 0, 40 * GIB, profile="3g.40gb"),
+            1: FakeMig("MIG-2222", 9, 0, 0, 10 * GIB, profile="1g.10gb+me"),
+        },
+    )
+
+
+def test_mig_instances_carry_their_profile_from_the_mig_device_name() -> None:
+    (sample,) = NvmlProbe(nvml=FakeNvml([_mig_gpu(gpm=False)])).sample()
+    assert [(m.profile, m.memory_total_mib) for m in sample.mig_instances] == [
+        ("3g.40gb", 40960),
+        ("1g.10gb+me", 10240),
+    ]
+
+
+def test_mig_utilization_is_unknown_without_gpm_never_zero() -> None:
+    fake = FakeNvml([_mig_gpu(gpm=False)])
+    probe = NvmlProbe(nvml=fake)
+    for _ in range(2):
+        (sample,) = probe.sample()
+        assert [(m.util_pct, m.sm_occupancy_pct) for m in sample.mig_instances] == [
+            (None, None),
+            (None, None),
+        ]
+    assert fake.gpm_samples == {}  # nothing allocated on a board without GPM
+
+
+def test_mig_utilization_comes_from_gpm_over_the_window_between_samples() -> None:
+    gpu = _mig_gpu(gpm=True)
+    fake = FakeNvml([gpu])
+    probe = NvmlProbe(nvml=fake)
+    (first,) = probe.sample()
+    # One sample is no window: unknown, not 0.
+    assert [m.util_pct for m in first.mig_instances] == [None, None]
+    big, small = gpu.migs[0], gpu.migs[1]
+    big.sm_busy_cycles, big.sm_elapsed_cycles, big.occupancy_pct = 750, 1000, 41.5
+    small.sm_elapsed_cycles = 1000  # idle: a measured 0
+    (second,) = probe.sample()
+    assert [(m.util_pct, m.sm_occupancy_pct) for m in second.mig_instances] == [
+        (75.0, 41.5),
+        (0.0, 0.0),
+    ]
+    big.sm_busy_cycles, big.sm_elapsed_cycles = 850, 2000  # the next window only
+    (third,) = probe.sample()
+    assert third.mig_instances[0].util_pct == 10.0
+    assert len(fake.gpm_samples) == 2  # one kept sample per GPU instance, the rest freed
+    probe.close()
+    assert fake.gpm_samples == {}
+
+
+def test_a_destroyed_mig_instance_frees_its_gpm_sample() -> None:
+    gpu = _mig_gpu(gpm=True)
+    fake = FakeNvml([gpu])
+    probe = NvmlProbe(nvml=fake)
+    probe.sample()
+    del gpu.migs[1]
+    (sample,) = probe.sample()
+    assert [m.gpu_instance_id for m in sample.mig_instances] == [3]
+    assert len(fake.gpm_samples) == 1
 
 
 @pytest.mark.parametrize("mode", [None, (0, 0), (0, 1)])

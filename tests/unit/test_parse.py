@@ -419,3 +419,27 @@ def test_lenient_gres_keeps_what_parses(
     if left_out:
         with pytest.raises(SlurmValueError):
             parse_gres(text)  # the strict parser still refuses it
+
+
+# MIG-typed and MPS GRES, hand-written in the spellings each release prints for typed
+# GPUs (golden files from daemons with real MIG/MPS gres are still missing).
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gres:gpu:1g.10gb:1", [("gpu", "1g.10gb", 1, ())]),  # 22.05 tres_per_node
+        ("gres/gpu:1g.10gb:2", [("gpu", "1g.10gb", 2, ())]),  # 23.x+ tres_per_node
+        ("gres/gpu:3g.40gb=1", [("gpu", "3g.40gb", 1, ())]),  # TRES string
+        ("gpu:1g.10gb+me:1(IDX:4)", [("gpu", "1g.10gb+me", 1, (4,))]),  # gres_detail
+        (
+            "gpu:3g.40gb:1(IDX:0),gpu:1g.10gb:2(IDX:1-2)",  # node gres_used, two profiles
+            [("gpu", "3g.40gb", 1, (0,)), ("gpu", "1g.10gb", 2, (1, 2))],
+        ),
+        ("gres/mps:50", [("mps", None, 50, ())]),
+        ("mps:100(IDX:0)", [("mps", None, 100, (0,))]),
+        ("mps:200(S:0-1)", [("mps", None, 200, ())]),  # node gres with socket affinity
+    ],
+)
+def test_mig_typed_and_mps_gres_parse(
+    text: str, expected: list[tuple[str, str | None, int, tuple[int, ...]]]
+) -> None:
+    assert [(i.name, i.type, i.count, i.indices) for i in parse_gres(text)] == expected

@@ -451,3 +451,61 @@ def test_energy_counter_integrates_power_and_survives_a_new_probe(
     assert reading.power_w == second.power_w  # the declaration is still live
     assert reading.energy_mj == second.energy_mj + round(second.power_w * 5 * 1000)
     assert sorted(p.name for p in (state_dir / "gpu1").iterdir())[0] == ".energy.json"
+
+
+MIG_GRES_CONF = """\
+AutoDetect=off
+# GPU 0 split in MIG instances (first file: the parent), GPU 1 whole and shared by MPS.
+NodeName=gpu1 Name=gpu Type=3g.40gb MultipleFiles=/dev/tty0,/dev/tty10
+NodeName=gpu1 Name=gpu Type=1g.10gb MultipleFiles=/dev/tty0,/dev/tty11
+NodeName=gpu1 Name=gpu Type=1g.10gb MultipleFiles=/dev/tty0,/dev/tty12
+NodeName=gpu1 Name=gpu Type=h100 File=/dev/tty1
+NodeName=gpu1 Name=mps Count=100 File=/dev/tty1
+"""
+
+
+def test_mig_lines_of_one_gpu_are_one_device_with_an_instance_each(
+    tmp_path: Path, state_dir: Path, sleeper: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    conf = tmp_path / "gres.conf"
+    conf.write_text(MIG_GRES_CONF)
+    a, b = sleeper(), sleeper()
+    _declare(state_dir, a.pid, 0, 60.0, 30000)  # Slurm index 0: the 3g.40gb instance
+    _declare(state_dir, b.pid, 2, 25.0, 2000)  # Slurm index 2: the second 1g.10gb
+    probe = SimulatedGpuProbe("gpu1", conf, None, state_dir)
+    assert isinstance(probe, GpuProbe)
+    mig, whole = probe.sample()
+    assert (mig.index, mig.minor_number, whole.index, whole.minor_number) == (0, 0, 3, 1)
+    assert mig.util_pct is None  # as NVML on a MIG-enabled board: unknown, not 0
+    assert mig.memory_used_mib == 32000
+    assert [
+        (m.index, m.gpu_instance_id, m.profile, m.memory_total_mib, m.memory_used_mib, m.util_pct)
+        for m in mig.mig_instances
+    ] == [
+        (0, 1, "3g.40gb", 40960, 30000, 60.0),
+        (1, 2, "1g.10gb", 10240, 0, 0.0),
+        (2, 3, "1g.10gb", 10240, 2000, 25.0),
+    ]
+    assert [(p.pid, p.used_memory_mib, p.sm_util_pct) for p in mig.mig_instances[0].processes] == [
+        (a.pid, 30000, None)
+    ]
+    assert len({m.uuid for m in mig.mig_instances}) == 3
+    assert all((m.uuid or "").startswith("MIG-") for m in mig.mig_instances)
+    # Power: 60 % of 3 of 7 slices plus 25 % of 1 busier than idle, below full load.
+    model = probe.power_models[0]
+    assert model.power_w(0.0) < (mig.power_w or 0.0) < model.power_w(100.0)
+
+
+def test_mps_clients_have_memory_but_no_per_process_share(
+    tmp_path: Path, state_dir: Path, sleeper: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    conf = tmp_path / "gres.conf"
+    conf.write_text(MIG_GRES_CONF)
+    a, b = sleeper(), sleeper()
+    _declare(state_dir, a.pid, 3, 30.0, 1000)
+    _declare(state_dir, b.pid, 3, 20.0, 3000)
+    _, whole = SimulatedGpuProbe("gpu1", conf, None, state_dir).sample()
+    assert whole.util_pct == 50.0 and whole.mig_instances == ()
+    assert sorted((p.pid, p.used_memory_mib, p.sm_util_pct) for p in whole.processes) == sorted(
+        [(a.pid, 1000, None), (b.pid, 3000, None)]
+    )
