@@ -8,6 +8,9 @@ write.
   the checkpoint, just before slurmgpu's own requeue): the resize ends cleanly at the new
   size, nothing is left held, no step is lost.
 - A resize never moves a job to another account, QOS or partition.
+- A resize respects the site's QOS limits: a growth Slurm takes (an operator's or
+  coordinator's update is not checked against them) but the QOS will never run goes
+  back to the old size, and the job runs on.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class Site:
         assert proc.returncode == 0, f"sgpu {' '.join(args)} as {user}: {proc.stderr.strip()}"
         return proc.stdout
 
-    def trainer(self, name: str, *sbatch: str) -> int:
+    def trainer(self, name: str, *sbatch: str, gpus: int = 4) -> int:
         log = self.work / f"{name}.jsonl"
         out = self.sgpu_as(
             OWNER,
@@ -66,7 +69,7 @@ class Site:
             "30s",
             "--elastic-dir",
             str(self.work / "state"),
-            "--gres=gpu:4",
+            f"--gres=gpu:{gpus}",
             *sbatch,
             "-J",
             name,
@@ -239,3 +242,40 @@ def test_a_resize_keeps_the_jobs_account_qos_and_partition(site_env: Site) -> No
     after = wait_for("the job at 2 GPUs", lambda: running(job, 2), timeout_s=60)
     assert placement(after) == placement(before)
     assert after["Restarts"] == "1"
+
+
+def test_a_growth_over_the_qos_limit_goes_back_and_the_job_runs_on(site_env: Site) -> None:
+    s = site_env
+
+    def qos_limit(value: str) -> None:
+        subprocess.run(
+            ["sacctmgr", "-i", "modify", "qos", "scavenger", "set", f"MaxTRESPerJob={value}"],
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+
+    qos_limit("gres/gpu=2")
+    try:
+        job = s.trainer("capped", "--qos=scavenger", "-w", "gpu13", gpus=2)
+        before = wait_for("the malleable job at 2 GPUs", lambda: running(job, 2))
+        wait_for("5 steps", lambda: len(s.steps("capped")) >= 5)
+        driver = s.driver("--start", f"{job}:2:4", "--timeout", "240")
+        assert driver.wait(timeout=300) == 0, s.driver_log()
+    finally:
+        qos_limit("gres/gpu=-1")
+    after = wait_for("the job at 2 GPUs again", lambda: running(job, 2), timeout_s=60)
+    assert placement(after) == placement(before)
+    assert "Held" not in after["Reason"]
+    (row,) = json.loads(s.sgpu_as(site.DAEMON_USER, "resizes", "--job", str(job), "--json"))
+    assert row["state"] == "rolled_back", row
+    assert "QOSMaxGRESPerJob" in (row["error"] or ""), row
+    wait_for(
+        "steps after the restart",
+        lambda: (
+            len(s.starts("capped")) >= 2 and s.steps("capped")[-1] > s.starts("capped")[-1][2] + 3
+        ),
+        timeout_s=120,
+    )
+    assert _consecutive(s.steps("capped"))
+    assert [(g, r) for g, r, _ in s.starts("capped")] == [(2, 0), (2, 1)]
