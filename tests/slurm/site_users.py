@@ -21,6 +21,12 @@ from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
+_CHROOT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def slurm_chroot() -> str | None:
+    """The Slurm chroot the lab runs from (``SGPU_TEST_SLURM_ROOT``), or None."""
+    return os.environ.get("SGPU_TEST_SLURM_ROOT") or None
 
 
 def shared_dir(prefix: str) -> Path:
@@ -32,6 +38,11 @@ def shared_dir(prefix: str) -> Path:
 
 def user_python() -> list[str]:
     """The interpreter a site user runs slurmgpu with; skips (saying why) if there is none."""
+    if slurm_chroot() is not None:
+        pytest.skip(
+            "a chroot lab's users run Slurm's commands inside the chroot, where this "
+            "checkout's Python is not"
+        )
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.skip(f"no {SYSTEM_PYTHON} for the site users to run slurmgpu with")
     proc = subprocess.run(
@@ -65,9 +76,17 @@ def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def as_user(
     user: str, *argv: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """``argv`` as ``user``; in a chroot lab inside the chroot (a user may not chroot, so
+    the chroot's ``runuser`` drops to the user there, with the chroot's PATH)."""
+    chroot = slurm_chroot()
+    env = env or user_env()
+    prefix = ["runuser", "-u", user, "--"]
+    if chroot is not None:
+        prefix = ["chroot", chroot, *prefix]
+        env = {**env, "PATH": _CHROOT_PATH}
     return subprocess.run(
-        ["runuser", "-u", user, "--", *argv],
-        env=env or user_env(),
+        [*prefix, *argv],
+        env=env,
         cwd=cwd or "/tmp",
         capture_output=True,
         text=True,

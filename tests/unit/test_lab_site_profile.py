@@ -205,7 +205,8 @@ def test_sacctmgr_setup_accepts_nothing_new_and_stops_at_a_real_error() -> None:
 
     sacctmgr_setup(again, "lab")
     assert seen == site.sacctmgr_commands("lab")
-    assert ["add", "coordinator", "account=root", f"names={site.DAEMON_USER}"] in seen
+    coordinator = ["add", "coordinator", "account=root,physics,biology,chemistry"]
+    assert [*coordinator, f"names={site.DAEMON_USER}"] in seen
 
     def broken(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(list(args), 1, "", "sacctmgr: error: no slurmdbd")

@@ -14,13 +14,13 @@ adds to the default lab:
   ``MaxNodes=1``, ``MaxTime=1:00:00``);
 * ``PrivateData=jobs,usage,users,accounts``: a user sees only their own jobs;
 * :data:`DAEMON_USER`, the Unix user the slurmgpu daemon runs as: no AdminLevel, but
-  *coordinator* of account ``root`` and so of every account under it, including ones
-  added later. Tried on 22.05: with no right it sees no other user's job (PrivateData)
-  and every hold/update is refused ("Invalid user id"); as coordinator of ``root`` it
-  sees them and may hold, release, requeue, signal, cancel, lower ``Nice`` to 0 and
-  change time limits -- all slurmgpu does. What only ``AdminLevel=Operator`` adds (a
-  negative Nice, node and reservation changes) slurmgpu never asks for
-  (docs/admin-guide.md "The daemon's Slurm rights").
+  *coordinator* of account ``root`` and of every account under it (:data:`COORDINATED`),
+  and so of accounts added later. Tried on 22.05 and 26.05: with no right it sees no
+  other user's job (PrivateData) and every hold/update is refused ("Invalid user id"); as
+  coordinator it sees them and may hold, release, requeue, signal, cancel, lower
+  ``Nice`` to 0 and change time limits -- all slurmgpu does. What only
+  ``AdminLevel=Operator`` adds (a negative Nice, node and reservation changes) slurmgpu
+  never asks for (docs/admin-guide.md "The daemon's Slurm rights").
 
 Cgroups stay off (``proctrack/linuxproc``, ``task/none``); slurm.conf says why in one line
 (:func:`cgroup_reason`).
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ACCOUNTS",
+    "COORDINATED",
     "DAEMON_UID",
     "DAEMON_USER",
     "DBD_PRIVATE_DATA",
@@ -61,6 +62,11 @@ UID_FIRST = 61001
 
 # account -> fairshare shares (RawShares)
 ACCOUNTS: dict[str, int] = {"physics": 50, "biology": 30, "chemistry": 20}
+# The accounts the daemon's user coordinates: root and each one under it, named one by
+# one. 22.05 makes a coordinator of root one of every existing sub-account too; 26.05
+# only of root (tried: it then saw no other user's job). Both make it coordinator of an
+# account added under root later.
+COORDINATED = ",".join(["root", *ACCOUNTS])
 
 DEBUG_NODES = 2
 
@@ -167,5 +173,5 @@ def sacctmgr_commands(cluster: str) -> list[list[str]]:
             ]
         )
     cmds.append(["add", "user", DAEMON_USER, "account=root", f"cluster={cluster}"])
-    cmds.append(["add", "coordinator", "account=root", f"names={DAEMON_USER}"])
+    cmds.append(["add", "coordinator", f"account={COORDINATED}", f"names={DAEMON_USER}"])
     return cmds
