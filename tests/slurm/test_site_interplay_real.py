@@ -8,6 +8,8 @@ write.
   the checkpoint, just before slurmgpu's own requeue): the resize ends cleanly at the new
   size, nothing is left held, no step is lost.
 - A resize never moves a job to another account, QOS or partition.
+- A growth the partition's nodes cannot hold (8 GPUs a node of a one-node job in partition
+  ``debug``, ``MaxNodes=1``, on 4-GPU nodes) never runs: it goes back, the job runs on.
 - A resize respects the site's QOS limits: a growth Slurm takes (an operator's or
   coordinator's update is not checked against them) but the QOS will never run goes
   back to the old size, and the job runs on.
@@ -55,7 +57,7 @@ class Site:
         assert proc.returncode == 0, f"sgpu {' '.join(args)} as {user}: {proc.stderr.strip()}"
         return proc.stdout
 
-    def trainer(self, name: str, *sbatch: str, gpus: int = 4) -> int:
+    def trainer(self, name: str, *sbatch: str, gpus: int = 4, malleable: str = "2:4") -> int:
         log = self.work / f"{name}.jsonl"
         out = self.sgpu_as(
             OWNER,
@@ -64,7 +66,7 @@ class Site:
             "-o",
             str(self.work / f"{name}.out"),
             "--malleable",
-            "2:4",
+            malleable,
             "--checkpoint-grace",
             "30s",
             "--elastic-dir",
@@ -279,3 +281,27 @@ def test_a_growth_over_the_qos_limit_goes_back_and_the_job_runs_on(site_env: Sit
     )
     assert _consecutive(s.steps("capped"))
     assert [(g, r) for g, r, _ in s.starts("capped")] == [(2, 0), (2, 1)]
+
+
+def test_a_growth_no_node_of_the_partition_holds_goes_back(
+    site_env: Site,
+) -> None:
+    s = site_env
+    # partition debug: MaxNodes=1; 8 GPUs would be 2 nodes of 4
+    job = s.trainer("debug", "-p", "debug", "-N", "1", gpus=4, malleable="2:8")
+    before = wait_for("the malleable job at 4 GPUs", lambda: running(job, 4))
+    wait_for("5 steps", lambda: len(s.steps("debug")) >= 5)
+    driver = s.driver("--start", f"{job}:4:8", "--timeout", "240")
+    assert driver.wait(timeout=300) == 0, s.driver_log()
+    after = wait_for("the job at 4 GPUs again", lambda: running(job, 4), timeout_s=60)
+    assert placement(after) == placement(before) and after["Partition"] == "debug"
+    assert after["NumNodes"] == "1", after
+    (row,) = json.loads(s.sgpu_as(site.DAEMON_USER, "resizes", "--job", str(job), "--json"))
+    assert row["state"] == "rolled_back", row
+    assert "BadConstraints" in (row["error"] or ""), row
+    wait_for(
+        "steps after the restart",
+        lambda: len(s.starts("debug")) >= 2 and s.steps("debug")[-1] > s.starts("debug")[-1][2] + 3,
+        timeout_s=120,
+    )
+    assert _consecutive(s.steps("debug"))

@@ -157,9 +157,10 @@ def test_a_refused_update_releases_the_job_at_its_old_size(tmp_path: Path) -> No
     assert done.payload["running_gpus"] == 4
 
 
-def test_a_new_size_over_a_site_limit_goes_back_to_the_old_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reason", ["QOSMaxGRESPerJob", "BadConstraints"])
+def test_a_new_size_that_never_runs_goes_back_to_the_old_one(tmp_path: Path, reason: str) -> None:
     """Slurm took the update (an operator's or coordinator's is not checked against QOS
-    limits) but the released job waits with QOSMaxGRESPerJob, which would be for ever."""
+    limits or node sizes) but the released job waits with a reason it never leaves."""
     w = World(tmp_path)
     w.start()
     w.ack()
@@ -167,10 +168,10 @@ def test_a_new_size_over_a_site_limit_goes_back_to_the_old_one(tmp_path: Path) -
     w.slurm.settle()
     w.cycle()
     assert w.cycle(2).state == RELEASED
-    w.slurm.put(replace(w.slurm.job(JOB), reason="QOSMaxGRESPerJob"))
+    w.slurm.put(replace(w.slurm.job(JOB), reason=reason))
     row = w.cycle()
     assert row.state == RELEASED and row.payload["rolled_back"]
-    assert "QOSMaxGRESPerJob" in (row.error or "")
+    assert reason in (row.error or "")
     assert w.slurm.updates[-1] == (JOB, (SetGpus(4), StartSoon(1)))
     assert w.slurm.held() == []
     w.slurm.put(replace(w.slurm.job(JOB), reason=""))
