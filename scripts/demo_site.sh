@@ -33,14 +33,19 @@ if ! runuser -u nobody -- "$UPY" -c pass 2>/dev/null; then
 fi
 as() {  # as USER COMMAND...: run a command as a site user, in this cluster's environment
   local user=$1; shift
-  (cd "$SITE_ROOT" && runuser -u "$user" -- env PATH="$PATH" SLURM_CONF="$SLURM_CONF" \
+  # exec: the subshell becomes runuser, which passes a TERM on to the command
+  (cd "$SITE_ROOT" && exec runuser -u "$user" -- env PATH="$PATH" SLURM_CONF="$SLURM_CONF" \
     PYTHONPATH="$UPATH" SGPU_DB="$SGPU_DB" SGPU_CONFIG="$SGPU_CONFIG" "$@")
 }
 sgpu_as() { local user=$1; shift; as "$user" "$UPY" -m slurmgpu "$@"; }
 
 DAEMON_PID=""
 cleanup() {
-  [ -n "$DAEMON_PID" ] && { kill -TERM "$DAEMON_PID" 2>/dev/null || true; wait "$DAEMON_PID" 2>/dev/null || true; }
+  if [ -n "$DAEMON_PID" ]; then
+    pkill -TERM -P "$DAEMON_PID" 2>/dev/null || true   # runuser, the subshell's child
+    kill -TERM "$DAEMON_PID" 2>/dev/null || true
+    wait "$DAEMON_PID" 2>/dev/null || true
+  fi
   sgpu cluster down --root "$SITE_ROOT/cluster" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -65,8 +70,8 @@ secret_file = "$SITE_ROOT/daemon/site.secret"
 CONF
 chmod 0644 "$SGPU_CONFIG"
 sgpu_as sgpu-daemon db upgrade
-(sgpu_as sgpu-daemon daemon --interval 2s >"$SITE_ROOT/daemon.log" 2>&1) &
-DAEMON_PID=$!
+as sgpu-daemon "$UPY" -m slurmgpu daemon --interval 2s >"$SITE_ROOT/daemon.log" 2>&1 &
+DAEMON_PID=$!  # the function's subshell; runuser is its child (see cleanup)
 
 echo "== site 3. eight users submit at once; each sees only their own jobs"
 SUBMITS=()
