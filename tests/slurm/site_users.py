@@ -8,10 +8,13 @@ version with this checkout and the venv's site-packages on ``PYTHONPATH``.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,11 +32,17 @@ def slurm_chroot() -> str | None:
     return os.environ.get("SGPU_TEST_SLURM_ROOT") or None
 
 
-def shared_dir(prefix: str) -> Path:
-    """A directory every user may write to (pytest's tmp_path is root's, mode 0700)."""
+@contextmanager
+def shared_dir(prefix: str) -> Iterator[Path]:
+    """A directory every user may write to (pytest's tmp_path is root's, mode 0700),
+    removed afterwards unless ``SGPU_KEEP_LAB`` is set."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     path.chmod(0o1777)
-    return path
+    try:
+        yield path
+    finally:
+        if not os.environ.get("SGPU_KEEP_LAB"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def user_python() -> list[str]:

@@ -143,7 +143,11 @@ def placement(fields: dict[str, str]) -> tuple[str, str, str, str]:
 @pytest.fixture
 def site_env(site_cluster: LabCluster) -> Iterator[Site]:
     python = user_python()
-    work = shared_dir("sgpu-site-interplay-")
+    with shared_dir("sgpu-site-interplay-") as work:
+        yield from _site_env(site_cluster, work, python)
+
+
+def _site_env(site_cluster: LabCluster, work: Path, python: list[str]) -> Iterator[Site]:
     daemon = site.DAEMON_UID
     (work / "daemon").mkdir()
     db = f"sqlite:///{work / 'daemon' / 'state.db'}"

@@ -117,13 +117,18 @@ def test_slurm_requeues_a_scavenger_job_for_a_normal_qos_job(lab: LabCluster) ->
     assert "PREEMPTED" in sacct, sacct
 
 
+@pytest.fixture
+def work() -> Iterator[Path]:
+    with shared_dir("sgpu-site-users-") as path:
+        yield path
+
+
 def test_eight_users_at_once_see_and_change_only_their_own_jobs(
-    lab: LabCluster, tmp_path: Path
+    lab: LabCluster, tmp_path: Path, work: Path
 ) -> None:
     # through `sgpu submit` as each user; a chroot lab's users have no slurmgpu there
     # (its Python is the host's), so they submit with the chroot's sbatch instead
     sgpu = [*user_python(), "-m", "slurmgpu", "submit"] if slurm_chroot() is None else ["sbatch"]
-    work = shared_dir("sgpu-site-users-")
 
     def submit(user: str) -> tuple[str, list[int]]:
         ids = []
