@@ -13,6 +13,11 @@ command -v sinfo >/dev/null 2>&1 || need_apt+=(slurm-client)
 # A throwaway PostgreSQL server for the store's tests (tests/conftest.py postgres_url;
 # ~25 MB, ~15 s); the services it would start are not used.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
+# slurmdbd and MariaDB for the lab's accounting and its site profile (LabCluster
+# profile="site", `sgpu cluster up --profile site`): the lab starts its own mariadbd on a
+# port of its own, never the distribution's service.
+[ -x /usr/sbin/slurmdbd ] || need_apt+=(slurmdbd)
+[ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 # Lua interpreters to unit-test plugins/job_submit.lua outside slurmctld (5.1 is what
 # Debian's Slurm embeds; 5.4 catches what newer Lua would reject). Small.
 command -v lua5.1 >/dev/null 2>&1 || need_apt+=(lua5.1)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: bring up the local 4-node Slurm cluster with fake GPUs, start the
 # slurmgpu daemon, submit a small mixed GPU workload with `sgpu submit`, and show
-# `sgpu jobs` while the jobs run and finish. Run as root on Debian 12/13:
+# `sgpu jobs` while the jobs run and finish; last, scripts/demo_site.sh on a second lab
+# cluster with the site profile (users, accounts, QOS preemption). Run as root on Debian
+# 12/13:
 #   ./scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -155,3 +157,5 @@ echo "== 10. reliability and security against the running daemon"
 PORT=$PORT ./scripts/demo_reliability.sh
 echo "== 11. the efficiency report"
 ./scripts/demo_report.sh "$ROOT/report.html"
+echo "== 12. the same on a cluster set up like a site: users, accounts, QOS preemption"
+SGPU_SITE_ROOT="$ROOT/site" ./scripts/demo_site.sh

@@ -131,6 +131,68 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
             shutil.rmtree(root, ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- site profile
+
+# The site lab (16 nodes, slurmdbd + MariaDB on the two ports after the last slurmd) gets
+# its own port range, clear of slurm_cluster's for up to 8 xdist workers.
+SITE_CTLD_PORT = int(os.environ.get("SGPU_TEST_SITE_CTLD_PORT", "6990")) + _PORT_OFFSET
+SITE_SLURMD_PORT_BASE = (
+    int(os.environ.get("SGPU_TEST_SITE_SLURMD_PORT_BASE", "17300")) + 2 * _PORT_OFFSET
+)
+
+
+@pytest.fixture(scope="session")
+def site_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
+    """A running lab cluster with the site profile (slurmgpu/lab/cluster/site.py): 16 nodes,
+    accounting, 3 accounts, 8 Unix users, fairshare, QOS preemption, two partitions.
+
+    Session-wide but it does not touch ``SLURM_CONF``: ``slurm_cluster`` may be up in the
+    same session. Tests take :func:`site_cluster`, which points ``SLURM_CONF`` at it.
+    The tests written before the profile keep the 4-node ``slurm_cluster``: they assume
+    its layout (4 nodes, one partition, no accounts, every job root's).
+    """
+    if os.geteuid() != 0:
+        _skip("the site lab needs root (it starts slurmd and adds Unix users)")
+    slurm_root = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
+    try:
+        if slurm_root is None:
+            ensure_packages()
+    except LabClusterError as exc:
+        _skip(f"Slurm packages are missing and cannot be installed: {exc}")
+    root = Path(tempfile.mkdtemp(prefix="sgpu-site-", dir="/tmp"))
+    lab = LabCluster(
+        root,
+        ctld_port=SITE_CTLD_PORT,
+        slurmd_port_base=SITE_SLURMD_PORT_BASE,
+        slurm_root=slurm_root,
+        profile="site",
+    )
+    try:
+        elapsed = lab.up(timeout_s=120.0)
+        print(
+            f"\nsite_lab: {lab.nodes} nodes idle after {elapsed:.1f} s under {root}",
+            file=sys.stderr,
+        )
+        yield lab
+    finally:
+        lab.down(cancel_jobs=True)
+        if request.session.testsfailed or os.environ.get("SGPU_KEEP_LAB"):
+            print(f"\nsite_lab: kept {root} (logs in {lab.log_dir})", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def site_cluster(site_lab: LabCluster, monkeypatch: pytest.MonkeyPatch) -> LabCluster:
+    """:func:`site_lab`, with ``SLURM_CONF`` (and a chroot's client commands on ``PATH``)
+    pointing at it for this test."""
+    for key, value in site_lab.env().items():
+        monkeypatch.setenv(key, value)
+    if site_lab.bin_dir is not None:
+        monkeypatch.setenv("PATH", f"{site_lab.bin_dir}:{os.environ.get('PATH', '')}")
+    return site_lab
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 
 _PG_DB = "sgpu_test"

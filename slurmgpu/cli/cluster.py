@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -43,7 +44,12 @@ def cluster() -> None:
 
 @cluster.command("up")
 @_root_option
-@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Number of nodes  [default: 4; 16 with --profile site]",
+)
 @click.option(
     "--port", type=click.IntRange(1, 65535), default=6817, show_default=True, help="slurmctld port."
 )
@@ -71,16 +77,25 @@ def cluster() -> None:
 @click.option(
     "--accounting",
     is_flag=True,
-    help="With --slurm-root: also slurmdbd + MariaDB from the chroot (sacct works).",
+    help="Also slurmdbd + MariaDB (the chroot's with --slurm-root, else this host's).",
+)
+@click.option(
+    "--profile",
+    type=click.Choice(["default", "site"]),
+    default="default",
+    show_default=True,
+    help="site: accounting, 3 accounts, 8 users (sgpu-u1..8), fairshare, QOS preemption, "
+    "partitions gpu and debug (docs/admin-guide.md).",
 )
 def up(
     root: Path,
-    nodes: int,
+    nodes: int | None,
     port: int,
     slurmd_port_base: int,
     timeout: float,
     slurm_root: Path | None,
     accounting: bool,
+    profile: Literal["default", "site"],
 ) -> None:
     """Install Slurm/munge if needed, start the cluster, wait until every node is idle."""
     try:
@@ -91,11 +106,12 @@ def up(
             slurmd_port_base=slurmd_port_base,
             slurm_root=slurm_root,
             accounting=accounting,
+            profile=profile,
         )
         elapsed = lab.up(timeout_s=timeout, progress=click.echo)
     except LabClusterError as exc:
         raise click.ClickException(_one_line(exc, root)) from exc
-    click.echo(f"cluster up: {nodes}/{nodes} nodes idle after {elapsed:.1f} s")
+    click.echo(f"cluster up: {lab.nodes}/{lab.nodes} nodes idle after {elapsed:.1f} s")
     for line in _export_lines(lab):
         click.echo(line)
 

@@ -16,6 +16,10 @@ and the ways back, each leaving the job running or about to run, never held:
   ABORTED.
 - HELD: Slurm refuses the update → the old size's start time is set and the job is
   released at its old size → RELEASED with ``rolled_back`` → ROLLED_BACK once it runs.
+- RELEASED: the job waits with a reason it never leaves (``QOSMaxGRESPerJob``,
+  ``BadConstraints``...: Slurm takes an update past a QOS limit or past what a node holds
+  from an operator or coordinator) → its request goes back to the old size → ROLLED_BACK
+  once it runs.
 - Any state after the requeue: the job is released whatever else fails.
 
 **A user's own hold.** Slurm (22.05) shows the requeue's hold as ``JobHeldUser`` too,
@@ -118,6 +122,20 @@ ENDED = "ended"  # the job ended (or vanished) after the requeue, or was held ag
 OPEN = (PLANNED, SIGNALED, CHECKPOINTED, HELD, UPDATED, RELEASED)
 CLOSED = (RUNNING, ABORTED, ROLLED_BACK, ENDED)
 HELD_REASONS = ("job_requeued_in_held_state", "JobHeldAdmin", "JobHeldUser")
+# Pending reasons of a request the job will never run with: over a site limit (QOS,
+# association, partition) or more than the partition's nodes hold. Slurm takes such an
+# update from an operator or account coordinator and the job then waits for ever (seen
+# on 22.05: a QOS MaxTRESPerJob=gres/gpu=2 and a job updated to 4 GPUs, pending with
+# QOSMaxGRESPerJob; a one-node job updated to 8 GPUs a node on 4-GPU nodes, pending with
+# BadConstraints): the resize goes back to the old size.
+NEVER_RUNS_REASON_PREFIXES = (
+    "QOSMax",
+    "AssocMax",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "PartitionConfig",
+    "BadConstraints",
+)
 
 
 class ResizeError(Exception):
@@ -209,6 +227,12 @@ def _iso(at: datetime | None) -> str | None:
 
 def _held(job: Job) -> bool:
     return job.state is JobState.PENDING and any(r in job.reason for r in HELD_REASONS)
+
+
+def _never_runs(job: Job) -> bool:
+    """The job waits because of a request it will never run with (a site limit, or more
+    than the partition's nodes hold)."""
+    return job.state is JobState.PENDING and job.reason.startswith(NEVER_RUNS_REASON_PREFIXES)
 
 
 class ResizeExecutor:
@@ -568,6 +592,34 @@ class ResizeExecutor:
             log.info("resize %d: release of %s: %s (not held)", row.id, ref, exc)
         return self.store.advance(row, RELEASED, at=at, payload=self._timeline(row, released=at))
 
+    def _back_to_the_old_size(
+        self, row: TransactionRow, job: Job, at: datetime
+    ) -> TransactionRow | None:
+        """The new size never runs: the pending job's request goes back to the old one (no
+        hold needed: nothing lets it start meanwhile), and the transaction closes as
+        ROLLED_BACK once it runs. A refused update is retried next cycle."""
+        old, _unread = parse_fields(row.payload["old_fields"], strict=False)
+        try:
+            self.slurm.update_job(row.payload["ref"], self._with_start(old))
+        except SlurmError as exc:
+            log.warning("resize %d of job %d: back to the old size: %s", row.id, row.job_id, exc)
+            return None
+        log.warning(
+            "resize %d of job %d: %d GPUs never runs (%s); back to %d",
+            row.id,
+            row.job_id,
+            row.payload["to_gpus"],
+            job.reason,
+            row.payload["from_gpus"],
+        )
+        return self.store.advance(
+            row,
+            RELEASED,
+            at=at,
+            payload={"rolled_back": True, "limit_reason": job.reason},
+            error=f"the new size never runs ({job.reason}); back to the old size",
+        )
+
     def _released(
         self, row: TransactionRow, job: Job | None, at: datetime
     ) -> TransactionRow | None:
@@ -581,9 +633,11 @@ class ResizeExecutor:
             return self._close(
                 row, ENDED, at, "held again after the release (by its user or an admin); left held"
             )
+        rolled_back = bool(row.payload.get("rolled_back"))
+        if not rolled_back and _never_runs(job):
+            return self._back_to_the_old_size(row, job, at)
         if job.state is not JobState.RUNNING or "COMPLETING" in job.state_flags:
             return None
-        rolled_back = bool(row.payload.get("rolled_back"))
         want = row.payload["from_gpus"] if rolled_back else row.payload["to_gpus"]
         got = job_gpus(job)
         moments = {"started": job.start_time, "eligible": job.eligible_time, "running": at}

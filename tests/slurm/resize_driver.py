@@ -7,7 +7,10 @@ MalleableActuator), recovers like a starting daemon, optionally starts a resize 
 malleable job recorded by ``sgpu submit``, then observes every 0.3 s and advances the
 open transactions until none is left. ``--kill-after signal|requeue|update|release``
 SIGKILLs this process right after that Slurm call succeeded, before its state is
-written: the worst moment for a daemon to die.
+written: the worst moment for a daemon to die. ``--pause-before CALL --go FILE`` stops
+just before that Slurm call (after the step has looked at the job and decided to make
+it), prints ``driver: paused before CALL``, and goes on once FILE exists: the window in
+which Slurm itself may act on the job (a preemption, say).
 """
 
 from __future__ import annotations
@@ -33,9 +36,22 @@ from slurmgpu.store.transactions import TransactionStore
 
 
 class KillingSlurm(CliSlurmClient):
-    def __init__(self, kill_after: str | None) -> None:
+    def __init__(
+        self, kill_after: str | None, pause_before: str | None = None, go: str | None = None
+    ) -> None:
         super().__init__(timeout_s=20)
         self.kill_after = kill_after
+        self.pause_before = pause_before
+        self.go = go
+
+    def _maybe_pause(self, call: str) -> None:
+        if call != self.pause_before or self.go is None:
+            return
+        self.pause_before = None  # once
+        print(f"driver: paused before {call}", flush=True)
+        while not os.path.exists(self.go):
+            time.sleep(0.2)
+        print(f"driver: going on with {call}", flush=True)
 
     def _maybe_die(self, call: str) -> None:
         if call == self.kill_after:
@@ -43,18 +59,22 @@ class KillingSlurm(CliSlurmClient):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def signal_all(self, job_id: str | int, signal: str) -> None:
+        self._maybe_pause("signal")
         super().signal_all(job_id, signal)
         self._maybe_die("signal")
 
     def requeue(self, job_id: str | int, *, hold: bool = False) -> None:
+        self._maybe_pause("requeue")
         super().requeue(job_id, hold=hold)
         self._maybe_die("requeue")
 
     def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
+        self._maybe_pause("update")
         super().update_job(job_id, intents)
         self._maybe_die("update")
 
     def release(self, job_id: str | int) -> None:
+        self._maybe_pause("release")
         super().release(job_id)
         self._maybe_die("release")
 
@@ -65,10 +85,12 @@ def main() -> int:
     p.add_argument("--start", help="JOB:FROM:TO")
     p.add_argument("--time-limit", help="TimeLimit for the new size, in the same update")
     p.add_argument("--kill-after")
+    p.add_argument("--pause-before")
+    p.add_argument("--go", help="with --pause-before: the file that lets it go on")
     p.add_argument("--timeout", type=float, default=240)
     args = p.parse_args()
     store = open_store(args.db)
-    slurm = KillingSlurm(args.kill_after)
+    slurm = KillingSlurm(args.kill_after, args.pause_before, args.go)
     audit = AuditStore(store.engine)
     actuator = MalleableActuator(slurm, TransactionStore(store.engine), audit)
     directory = MalleableDirectory(store)

@@ -4,10 +4,7 @@ metacharacters in a job's name and comment passed to the real sbatch."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,33 +12,10 @@ import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
-from slurmgpu.wire import body_digest, munge_available, munge_header
+from slurmgpu.wire import munge_available, munge_header
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, running_stack
-
-
-def status(t: Telemetry, header: str, query: str = "") -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"http://127.0.0.1:{t.port}/v1/jobs{query}")
-    req.add_header("Authorization", header)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def munge_as(user: str) -> str:
-    payload = f"status\n{body_digest(b'')}".encode()
-    proc = subprocess.run(
-        ["runuser", "-u", user, "--", "munge"],
-        input=payload,
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"munge as {user} failed: {proc.stderr.decode().strip()}")
-    return "Munge " + proc.stdout.decode().strip()
+from tests.slurm.harness import running_stack
+from tests.slurm.status_api import munge_as, status
 
 
 def test_status_api_shows_users_only_their_own_jobs_with_real_munge(

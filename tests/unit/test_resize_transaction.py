@@ -157,6 +157,43 @@ def test_a_refused_update_releases_the_job_at_its_old_size(tmp_path: Path) -> No
     assert done.payload["running_gpus"] == 4
 
 
+@pytest.mark.parametrize("reason", ["QOSMaxGRESPerJob", "BadConstraints"])
+def test_a_new_size_that_never_runs_goes_back_to_the_old_one(tmp_path: Path, reason: str) -> None:
+    """Slurm took the update (an operator's or coordinator's is not checked against QOS
+    limits or node sizes) but the released job waits with a reason it never leaves."""
+    w = World(tmp_path)
+    w.start()
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    w.cycle()
+    assert w.cycle(2).state == RELEASED
+    w.slurm.put(replace(w.slurm.job(JOB), reason=reason))
+    row = w.cycle()
+    assert row.state == RELEASED and row.payload["rolled_back"]
+    assert reason in (row.error or "")
+    assert w.slurm.updates[-1] == (JOB, (SetGpus(4), StartSoon(1)))
+    assert w.slurm.held() == []
+    w.slurm.put(replace(w.slurm.job(JOB), reason=""))
+    w.slurm.schedule(w.now)
+    done = w.cycle()
+    assert done.state == ROLLED_BACK and done.payload["running_gpus"] == 4
+
+
+def test_a_pending_job_waiting_for_resources_is_not_rolled_back(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.start()
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    w.cycle()
+    w.cycle(2)
+    w.slurm.put(replace(w.slurm.job(JOB), reason="Resources"))
+    row = w.cycle()
+    assert row.state == RELEASED and not row.payload.get("rolled_back")
+    assert w.slurm.updates == [(JOB, (SetGpus(2), StartSoon(1)))]
+
+
 def test_a_job_that_did_not_opt_in_is_never_signalled(tmp_path: Path) -> None:
     w = World(tmp_path)
     job = w.slurm.job(JOB)

@@ -43,8 +43,11 @@ from slurmgpu.lab.cluster.host_setup import (
     find_daemon,
     tail,
 )
+from slurmgpu.lab.cluster.provision import ProvisionError, ensure_unix_users, sacctmgr_setup
 from slurmgpu.lab.cluster.render import (
+    PROFILES,
     ClusterConfig,
+    Profile,
     RenderError,
     detect_slurm_version,
     find_templates,
@@ -101,25 +104,31 @@ class LabCluster:
     ``ctld_port`` is slurmctld's port; node ``gpuN`` listens on ``slurmd_port_base + N - 1``.
     ``templates`` overrides where the config templates are read from (default
     ``$SGPU_CLUSTER_TEMPLATES``, else the templates shipped in this package).
+    ``accounting`` adds slurmdbd + MariaDB (the chroot's, else this host's).
+    ``profile="site"`` (:mod:`slurmgpu.lab.cluster.site`) sets the cluster up like a shared
+    site: accounting, 3 accounts and 8 Unix users with associations, fairshare, QOS
+    preemption, two partitions, and 16 nodes unless ``nodes`` says otherwise.
     """
 
     def __init__(
         self,
         root: Path | str,
-        nodes: int = 4,
+        nodes: int | None = None,
         ctld_port: int = 6817,
         slurmd_port_base: int = 17001,
         templates: Path | None = None,
         slurm_root: Path | str | None = None,
         accounting: bool = False,
+        profile: Profile = "default",
     ) -> None:
         self.root = Path(root).absolute()
         self.chroot = SlurmChroot(slurm_root) if slurm_root else None
         self._shared: list[Path] = []  # host directories bound into the chroot by share()
-        if accounting and self.chroot is None:
-            raise LabClusterError("accounting (slurmdbd + MariaDB) needs a Slurm chroot")
-        self.accounting = accounting
-        self.nodes = nodes
+        if profile not in PROFILES:
+            raise LabClusterError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+        self.profile: Profile = profile
+        self.accounting = accounting or profile == "site"
+        self.nodes = nodes if nodes is not None else (16 if profile == "site" else 4)
         self.ctld_port = ctld_port
         self.slurmd_port_base = slurmd_port_base
         self.templates = templates
@@ -144,12 +153,14 @@ class LabCluster:
             templates=templates,
             slurm_root=meta.get("slurm_root") or None,
             accounting=bool(meta.get("accounting")),
+            profile="site" if meta.get("profile") == "site" else "default",
         )
 
     def __repr__(self) -> str:
         return (
             f"LabCluster(root={str(self.root)!r}, nodes={self.nodes}, "
             f"ctld_port={self.ctld_port}, slurmd_port_base={self.slurmd_port_base}"
+            + (f", profile={self.profile!r}" if self.profile != "default" else "")
             + (f", slurm_root={str(self.chroot.path)!r})" if self.chroot else ")")
         )
 
@@ -224,6 +235,7 @@ class LabCluster:
             slurmd_port_base=self.slurmd_port_base,
             slurm_version=version,
             accounting=self.accounting,
+            profile=self.profile,
         )
 
     def _pid_file(self, name: str) -> Path:
@@ -371,6 +383,11 @@ class LabCluster:
     # ------------------------------------------------------------------ lifecycle
 
     def _prepare(self) -> None:
+        if self.profile == "site":
+            # the users submit with this cluster's slurm.conf and write their output here
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.root.chmod(0o755)
+            self._prepare_users()
         for d in (self.etc_dir, self.sbin_dir, self.run_dir / "slurm", self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         (self.root / "state").mkdir(exist_ok=True)
@@ -396,10 +413,10 @@ class LabCluster:
         if self.chroot is not None:
             self.chroot.write_wrappers(self.root / "bin")
             version = self.chroot.version()
-            if self.accounting:
-                self._prepare_accounting()
         else:
             version = detect_slurm_version(self.sbin_dir / "slurmctld")
+        if self.accounting:
+            self._prepare_accounting()
         try:
             write(self._config(version), self.etc_dir, find_templates(self.templates))
         except RenderError as exc:
@@ -413,22 +430,52 @@ class LabCluster:
             "slurm_root": str(self.chroot.path) if self.chroot else None,
             "bin_dir": str(self.bin_dir) if self.bin_dir else None,
             "accounting": self.accounting,
+            "profile": self.profile,
         }
         (self.run_dir / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
 
+    def _prepare_users(self) -> None:
+        """The site profile's Unix users, on this host and in the chroot (its slurmctld
+        and slurmd resolve uids from the chroot's own /etc/passwd)."""
+        try:
+            ensure_unix_users()
+            if self.chroot is not None:
+                chroot = self.chroot
+                ensure_unix_users(
+                    lambda argv: chroot.run_in(*argv), passwd=chroot.inside("/etc/passwd")
+                )
+        except (ProvisionError, OSError, subprocess.SubprocessError) as exc:
+            raise LabClusterError(f"site profile users: {exc}") from exc
+
+    def _provision_accounts(self) -> None:
+        """The site profile's cluster, QOS, accounts and users in slurmdbd (before
+        slurmctld starts, so it finds its associations at once)."""
+
+        def sacctmgr(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+            return self._run("sacctmgr", "-i", *args, timeout=30.0)
+
+        try:
+            sacctmgr_setup(sacctmgr, self._config(None).cluster_name)
+        except (ProvisionError, OSError, subprocess.SubprocessError) as exc:
+            raise LabClusterError(f"site profile accounts: {exc}") from exc
+
     def _prepare_accounting(self) -> None:
-        """Links to the chroot's mariadbd and slurmdbd; a MariaDB data directory."""
-        assert self.chroot is not None
+        """Links to mariadbd and slurmdbd (the chroot's, else this host's); a MariaDB data
+        directory."""
         for name in ("mariadbd", "slurmdbd"):
             real = f"/usr/sbin/{name}"
-            if not self.chroot.inside(real).exists():
+            if self.chroot is not None and not self.chroot.inside(real).exists():
                 raise LabClusterError(f"no {real} in {self.chroot.path} (slurmdbd, mariadb-server)")
+            if self.chroot is None and not os.access(real, os.X_OK):
+                raise LabClusterError(
+                    f"no {real} on this host: apt-get install slurmdbd mariadb-server"
+                )
             link = self.sbin_dir / name
             link.unlink(missing_ok=True)
             link.symlink_to(real)
         datadir = self.root / "mysql"
         if not (datadir / "mysql").is_dir():
-            proc = self.chroot.run_in(
+            proc = self._run_root(
                 "mariadb-install-db",
                 f"--datadir={datadir}",
                 "--user=root",
@@ -502,6 +549,14 @@ class LabCluster:
                 "running -- pick other ports (ctld_port / slurmd_port_base, --port)"
             )
 
+    def _run_root(self, *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run a program of the Slurm root (the chroot's, else this host's)."""
+        if self.chroot is not None:
+            return self.chroot.run_in(*argv, timeout=timeout)
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
+
     def _in_root(self, argv: list[str]) -> list[str]:
         return self.chroot.argv(*argv) if self.chroot is not None else argv
 
@@ -563,6 +618,9 @@ class LabCluster:
         if self.accounting:
             try:
                 self._start_accounting(deadline)
+                if self.profile == "site":
+                    say("adding the site's QOS, accounts and users (sacctmgr)")
+                    self._provision_accounts()
             except LabClusterError:
                 self._signal_and_wait(["slurmdbd", "mariadb"], timeout_s=10.0)
                 raise

@@ -30,6 +30,8 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Literal
 
+from slurmgpu.lab.cluster import site
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -84,6 +86,10 @@ SUBMIT_MODULE = "slurmgpu_submit.lua"
 _RECOMMENDATIONS_LINE = re.compile(r'^local RECOMMENDATIONS_FILE = "[^"\n]*"$', re.MULTILINE)
 
 Mode = Literal["native", "docker"]
+# "default": one partition, FIFO priority, no accounts (what most tests assume);
+# "site": accounts, users, fairshare, QOS preemption, two partitions (lab/cluster/site.py)
+Profile = Literal["default", "site"]
+PROFILES: tuple[Profile, ...] = ("default", "site")
 
 # CgroupPlugin=disabled exists from Slurm 23.02 on; 22.05 rejects it.
 _CGROUP_DISABLED_SINCE = (23, 2)
@@ -137,8 +143,13 @@ class ClusterConfig:
     slurm_version: tuple[int, int] | None = None
     # the daemon's JSON export; job_submit.lua reads the .tsv next to it
     recommendations_json: str = DEFAULT_RECOMMENDATIONS
+    profile: Profile = "default"
 
     def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise RenderError(f"unknown profile {self.profile!r} (known: {', '.join(PROFILES)})")
+        if self.profile == "site" and not self.accounting:
+            raise RenderError("the site profile needs accounting (slurmdbd + MariaDB)")
         if self.nodes < 1:
             raise RenderError(f"a cluster needs at least 1 node, not {self.nodes}")
         ports = [self.ctld_port, self.slurmd_port_base]
@@ -166,6 +177,7 @@ class ClusterConfig:
         slurm_user: str = "root",
         slurm_version: tuple[int, int] | None = None,
         accounting: bool = False,
+        profile: Profile = "default",
     ) -> ClusterConfig:
         """All daemons on 127.0.0.1 of this host, state under ``root``. With
         ``accounting``, slurmdbd listens on the port after the last slurmd's and MariaDB
@@ -191,6 +203,7 @@ class ClusterConfig:
             storage_host="127.0.0.1",
             dbd_port=slurmd_port_base + nodes,
             storage_port=slurmd_port_base + nodes + 1,
+            profile=profile,
         )
 
     @classmethod
@@ -201,6 +214,7 @@ class ClusterConfig:
         accounting: bool = False,
         slurm_user: str = "root",
         slurm_version: tuple[int, int] | None = None,
+        profile: Profile = "default",
     ) -> ClusterConfig:
         """One container per daemon: ``slurmctld`` and ``gpu1..gpuN``, default ports."""
         return cls(
@@ -218,6 +232,7 @@ class ClusterConfig:
             slurm_user=slurm_user,
             accounting=accounting,
             slurm_version=slurm_version,
+            profile=profile,
         )
 
     @property
@@ -257,6 +272,25 @@ class ClusterConfig:
             return "CgroupPlugin=disabled"
         return "IgnoreSystemdOnFailure=yes"
 
+    def site_lines(self) -> str:
+        if self.profile != "site":
+            return "# profile default: priority/basic, no preemption, no account limits"
+        return "\n".join(
+            [
+                "# profile site (slurmgpu/lab/cluster/site.py)",
+                *site.policy_lines(),
+                f"# {host_cgroup_reason()}",
+            ]
+        )
+
+    def partition_lines(self) -> str:
+        if self.profile == "site":
+            return "\n".join(site.partition_lines(node_range(self.nodes), self.nodes))
+        return (
+            f"PartitionName=gpu Nodes={node_range(self.nodes)} Default=YES MaxTime=INFINITE "
+            "State=UP OverSubscribe=NO DefMemPerCPU=256"
+        )
+
     def variables(self) -> dict[str, str]:
         return {
             "CLUSTER_NAME": self.cluster_name,
@@ -269,6 +303,11 @@ class ClusterConfig:
             "RUN_DIR": self.run_dir,
             "LOG_DIR": self.log_dir,
             "ACCOUNTING": self.accounting_lines(),
+            "SITE_POLICY": self.site_lines(),
+            "DBD_SITE_POLICY": (
+                f"PrivateData={site.DBD_PRIVATE_DATA}" if self.profile == "site" else ""
+            ),
+            "PARTITIONS": self.partition_lines(),
             "NODE_COUNT": str(self.nodes),
             "NODE_RANGE": node_range(self.nodes),
             "NODE_LINES": "\n".join(spec.line() for spec in self.node_specs()),
@@ -280,6 +319,22 @@ class ClusterConfig:
             "DBD_PORT": str(self.dbd_port),
             "STORAGE_PORT": str(self.storage_port),
         }
+
+
+def host_cgroup_reason() -> str:
+    """:func:`site.cgroup_reason` for the host this runs on."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text()
+    except OSError:
+        mounts = ""
+    v2 = [ln.split()[1] for ln in mounts.splitlines() if ln.split()[2:3] == ["cgroup2"]]
+    controllers: str | None = None
+    if v2:
+        try:
+            controllers = (Path(v2[0]) / "cgroup.controllers").read_text()
+        except OSError:
+            controllers = None
+    return site.cgroup_reason(mounts, controllers)
 
 
 def node_range(nodes: int) -> str:
@@ -441,6 +496,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=6817, help="native mode: slurmctld port")
     parser.add_argument("--slurmd-port-base", type=int, default=17001, help="native mode")
     parser.add_argument("--accounting", action="store_true", help="docker mode: use slurmdbd")
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="default",
+        help="site: accounts, users, fairshare, QOS preemption (implies --accounting)",
+    )
     parser.add_argument("--slurm-user", default="root")
     parser.add_argument(
         "--slurm-version",
@@ -455,9 +516,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.mode == "docker":
             config = ClusterConfig.docker(
                 nodes=args.nodes,
-                accounting=args.accounting,
+                accounting=args.accounting or args.profile == "site",
                 slurm_user=args.slurm_user,
                 slurm_version=version,
+                profile=args.profile,
             )
         else:
             config = ClusterConfig.native(
@@ -467,6 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 slurmd_port_base=args.slurmd_port_base,
                 slurm_user=args.slurm_user,
                 slurm_version=version,
+                accounting=args.accounting or args.profile == "site",
+                profile=args.profile,
             )
         written = write(config, args.out, args.templates)
     except (RenderError, OSError) as exc:
