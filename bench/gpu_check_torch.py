@@ -2,11 +2,17 @@
 
 Run from the repository root (torch with CUDA and slurmgpu importable)::
 
-    python bench/gpu_check_torch.py [--gpus N] [--steps 300] [--signal-at 80] \
-        [--smoke] [--json-out PATH]
+    python bench/gpu_check_torch.py [--framework torch|lightning|hf|accelerate|all] \
+        [--gpus N] [--steps 300] [--signal-at 80] [--smoke] [--json-out PATH]
+
+``--framework`` picks the example (default torch): examples/torch_ddp_elastic.py (plain
+DDP), lightning_elastic.py (Lightning), hf_trainer_elastic.py (Hugging Face Trainer),
+accelerate_elastic.py (Accelerate); ``all`` runs the four one after the other, one record
+each. Each runs the same way (its flags: ``FRAMEWORKS``); its ``event: start`` lines name
+the process group's backend, which must be NCCL on CUDA and gloo on the CPU.
 
 No Slurm is needed: the job's environment is set as Slurm would (SLURM_JOB_ID, the state
-directory). examples/torch_ddp_elastic.py runs under ``python -m slurmgpu launch --
+directory). The example runs under ``python -m slurmgpu launch --
 torchrun --nproc-per-node=N`` (NCCL when CUDA is available, else gloo on the CPU); after
 ``--signal-at`` steps (80) the launcher gets the checkpoint signal, the ranks checkpoint at
 one step and acknowledge, then SIGTERM (what the requeue sends) ends every process. A second run
@@ -17,15 +23,16 @@ difference from the baseline. With ``--json-out`` the same as a bench record
 (slurmgpu/lab/benchrun.py): baseline the uninterrupted run (its seconds, final loss), figures
 the interrupted one; targets: every process gone <= 1 s after SIGTERM, losses within
 1e-3 (relative) of the baseline's. ``--smoke``: 2 ranks, 40 steps, signal after 20 (CPU
-torch: gloo; about three torchrun start-ups of work).
+torch: gloo; about three torchrun start-ups of work, 20-30 s per framework here).
 
-Exit codes: 0 all checks passed; 1 a check failed; 2 torch is missing (the record says
-"skipped").
+Exit codes: 0 all checks passed; 1 a check failed; 2 torch, or a framework's package, is
+missing (the record says "skipped").
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -104,6 +111,10 @@ FRAMEWORKS: dict[str, tuple[str, Callable[[int, Path], list[str]]]] = {
         ],
     ),
 }
+
+
+# framework -> the package its example needs beyond torch
+PACKAGES = {"lightning": "lightning", "hf": "transformers", "accelerate": "accelerate"}
 
 
 def _resumed(start: dict[str, Any]) -> bool:
@@ -282,8 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         run.figures = {"skipped": "torch is not importable"}
         run.write(args.json_out)
         return 2
-    results = [check(framework, args, torch) for framework in frameworks]
-    return 0 if all(results) else 1
+    missing = [f for f in frameworks if f in PACKAGES and not importlib.util.find_spec(PACKAGES[f])]
+    for framework in missing:
+        print(json.dumps({"framework": framework, "problem": f"{PACKAGES[framework]} is absent"}))
+        run = BenchRun.from_args("gpu_check_torch", args)
+        run.params["framework"] = framework
+        run.figures = {"framework": framework, "skipped": f"{PACKAGES[framework]} is absent"}
+        run.write(args.json_out)
+    results = [check(f, args, torch) for f in frameworks if f not in missing]
+    return 1 if not all(results) else 2 if missing else 0
 
 
 if __name__ == "__main__":
