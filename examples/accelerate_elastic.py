@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
 from torch import nn
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 "accumulation": accelerator.gradient_accumulation_steps,
                 "resume_from": str(loop.resumed_from) if loop.resumed_from else None,
                 "restart": run.restart_count,
+                "backend": dist.get_backend() if dist.is_initialized() else None,
             },
         )
     losses: list[torch.Tensor] = []

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 from transformers import (
@@ -197,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                         "accumulation": args.gradient_accumulation_steps,
                         "resume_from": checkpoint,
                         "restart": run.restart_count,
+                        "backend": dist.get_backend() if dist.is_initialized() else None,
                     }
                 )
                 + "\n"
@@ -204,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train(resume_from_checkpoint=checkpoint)  # sgpu: resume from it (None: fresh)
     if rank == 0:
         torch.save(model.state_dict(), a.output_dir / "final.pt")
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     elastic.hard_exit(0)  # skips a teardown abort gloo sometimes has (docs/malleable.md)

@@ -17,12 +17,18 @@ on the checkpoint signal and SIGTERM are flags of ``slurmgpu.elastic``, not Ligh
 the next step boundary and resumes mid-epoch, devices/num_nodes of this run, gradient
 accumulation where the global batch does not fit the ranks, Lightning's SLURM
 auto-requeue off). ``trainer.fit`` is unchanged: it resumes from the job's checkpoint by
-itself. Everything else is plain Lightning.
+itself. Everything else is plain Lightning. ``--train-log`` makes rank 0 append one JSON
+line per optimizer step (``step``, ``loss`` over the global batch, ``world``) and an
+``event: start`` line per run (``resumed_step``, the process group's ``backend``), as the
+other examples do; ``--step-time`` sleeps per step in place of real compute.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -34,11 +40,14 @@ from slurmgpu.elastic.lightning import ElasticLightning  # sgpu
 
 
 class Regression(pl.LightningModule):
-    def __init__(self, dim: int, lr: float) -> None:
+    def __init__(self, dim: int, lr: float, dropout: float) -> None:
         super().__init__()
         self.lr = lr
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(dim, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1)
+            torch.nn.Linear(dim, 64),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(dropout),
+            torch.nn.Linear(64, 1),
         )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -70,6 +79,40 @@ class Data(pl.LightningDataModule):
         return DataLoader(self.data, batch_size=self.per_gpu_batch, shuffle=True)
 
 
+class TrainLog(pl.Callback):
+    """Rank 0 appends each optimizer step's loss (the mean of its micro-batches' ``loss``,
+    already averaged over the ranks by ``sync_dist``) to a JSON-lines file."""
+
+    def __init__(self, path: Path, step_time: float) -> None:
+        self.path, self.step_time = path, step_time
+        self.losses: list[float] = []
+        self.last_step = 0
+
+    def _append(self, trainer: pl.Trainer, doc: dict[str, Any]) -> None:
+        if trainer.global_rank == 0:
+            with self.path.open("a") as f:
+                f.write(json.dumps(doc) + "\n")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.last_step = trainer.global_step
+        dist = torch.distributed
+        backend = dist.get_backend() if dist.is_initialized() else None
+        doc = {"event": "start", "world": trainer.world_size, "backend": backend}
+        self._append(trainer, {**doc, "resumed_step": trainer.global_step})
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.losses.append(float(trainer.callback_metrics["loss"]))
+        if trainer.global_step > self.last_step:  # an optimizer step has finished
+            self.last_step = trainer.global_step
+            loss = sum(self.losses) / len(self.losses)
+            self._append(
+                trainer, {"step": trainer.global_step, "loss": loss, "world": trainer.world_size}
+            )
+            self.losses = []
+            if self.step_time:
+                time.sleep(self.step_time)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=3)
@@ -78,13 +121,18 @@ def main() -> int:
     p.add_argument("--global-batch", type=int, default=128)
     p.add_argument("--per-gpu-batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--step-time", type=float, default=0.0, help="sleep per step (seconds)")
+    p.add_argument("--train-log", type=Path)
     args = p.parse_args()
 
     elastic = ElasticLightning(global_batch=args.global_batch, seed=0)  # sgpu
     pl.seed_everything(0, verbose=False)  # the same initial weights on every rank
-    trainer = pl.Trainer(max_epochs=args.epochs, **elastic.trainer_kwargs())  # sgpu
+    log = [TrainLog(args.train_log, args.step_time)] if args.train_log else []
+    trainer = pl.Trainer(max_epochs=args.epochs, **elastic.trainer_kwargs(callbacks=log))  # sgpu
     trainer.fit(
-        Regression(args.dim, args.lr), datamodule=Data(args.samples, args.dim, args.per_gpu_batch)
+        Regression(args.dim, args.lr, args.dropout),
+        datamodule=Data(args.samples, args.dim, args.per_gpu_batch),
     )
     return 0
 

@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             "world": world,
             "gpus": run.gpus,
             "resumed_step": state.step,
+            "backend": dist.get_backend() if dist.is_initialized() else None,
             "at": time.time(),
         }
     )

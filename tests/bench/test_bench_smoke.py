@@ -11,6 +11,7 @@ bench/resize_path.py needs the lab cluster (tests/slurm/test_bench_resize_path.p
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -71,3 +72,28 @@ def test_bench_smoke(name: str, tmp_path: Path) -> None:
     assert doc["machine"]["cpus"] >= 1
     for target in doc["targets"].values():
         assert set(target) == {"value", "target", "met"}
+
+
+# gpu_check_torch.py --framework: the other malleable examples, each through the same
+# interrupt / resume-at-half / compare cycle (the torch one is in test_bench_smoke above)
+FRAMEWORK_PACKAGES = {"lightning": "lightning", "hf": "transformers", "accelerate": "accelerate"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", sorted(FRAMEWORK_PACKAGES))
+def test_gpu_check_torch_framework_smoke(framework: str, tmp_path: Path) -> None:
+    package = FRAMEWORK_PACKAGES[framework]
+    if importlib.util.find_spec(package) is None or importlib.util.find_spec("torch") is None:
+        reason = f"{package} or torch is not installed"
+        print(f"bench gpu_check_torch --framework {framework}: skipping: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    proc, doc = run_smoke("gpu_check_torch", tmp_path, "--framework", framework)
+    assert proc.returncode == 0, f"exited {proc.returncode}:\n{proc.stdout[-3000:]}"
+    figures = doc["figures"]
+    assert doc["params"]["framework"] == figures["framework"] == framework
+    assert figures["ok"] is True and figures["steps"] == 40, figures
+    # the process group of the 2-rank run: NCCL on CUDA, gloo on the CPU build
+    assert figures["backend"] == ("nccl" if figures["cuda"] else "gloo"), figures
+    assert [run[:2] for run in figures["runs"]] == [[2, False], [1, True]], figures
+    assert doc["baseline"]["uninterrupted_steps"] == 40
+    assert all(t["met"] for t in doc["targets"].values()), doc["targets"]
