@@ -392,14 +392,12 @@ class _Search:
                 rows = states[over[0], :, over[1]]  # (jobs over their cap, nodes)
                 shuffle = np.argsort(self.rng.random(rows.shape, dtype=np.float32), axis=1)
                 rows = np.take_along_axis(rows, shuffle, axis=1)
-                rows = np.minimum(np.cumsum(rows, axis=1), maxrep[over[1]][:, None])
-                rows = np.diff(rows, axis=1, prepend=0)
+                rows = _steps(np.minimum(np.cumsum(rows, axis=1), maxrep[over[1]][:, None]))
                 states[over[0], :, over[1]] = np.take_along_axis(
                     rows, np.argsort(shuffle, axis=1), axis=1
                 )
             # node capacity, jobs in order
-            states = np.minimum(np.cumsum(states, axis=2), g)
-            return np.asarray(np.diff(states, axis=2, prepend=0))
+            return _steps(np.minimum(np.cumsum(states, axis=2), g))
 
         def mutate(states: IntArray) -> IntArray:
             p = states.shape[0]
@@ -460,6 +458,14 @@ class _Search:
             if src is not None:
                 states[:, :, i] = self.prev[:, :, src]
         return np.concatenate([base[None], states])
+
+
+def _steps(totals: IntArray) -> IntArray:
+    """The increments of running totals along the last axis (``np.diff`` with
+    ``prepend=0``, without its broadcasting and concatenation)."""
+    out = totals.copy()
+    out[..., 1:] -= totals[..., :-1]
+    return out
 
 
 def simulate_pollux(
