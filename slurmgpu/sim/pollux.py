@@ -343,12 +343,18 @@ class _Search:
             self.tables = np.concatenate([self.tables, gp.table])
 
     def optimize(self, jobs: Sequence[PolluxJob], now: float, delay: float) -> IntArray:
-        """The best allocation matrix (jobs x nodes) for ``jobs`` (already in order)."""
+        """The best allocation matrix (jobs x nodes) for ``jobs`` (already in order).
+
+        The population is held as (states, nodes, jobs), the transpose of the
+        allocation matrices: a job's sums over nodes are then 16 row additions, not a
+        reduction along a short inner axis, which is most of the search's time. Every
+        random draw keeps the shape and element order of the jobs x nodes form, so the
+        search decides exactly what it did in that form."""
         nj, nn, g = len(jobs), self.nodes, self.per_node
-        base = np.zeros((nj, nn), dtype=np.int64)
+        base = np.zeros((nn, nj), dtype=np.int64)  # (nodes, jobs)
         for i, job in enumerate(jobs):
             if job.alloc:
-                base[i] = job.alloc
+                base[:, i] = job.alloc
         maxrep = np.array([j.max_replicas() for j in jobs], dtype=np.int64)
         # each job's speed-up table: its goodput table in its noise slice over its
         # goodput on its fair share, or (never run) replicas over the fair share
@@ -366,52 +372,56 @@ class _Search:
         factor = np.maximum(age - restarts * delay, 0.0) / (age + delay)
 
         def fitness(states: IntArray) -> FloatArray:
-            n_nodes = np.count_nonzero(states, axis=2)
-            n_reps = np.minimum(states.sum(axis=2), MAX_REPLICAS)
+            n_nodes = np.count_nonzero(states, axis=1)
+            n_reps = np.minimum(states.sum(axis=1), MAX_REPLICAS)
             sp = self.tables[table[None, :], np.minimum(n_nodes, 16), n_reps] / norm * scale
-            changed = np.any(states != base[None], axis=2)
+            changed = np.any(states != base[None], axis=1)
             sp = np.where(changed, sp * factor[None, :], sp)
             p = self.s.power
             return np.asarray((np.mean((sp + 1e-3) ** p, axis=1)) ** (1.0 / p))
 
         def repair(states: IntArray) -> IntArray:
             # one distributed job per node (the first in job order keeps it)
-            distributed = np.count_nonzero(states, axis=2) > 1
-            mask = (states * distributed[:, :, None]) > 0
-            states[np.cumsum(mask, axis=1) > 1] = 0
+            distributed = np.count_nonzero(states, axis=1) > 1
+            mask = np.logical_and(states > 0, distributed[:, None, :])
+            states[np.cumsum(mask, axis=2) > 1] = 0
             # at most max_replicas per job, nodes taken in a random order (only the
             # jobs over their cap change)
-            over = np.nonzero(states.sum(axis=2) > maxrep[None, :])
+            over = np.nonzero(states.sum(axis=1) > maxrep[None, :])
             if len(over[0]):
-                rows = states[over]
+                rows = states[over[0], :, over[1]]  # (jobs over their cap, nodes)
                 shuffle = np.argsort(self.rng.random(rows.shape, dtype=np.float32), axis=1)
                 rows = np.take_along_axis(rows, shuffle, axis=1)
-                rows = np.minimum(np.cumsum(rows, axis=1), maxrep[over[1]][:, None])
-                rows = np.diff(rows, axis=1, prepend=0)
-                states[over] = np.take_along_axis(rows, np.argsort(shuffle, axis=1), axis=1)
+                rows = _steps(np.minimum(np.cumsum(rows, axis=1), maxrep[over[1]][:, None]))
+                states[over[0], :, over[1]] = np.take_along_axis(
+                    rows, np.argsort(shuffle, axis=1), axis=1
+                )
             # node capacity, jobs in order
-            states = np.minimum(np.cumsum(states, axis=1), g)
-            return np.asarray(np.diff(states, axis=1, prepend=0))
+            return _steps(np.minimum(np.cumsum(states, axis=2), g))
 
         def mutate(states: IntArray) -> IntArray:
             p = states.shape[0]
             reset = self.rng.random((p, nj), dtype=np.float32) < 0.1
-            states = np.where(reset[:, :, None], base[None], states)
+            states = np.where(reset[:, None, :], base[None], states)
             chosen = np.nonzero(self.rng.random((p, nj), dtype=np.float32) < 0.1)
             if len(chosen[0]):
-                rows = states[chosen]
+                rows = states[chosen[0], :, chosen[1]]
                 rows[self.rng.random(rows.shape, dtype=np.float32) < 0.1] = 0
-                states[chosen] = rows
-            free = g - states.sum(axis=1)  # (p, nodes)
+                states[chosen[0], :, chosen[1]] = rows
+            free = g - states.sum(axis=2)  # (p, nodes)
             has_free = free > 0
-            prob1 = np.where(has_free, 1.0 / nj, 0.0)[:, None, :]
-            mask2 = np.logical_and(states > 0, has_free[:, None, :])
-            prob2 = mask2 / np.maximum(mask2.sum(axis=1, keepdims=True), 1.0)
-            m = np.nonzero(
-                self.rng.random(states.shape, dtype=np.float32) < prob1 + prob2 - prob1 * prob2
-            )
-            low = states[m]
-            states[m] = low + (self.rng.random(len(low)) * (g + 1 - low)).astype(np.int64)
+            # a cell grows with probability p1 + p2 - p1 * p2: p1 = 1/jobs on a node
+            # with free GPUs, p2 = 1/(the node's jobs) for a job already on it; both
+            # are per node, so the sum is formed per node, not per cell
+            prob1 = np.where(has_free, 1.0 / nj, 0.0)
+            mask2 = np.logical_and(states > 0, has_free[:, :, None])
+            prob2 = 1.0 / np.maximum(mask2.sum(axis=2), 1.0)
+            both = prob1 + prob2 - prob1 * prob2
+            prob = np.where(mask2, both[:, :, None], prob1[:, :, None]).transpose(0, 2, 1)
+            m = np.nonzero(self.rng.random((p, nj, nn), dtype=np.float32) < prob)
+            cells = (m[0], m[2], m[1])  # in jobs x nodes order, as the draws are
+            low = states[cells]
+            states[cells] = low + (self.rng.random(len(low)) * (g + 1 - low)).astype(np.int64)
             return states
 
         pop = self._seed_population(jobs, base)
@@ -423,9 +433,9 @@ class _Search:
             a = np.where(score[pairs[:, 0, 0]] >= score[pairs[:, 0, 1]], *pairs[:, 0].T)
             b = np.where(score[pairs[:, 1, 0]] >= score[pairs[:, 1, 1]], *pairs[:, 1].T)
             point = self.rng.integers(0, nj, size=len(a))[:, None]
-            first = np.arange(nj)[None, :] < point
-            c1 = np.where(first[:, :, None], pop[a], pop[b])
-            c2 = np.where(first[:, :, None], pop[b], pop[a])
+            first = (np.arange(nj)[None, :] < point)[:, None, :]
+            c1 = np.where(first, pop[a], pop[b])
+            c2 = np.where(first, pop[b], pop[a])
             kids = repair(mutate(np.concatenate([c1, c2])))
             pop = np.concatenate([pop, kids])
             score = np.concatenate([score, fitness(kids)])
@@ -433,20 +443,29 @@ class _Search:
             pop, score = pop[keep], score[keep]
         self.prev = pop
         self.prev_keys = [j.key for j in jobs]
-        return np.asarray(pop[int(np.argmax(score))])
+        return np.asarray(pop[int(np.argmax(score))].T)
 
     def _seed_population(self, jobs: Sequence[PolluxJob], base: IntArray) -> IntArray:
         """Last period's population on this period's jobs (new jobs with nothing), as the
-        artifact's ``_adapt_prev_states``; the current allocation when there is none."""
+        artifact's ``_adapt_prev_states``; the current allocation when there is none.
+        Both ``base`` and the result are (nodes, jobs) per state."""
         if self.prev is None:
             return base[None].copy()
         where = {key: i for i, key in enumerate(self.prev_keys)}
-        states = np.zeros((self.prev.shape[0], len(jobs), self.nodes), dtype=np.int64)
+        states = np.zeros((self.prev.shape[0], self.nodes, len(jobs)), dtype=np.int64)
         for i, job in enumerate(jobs):
             src = where.get(job.key)
             if src is not None:
-                states[:, i] = self.prev[:, src]
+                states[:, :, i] = self.prev[:, :, src]
         return np.concatenate([base[None], states])
+
+
+def _steps(totals: IntArray) -> IntArray:
+    """The increments of running totals along the last axis (``np.diff`` with
+    ``prepend=0``, without its broadcasting and concatenation)."""
+    out = totals.copy()
+    out[..., 1:] -= totals[..., :-1]
+    return out
 
 
 def simulate_pollux(

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.pollux import (
@@ -16,6 +19,7 @@ from slurmgpu.sim.pollux import (
     RestartCosts,
     _goodputs,
     _Search,
+    _steps,
     simulate_pollux,
 )
 from slurmgpu.sim.profiles import APPLICATIONS, ThroughputProfile, load_profiles
@@ -142,3 +146,10 @@ def test_pollux_30s_is_within_15pct_of_the_published_workload_1() -> None:
     trace = load_trace(DATA / "workloads" / "workload-1.csv", PROFILES, seed=1)
     r = simulate_pollux(trace, search=PolluxSearch(population=20, generations=10))
     assert r.figures()["avg_jct_s"] == pytest.approx(2089, rel=0.15)
+
+
+@given(hnp.arrays(np.int64, hnp.array_shapes(min_dims=1, max_dims=3), elements=st.integers(0, 64)))
+def test_steps_are_the_increments_of_running_totals(cells: np.ndarray) -> None:
+    totals = np.cumsum(cells, axis=-1)
+    assert np.array_equal(_steps(totals), np.diff(totals, axis=-1, prepend=0))
+    assert np.array_equal(_steps(totals), cells)
