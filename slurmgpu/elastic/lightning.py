@@ -233,6 +233,7 @@ class ElasticCallback(pl.Callback):
             return
         self._rescale_lr(trainer, self.owner.plan.lr_scale / float(loaded["lr_scale"]))
         if self.sampler is not None:
+            self._finish_saved_epoch(trainer, self.sampler.epoch)
             self._set_batch_progress(trainer, self.sampler.offset)
         rngs = loaded.get("rng") or []
         rank, world = self.owner.run.rank, self.owner.world_size
@@ -250,6 +251,20 @@ class ElasticCallback(pl.Callback):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if self.sampler is not None:
             self.sampler.set_epoch(trainer.current_epoch)
+
+    @staticmethod
+    def _finish_saved_epoch(trainer: Any, sampler_epoch: int) -> None:
+        """Count the saved epoch as finished when the checkpoint was taken at its last
+        step and Lightning did not (the sampler already moved on to the next epoch).
+
+        Lightning infers it from its restart stage: a run that itself began at an epoch
+        boundary and then saved at the next one restores with the finished epoch still
+        current, and without this it trains that epoch's samples again (seen on the lab).
+        """
+        progress = trainer.fit_loop.epoch_progress
+        if sampler_epoch == trainer.current_epoch + 1:
+            progress.increment_processed()
+            progress.increment_completed()
 
     @staticmethod
     def _set_batch_progress(trainer: Any, offset: int) -> None:

@@ -264,6 +264,52 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_epoch(
         assert mine == sorted(i for r in ref[step] for i in r["indices"])
 
 
+def test_a_run_that_began_at_an_epoch_boundary_checkpoints_at_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """Twice at an epoch's last step: the second run itself began at an epoch boundary and
+    checkpoints at the end of its first epoch. Seen on the lab (2 -> 1 -> 2 ranks, a
+    resize at steps 48 and 84 of 12-step epochs): Lightning restored the second
+    checkpoint without counting the saved epoch as finished, and the third run trained
+    that epoch's samples again. Every step of three epochs once, each sample once per
+    epoch."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SLURM_JOB_ID": "62",
+        "SGPU_ELASTIC_DIR": str(tmp_path / "state"),
+        "OMP_NUM_THREADS": "1",
+        "WORKER_EPOCHS": "3",
+    }
+    cmd = [sys.executable, str(WORKER), str(tmp_path)]
+    ack = tmp_path / "state" / "62" / "ack.json"
+    for run, last in (("x", STEPS_PER_EPOCH - 1), ("y", 2 * STEPS_PER_EPOCH - 1)):
+        proc = subprocess.Popen(cmd, env={**env, "WORKER_RUN": run, "WORKER_STEP_SLEEP": "1.0"})
+        try:
+            _wait(lambda r=run, s=last: any(x["step"] >= s for x in _records(tmp_path, r)), run)
+            proc.send_signal(signal.SIGUSR2)
+            _wait(lambda s=last: ack.exists() and json.loads(ack.read_text())["step"] == s + 1, run)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    third = subprocess.run(cmd, env={**env, "WORKER_RUN": "z"}, timeout=300, check=False)
+    assert third.returncode == 0
+    steps = _by_step(_records(tmp_path, "x") + _records(tmp_path, "y") + _records(tmp_path, "z"))
+    assert sorted(steps) == list(range(3 * STEPS_PER_EPOCH))
+    for step, recs in steps.items():
+        assert recs[0]["epoch"] == step // STEPS_PER_EPOCH, step
+    for epoch in range(3):
+        seen = [
+            i
+            for step in range(epoch * STEPS_PER_EPOCH, (epoch + 1) * STEPS_PER_EPOCH)
+            for r in steps[step]
+            for i in r["indices"]
+        ]
+        assert sorted(seen) == list(range(96)), f"epoch {epoch}"
+
+
 def test_per_rank_plans_scale_the_learning_rate_and_rescale_it_on_resume(tmp_path: Path) -> None:
     """``per_rank_batch=`` with the linear rule: a fresh run's optimizer starts at the
     plan's scale of the module's rate; resumed under another plan (another size) the rate
