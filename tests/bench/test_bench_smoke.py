@@ -96,4 +96,6 @@ def test_gpu_check_torch_framework_smoke(framework: str, tmp_path: Path) -> None
     assert figures["backend"] == ("nccl" if figures["cuda"] else "gloo"), figures
     assert [run[:2] for run in figures["runs"]] == [[2, False], [1, True]], figures
     assert doc["baseline"]["uninterrupted_steps"] == 40
-    assert all(t["met"] for t in doc["targets"].values()), doc["targets"]
+    # The loss target is a correctness check; SIGTERM -> gone is a timing figure the bench
+    # reports (no timing thresholds in tests: a loaded CI box measured 10 s once).
+    assert doc["targets"]["max_relative_loss_diff"]["met"], doc["targets"]
