@@ -57,7 +57,6 @@ padded differently at each size), and ``split_batches=True``.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +64,12 @@ from typing import Any
 
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.extras import require
+from slurmgpu.elastic.marked_checkpoints import (
+    CHECKPOINT_MARK,
+    cuda_devices,
+    newest_marked,
+    read_mark,
+)
 from slurmgpu.elastic.runtime import ElasticRun
 
 __all__ = [
@@ -76,24 +81,13 @@ __all__ = [
     "read_mark",
 ]
 
-CHECKPOINT_MARK = "sgpu-elastic.json"  # in a checkpoint-<step>/ directory: it is complete
 POINTER_FILE = "accelerate_checkpoint.json"  # in the job's state directory: the newest one
 CHECKPOINT_SUBDIR = "accelerate"
 FORMAT_VERSION = 1
-_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 
 
 def _accelerate() -> Any:
     return require("accelerate", "huggingface", "slurmgpu.elastic.accelerate")
-
-
-def read_mark(checkpoint: str | Path) -> dict[str, Any] | None:
-    """A checkpoint's ``sgpu-elastic.json`` (None when absent or unreadable)."""
-    try:
-        doc = json.loads((Path(checkpoint) / CHECKPOINT_MARK).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
@@ -101,15 +95,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 
     A directory without the mark (a save killed half-way) is passed over.
     """
-    base = Path(directory)
-    if not base.is_dir():
-        return None
-    found: list[tuple[int, Path]] = []
-    for entry in base.iterdir():
-        match = _CHECKPOINT_DIR.match(entry.name)
-        if match and entry.is_dir() and read_mark(entry) is not None:
-            found.append((int(match.group(1)), entry))
-    return max(found)[1] if found else None
+    return newest_marked(directory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +120,6 @@ def plan(global_batch: int, per_device: int, world_size: int) -> Plan:
             f"{global_batch} / {world_size}"
         )
     return Plan(global_batch, per_device, world_size, global_batch // share)
-
-
-def _devices() -> int:
-    import torch
-
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
 class ElasticLoop:
@@ -225,7 +205,7 @@ class ElasticLoop:
             "epoch": self.epoch,
             "steps_in_epoch": self.steps_in_epoch,
             "world_size": self.plan.world_size,
-            "devices": _devices(),
+            "devices": cuda_devices(),
             "per_device": self.plan.per_device,
             "accumulation": self.plan.accumulation,
             "global_batch": self.plan.global_batch,
@@ -253,7 +233,7 @@ class ElasticLoop:
         accelerator.load_state(str(checkpoint))
         accelerator.step = 0  # the saved micro-step count is the old size's
         same = int(mark.get("world_size", -1)) == self.plan.world_size
-        if not (same and int(mark.get("devices", -1)) == _devices()):
+        if not (same and int(mark.get("devices", -1)) == cuda_devices()):
             from slurmgpu.elastic.huggingface import seed_everything
 
             seed_everything(self.seed, int(mark["step"]), int(accelerator.process_index))

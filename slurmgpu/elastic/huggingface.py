@@ -51,13 +51,19 @@ import functools
 import json
 import os
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.extras import require
+from slurmgpu.elastic.marked_checkpoints import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_MARK,
+    cuda_devices,
+    newest_marked,
+    read_mark,
+)
 from slurmgpu.elastic.runtime import ElasticRun
 
 __all__ = [
@@ -71,10 +77,8 @@ __all__ = [
     "seed_everything",
 ]
 
-CHECKPOINT_MARK = "sgpu-elastic.json"  # in a checkpoint-<step>/ directory: it is complete
 POINTER_FILE = "hf_checkpoint.json"  # in the job's state directory: the newest one
 FORMAT_VERSION = 1
-_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 
 
 def _transformers() -> Any:
@@ -129,26 +133,8 @@ def latest_checkpoint(output_dir: str | Path) -> str | None:
     A directory without the mark (a save killed half-way, or a run without the callback)
     is passed over: the Trainer's ``get_last_checkpoint`` would take it.
     """
-    base = Path(output_dir)
-    if not base.is_dir():
-        return None
-    found: list[tuple[int, Path]] = []
-    for entry in base.iterdir():
-        match = _CHECKPOINT_DIR.match(entry.name)
-        if match and entry.is_dir() and _is_complete(entry):
-            found.append((int(match.group(1)), entry))
-    if not found:
-        return None
-    return str(max(found)[1])
-
-
-def read_mark(checkpoint: str | Path) -> dict[str, Any] | None:
-    """A checkpoint's ``sgpu-elastic.json`` (None when absent or unreadable)."""
-    try:
-        doc = json.loads((Path(checkpoint) / CHECKPOINT_MARK).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    newest = newest_marked(output_dir, _is_complete)
+    return None if newest is None else str(newest)
 
 
 def seed_everything(seed: int, step: int, rank: int) -> int:
@@ -246,7 +232,7 @@ def _callback_class() -> Any:
                 "step": int(state.global_step),
                 "epoch": float(state.epoch or 0.0),
                 "world_size": world,
-                "devices": _devices(),
+                "devices": cuda_devices(),
                 "per_device_train_batch_size": int(args.per_device_train_batch_size),
                 "gradient_accumulation_steps": int(args.gradient_accumulation_steps),
                 "global_batch": global_batch,
@@ -289,7 +275,7 @@ def attach(trainer: Any, run: ElasticRun, *, check_batch: bool = True) -> str | 
         # The same processes *and* the same GPUs per process: one process over several
         # GPUs (DataParallel) restores every GPU's state, which fails at another count.
         same = mark is not None and int(mark.get("world_size", -1)) == world
-        if same and mark is not None and int(mark.get("devices", -1)) == _devices():
+        if same and mark is not None and int(mark.get("devices", -1)) == cuda_devices():
             original(checkpoint)
             return
         step = int(mark["step"]) if mark is not None else _step_of(checkpoint)
@@ -315,13 +301,6 @@ def attach(trainer: Any, run: ElasticRun, *, check_batch: bool = True) -> str | 
     return checkpoint
 
 
-def _devices() -> int:
-    """CUDA devices this process sees (0 without CUDA)."""
-    import torch
-
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-
-
 def _step_of(checkpoint: str) -> int:
-    match = _CHECKPOINT_DIR.match(os.path.basename(os.path.normpath(checkpoint)))
+    match = CHECKPOINT_DIR.match(os.path.basename(os.path.normpath(checkpoint)))
     return int(match.group(1)) if match else 0
