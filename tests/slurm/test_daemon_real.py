@@ -83,8 +83,10 @@ def _out(path: Path) -> str | None:
 
 def test_two_gpu_job_is_recorded_with_its_node_gpu_indices_and_end(sgpu: Sgpu) -> None:
     out = sgpu.tmp / "two.out"
+    # 30 s: long enough for a daemon cycle (`sgpu daemon --once`) to see it running on a
+    # loaded machine; at 4 s the full run once saw only its end and timed out.
     job_id = sgpu.submit(
-        "--gres=gpu:2", "-J", "two-gpu", "-o", str(out), str(sgpu.tmp / "job.sh"), "4"
+        "--gres=gpu:2", "-J", "two-gpu", "-o", str(out), str(sgpu.tmp / "job.sh"), "30"
     )
     line = wait_for("the job's output", lambda: _out(out))
     devices = line.split()[0].removeprefix("CVD=").split(",")
