@@ -32,7 +32,9 @@ within 1 s of the checkpoint being durable and of the SIGTERM; whole resize < 30
 runtime, in the same run, and prints each beside the toy runtime's fast-path figure:
 ``accelerate`` is examples/accelerate_elastic.py (a plain Accelerate loop, 4 / 2 ranks),
 ``multinode`` the PyTorch example over 2 nodes x 2 GPUs (a launcher per node under srun,
-c10d rendezvous on the first node) shrunk to 1 node and grown back by node count.
+c10d rendezvous on the first node) shrunk to 1 node and grown back by node count;
+``lightning`` is examples/lightning_elastic.py and ``hf`` examples/hf_trainer_elastic.py
+(the Hugging Face Trainer, offline), each under torchrun at 4 / 2 ranks.
 """
 
 from __future__ import annotations
@@ -176,13 +178,19 @@ class Framework:
     malleable: str  # MIN:MAX GPUs
     shape: tuple[str, ...]  # the job's size options (GPUs per node, nodes)
     sizes: tuple[int, int]  # shrink to, grow back to
-    wrap: str  # the command; {log} is its training log (lines with restart and at)
+    wrap: str  # the command; {log}: its training log (lines with restart and at), {out}: a dir
 
 
 def frameworks() -> dict[str, Framework]:
     torchrun = f"{sys.executable} -m torch.distributed.run"
     ddp = f"{ROOT / 'examples/torch_ddp_elastic.py'} --steps 1000000 --step-time 0.1"
     acc = f"{ROOT / 'examples/accelerate_elastic.py'} --epochs 100000 --step-time 0.1"
+    light = f"{ROOT / 'examples/lightning_elastic.py'} --epochs 100000 --step-time 0.1"
+    hf = (
+        f"{ROOT / 'examples/hf_trainer_elastic.py'} --max-steps 1000000 --step-time 0.1 "
+        "--output-dir {out}"
+    )
+    standalone = f"{torchrun} --standalone --nproc-per-node=$SGPU_GPUS"
     port = 29000 + os.getpid() % 20000
     per_node = (
         f"srun --ntasks-per-node=1 {sys.executable} -m slurmgpu launch -- {torchrun} "
@@ -210,6 +218,20 @@ def frameworks() -> dict[str, Framework]:
             ("-N", "2", "--gres=gpu:2"),
             (2, 4),
             f"{per_node} {ddp} --train-log {{log}}",
+        ),
+        "lightning": Framework(
+            "lightning",
+            "2:4",
+            ("--gres=gpu:4",),
+            (2, 4),
+            f"{standalone} {light} --train-log {{log}}",
+        ),
+        "hf": Framework(
+            "hf",
+            "2:4",
+            ("--gres=gpu:4",),
+            (2, 4),
+            f"env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 {standalone} {hf} --train-log {{log}}",
         ),
     }
 
@@ -242,7 +264,7 @@ def run_framework(
             str(tmp / "state"),
             *fw.shape,
             "--wrap",
-            fw.wrap.format(log=log),
+            fw.wrap.format(log=log, out=tmp / f"{fw.name}-out"),
         ],
         env={**env, "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -290,7 +312,8 @@ def main() -> int:
         default="",
         help="comma-separated, each also measured on the fast path: torch (as --torch), "
         "accelerate (examples/accelerate_elastic.py), multinode (torchrun over 2 nodes x "
-        "2 GPUs, resized by node count)",
+        "2 GPUs, resized by node count), lightning (examples/lightning_elastic.py), hf "
+        "(examples/hf_trainer_elastic.py, the Hugging Face Trainer)",
     )
     add_arguments(p, "one resize per path")
     args = p.parse_args()

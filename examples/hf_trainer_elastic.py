@@ -17,9 +17,10 @@ On a cluster, malleable between 1 and 4 GPUs::
 The model is a tiny ``PreTrainedModel`` built from its config in code (nothing is
 downloaded): a regression MLP with dropout on a fixed synthetic data set. Rank 0 appends
 one JSON line per logged step to ``--train-log`` (``step``, ``loss``, ``lr``, ``world``,
-``accumulation``) and an ``event: start`` line per run; ``--index-log`` makes every rank
-append the sample indices of each optimizer step (the tests check each sample once per
-epoch across resizes). ``--step-time`` sleeps per step in place of real compute.
+``accumulation``, the run's ``restart`` count, the wall-clock time ``at``) and an
+``event: start`` line per run; ``--index-log`` makes every rank append the sample indices
+of each optimizer step (the tests check each sample once per epoch across resizes).
+``--step-time`` sleeps per step in place of real compute.
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ class Record(TrainerCallback):
         index_log: Path | None,
         step_time: float,
         rank: int,
+        restart: int,
     ) -> None:
         self.model, self.train_log, self.index_log = model, train_log, index_log
-        self.step_time, self.rank = step_time, rank
+        self.step_time, self.rank, self.restart = step_time, rank, restart
 
     def _append(self, path: Path, doc: dict[str, Any]) -> None:
         with path.open("a") as f:
@@ -140,6 +142,8 @@ class Record(TrainerCallback):
                     "lr": logs.get("learning_rate"),
                     "world": args.world_size,
                     "accumulation": args.gradient_accumulation_steps,
+                    "restart": self.restart,
+                    "at": round(time.time(), 3),
                 },
             )
 
@@ -186,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     data = Synthetic(a.samples, a.dim, a.seed)
     rank = int(args.process_index)
     trainer = Trainer(model=model, args=args, train_dataset=data)
-    trainer.add_callback(Record(model, a.train_log, a.index_log, a.step_time, rank))
+    record = Record(model, a.train_log, a.index_log, a.step_time, rank, run.restart_count)
+    trainer.add_callback(record)
     checkpoint = ehf.attach(trainer, run)  # sgpu: callback, RNG-safe resume, newest checkpoint
     if a.train_log is not None and rank == 0:
         with a.train_log.open("a") as f:
@@ -198,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                         "accumulation": args.gradient_accumulation_steps,
                         "resume_from": checkpoint,
                         "restart": run.restart_count,
+                        "at": time.time(),
                         "backend": dist.get_backend() if dist.is_initialized() else None,
                     }
                 )

@@ -18,9 +18,10 @@ the next step boundary and resumes mid-epoch, devices/num_nodes of this run, gra
 accumulation where the global batch does not fit the ranks, Lightning's SLURM
 auto-requeue off). ``trainer.fit`` is unchanged: it resumes from the job's checkpoint by
 itself. Everything else is plain Lightning. ``--train-log`` makes rank 0 append one JSON
-line per optimizer step (``step``, ``loss`` over the global batch, ``world``) and an
-``event: start`` line per run (``resumed_step``, the process group's ``backend``), as the
-other examples do; ``--step-time`` sleeps per step in place of real compute.
+line per optimizer step (``step``, ``loss`` over the global batch, ``world``, the run's
+``restart`` count, the wall-clock time ``at``) and an ``event: start`` line per run
+(``resumed_step``, the process group's ``backend``, ``restart``, ``at``), as the other
+examples do; ``--step-time`` sleeps per step in place of real compute.
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ class TrainLog(pl.Callback):
     """Rank 0 appends each optimizer step's loss (the mean of its micro-batches' ``loss``,
     already averaged over the ranks by ``sync_dist``) to a JSON-lines file."""
 
-    def __init__(self, path: Path, step_time: float) -> None:
-        self.path, self.step_time = path, step_time
+    def __init__(self, path: Path, step_time: float, restart: int) -> None:
+        self.path, self.step_time, self.restart = path, step_time, restart
         self.losses: list[float] = []
         self.last_step = 0
 
@@ -98,16 +99,24 @@ class TrainLog(pl.Callback):
         dist = torch.distributed
         backend = dist.get_backend() if dist.is_initialized() else None
         doc = {"event": "start", "world": trainer.world_size, "backend": backend}
-        self._append(trainer, {**doc, "resumed_step": trainer.global_step})
+        self._append(
+            trainer,
+            {
+                **doc,
+                "resumed_step": trainer.global_step,
+                "restart": self.restart,
+                "at": time.time(),
+            },
+        )
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         self.losses.append(float(trainer.callback_metrics["loss"]))
         if trainer.global_step > self.last_step:  # an optimizer step has finished
             self.last_step = trainer.global_step
             loss = sum(self.losses) / len(self.losses)
-            self._append(
-                trainer, {"step": trainer.global_step, "loss": loss, "world": trainer.world_size}
-            )
+            doc = {"step": trainer.global_step, "loss": loss, "world": trainer.world_size}
+            at = round(time.time(), 3)
+            self._append(trainer, {**doc, "restart": self.restart, "at": at})
             self.losses = []
             if self.step_time:
                 time.sleep(self.step_time)
@@ -128,7 +137,8 @@ def main() -> int:
 
     elastic = ElasticLightning(global_batch=args.global_batch, seed=0)  # sgpu
     pl.seed_everything(0, verbose=False)  # the same initial weights on every rank
-    log = [TrainLog(args.train_log, args.step_time)] if args.train_log else []
+    restart = elastic.run.restart_count
+    log = [TrainLog(args.train_log, args.step_time, restart)] if args.train_log else []
     trainer = pl.Trainer(max_epochs=args.epochs, **elastic.trainer_kwargs(callbacks=log))  # sgpu
     trainer.fit(
         Regression(args.dim, args.lr, args.dropout),
