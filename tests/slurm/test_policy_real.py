@@ -187,7 +187,15 @@ def test_pending_job_is_rightsized_in_enforce_mode_and_left_alone_in_advise_mode
         )
 
         def advised() -> dict[str, Any] | None:
-            return next((a for a in actions(t, pending) if a["policy"] == "rightsize"), None)
+            # The action is stored "pending" first and settles once its email went out.
+            return next(
+                (
+                    a
+                    for a in actions(t, pending)
+                    if a["policy"] == "rightsize" and a["outcome"] != "pending"
+                ),
+                None,
+            )
 
         advice = wait_for("rightsize advice for the pending job", advised, timeout_s=60)
         assert advice["mode"] == "advise"
