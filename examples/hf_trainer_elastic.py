@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A Hugging Face ``Trainer`` training that shrinks and grows with its Slurm job.
 
-An ordinary Trainer script plus the four lines marked ``# sgpu``
+An ordinary Trainer script plus the three lines marked ``# sgpu``
 (:mod:`slurmgpu.elastic.huggingface`, docs/malleable.md "Hugging Face Trainer"). Run it
 anywhere (no Slurm: state in ./.sgpu-elastic/0/, checkpoints in --output-dir)::
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 + "\n"
             )
-    trainer.train(resume_from_checkpoint=checkpoint)  # sgpu: resume from it (None: fresh)
+    trainer.train()  # unchanged: attach() made it resume from the job's newest checkpoint
     if rank == 0:
         torch.save(model.state_dict(), a.output_dir / "final.pt")
     if dist.is_available() and dist.is_initialized():

@@ -250,14 +250,16 @@ def _callback_class() -> Any:
 
 
 def attach(trainer: Any, run: ElasticRun, *, check_batch: bool = True) -> str | None:
-    """Make ``trainer`` malleable; return the checkpoint to pass to ``trainer.train``.
+    """Make ``trainer`` malleable; return the checkpoint it resumes from (None: fresh).
 
     Adds the callback (:func:`make_callback`), replaces the Trainer's RNG restore with one
     that loads RNG files only at the processes and GPUs per process that wrote them (else
-    seeds from seed, step and rank), and returns :func:`latest_checkpoint` of
-    ``args.output_dir`` (None: start fresh). With ``check_batch``, a checkpoint written at
-    another global batch is refused (ValueError): its step count would mean other samples
-    and its scheduler another schedule.
+    seeds from seed, step and rank), and finds :func:`latest_checkpoint` of
+    ``args.output_dir``, which ``trainer.train()`` then resumes from unless the call names
+    another ``resume_from_checkpoint`` (so the user's ``train()`` line stays as it was).
+    With ``check_batch``, a checkpoint written at another global batch is refused
+    (ValueError): its step count would mean other samples and its scheduler another
+    schedule.
     """
     args = trainer.args
     trainer.add_callback(make_callback(run))
@@ -298,6 +300,15 @@ def attach(trainer: Any, run: ElasticRun, *, check_batch: bool = True) -> str | 
                 f"{args.gradient_accumulation_steps} x {args.world_size} processes): "
                 "call keep_global_batch(args, global_batch) before building the Trainer"
             )
+    train = trainer.train
+
+    @functools.wraps(train)
+    def train_resuming(*a: Any, **kw: Any) -> Any:
+        if not a and "resume_from_checkpoint" not in kw:
+            kw["resume_from_checkpoint"] = checkpoint
+        return train(*a, **kw)
+
+    trainer.train = train_resuming
     return checkpoint
 
 
