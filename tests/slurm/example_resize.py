@@ -169,6 +169,13 @@ def shrink_and_grow(
     by_step: dict[int, list[int]] = defaultdict(list)
     for rec in read_jsonl(out / "run.idx.jsonl"):
         by_step[int(rec["step"])].extend(rec["idx"])
+    # The step in flight at the final SIGTERM may have drawn its samples (the index log is
+    # written as a step's batches are drawn) without finishing: past the last checkpoint,
+    # it is not part of the training.
+    beyond = [step for step in by_step if step > last]
+    assert beyond in ([], [last + 1]), beyond
+    for step in beyond:
+        del by_step[step]
     assert sorted(by_step) == steps
     seen: dict[int, Counter[int]] = defaultdict(Counter)
     for step, indices in by_step.items():
