@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,25 @@ def _fields(line: str) -> dict[str, str]:
     return fields
 
 
+def _node_lines(text: str, node: str, name: str) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, fields) of each ``Name=<name>`` line of gres.conf that applies to ``node`` (no
+    ``NodeName=``, or one naming it); comments, blanks and ``Include`` lines skipped."""
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.lower().startswith("include"):
+            continue
+        try:
+            fields = _fields(line)
+        except ValueError as exc:
+            raise GresConfError(f"gres.conf line {lineno}: {exc}") from None
+        if fields.get("name", "").lower() != name:
+            continue
+        node_names = fields.get("nodename")
+        if node_names is not None and node not in _expand(node_names):
+            continue
+        yield lineno, fields
+
+
 def parse_gres_conf(text: str, node: str) -> list[GresGpuDevice]:
     """Return ``node``'s GPUs (``Name=gpu`` lines) in Slurm index order.
 
@@ -63,19 +83,7 @@ def parse_gres_conf(text: str, node: str) -> list[GresGpuDevice]:
     (``/dev/nvidia[0-3]``), which orders them numerically.
     """
     devices: list[GresGpuDevice] = []
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line or line.lower().startswith("include"):
-            continue
-        try:
-            fields = _fields(line)
-        except ValueError as exc:
-            raise GresConfError(f"gres.conf line {lineno}: {exc}") from None
-        if fields.get("name", "").lower() != "gpu":
-            continue
-        node_names = fields.get("nodename")
-        if node_names is not None and node not in _expand(node_names):
-            continue
+    for lineno, fields in _node_lines(text, node, "gpu"):
         gpu_type = fields.get("type") or None
         multiple = fields.get("multiplefiles")
         if multiple:
@@ -125,19 +133,7 @@ def mps_minors(text: str, node: str) -> set[int]:
     clients; an ``mps`` line without ``File=`` names no device and adds nothing.
     """
     minors: set[int] = set()
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line or line.lower().startswith("include"):
-            continue
-        try:
-            fields = _fields(line)
-        except ValueError as exc:
-            raise GresConfError(f"gres.conf line {lineno}: {exc}") from None
-        if fields.get("name", "").lower() != "mps":
-            continue
-        node_names = fields.get("nodename")
-        if node_names is not None and node not in _expand(node_names):
-            continue
+    for _lineno, fields in _node_lines(text, node, "mps"):
         for path in _expand(fields["file"]) if fields.get("file") else []:
             m = _TRAILING_NUMBER.search(path)
             if m:
