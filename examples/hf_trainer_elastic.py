@@ -45,8 +45,8 @@ from transformers import (
     set_seed,
 )
 
-from slurmgpu import elastic
-from slurmgpu.elastic import huggingface as ehf
+from slurmgpu.elastic import hard_exit
+from slurmgpu.elastic import huggingface as ehf  # sgpu
 
 
 class TinyConfig(PretrainedConfig):  # type: ignore[no-untyped-call]
@@ -165,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index-log", type=Path)
     a = p.parse_args(argv)
 
-    run = elastic.init()  # sgpu: first, so the checkpoint signal is a flag from now on
     args = TrainingArguments(
         output_dir=str(a.output_dir),
         max_steps=a.max_steps,
@@ -184,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
-    ehf.keep_global_batch(args, a.global_batch)  # sgpu: accumulation for this world size
+    run = ehf.init(args, global_batch=a.global_batch)  # sgpu: signals -> flags, accumulation
     set_seed(a.seed)  # the initial weights (the Trainer seeds only after the model exists)
     model = TinyModel(TinyConfig(dim=a.dim, dropout=a.dropout))
     data = Synthetic(a.samples, a.dim, a.seed)
@@ -214,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.save(model.state_dict(), a.output_dir / "final.pt")
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    elastic.hard_exit(0)  # skips a teardown abort gloo sometimes has (docs/malleable.md)
+    hard_exit(0)  # optional: skips a teardown abort gloo sometimes has (docs/malleable.md)
     return 0
 
 

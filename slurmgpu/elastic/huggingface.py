@@ -1,17 +1,16 @@
 """Malleable Hugging Face ``transformers.Trainer``: a callback and resume logic.
 
-An ordinary Trainer script becomes malleable with four added lines (run it under
+An ordinary Trainer script becomes malleable with three added lines (run it under
 ``sgpu launch -- torchrun ...``, docs/malleable.md, "Hugging Face Trainer")::
 
-    from slurmgpu import elastic
-    from slurmgpu.elastic import huggingface as ehf
+    from slurmgpu.elastic import huggingface as ehf             # 1
 
-    run = elastic.init()                                   # 1: first; signals -> flags
     args = TrainingArguments(output_dir=..., per_device_train_batch_size=8, ...)
-    ehf.keep_global_batch(args, 64)                        # 2: accumulation = 64 / (8 x W)
+    run = ehf.init(args, global_batch=64)                       # 2: signals -> flags,
+                                                                #    accumulation 64/(8 x W)
     trainer = Trainer(model=model, args=args, train_dataset=data, ...)
-    checkpoint = ehf.attach(trainer, run)                  # 3: callback + safe resume
-    trainer.train(resume_from_checkpoint=checkpoint)       # 4: newest complete checkpoint
+    ehf.attach(trainer, run)                                    # 3: callback + safe resume
+    trainer.train()                    # unchanged: resumes from the newest complete checkpoint
 
 **Signal.** sgpu owns it: :func:`slurmgpu.elastic.init` turns the checkpoint signal and
 SIGTERM into flags. :func:`make_callback`'s callback all-reduces the flag at every optimizer
@@ -65,11 +64,13 @@ from slurmgpu.elastic.marked_checkpoints import (
     read_mark,
 )
 from slurmgpu.elastic.runtime import ElasticRun
+from slurmgpu.elastic.runtime import init as init_run
 
 __all__ = [
     "CHECKPOINT_MARK",
     "POINTER_FILE",
     "attach",
+    "init",
     "keep_global_batch",
     "latest_checkpoint",
     "make_callback",
@@ -120,6 +121,20 @@ def keep_global_batch(
     steps = global_batch // share
     args.gradient_accumulation_steps = steps
     return Accumulation(global_batch, per_device, world, steps)
+
+
+def init(args: Any, global_batch: int | None = None) -> ElasticRun:
+    """This process's :class:`ElasticRun` (:func:`slurmgpu.elastic.init`: the checkpoint
+    signal and SIGTERM become flags) with ``args`` planned for this world size.
+
+    With ``global_batch``, :func:`keep_global_batch` sets the gradient accumulation so that
+    an optimizer step is ``global_batch`` samples at every size (ValueError when it does
+    not divide). Call it after building ``TrainingArguments`` and before the Trainer.
+    """
+    run = init_run()
+    if global_batch is not None:
+        keep_global_batch(args, global_batch)
+    return run
 
 
 def _is_complete(path: Path) -> bool:

@@ -4,6 +4,8 @@ checkpoint a resumed run picks (the Trainer itself: tests/integration/test_elast
 from __future__ import annotations
 
 import json
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,6 +35,32 @@ def test_a_global_batch_that_does_not_split_is_refused(batch: int, world: int) -
     with pytest.raises(ValueError, match="not a multiple"):
         ehf.keep_global_batch(args, batch, world_size=world)
     assert args.gradient_accumulation_steps == 1
+
+
+@pytest.fixture
+def handlers_restored() -> Iterator[None]:
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_init_makes_the_signals_flags_and_plans_the_batch(
+    handlers_restored: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in {"SLURM_JOB_ID": "41", "SGPU_ELASTIC_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    args = SimpleNamespace(
+        per_device_train_batch_size=2, gradient_accumulation_steps=1, world_size=2
+    )
+    run = ehf.init(args, global_batch=16)
+    assert (run.job_id, args.gradient_accumulation_steps) == (41, 4)
+    signal.raise_signal(signal.SIGUSR2)  # a flag now, not the default death
+    assert run.checkpoint_requested and not run.stop_requested
+    ehf.init(args)  # no global batch: the arguments' accumulation stays
+    assert args.gradient_accumulation_steps == 4
+    with pytest.raises(ValueError, match="not a multiple"):
+        ehf.init(args, global_batch=6)
 
 
 def _checkpoint(base: Path, step: int, *, marked: bool = True, state: bool = True) -> Path:
