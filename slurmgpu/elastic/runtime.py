@@ -44,7 +44,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -71,6 +70,7 @@ CHECKPOINT_FILE = "checkpoint.pkl"
 CHECKPOINT_FILES = (CHECKPOINT_FILE, "checkpoint.pt")
 DEFAULT_HOLD_S = 300.0
 PROGRESS_EVERY_S = 5.0
+AWAIT_SLICE_S = 0.05  # how often the hold after an acknowledgement looks at its flags
 RATE_WINDOW_S = 0.5  # throughput is measured over windows at least this long
 
 
@@ -138,7 +138,6 @@ class ElasticRun:
     _requests: int = 0  # signals received in this run
     _answered: int = 0
     _acks_before: int = 0  # acks of earlier runs (ack.json's count at start-up)
-    _wake: threading.Event = field(default_factory=threading.Event)
     _rate_since: float | None = None
     _rate_units: float = 0.0
     _throughput: dict[int, float] = field(default_factory=dict)
@@ -172,16 +171,17 @@ class ElasticRun:
         signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_checkpoint_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Flags only: a handler that takes a lock (threading.Event.set) deadlocks when it
+        # runs while this thread holds that lock, e.g. inside Event.wait, or in a second
+        # SIGTERM's handler (torchrun and sgpu launch both send one).
         self._requests += 1
         self.checkpoint_requested = True
-        self._wake.set()
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         # Preemption and requeue send only SIGTERM: treat it as "checkpoint now", too.
         self._requests += 1
         self.checkpoint_requested = True
         self.stop_requested = True
-        self._wake.set()
 
     def request_checkpoint(self, *, stop: bool = False) -> None:
         """What the signal handlers do, for callers without signals (tests, notebooks)."""
@@ -243,13 +243,12 @@ class ElasticRun:
 
     def _await_requeue(self) -> bool:
         deadline = self.clock() + self.hold_s
-        while self.clock() < deadline:
-            if self.stop_requested:
-                self._exit()
-            self._wake.clear()
-            if self.stop_requested:
-                continue
-            self._wake.wait(min(0.2, max(deadline - self.clock(), 0.0)))
+        while not self.stop_requested and self.clock() < deadline:
+            # A signal interrupts the sleep (its handler runs, then the sleep goes on for
+            # at most the rest of this slice): leaving takes at most one slice.
+            time.sleep(min(AWAIT_SLICE_S, max(deadline - self.clock(), 0.0)))
+        if self.stop_requested:
+            self._exit()
         self._rate_since, self._rate_units = None, 0.0  # the wait is not training time
         return True
 

@@ -77,6 +77,46 @@ def test_sigterm_after_the_checkpoint_ends_the_run_cleanly(tmp_path: Path) -> No
     assert read_ack(tmp_path, 6) is not None
 
 
+HOLDING = """
+import sys
+from slurmgpu.elastic import init
+run = init()
+run.request_checkpoint()
+print("holding", flush=True)
+run.checkpoint({"step": 1})  # acknowledges, holds until the requeue's SIGTERM
+sys.exit(3)  # the hold ran out: nobody requeued
+"""
+
+
+@pytest.mark.slow  # a 1.5 s storm
+def test_signal_storms_in_the_hold_never_wedge_the_run(tmp_path: Path) -> None:
+    # torchrun and sgpu launch each send the requeue's SIGTERM; a handler that took a lock
+    # (threading.Event.set) deadlocked when the second one landed inside the first's.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SLURM_JOB_ID": "12",
+        "SGPU_ELASTIC_DIR": str(tmp_path),
+        "SGPU_CHECKPOINT_HOLD": "60",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDING], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
+        wait_for("the acknowledgement", lambda: read_ack(tmp_path, 12), 20.0)
+        storm_until = time.monotonic() + 1.5
+        while time.monotonic() < storm_until:  # a checkpoint signal cannot end the hold
+            proc.send_signal(signal.SIGUSR2)
+        for _ in range(200):
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_only_rank_zero_writes(tmp_path: Path) -> None:
     env = {"SLURM_JOB_ID": "8", "SLURM_PROCID": "1", "SGPU_ELASTIC_DIR": str(tmp_path)}
     run = init({**env, "SGPU_CHECKPOINT_HOLD": "0"}, install_handlers=False)
