@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from slurmgpu import __version__
 from slurmgpu.agent.sampler import NodeSampler
 from slurmgpu.agent.sender import DaemonClient, JobsUnavailableError, SendOutcome, SendResult
 from slurmgpu.agent.spool import BatchSpool, SpoolError
+from slurmgpu.stop_flag import StopFlag
 from slurmgpu.wire import NodeJobs, SampleBatch, encode
 
 log = logging.getLogger("slurmgpu.agent")
@@ -84,7 +84,7 @@ class AgentLoop:
         self.drain_batches = drain_batches
         self.drain_budget_s = drain_budget_s if drain_budget_s is not None else interval_s / 2
         self._clock = clock
-        self.stop_event = threading.Event()
+        self.stop_event = StopFlag()  # set by a signal handler
         self.cycles = 0
         self.jobs = NodeJobs(node=self.node, jobs=[])
         self._daemon_up: bool | None = None  # None: not tried yet

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
@@ -34,6 +33,7 @@ from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.listen_address import parse_listen
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.slurm.client import SlurmClient
+from slurmgpu.stop_flag import StopFlag
 from slurmgpu.store import JobStore, StoreDamagedError
 from slurmgpu.store.database import database_name, store_error
 from slurmgpu.store.health import StoreHealth, one_line
@@ -59,7 +59,7 @@ class DaemonError(Exception):
 
 def wait_for_lease(lease: DaemonLease) -> bool:
     """Standby: block until the lease is ours (True) or SIGTERM/SIGINT came (False)."""
-    stop = threading.Event()
+    stop = StopFlag()  # set by a signal handler
 
     def _stop(_signum: int, _frame: object) -> None:
         stop.set()

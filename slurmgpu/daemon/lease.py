@@ -39,6 +39,7 @@ import psutil
 from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from slurmgpu.stop_flag import StopFlag
 from slurmgpu.store import schema
 from slurmgpu.store.health import one_line
 
@@ -244,7 +245,9 @@ class DaemonLease:
         if holder is not None:
             raise LeaseHeld(_held_message(holder, self.clock()))
 
-    def wait_acquire(self, stop: threading.Event, *, poll_s: float | None = None) -> bool:
+    def wait_acquire(
+        self, stop: threading.Event | StopFlag, *, poll_s: float | None = None
+    ) -> bool:
         """Standby: wait until the lease is ours (True) or ``stop`` is set (False)."""
         said: str | None = None
         while not stop.is_set():

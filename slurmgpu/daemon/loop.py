@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
@@ -17,6 +16,7 @@ from typing import Protocol
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.daemon.observer import CycleResult, Observer
+from slurmgpu.stop_flag import StopFlag
 from slurmgpu.store.health import one_line
 
 log = logging.getLogger("slurmgpu.daemon")
@@ -60,7 +60,7 @@ class DaemonLoop:
         self.busy = busy
         self.busy_interval = busy_interval
         self.metrics = metrics
-        self.stop_event = threading.Event()
+        self.stop_event = StopFlag()  # set by a signal handler
         self.failures = 0
         self.cycles = 0
         self.crashes = 0  # cycles that raised (a bug, logged with its traceback)

@@ -40,6 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal
 
+from slurmgpu.stop_flag import StopFlag
 from slurmgpu.telemetry.simgpu import LoadDeclaration, remove_declaration, write_declaration
 from slurmgpu.units import parse_duration
 
@@ -210,7 +211,7 @@ def run_fakeload(
     mem_max_mib: int | None = None,
     seed: int = 0,
     environ: Mapping[str, str] | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | StopFlag | None = None,
 ) -> FakeloadOutcome:
     """Declare the load until ``duration_s`` passes (None: until stopped); then clean up.
 
@@ -237,7 +238,7 @@ def run_fakeload(
     node_name = node or node_from_env(env)
     job = job_id if job_id is not None else job_id_from_env(env)
     pid = os.getpid()
-    stop_event = stop if stop is not None else threading.Event()
+    stop_event = stop if stop is not None else StopFlag()  # set by a signal handler
 
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if in_main else None

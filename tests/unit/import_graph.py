@@ -112,6 +112,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "plaintext",
             "replyauth",
             "settings_table",
+            "stop_flag",
             "tokens",
             "units",
             "userfiles",
