@@ -478,6 +478,7 @@ def _parse_resize(raw: dict[str, Any], text: str, path: Path | None) -> ResizeSe
         ack_timeout=ack,
         requeue_within=within,
         fast_start=r.boolean("fast_start", d.fast_start),
+        shrink_in_place=r.boolean("shrink_in_place", d.shrink_in_place),
         release_delay=r.duration("release_delay", d.release_delay),
         release_after=r.duration("release_after", d.release_after, minimum=timedelta(seconds=1)),
         cycle_interval=r.duration(

@@ -6,6 +6,12 @@ recorded in the ``transactions`` table before the next one is made::
     PLANNED ──signal──> SIGNALED ──ack──> CHECKPOINTED ──requeuehold──> HELD
         ──(job pending) update──> UPDATED ──release──> RELEASED ──(runs at new size)──> RUNNING
 
+A job on several nodes shrinking by node count (``shrink_in_place``) leaves the requeue
+out: CHECKPOINTED ──update NumNodes= (running) + TERM to its steps──> UPDATED
+(``in_place``) ──(runs on the nodes kept)──> RUNNING; its batch launcher (``sgpu
+launch``) starts the command again at the new size. Slurm refusing that update sends the
+resize down the requeue path instead.
+
 and the ways back, each leaving the job running or about to run, never held:
 
 - PLANNED, SIGNALED: the job is not running at ``from`` any more, or no acknowledgement
@@ -153,6 +159,11 @@ class ResizeSettings:
       grace and trains on, so a later requeue would lose steps).
     - ``fast_start`` (true): set ``StartTime=now+1`` with the update (see the module
       docstring).
+    - ``shrink_in_place`` (true): a job on several nodes that shrinks by node count keeps
+      running: after the acknowledgement, ``NumNodes=`` on the running job releases the
+      nodes it leaves, and a TERM to its steps ends the holding workers; its batch
+      launcher starts the command again on the nodes kept (no requeue, no wait to be
+      scheduled again). False: every resize takes the requeue path.
     - ``release_delay`` (1.5 s): with ``fast_start``, the release waits this long after
       the update, so that the begin time (now+1 on slurmctld's clock) has passed when the
       release triggers the scheduler: a job not yet eligible then waits for the next
@@ -167,6 +178,7 @@ class ResizeSettings:
     ack_timeout: timedelta | None = None
     requeue_within: float = 0.5
     fast_start: bool = True
+    shrink_in_place: bool = True
     release_delay: timedelta = timedelta(seconds=1.5)
     release_after: timedelta = timedelta(minutes=10)
     cycle_interval: timedelta = timedelta(seconds=1)
@@ -499,6 +511,11 @@ class ResizeExecutor:
             return self._close(
                 row, ABORTED, at, "acknowledged too long ago (the job has trained on); not requeued"
             )
+        if self._in_place(row, job):
+            shrunk = self._shrink_in_place(row, at)
+            if shrunk is None or shrunk.state != CHECKPOINTED:
+                return shrunk
+            row = shrunk  # refused: the requeue path, as for any other resize
         self.slurm.requeue(row.payload["ref"], hold=True)
         nxt = self.store.advance(
             row,
@@ -508,6 +525,49 @@ class ResizeExecutor:
             payload=self._timeline(row, requeued=at),
         )
         return nxt
+
+    def _in_place(self, row: TransactionRow, job: Job | None) -> bool:
+        """A shrink by node count of a running job on several nodes (and nothing else
+        that only a pending job takes)."""
+        if not self.settings.shrink_in_place or job is None or row.payload.get("in_place_refused"):
+            return False
+        update = self._update_of(row)
+        nodes = _last(SetNodes, update)
+        others = [i for i in update if not isinstance(i, SetNodes | SetTimeLimit)]
+        return nodes is not None and not others and 1 <= nodes.count < job.node_count
+
+    def _shrink_in_place(self, row: TransactionRow, at: datetime) -> TransactionRow | None:
+        """``NumNodes=`` on the running job, then TERM to its steps (the workers hold
+        after their checkpoint; the batch launcher starts the command again on the nodes
+        kept). When Slurm refuses the update, the row noted so and still CHECKPOINTED:
+        the caller requeues instead."""
+        ref = row.payload["ref"]
+        update = self._update_of(row)
+        try:
+            try:
+                self.slurm.update_job(ref, update)
+            except SlurmError:
+                if _last(SetTimeLimit, update) is None:
+                    raise
+                update = [i for i in update if not isinstance(i, SetTimeLimit)]
+                self.slurm.update_job(ref, update)
+        except SlurmError as exc:
+            log.warning(
+                "resize %d of job %d: shrink in place refused (%s); requeueing instead",
+                row.id,
+                row.job_id,
+                exc,
+            )
+            return self.store.note(row, {"in_place_refused": str(exc)}, at)
+        with contextlib.suppress(SlurmError):  # steps already gone: nothing holds
+            self.slurm.signal(ref, "TERM")
+        return self.store.advance(
+            row,
+            UPDATED,
+            at=at,
+            deadline=at + self.settings.release_after,
+            payload={"in_place": True, **self._timeline(row, updated=at)},
+        )
 
     def _with_start(self, intents: Sequence[Intent]) -> tuple[Intent, ...]:
         return (*intents, StartSoon(1)) if self.settings.fast_start else tuple(intents)
@@ -579,6 +639,8 @@ class ResizeExecutor:
             log.debug("release %s: %s", ref, exc)
 
     def _updated(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
+        if row.payload.get("in_place"):
+            return self._shrunk(row, job, at)
         ref = row.payload["ref"]
         if self.settings.fast_start and at - row.updated_at < self.settings.release_delay:
             return None  # see ResizeSettings.release_delay
@@ -591,6 +653,29 @@ class ResizeExecutor:
                 raise
             log.info("resize %d: release of %s: %s (not held)", row.id, ref, exc)
         return self.store.advance(row, RELEASED, at=at, payload=self._timeline(row, released=at))
+
+    def _shrunk(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
+        """After a shrink in place: done once Slurm shows the job running on the kept
+        nodes (the launcher restarts the command there by itself)."""
+        if job is None or job.state.is_terminal:
+            return self._close(row, ENDED, at, "the job ended after its shrink in place")
+        want = _last(SetNodes, self._update_of(row))
+        nodes = want.count if want is not None else 1
+        if job.state is JobState.RUNNING and job.node_count <= nodes:
+            got = job_gpus(job)
+            why = None if got == row.payload["to_gpus"] else f"runs at {got} GPUs"
+            done = self.store.advance(
+                row,
+                RUNNING,
+                at=at,
+                payload={"running_gpus": got, **self._timeline(row, closed=at, running=at)},
+                error=why,
+            )
+            log.info("resize %d of job %d done in place: runs at %d GPUs", row.id, row.job_id, got)
+            return done
+        if row.deadline is not None and at >= row.deadline:
+            return self._close(row, ENDED, at, f"still on {job.node_count} nodes after the update")
+        return None
 
     def _back_to_the_old_size(
         self, row: TransactionRow, job: Job, at: datetime
@@ -670,6 +755,7 @@ def durations(row: TransactionRow) -> dict[str, float]:
     ``checkpoint``: signal → acknowledgement seen; ``stop``: requeue → job seen pending
     (killed, epilog done); ``requeue_delay``: requeue → the begin time Slurm gave it;
     ``scheduling``: the later of release and begin time → Slurm's start time;
+    ``in_place``: a shrink in place's update → the daemon saw the job on the kept nodes;
     ``total``: decision → the daemon saw it running at the new size. Slurm's times have
     whole seconds.
     """
@@ -685,6 +771,8 @@ def durations(row: TransactionRow) -> dict[str, float]:
     span("requeue_delay", t.get("requeued"), t.get("eligible"))
     ready = [m for m in (t.get("released"), t.get("eligible")) if m is not None]
     span("scheduling", max(ready) if ready else None, t.get("started"))
+    if row.payload.get("in_place"):
+        span("in_place", t.get("updated"), t.get("running"))
     span("total", t.get("decided"), t.get("running"))
     return out
 

@@ -30,7 +30,7 @@ class ElasticRuntime:
 
     checkpoint_s: float = 20.0
     startup_s: float = 30.0
-    reform_s: float = 10.0  # re-forming the process group after a shrink in place
+    reform_s: float = 10.0  # a shrink in place: the steps restarted on the kept nodes
 
 
 class ProgressModel(EventQueue):

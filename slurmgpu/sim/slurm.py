@@ -35,9 +35,9 @@ What it models, and how faithfully:
   spelling to parse): time limit, GPUs per job or per node, shards, node count,
   comment, memory and CPUs (recorded; CPUs and memory are not scheduled), start time.
   A running job accepts a time limit, a nice and a node count to fewer nodes
-  (Slurm's shrink in place: the job keeps running on the nodes it keeps, after the
-  runtime re-forms in ``reform_s``); a GPU change to a running job is refused as by
-  slurmctld.
+  (Slurm's shrink in place: the job keeps running on the nodes it keeps; the TERM the
+  daemon then sends its steps restarts the command there, which costs ``reform_s``
+  from the update); a GPU change to a running job is refused as by slurmctld.
 - **Signals** go to the job's elastic runtime (:class:`ElasticRuntime`): on ``USR2``
   or ``TERM`` it pauses, writes a checkpoint in ``checkpoint_s`` and acknowledges
   (:meth:`SimSlurm.checkpointed_at`); a restarted run spends ``startup_s`` loading it.
@@ -100,6 +100,7 @@ __all__ = [
 ]
 
 _CHECKPOINT_SIGNALS = frozenset({"USR2", "SIGUSR2", "TERM", "SIGTERM", "12", "15"})
+_TERM_SIGNALS = frozenset({"TERM", "SIGTERM", "15"})
 _ID_RE = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
 
 
@@ -331,6 +332,11 @@ class SimSlurm(SchedulerModel):
                 raise SlurmCommandError(f"job {job.job_id} is not running")
             if signal.upper() not in _CHECKPOINT_SIGNALS:
                 continue
+            if job.steps_restart and not batch_only and signal.upper() in _TERM_SIGNALS:
+                # After a shrink in place the daemon ends the holding steps; the batch
+                # launcher starts them again on the nodes kept (reform_s, charged there).
+                job.steps_restart = False
+                continue
             # The runtime stops training, writes a checkpoint, then carries on.
             self._fold(job)
             job.busy_from = max(job.busy_from, self.now) + self.runtime.checkpoint_s
@@ -508,6 +514,7 @@ class SimSlurm(SchedulerModel):
             )
         )
         job.busy_from = max(job.busy_from, self.now) + self.runtime.reform_s
+        job.steps_restart = True
         self._rates_for([job])
         self._dirty = True
 

@@ -74,6 +74,7 @@ class SimJob:
         "spec",
         "speed",
         "start_s",
+        "steps_restart",
         "state",
         "submit_s",
         "superseded",
@@ -124,6 +125,7 @@ class SimJob:
         self.rate = 0.0
         self.speed = 1.0  # relative speed from co-location (1 = alone on its GPU)
         self.restarts = 0
+        self.steps_restart = False  # shrunk in place: the TERM to its steps restarts them
         self.version = 0
         self.attained_gpu_s = 0.0
         self.runs: list[JobRun] = []

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from slurmgpu.intent import Intent, SetTimeLimit, StartSoon
+from slurmgpu.intent import Intent, SetNodes, SetTimeLimit, StartSoon
 from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.slurm.client import SlurmCommandError
 from tests.fakes import FakeSlurm, apply_intents
@@ -128,6 +128,9 @@ class ResizeSlurm(FakeSlurm):
 
     def update_job(self, job_id: str | int, intents: Sequence[Intent]) -> None:
         job = self._ref(job_id)
+        if job.state is JobState.RUNNING and "COMPLETING" not in job.state_flags:
+            self._update_running(job, intents)
+            return
         if job.state is not JobState.PENDING:
             raise SlurmCommandError("Job is no longer pending execution")
         if self.refuse_update and any(not isinstance(i, StartSoon) for i in intents):
@@ -143,6 +146,33 @@ class ResizeSlurm(FakeSlurm):
         self.put(job)
         self.updates.append((job.job_id, tuple(intents)))
         self._done("update", job_id, ",".join(sorted(repr(i) for i in intents)))
+
+    def _update_running(self, job: Job, intents: Sequence[Intent]) -> None:
+        """As slurmctld: a running job takes a time limit and fewer nodes (the nodes at
+        the end of its list are released, with their GPUs); nothing else."""
+        if self.refuse_update or any(not isinstance(i, SetNodes | SetTimeLimit) for i in intents):
+            raise SlurmCommandError("Job is no longer pending execution")
+        for intent in intents:
+            if isinstance(intent, SetNodes):
+                if not 1 <= intent.count < job.node_count:
+                    raise SlurmCommandError("Requested node configuration is not available")
+                job = replace(
+                    job,
+                    node_count=intent.count,
+                    nodes=job.nodes[: intent.count],
+                    gpu_allocations=job.gpu_allocations[: intent.count],
+                )
+            else:
+                job = replace(job, time_limit=intent.limit)
+        self.put(job)
+        self.updates.append((job.job_id, tuple(intents)))
+        self._done("update", job.job_id, ",".join(sorted(repr(i) for i in intents)))
+
+    def signal(self, job_id: str | int, signal: str, *, batch_only: bool = False) -> None:
+        job = self._ref(job_id)
+        if job.state is not JobState.RUNNING:
+            raise SlurmCommandError("Job is not running")
+        self._done("signal_steps", job_id, signal)
 
     def release(self, job_id: str | int) -> None:
         job = self._ref(job_id)

@@ -31,7 +31,7 @@ from slurmgpu.cycle.transactions import MemoryTransactions, TransactionRow
 from slurmgpu.elastic.checkpoint import write_atomic
 from slurmgpu.elastic.spec import Ack
 from slurmgpu.intent import Intent, Resize, SetGpus, SetNice, SetNodes, SetTimeLimit, StartSoon
-from slurmgpu.model import ClusterSnapshot, GpuRequest, JobState, MalleableSpec
+from slurmgpu.model import ClusterSnapshot, GpuRequest, JobState, MalleableSpec, NodeGpuAllocation
 from slurmgpu.policy.base import preempt_action, resize_action
 from slurmgpu.slurm.client import SlurmUnavailableError
 from slurmgpu.store import open_store
@@ -450,3 +450,56 @@ def test_a_multinode_job_shrunk_to_one_node_grows_back_by_node_count() -> None:
         open_states=(),
     )
     assert not executor._resized_by_nodes(1)  # the newest one counts
+
+
+def _two_node_world(tmp_path: Path, settings: ResizeSettings | None = None) -> World:
+    w = World(tmp_path)
+    job = replace(
+        gpu_job(JOB),
+        node_count=2,
+        nodes=("gpu1", "gpu2"),
+        gpus=GpuRequest(gpus=4, per_node=2, sources=("tres_per_node",)),
+        gpu_allocations=(NodeGpuAllocation("gpu1", (0, 1)), NodeGpuAllocation("gpu2", (0, 1))),
+    )
+    w.slurm.put(job)
+    if settings is not None:
+        w.executor = ResizeExecutor(w.slurm, w.store, settings)
+    return w
+
+
+def test_a_multinode_shrink_by_node_count_keeps_the_job_running(tmp_path: Path) -> None:
+    w = _two_node_world(tmp_path)
+    assert w.start(2).state == SIGNALED
+    w.ack()
+    row = w.cycle()
+    # No requeue: NumNodes=1 on the running job, then TERM to its steps (the workers hold
+    # after their checkpoint; the batch launcher starts the command again on gpu1).
+    assert row.state == "updated" and row.payload["in_place"] is True
+    assert w.calls() == ["signal", "update", "signal_steps"]
+    assert w.slurm.log[-1] == ("signal_steps", "42", "TERM")
+    assert w.slurm.updates == [(JOB, (SetNodes(1),))]
+    job = w.slurm.job(JOB)
+    assert (job.state, job.node_count, job.restart_count) == (JobState.RUNNING, 1, 0)
+    done = w.cycle()
+    assert done.state == RUNNING and done.payload["running_gpus"] == 2 and done.error is None
+    assert w.calls() == ["signal", "update", "signal_steps"]  # nothing held, nothing released
+    assert {"checkpoint", "in_place", "total"} <= durations(done).keys()
+    assert "stop" not in durations(done)
+
+
+def test_without_shrink_in_place_a_multinode_shrink_is_requeued(tmp_path: Path) -> None:
+    w = _two_node_world(tmp_path, ResizeSettings(shrink_in_place=False))
+    w.start(2)
+    w.ack()
+    assert w.cycle().state == "held"
+    assert w.calls() == ["signal", "requeuehold"]
+
+
+def test_a_refused_shrink_in_place_takes_the_requeue_path(tmp_path: Path) -> None:
+    w = _two_node_world(tmp_path)
+    w.start(2)
+    w.ack()
+    w.slurm.refuse_update = True
+    row = w.cycle()
+    assert row.state == "held" and "in_place_refused" in row.payload
+    assert w.calls() == ["signal", "requeuehold"]  # the refused update is not logged
