@@ -32,6 +32,13 @@ batch shell, starts ``CMD`` and stays its supervisor:
   workers. Only the batch launcher requeues at the time limit: a launcher inside a job
   step (``SLURM_STEP_ID`` 0, 1, ...; 26.05 gives the batch script -5) never does, or
   each node would requeue the job once.
+- **Shrunk in place**: the daemon shrinks a job on several nodes by ``NumNodes=`` on the
+  running job (after the checkpoint's acknowledgement) and sends TERM to its steps. When
+  the command then ends, the batch launcher asks Slurm (``scontrol show job``): a job
+  still running on fewer nodes than the launcher started it on gets the command again,
+  with Slurm's job variables rewritten for the nodes kept (:mod:`slurmgpu.elastic.
+  shrunk_env`; Slurm leaves the batch script's as they were) and ``SGPU_HEAD_ADDR``
+  found again; the training resumes from the checkpoint at the new size.
 - **SIGTERM** (the requeue, scancel, preemption, the time limit's kill), SIGINT, SIGHUP:
   relayed to every process of the tree. Once the training processes (those that caught the
   checkpoint signal) have exited, what is left (torchrun, shells) is SIGKILLed at once:
@@ -67,6 +74,7 @@ from typing import Any
 import psutil
 
 from slurmgpu.elastic.runtime import _count_devices, _env_int, _signal_number
+from slurmgpu.elastic.shrunk_env import shrunk_env
 from slurmgpu.elastic.spec import DEFAULT_DIR_NAME, job_dir, read_ack
 
 __all__ = ["LAUNCH_LOG", "Launcher", "catches", "head_address", "in_step", "main", "tree"]
@@ -204,6 +212,26 @@ def head_address(env: Mapping[str, str]) -> str | None:
         return None
 
 
+def _job_nodes(job_id: int) -> tuple[str, int, str] | None:
+    """(state, node count, node list) of the job (``scontrol -o show job``); None when
+    Slurm cannot say."""
+    try:
+        proc = subprocess.run(
+            ["scontrol", "-o", "show", "job", str(job_id)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f and proc.returncode == 0)
+    count = fields.get("NumNodes", "").split("-")[0]
+    if not count.isdigit() or "JobState" not in fields or "NodeList" not in fields:
+        return None
+    return fields["JobState"], int(count), fields["NodeList"]
+
+
 def _requeue(job_id: int) -> str | None:
     """``scontrol requeue JOB``; None when done, else why not."""
     try:
@@ -236,6 +264,7 @@ class Launcher:
     nodes: int = 1  # the job's node count
     signal_steps: Callable[[int, int], str | None] = _signal_steps
     find_head: Callable[[Mapping[str, str]], str | None] = head_address
+    job_nodes: Callable[[int], tuple[str, int, str] | None] = _job_nodes
     clock: Callable[[], float] = time.monotonic
     _child: subprocess.Popen[bytes] | None = None
     _pending: list[int] = field(default_factory=list)  # signals received, not yet handled
@@ -315,6 +344,8 @@ class Launcher:
                 self._reap_orphans()
                 reaped = self.clock()
             status = self._child.poll()
+            if status is not None and self._restart_if_shrunk(status):
+                status = None
             if status is None:
                 time.sleep(POLL_S)
         code = status if status >= 0 else 128 - status
@@ -322,6 +353,27 @@ class Launcher:
         self._clean_up()
         self.event("exit", status=code)
         return code
+
+    def _restart_if_shrunk(self, status: int) -> bool:
+        """The command ended because the daemon shrank the job in place: start it again
+        on the nodes kept (see the module docstring). False: the command's end stands."""
+        if self.in_step or self.nodes <= 1 or self._stopping_since is not None:
+            return False
+        seen = self.job_nodes(self.job_id)
+        if seen is None or seen[0] != "RUNNING" or not 1 <= seen[1] < self.nodes:
+            return False
+        _state, nodes, nodelist = seen
+        self.event("command_exited", status=status if status >= 0 else 128 - status)
+        self._clean_up()
+        self.env = shrunk_env(self.env, nodes, nodelist)
+        self.event("shrunk_in_place", nodes=nodes, nodelist=nodelist, was=self.nodes)
+        self.nodes = nodes
+        try:
+            self.start()
+        except OSError as exc:
+            self.event("failed", error=str(exc))
+            return False
+        return True
 
     def _handle(self, signum: int) -> None:
         assert self._child is not None

@@ -162,7 +162,7 @@ class ResizeSlurm(FakeSlurm):
                     nodes=job.nodes[: intent.count],
                     gpu_allocations=job.gpu_allocations[: intent.count],
                 )
-            else:
+            elif isinstance(intent, SetTimeLimit):
                 job = replace(job, time_limit=intent.limit)
         self.put(job)
         self.updates.append((job.job_id, tuple(intents)))

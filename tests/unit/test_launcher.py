@@ -282,3 +282,53 @@ def test_a_step_task_is_told_from_the_batch_script(step_id: str | None, expected
 
     env = {} if step_id is None else {"SLURM_STEP_ID": step_id}
     assert in_step(env) is expected
+
+
+def test_a_job_shrunk_in_place_gets_its_command_again_on_the_nodes_kept(
+    tmp_path: Path,
+) -> None:
+    """The daemon's NumNodes= on the running job and TERM to its steps end the command;
+    the batch launcher sees the job running on fewer nodes and starts the command again
+    with Slurm's variables for the nodes kept. The second end is the job's own."""
+    from slurmgpu.elastic.launcher import Launcher
+
+    out = tmp_path / "runs"
+    answers = [("RUNNING", 1, "gpu1"), ("RUNNING", 1, "gpu1")]
+    launcher = Launcher(
+        command=["/bin/sh", "-c", 'echo "$SLURM_NNODES $SLURM_JOB_NODELIST" >> "$0"', str(out)],
+        job_id=9,
+        state_dir=tmp_path,
+        env={"PATH": os.environ["PATH"], "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]"},
+        nodes=2,
+        find_head=lambda env: "10.0.0.1",
+        job_nodes=lambda job_id: answers.pop(0) if answers else None,
+    )
+    assert launcher.run() == 0
+    assert out.read_text().splitlines() == ["2 gpu[1-2]", "1 gpu1"]
+    events = [json.loads(x) for x in launcher.log_path.read_text().splitlines()]
+    shrunk = [e for e in events if e["event"] == "shrunk_in_place"]
+    assert [(e["nodes"], e["was"]) for e in shrunk] == [(1, 2)]
+    assert [e["event"] for e in events].count("start") == 2
+    assert answers == [("RUNNING", 1, "gpu1")]  # one node now: no more questions
+
+
+def test_a_command_that_ends_on_all_its_nodes_is_not_started_again(tmp_path: Path) -> None:
+    from slurmgpu.elastic.launcher import Launcher
+
+    asked: list[int] = []
+
+    def job_nodes(job_id: int) -> tuple[str, int, str]:
+        asked.append(job_id)
+        return ("RUNNING", 2, "gpu[1-2]")  # still on both: the command ended by itself
+
+    launcher = Launcher(
+        command=["/bin/sh", "-c", "exit 3"],
+        job_id=9,
+        state_dir=tmp_path,
+        env={"PATH": os.environ["PATH"]},
+        nodes=2,
+        find_head=lambda env: "10.0.0.1",
+        job_nodes=job_nodes,
+    )
+    assert launcher.run() == 3
+    assert asked == [9]
