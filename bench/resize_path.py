@@ -32,7 +32,9 @@ within 1 s of the checkpoint being durable and of the SIGTERM; whole resize < 30
 runtime, in the same run, and prints each beside the toy runtime's fast-path figure:
 ``accelerate`` is examples/accelerate_elastic.py (a plain Accelerate loop, 4 / 2 ranks),
 ``multinode`` the PyTorch example over 2 nodes x 2 GPUs (a launcher per node under srun,
-c10d rendezvous on the first node) shrunk to 1 node and grown back by node count;
+c10d rendezvous on the first node) shrunk to 1 node in place (``NumNodes=`` on the running
+job) and grown back by node count through the requeue; ``multinode-requeue`` the same with
+``shrink_in_place = false`` (both ways through the requeue: the shrink's baseline);
 ``lightning`` is examples/lightning_elastic.py and ``hf`` examples/hf_trainer_elastic.py
 (the Hugging Face Trainer, offline), each under torchrun at 4 / 2 ranks.
 """
@@ -47,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -121,12 +123,22 @@ def resize_once(
     if row.state != RUNNING:
         raise SystemExit(f"resize ended {row.state}: {row.error}")
     phases = durations(row)
-    restart = row.payload["restart_before"] + 1
-    started = datetime.fromisoformat(row.payload["t"]["started"])
-    decided = datetime.fromisoformat(row.payload["t"]["decided"])
+    # A shrink in place keeps the job's run (no requeue): its command starts again after
+    # the update, which stands in for Slurm's start time.
+    in_place = bool(row.payload.get("in_place"))
+    restart = row.payload["restart_before"] + (0 if in_place else 1)
+    t = row.payload["t"]
+    started = datetime.fromisoformat(t["updated"] if in_place else t["started"])
+    decided = datetime.fromisoformat(t["decided"])
 
     def first_step() -> float | None:
-        steps = [r for r in _log(log) if "event" not in r and r.get("restart") == restart]
+        steps = [
+            r
+            for r in _log(log)
+            if "event" not in r
+            and r.get("restart") == restart
+            and float(r["at"]) > started.timestamp()
+        ]
         return float(steps[0]["at"]) if steps else None
 
     first = _wait("the first step of the new run", first_step, 60)
@@ -163,9 +175,10 @@ def resize_with_exit(
     to: int,
     log: Path,
     state_dir: Path,
+    settings: ResizeSettings | None = None,
 ) -> dict[str, float]:
     decided = time.time()
-    phases = resize_once(slurm, store, directory, ResizeSettings(), job_id, to, log)
+    phases = resize_once(slurm, store, directory, settings or ResizeSettings(), job_id, to, log)
     phases.update(exit_phases(state_dir, job_id, decided))
     return phases
 
@@ -179,6 +192,7 @@ class Framework:
     shape: tuple[str, ...]  # the job's size options (GPUs per node, nodes)
     sizes: tuple[int, int]  # shrink to, grow back to
     wrap: str  # the command; {log}: its training log (lines with restart and at), {out}: a dir
+    settings: ResizeSettings = field(default_factory=ResizeSettings)  # how the executor resizes
 
 
 def frameworks() -> dict[str, Framework]:
@@ -218,6 +232,15 @@ def frameworks() -> dict[str, Framework]:
             ("-N", "2", "--gres=gpu:2"),
             (2, 4),
             f"{per_node} {ddp} --train-log {{log}}",
+        ),
+        # The same by the requeue path (the baseline of the shrink in place), same run.
+        "multinode-requeue": Framework(
+            "multinode-requeue",
+            "2:4",
+            ("-N", "2", "--gres=gpu:2"),
+            (2, 4),
+            f"{per_node} {ddp} --train-log {{log}}",
+            ResizeSettings(shrink_in_place=False),
         ),
         "lightning": Framework(
             "lightning",
@@ -277,8 +300,10 @@ def run_framework(
     results = []
     for i in range(resizes):
         to = fw.sizes[i % 2]
-        phases = resize_with_exit(slurm, store, directory, job_id, to, log, tmp / "state")
-        results.append(phases)
+        phases = resize_with_exit(
+            slurm, store, directory, job_id, to, log, tmp / "state", fw.settings
+        )
+        results.append({**phases, "to": float(to)})
         print(
             f"{fw.name} -> {to} GPUs: "
             + ", ".join(f"{k} {phases.get(k, float('nan')):.2f}s" for k in PHASES + EXIT_PHASES),
@@ -312,7 +337,8 @@ def main() -> int:
         default="",
         help="comma-separated, each also measured on the fast path: torch (as --torch), "
         "accelerate (examples/accelerate_elastic.py), multinode (torchrun over 2 nodes x "
-        "2 GPUs, resized by node count), lightning (examples/lightning_elastic.py), hf "
+        "2 GPUs, resized by node count, shrunk in place), multinode-requeue (the same "
+        "through the requeue both ways), lightning (examples/lightning_elastic.py), hf "
         "(examples/hf_trainer_elastic.py, the Hugging Face Trainer)",
     )
     add_arguments(p, "one resize per path")
@@ -455,6 +481,21 @@ def main() -> int:
                 run.target(f"{name}_total_s", total, "< 30", total < 30)
                 if name == "torch":
                     run.target("torch_exit_after_term_s", worst, "<= 1", worst <= 1)
+        if {"multinode", "multinode-requeue"} <= measured.keys():
+            shrink = known["multinode"].sizes[0]
+
+            def shrink_total(rows: list[dict[str, float]]) -> float:
+                return statistics.median(r["total"] for r in rows if r["to"] == shrink)
+
+            in_place = shrink_total(measured["multinode"])
+            requeue = shrink_total(measured["multinode-requeue"])
+            print(
+                f"multinode shrink 2 -> 1 node, decision -> first step: in place "
+                f"{in_place:.1f} s, by the requeue {requeue:.1f} s (same run; "
+                f"{requeue / in_place:.2f}x)"
+            )
+            run.figures["multinode_shrink_in_place_s"] = in_place
+            run.baseline["multinode_shrink_requeue_s"] = requeue
         run.write(args.json_out)
     finally:
         if lab is not None:

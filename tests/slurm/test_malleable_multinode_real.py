@@ -5,10 +5,13 @@ launch -- torchrun --nnodes=$SLURM_NNODES --rdzv-backend=c10d
 --rdzv-endpoint=$SGPU_HEAD_ADDR:PORT ..."``: one launcher per node under srun, the batch
 launcher in front of srun (added by submit), torchrun's c10d store on the first node.
 The daemon's resize path (tests/slurm/resize_driver.py: MalleableActuator and
-ResizeExecutor) shrinks it by node count, 2 nodes x 2 GPUs -> 1 node (``NumNodes=1``
-in the held job's update), and grows it back to 2 nodes: 4 -> 2 -> 4 ranks, every step
-once, each run resuming at the step the last one checkpointed, the loss following an
-uninterrupted run's, no process of an earlier run left on any node, one appended log.
+ResizeExecutor) shrinks it by node count in place, 2 nodes x 2 GPUs -> 1 node
+(``NumNodes=1`` on the running job, TERM to its steps: no requeue, the batch launcher
+starts the command again on the node kept), and grows it back to 2 nodes through the
+requeue (``NumNodes=2`` in the held job's update): 4 -> 2 -> 4 ranks, every step once,
+each run resuming at the step the last one checkpointed, the loss following an
+uninterrupted run's, no process of an earlier run left on any node (but the batch
+launcher, which the shrink keeps), one appended log.
 In the ``release`` set too (scripts/test.sh runs it on 24.11 and 26.05).
 """
 
@@ -109,15 +112,23 @@ def test_a_two_node_torchrun_job_shrinks_to_one_node_and_grows_back(lab: Lab) ->
     starts = [e for e in _launch_events(lab, job) if e["event"] == "start"]
     assert len(starts) == 3
 
+    batch_launcher = starts[0]["pid"]
     driven = lab.drive("--start", f"{job}:4:2")  # returns once it runs at 2 GPUs
     shrunk = lab.running(job, 2)
     assert shrunk is not None and shrunk.node_count == 1, (driven, lab.job(job))
-    assert not _alive(first_run)
+    assert shrunk.restart_count == 0, "shrunk in place, not requeued"
+    wait_for(
+        "the first run's processes gone (but the batch launcher)",
+        lambda: [p.pid for p in _alive(first_run)] == [batch_launcher],
+        timeout_s=30,
+    )
+    shrink = [e for e in _launch_events(lab, job) if e["event"] == "shrunk_in_place"]
+    assert [(e["pid"], e["nodes"], e["was"]) for e in shrink] == [(batch_launcher, 1, 2)]
     wait_for("steps at 2 ranks", lambda: any(s["world"] == 2 for s in _steps(lab)))
     second_run = job_processes(job, lab.env["SLURM_CONF"])
     lab.drive("--start", f"{job}:2:4")
     grown = wait_for("the job on 2 nodes again", lambda: lab.running(job, 4))
-    assert grown.node_count == 2 and grown.restart_count == 2
+    assert grown.node_count == 2 and grown.restart_count == 1
     assert not _alive(second_run)
     wait_for(
         "5 steps after the grow",
@@ -138,8 +149,8 @@ def test_a_two_node_torchrun_job_shrinks_to_one_node_and_grows_back(lab: Lab) ->
     runs = _starts(lab)
     assert [(r["world"], r["restart"], r["gpus"]) for r in runs] == [
         (4, 0, 4),
-        (2, 1, 2),
-        (4, 2, 4),
+        (2, 0, 2),  # in place: the same run of the job, its command started again
+        (4, 1, 4),
     ]
     records = _records(lab)
     steps = [int(s["step"]) for s in _steps(lab)]
@@ -152,7 +163,9 @@ def test_a_two_node_torchrun_job_shrinks_to_one_node_and_grows_back(lab: Lab) ->
         elif "event" not in r:
             previous = int(r["step"])
     assert [r["resumed_step"] for r in runs[1:]] == last_before
-    # Every run's launchers: the batch one and one per node of that run.
+    # Every run's launchers: the batch one and one per node of that run; after the
+    # shrink in place the batch launcher (the same process) starts srun again, and srun
+    # the node's launcher.
     events = _launch_events(lab, job)
     assert len([e for e in events if e["event"] == "start"]) == 3 + 2 + 3
     ack = json.loads((lab.tmp / "state" / str(job) / "ack.json").read_text())
