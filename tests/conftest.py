@@ -69,11 +69,28 @@ def pytest_configure(config: pytest.Config) -> None:
     tier_guard.pytest_configure(config)
 
 
+_POSTGRES_FIXTURES = frozenset({"postgres_url", "empty_postgres_url"})
+
+
+def _on_postgres(item: pytest.Item) -> bool:
+    """The test runs against the session's PostgreSQL server (``store_url``'s postgresql
+    case, or a PostgreSQL fixture of its own)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("store_url") == "postgresql":
+        return True
+    return bool(_POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for directory, mark in _TIER_OF_DIR.items():
             if directory in item.path.parents:
                 item.add_marker(mark)
+        # The unit tier answers within a minute on SQLite; the same tests on PostgreSQL
+        # (a server started for the session, a round trip per statement) run in the
+        # slow tier, which CI runs too.
+        if _on_postgres(item):
+            item.add_marker(pytest.mark.slow)
 
 
 def _skip(reason: str) -> NoReturn:
