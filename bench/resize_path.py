@@ -1,4 +1,4 @@
-"""Decision → running at the new size, measured on the real lab cluster (Slurm 22.05).
+"""Decision → running at the new size on the real lab cluster (22.05; others: --slurm-root).
 
 Starts a lab cluster (ports --ctld-port / --slurmd-port-base), submits the example
 training (examples/elastic_train.py) with ``sgpu submit --malleable 2:4`` on 4 fake
@@ -331,6 +331,12 @@ def main() -> int:
         action="store_true",
         help="use the lab cluster SLURM_CONF points at instead of starting one (CI's smoke run)",
     )
+    p.add_argument(
+        "--slurm-root",
+        type=Path,
+        help="run the lab on the Slurm of this chroot (scripts/slurm_chroot.sh build "
+        "trixie|sid): the phases per release",
+    )
     p.add_argument("--torch", action="store_true", help="also a PyTorch job (torchrun, fast path)")
     p.add_argument(
         "--frameworks",
@@ -350,10 +356,18 @@ def main() -> int:
     lab: LabCluster | None = None
     if not args.running_lab:
         lab = LabCluster(
-            tmp / "lab", ctld_port=args.ctld_port, slurmd_port_base=args.slurmd_port_base
+            # apart from tmp, which a chroot's jobs get bound in whole (below)
+            Path(tempfile.mkdtemp(prefix="sgpu-bench-resize-lab-")),
+            ctld_port=args.ctld_port,
+            slurmd_port_base=args.slurmd_port_base,
+            slurm_root=args.slurm_root,
         )
         lab.up(timeout_s=60)
         os.environ.update(lab.env())
+        if lab.bin_dir is not None:  # a chroot's client commands (sbatch, scontrol...) first
+            os.environ["PATH"] = f"{lab.bin_dir}:{os.environ.get('PATH', '')}"
+        # Jobs in a chroot see the checkout, this Python and the run's files where they are.
+        lab.share(ROOT, Path(sys.prefix), Path(sys.base_prefix), tmp)
     elif not os.environ.get("SLURM_CONF"):
         p.error("--running-lab needs SLURM_CONF set to a running lab cluster")
     job_id: int | None = None
@@ -363,6 +377,7 @@ def main() -> int:
         jobstore = open_store(db)
         store = TransactionStore(jobstore.engine)
         slurm = CliSlurmClient(timeout_s=20)
+        print(f"Slurm {slurm.version()} lab", flush=True)
         directory = MalleableDirectory(jobstore)
         log = tmp / "train.jsonl"
         out = subprocess.run(

@@ -34,7 +34,7 @@ batch shell, starts ``CMD`` and stays its supervisor:
   each node would requeue the job once.
 - **Shrunk in place**: the daemon shrinks a job on several nodes by ``NumNodes=`` on the
   running job (after the checkpoint's acknowledgement) and sends TERM to its steps. When
-  the command then ends, the batch launcher asks Slurm (``scontrol show job``): a job
+  the command then ends, the batch launcher asks Slurm (``squeue``): a job
   still running on fewer nodes than the launcher started it on gets the command again,
   with Slurm's job variables rewritten for the nodes kept (:mod:`slurmgpu.elastic.
   shrunk_env`; Slurm leaves the batch script's as they were) and ``SGPU_HEAD_ADDR``
@@ -213,23 +213,19 @@ def head_address(env: Mapping[str, str]) -> str | None:
 
 
 def _job_nodes(job_id: int) -> tuple[str, int, str] | None:
-    """(state, node count, node list) of the job (``scontrol -o show job``); None when
-    Slurm cannot say."""
+    """(state, node count, node list) of the job as Slurm shows it (``squeue --json``
+    through the release's decoder); None when Slurm cannot say."""
+    from slurmgpu.slurm.cli import CliSlurmClient
+    from slurmgpu.slurm.client import SlurmError
+    from slurmgpu.slurm.parse import compress_hostlist
+
     try:
-        proc = subprocess.run(
-            ["scontrol", "-o", "show", "job", str(job_id)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        job = next((j for j in CliSlurmClient(timeout_s=30).jobs() if j.job_id == job_id), None)
+    except SlurmError:
         return None
-    fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f and proc.returncode == 0)
-    count = fields.get("NumNodes", "").split("-")[0]
-    if not count.isdigit() or "JobState" not in fields or "NodeList" not in fields:
+    if job is None or not job.nodes:
         return None
-    return fields["JobState"], int(count), fields["NodeList"]
+    return job.state.name, job.node_count, compress_hostlist(job.nodes)
 
 
 def _requeue(job_id: int) -> str | None:

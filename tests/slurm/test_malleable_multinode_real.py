@@ -122,7 +122,11 @@ def test_a_two_node_torchrun_job_shrinks_to_one_node_and_grows_back(lab: Lab) ->
         lambda: [p.pid for p in _alive(first_run)] == [batch_launcher],
         timeout_s=30,
     )
-    shrink = [e for e in _launch_events(lab, job) if e["event"] == "shrunk_in_place"]
+    shrink = wait_for(
+        "the batch launcher's restart on the node kept",
+        lambda: [e for e in _launch_events(lab, job) if e["event"] == "shrunk_in_place"],
+        timeout_s=60,
+    )
     assert [(e["pid"], e["nodes"], e["was"]) for e in shrink] == [(batch_launcher, 1, 2)]
     wait_for("steps at 2 ranks", lambda: any(s["world"] == 2 for s in _steps(lab)))
     second_run = job_processes(job, lab.env["SLURM_CONF"])
