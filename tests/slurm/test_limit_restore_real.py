@@ -4,7 +4,9 @@ limit (TIMEOUT), and comes back with the limit it asked for, then finishes.
 
 The time rule runs on a test's clock (1 min minimum and rounding instead of 15 and 5);
 the job "resumes from its checkpoint" as a job on the elastic runtime would: its second
-run (``SLURM_RESTART_COUNT`` set by Slurm's requeue) takes seconds.
+run (``SLURM_RESTART_COUNT`` set by Slurm's requeue) takes seconds. In the ``release``
+set too: scripts/test.sh runs it on Slurm 24.11 and 26.05 (chroots); it passed on 22.05,
+24.11 and 26.05 (2026-12-06).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 import subprocess
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import JobState
@@ -43,6 +47,7 @@ def _rightsize_rows(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
     return [r for r in reversed(rows) if r["policy"] == "rightsize"]
 
 
+@pytest.mark.release
 def test_a_job_rightsized_too_short_times_out_and_comes_back_with_its_old_limit(
     slurm_cluster: LabCluster, tmp_path: Path
 ) -> None:
