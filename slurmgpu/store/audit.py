@@ -17,13 +17,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.cycle.guardrails import Taken
+from slurmgpu.intent import SetTimeLimit
 from slurmgpu.policy.base import ORDERING_ALERT, Decision, PriorAlert
 from slurmgpu.policy.limit_restore import LIMIT_RESTORE_ALERT, LimitChanges
-from slurmgpu.slurm.update import audit_fields
+from slurmgpu.slurm.update import audit_fields, field_name
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.health import one_line
 from slurmgpu.store.schema import as_utc
+
+_TIME_LIMIT = field_name(SetTimeLimit(0))  # the audit's field of a time limit change
 
 # A decision that no guardrail held back counts as issued for escalation (warn → act) in
 # every mode, observe included (else an observe-mode policy would never get past its
@@ -280,7 +283,7 @@ class AuditStore:
                         was = out.get(int(job_id), LimitChanges())
                         if alert == LIMIT_RESTORE_ALERT:
                             was = LimitChanges(was.asked_s, was.restores + 1)
-                        elif was.asked_s is None and "TimeLimit" in (fields or {}):
+                        elif was.asked_s is None and _TIME_LIMIT in (fields or {}):
                             n = numbers or {}
                             asked = n.get("time_limit_current_s", n.get("time_limit_was_s"))
                             if isinstance(asked, int | float):
