@@ -67,9 +67,13 @@ class Actuator:
         stale = self.audit.pending()
         if not stale:
             return 0
-        # A separation stopped between its requeuehold and release must not leave
-        # the job held.
-        recover_separations(self.slurm, self.audit.list(policy="colocate"), set(stale))
+        # A separation or a time limit's restore (rightsize's only requeue) stopped
+        # between its requeuehold and release must not leave the job held.
+        recover_separations(
+            self.slurm,
+            [*self.audit.list(policy="colocate"), *self.audit.list(policy="rightsize")],
+            set(stale),
+        )
         self._interrupted = set(stale)
         try:
             jobs = self.slurm.jobs()

@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # the simulator loads this module without the store
 log = logging.getLogger("slurmgpu.actuate")
 
 SEPARATION_POLICY = "colocate"
+# Policies whose ``requeue`` actions carry intents and go through separate(): co-location's
+# separation and rightsizing's restore of a lowered time limit (policy.limit_restore).
+HELD_REQUEUE_POLICIES = frozenset({SEPARATION_POLICY, "rightsize"})
 
 
 def separate(slurm: SlurmClient, ref: str | int, intents: Sequence[Intent]) -> None:
@@ -58,7 +61,7 @@ def recover_separations(
     for r in records:
         if r.id not in stale_ids or r.job_id is None:
             continue
-        if r.policy != SEPARATION_POLICY or r.kind != "requeue" or not r.fields:
+        if r.policy not in HELD_REQUEUE_POLICIES or r.kind != "requeue" or not r.fields:
             continue
         # the audit keeps the intents as rendered fields; what does not read back is skipped
         intents, _unread = parse_fields(r.fields, strict=False)

@@ -21,6 +21,7 @@ from slurmgpu.daemon.auth import Authenticator
 from slurmgpu.daemon.hold_release import HoldRelease
 from slurmgpu.daemon.ingest import IngestService
 from slurmgpu.daemon.lease import DaemonLease, LeaseError, LeaseKeeper
+from slurmgpu.daemon.limit_restore import LimitRestore
 from slurmgpu.daemon.loop import DaemonLoop
 from slurmgpu.daemon.metrics import DaemonMetrics
 from slurmgpu.daemon.munge_watch import MungeWatch
@@ -117,6 +118,8 @@ class Daemon:
         summarizer = Summarizer(usage, slurm, admin_comment=settings.daemon.admin_comment)
         hold_release = HoldRelease(usage, placement, store, summarizer)
         cycle = build_policy_cycle(settings, store, slurm) if policies else None
+        # Jobs that ran into a limit the daemon lowered go back with the one they had.
+        restore = LimitRestore(cycle.actuator, cycle.audit) if cycle is not None else None
         self.metrics = metrics = DaemonMetrics(
             store.engine,
             store.cluster,
@@ -162,6 +165,13 @@ class Daemon:
             rightsize = next(
                 (p for p, _ in cycle.engine.policies if isinstance(p, RightsizePolicy)), None
             )
+            if restore is not None:
+                metrics.watch(
+                    "sgpu_rightsize_limit_restores",
+                    "Jobs that ran into a time limit the daemon lowered, requeued with the "
+                    "limit they had (since the daemon started).",
+                    lambda: float(restore.restored),
+                )
             if rightsize is not None:
                 metrics.watch(
                     "sgpu_rightsize_backlog_jobs",
@@ -186,6 +196,11 @@ class Daemon:
                         log.warning("summary of job %d failed: %s", job.job_id, one_line(exc))
                     except Exception:  # one job's summary must not cost the others theirs
                         log.exception("summary of job %d failed; other jobs go on", job.job_id)
+            if restore is not None and lease.valid():
+                try:
+                    restore.after_cycle(result.snapshot.jobs, result.ended, result.at)
+                except Exception:  # a bug here must not cost the cycle its decisions
+                    log.exception("restoring lowered time limits failed; the cycle goes on")
             # No lease (lapsed while the database refused writes, or taken over): no action.
             if cycle is not None and lease.valid():
                 cycle.run(result.snapshot, result.at)

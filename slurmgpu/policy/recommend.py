@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from slurmgpu.policy.priors import Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
-from slurmgpu.policy.sizing import SizingRules, key_sizes, limit_from_history
+from slurmgpu.policy.sizing import SizingRules, key_sizes, limit_from_history, time_limit_s
 
 
 def advice(est: Estimate, s: RightsizeSettings, rules: SizingRules) -> dict[str, int | None]:
@@ -18,10 +18,22 @@ def advice(est: Estimate, s: RightsizeSettings, rules: SizingRules) -> dict[str,
     ``target_cores_per_gpu`` per GPU of the job, and a per-key export cannot know how
     many GPUs the next submission asks for. No time limit from a key with a restarted
     run (:func:`~slurmgpu.policy.sizing.limit_from_history`; the levels are the
-    caller's: :func:`recommendations` leaves the user's fallback without one)."""
+    caller's: :func:`recommendations` leaves the user's fallback without one). The time
+    headroom grows by ``timeout_margin_growth`` per ``TIMEOUT`` run at the key, as
+    rightsizing's. The export is per key, not per request: rightsizing's bound for a job
+    Slurm may split over nodes (``--gpus=k``: k x the run time) is not in it, and
+    plugins/slurmgpu_submit.lua still lowers such a job's time to the packed figure (a
+    known gap: the daemon restores only limits it lowered itself)."""
     time_min = None
     if s.time_limit and limit_from_history(est, from_other_jobs=True):
-        seconds = rules.time_limit_s(est.run_time.total_seconds())
+        # the key's margin grows with every run of it that hit its limit, as rightsizing's
+        headroom = rules.time_headroom * s.timeout_margin_growth**est.timeouts
+        seconds = time_limit_s(
+            est.run_time.total_seconds(),
+            headroom,
+            rules.time_round.total_seconds(),
+            rules.min_time_limit.total_seconds(),
+        )
         time_min = -(-seconds // 60)
     sizes = key_sizes(
         est, rules, memory=s.memory, cpus=s.cpus, gpus=s.gpus, min_history=s.min_history

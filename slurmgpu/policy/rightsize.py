@@ -19,8 +19,14 @@ in the site's :class:`~slurmgpu.policy.sizing.SizingRules`):
   ``timeout_margin_growth`` (1.5) for every run at the key that ended ``TIMEOUT``: a run
   killed at its limit says the key's runs vary more than its history showed (the
   simulator requeues a job rightsized into a timeout with its old limit; the next limit
-  at its key is then wider). A job with no limit
-  (``UNLIMITED``) gets one. Only from runs of the job's own script or name unless
+  at its key is then wider). A run time from history holds for the placement its runs
+  had: a job Slurm may split over nodes (``--gpus=k``, k > 1, or GPUs per task) can run
+  far slower split (yolov3 on 3 + 1 GPUs: 1.76x its time on one node; every one of the
+  5 timeouts of bench/sim_pollux.py's ``rightsize`` set at load 2.0 was one), so its
+  limit is sized from k times the run time, the most k GPUs in any placement take
+  under diminishing returns: a limit the job cannot hit (numbers:
+  ``time_bound_gpus``); a per-node request runs in the shape its history did. A job
+  with no limit (``UNLIMITED``) gets one. Only from runs of the job's own script or name unless
   ``time_from_other_jobs``: the user's other jobs say little about this one's run time,
   and a limit too short is a killed run (on Pollux workloads 1, 2 and 4, 66 of the 71
   timeouts after rightsizing came from the ``user+partition`` level). Never from a key
@@ -80,7 +86,7 @@ from slurmgpu.intent import (
     SetMemoryPerNode,
     SetTimeLimit,
 )
-from slurmgpu.model import Job, JobState
+from slurmgpu.model import GpuRequest, Job, JobState
 from slurmgpu.policy.base import Action, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.priors import Estimate, Priors
 from slurmgpu.policy.settings import RightsizeSettings
@@ -223,6 +229,7 @@ class _Derived(msgspec.Struct, gc=False):
     gpu_scaled: bool
     gpus: int | None
     time_s: int | None
+    spread: int = 1  # the limit bounds any placement of this many GPUs (_spread)
     numbers: Numbers | None = None  # history_numbers, once made
     reason_text: str | None = None  # reason, once made
 
@@ -241,6 +248,8 @@ class _Derived(msgspec.Struct, gc=False):
                 "history_gpus": self.gpus,
                 "history_gpu_samples": self.gpu_samples,
                 "history_gpu_scaled": int(self.gpu_scaled),
+                # > 1: the limit bounds a run split over nodes (k x the run time)
+                "time_bound_gpus": self.spread,
             }
         return numbers
 
@@ -259,15 +268,17 @@ def _derive(
     gpus: int | None,
     s: RightsizeSettings,
     c: _Seconds,
+    spread: int = 1,
 ) -> _Derived:
     """What the key's estimate for ``gpus`` GPUs implies, ``run`` its run-time part
-    (``Priors.run_time``)."""
+    (``Priors.run_time``); ``spread`` (:func:`_spread`) > 1: the limit is the bound for
+    a job that may run in any placement of that many GPUs."""
     run_time_s, samples, gpu_samples, gpu_scaled = run
     time_s: int | None = None
     if s.time_limit and k.sets_limit:
         # the key's margin grows with every run of it that hit its limit
         headroom = c.headroom * s.timeout_margin_growth**k.est.timeouts
-        time_s = time_limit_s(run_time_s, headroom, c.round_s, c.min_time_s)
+        time_s = time_limit_s(run_time_s * spread, headroom, c.round_s, c.min_time_s)
     return _Derived(
         k,
         run_time_s,
@@ -276,7 +287,22 @@ def _derive(
         gpu_scaled,
         gpus if gpus is not None and gpus > 0 else None,
         time_s,
+        spread,
     )
+
+
+def _spread(request: GpuRequest) -> int:
+    """How many times its packed run time a job with this request may take: its GPU
+    count when Slurm may split its GPUs over nodes (``--gpus=k``, k > 1, or GPUs per
+    task), else 1. A run time from history is one in the placements its runs had, and a
+    split placement can be far slower (yolov3 on 3 + 1 GPUs: 1.76x its time on one
+    node), more than a margin covers; k GPUs in any placement are at least as fast as
+    one (diminishing returns, as :mod:`slurmgpu.policy.priors` scales runs), so k times
+    the run time is a bound such a job cannot hit. A per-node request
+    (``--gpus-per-node``, ``--gres``) runs in the shape its history did."""
+    if request.per_node or request.shards or request.gpus <= 1:
+        return 1
+    return request.gpus
 
 
 _NO_SIBLING: tuple[None, None] = (None, None)
@@ -349,7 +375,7 @@ class RightsizePolicy:
         # Per history key (Priors.answer), and per key and GPU count: what the key's
         # estimate implies, as long as the cached priors.
         self._derived: dict[tuple[int | str, ...], _KeyDerived] = {}
-        self._timed: dict[tuple[tuple[int | str, ...], int | None], _Derived] = {}
+        self._timed: dict[tuple[tuple[int | str, ...], int | None, int], _Derived] = {}
         # (user, name, partition) -> the key that answers for it (None: none does), as
         # long as the cached priors: jobs of one name share it, whatever their GPUs.
         self._by_name: dict[tuple[str, str, str], _KeyDerived | None] = {}
@@ -554,11 +580,12 @@ class RightsizePolicy:
             if k is not None:
                 answered = k.key
                 gpus = (job.gpus.gpus or None) if by_gpus else None
-                timed_key = (k.key, gpus)
+                spread = _spread(job.gpus)
+                timed_key = (k.key, gpus, spread)
                 d = timed.get(timed_key)
                 if d is None:
                     d = timed[timed_key] = _derive(
-                        k, priors.run_time(k.key, gpus), gpus, s, self._seconds
+                        k, priors.run_time(k.key, gpus), gpus, s, self._seconds, spread
                     )
                 time_s = history_s = d.time_s
                 if floor is not None and time_s is not None and floor > time_s:

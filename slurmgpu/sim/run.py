@@ -402,16 +402,21 @@ class _Runner:
             and job.resubmits < self.options.max_resubmits
         ):
             # Rightsizing never costs a job its run: one that ran into a limit lowered
-            # for it is requeued (``scontrol requeue`` takes a finished batch job) with
-            # the limit it asked for, at its place in the queue (its submit time), after
-            # Slurm's requeue delay, resuming from the checkpoint taken at SIGTERM. Its
-            # comment gains ``sgpu:norightsize``: its limit is not lowered again.
+            # for it is requeued (``scontrol requeuehold`` takes a finished batch job)
+            # with the limit it asked for, at its place in the queue (its submit time),
+            # after Slurm's requeue delay, resuming from the checkpoint taken at SIGTERM.
+            # Its comment gains ``sgpu:norightsize``: its limit is not lowered again. The
+            # daemon's rule: slurmgpu.policy.limit_restore.
             comment = job.spec.comment
             if not rightsize_opted_out(comment):
                 comment = f"{comment},{NORIGHTSIZE}" if comment else NORIGHTSIZE
             new_id = self.sim.submit_job(replace(job.spec, comment=comment), resume=job)
             task = self.sim.all_jobs[new_id]
             task.submit_s = job.submit_s
+            # the same job to Slurm, started again: its run time in sacct is the last
+            # run's, so its key sets no limit while it is in the history (as the daemon's
+            # restore, slurmgpu.daemon.limit_restore; the killed run is the TIMEOUT sample)
+            task.restarts = job.restarts + 1
             task.eligible_s = self.sim.now + self.options.requeue_delay_s
             self.limit_restores += 1
             self.total += 1

@@ -17,12 +17,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.cycle.guardrails import Taken
+from slurmgpu.intent import SetTimeLimit
 from slurmgpu.policy.base import ORDERING_ALERT, Decision, PriorAlert
-from slurmgpu.slurm.update import audit_fields
+from slurmgpu.policy.limit_restore import LIMIT_RESTORE_ALERT, LimitChanges
+from slurmgpu.slurm.update import audit_fields, field_name
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.health import one_line
 from slurmgpu.store.schema import as_utc
+
+_TIME_LIMIT = field_name(SetTimeLimit(0))  # the audit's field of a time limit change
 
 # A decision that no guardrail held back counts as issued for escalation (warn → act) in
 # every mode, observe included (else an observe-mode policy would never get past its
@@ -252,6 +256,42 @@ class AuditStore:
                 Taken(None if j is None else int(j), str(u), str(p), as_utc(at))
                 for j, u, p, at in conn.execute(stmt)
             ]
+
+    def limit_changes(self, job_ids: Sequence[int]) -> dict[int, LimitChanges]:
+        """Job -> what the daemon did to its time limit (executed decisions only): the
+        limit it had before the first change (a rightsize's ``time_limit_current_s``, a
+        resize's ``time_limit_was_s``) and how often it was requeued with it after a
+        timeout (:mod:`slurmgpu.policy.limit_restore`). Jobs never changed are left out."""
+        a = schema.actions
+        out: dict[int, LimitChanges] = {}
+        ids = sorted(set(job_ids))
+        try:
+            with self.engine.connect() as conn:
+                for i in range(0, len(ids), 500):
+                    stmt = (
+                        select(a.c.job_id, a.c.alert, a.c.numbers, a.c.fields)
+                        .where(
+                            and_(
+                                a.c.cluster == self.cluster,
+                                a.c.job_id.in_(ids[i : i + 500]),
+                                a.c.outcome == "done",
+                            )
+                        )
+                        .order_by(a.c.id)
+                    )
+                    for job_id, alert, numbers, fields in conn.execute(stmt):
+                        was = out.get(int(job_id), LimitChanges())
+                        if alert == LIMIT_RESTORE_ALERT:
+                            was = LimitChanges(was.asked_s, was.restores + 1)
+                        elif was.asked_s is None and _TIME_LIMIT in (fields or {}):
+                            n = numbers or {}
+                            asked = n.get("time_limit_current_s", n.get("time_limit_was_s"))
+                            if isinstance(asked, int | float):
+                                was = LimitChanges(float(asked), was.restores)
+                        out[int(job_id)] = was
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not read time limit changes: {one_line(exc)}") from exc
+        return {k: v for k, v in out.items() if v.asked_s is not None}
 
     # -- reading the audit -------------------------------------------------------
 

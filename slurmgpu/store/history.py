@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.model import JobState
 from slurmgpu.policy.base import HistoryRecord
+from slurmgpu.policy.limit_restore import LIMIT_RESTORE_ALERT
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.health import one_line
@@ -171,6 +172,7 @@ class HistoryLoader:
         self._full_at: datetime | None = None  # when the window was last read whole
         self._read_at: datetime | None = None  # when it was last read at all
         self.last_read = 0  # rows the last load read (whole: every job of the window)
+        self._timeouts: dict[int, HistoryRecord] = {}  # audit row id -> killed run
 
     def load(self, since: datetime, at: datetime) -> tuple[HistoryRecord, ...]:
         """Return the finished jobs that ended after ``since`` (as :func:`load_history`),
@@ -185,7 +187,7 @@ class HistoryLoader:
             self._records = whole
             self._full_at = self._read_at = at
             self.last_read = len(whole)
-            return tuple(whole.values())
+            return (*whole.values(), *self._restored(since))
         written = self._read_at - self.overlap
         changed = _read(self.engine, self.cluster, since, written_since=written)
         self._read_at = at
@@ -197,7 +199,67 @@ class HistoryLoader:
             elif (before := kept.get(rid)) is None or before != read:
                 kept[rid] = read
         self._records = kept
-        return tuple(kept.values())
+        return (*kept.values(), *self._restored(since))
+
+    def _restored(self, since: datetime) -> list[HistoryRecord]:
+        """A ``TIMEOUT`` record per run killed at a limit the daemon lowered and then
+        restored (:mod:`slurmgpu.policy.limit_restore`), from the audit: the job's own
+        row ends in the state of its last run, and the key's margin must still grow. The
+        same objects from one load to the next (by audit row), few rows."""
+        a = schema.actions
+        stmt = (
+            select(a.c.id, a.c.at, a.c.user, a.c.numbers)
+            .where(
+                and_(
+                    a.c.cluster == self.cluster,
+                    a.c.alert == LIMIT_RESTORE_ALERT,
+                    a.c.outcome == "done",
+                    a.c.at >= since,
+                )
+            )
+            .order_by(a.c.at, a.c.id)
+        )
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(stmt).all()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not read the restored time limits: {one_line(exc)}") from exc
+        known, out = self._timeouts, {}
+        for row_id, at, user, numbers in rows:
+            record = known.get(int(row_id))
+            if record is None:
+                record = _timeout_record(user, numbers or {}, as_utc(at))
+            if record is not None:
+                out[int(row_id)] = record
+        self._timeouts = out
+        return list(out.values())
+
+
+def _timeout_record(user: str, n: Mapping[str, Any], at: datetime) -> HistoryRecord | None:
+    """The killed run of a restore's audit numbers, or None when they do not read."""
+    try:
+        run_s, limit_s = float(n["run_time_s"]), float(n["time_limit_s"])
+        return HistoryRecord(
+            user=sys.intern(user),
+            name=sys.intern(str(n["name"])),
+            partition=sys.intern(str(n.get("partition") or "")),
+            script_hash=None,
+            state="TIMEOUT",
+            run_time=timedelta(seconds=max(0.0, run_s)),
+            time_limit=timedelta(seconds=limit_s),
+            gpus_requested=int(n.get("gpus") or 0),
+            gpus_used=None,
+            cpus=int(n.get("cpus") or 0),
+            memory_requested_mib=None,
+            peak_memory_mib=None,
+            mean_cpu_pct=None,
+            mean_gpu_util_pct=None,
+            peak_gpu_memory_mib=None,
+            ended_at=at,
+            restarts=int(n.get("restarts") or 0),
+        )
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
 
 
 @overload

@@ -99,6 +99,27 @@ def test_the_keys_margin_grows_with_each_run_that_hit_its_limit() -> None:
     assert limit_of(c) == limit("01:45:00")  # 78 * 1.3 = 101.4 -> 105 min
 
 
+def test_a_job_slurm_may_split_over_nodes_gets_a_limit_it_cannot_hit() -> None:
+    # 4-GPU runs of 1 h, all on one node (--gpus-per-node=4 or packed --gpus=4)
+    history = [record(run_time=HOUR)] * 3
+    per_node = only(propose([pending_job(time_limit=24 * HOUR)], history, ONLY_TIME))
+    assert limit_of(per_node) == limit("01:20:00")  # the shape the history ran in
+    assert per_node.numbers["time_bound_gpus"] == 1
+    # --gpus=4: Slurm may split it 3 + 1 over two nodes, where it can run far slower
+    # than its packed runs (1.76x for yolov3): bound by its 4 GPUs' one-GPU time
+    split = pending_job(time_limit=24 * HOUR, gpus_per_node=None, gpus_per_job=4)
+    a = only(propose([split], history, ONLY_TIME))
+    assert limit_of(a) == limit("05:15:00")  # 4 * 1 h * 1.3 = 5.2 h -> 5 h 15 min
+    assert a.numbers["time_bound_gpus"] == 4
+    assert a.numbers["run_time_quantile_s"] == 3600  # the history's figure, unscaled
+    # which a limit near the history's cannot shrink by 20 %: kept
+    assert propose([replace(split, time_limit=6 * HOUR)], history, ONLY_TIME) == []
+    # one GPU cannot be split: the plain rule
+    one = pending_job(time_limit=24 * HOUR, gpus_per_node=None, gpus_per_job=1)
+    one_gpu = [record(run_time=HOUR, gpus_requested=1, gpus_used=1)] * 3
+    assert limit_of(only(propose([one], one_gpu, ONLY_TIME))) == limit("01:20:00")
+
+
 def test_time_limit_never_goes_below_the_minimum() -> None:
     history = [record(run_time=MIN)] * 3
     a = only(propose([pending_job(time_limit=2 * HOUR)], history, ONLY_TIME))

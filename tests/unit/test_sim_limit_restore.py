@@ -73,6 +73,8 @@ def test_a_job_rightsized_into_a_timeout_is_requeued_with_its_old_limit_at_its_p
     (later,) = attempts["later"]
     assert second.first_start_s < later.first_start_s
     assert run.limit_restores == 1
+    # the same job to Slurm, started once more (the daemon's requeue counts it so)
+    assert second.restarts == first.restarts + 1
     # it resumed from its checkpoint: it ran 3 h of work in all, not 80 min + 3 h
     assert second.end_s - second.first_start_s < 3 * HOUR - 70 * 60
 

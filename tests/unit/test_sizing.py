@@ -226,6 +226,22 @@ def test_the_export_never_rounds_a_limit_below_what_rightsizing_sets(round_s: in
     assert minutes * 60 >= seconds > (minutes - 1) * 60
 
 
+def test_the_export_widens_the_margin_after_a_timeout_as_rightsizing_does() -> None:
+    s = RightsizeSettings(apply_to_all=True, memory=False, cpus=False, gpus=False)
+    runs = [record(run_time=timedelta(hours=1)) for _ in range(3)]
+    killed = record(run_time=timedelta(minutes=78), state="TIMEOUT")
+    job = pending_job(time_limit=30 * DAY)
+    for history, limit in (((*runs,), "01:20:00"), ((*runs, killed), "02:35:00")):
+        policy = RightsizePolicy(s)
+        snap = snapshot([job], history=history)
+        (action,) = policy.propose(snap)
+        assert update_fields(action.intents, "")["TimeLimit"] == limit
+        by_key, _ = recommendations(policy.priors(snap.history), s, policy.sizing)
+        # 80 min; 78 min * 1.3 * 1.5 = 152.1 -> 155 min
+        hours, minutes, _ = limit.split(":")
+        assert by_key["alice|train|gpu"]["time_limit_min"] == int(hours) * 60 + int(minutes)
+
+
 def test_no_time_limit_anywhere_from_runs_slurm_restarted() -> None:
     """A resized, preempted or requeued job's run time is its last run's only (Slurm's
     start time is the last start): rightsizing, the export and ``sgpu eff`` set no time
