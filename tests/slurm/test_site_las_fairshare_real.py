@@ -27,7 +27,15 @@ import pytest
 from slurmgpu.lab.cluster import LabCluster, site
 from slurmgpu.policy.settings import AttainedServiceSettings
 from tests.polling import wait_for
-from tests.slurm.site_users import as_user, cancel_all, job_fields, sbatch_as, user_env, user_python
+from tests.slurm.site_users import (
+    as_user,
+    cancel_all,
+    job_fields,
+    sbatch_as,
+    shared_dir,
+    user_env,
+    user_python,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -74,11 +82,12 @@ def sprio(*job_ids: int) -> dict[int, Factors]:
 
 @pytest.fixture
 def lab(site_cluster: LabCluster) -> Iterator[list[str]]:
-    python = user_python()
-    try:
-        yield python
-    finally:
-        cancel_all()
+    with shared_dir("sgpu-site-las-") as work:
+        python = user_python(site_cluster, work)
+        try:
+            yield python
+        finally:
+            cancel_all()
 
 
 def _pending_on(user: str) -> int:
