@@ -64,7 +64,8 @@ class Factors:
 
 def sprio(*job_ids: int) -> dict[int, Factors]:
     proc = subprocess.run(
-        ["sprio", "-h", "-j", ",".join(map(str, job_ids)), "-o", "%i %Y %F %N"],
+        # every pending job, filtered here: 24.11's sprio takes one id after -j, no list
+        ["sprio", "-h", "-o", "%i %Y %F %N"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -76,7 +77,8 @@ def sprio(*job_ids: int) -> dict[int, Factors]:
         fields = line.split()
         if len(fields) == 4:
             job, priority, fairshare, nice = (int(float(f)) for f in fields)
-            out[job] = Factors(priority, fairshare, nice)
+            if job in job_ids:
+                out[job] = Factors(priority, fairshare, nice)
     return out
 
 
@@ -132,6 +134,7 @@ def test_las_decides_between_queues_and_fair_share_inside_one(
         f = sprio(heavy, light)
         return f if len(f) == 2 and f[heavy].fairshare < f[light].fairshare else None
 
+    wait_for("both jobs in sprio", lambda: len(sprio(heavy, light)) == 2)
     # Slurm recomputes fair share every PriorityCalcPeriod (1 min in the profile).
     if not fair_share_apart():
         _burn_heavy_users_share()
