@@ -41,6 +41,9 @@ from tests.slurm.site_users import (
     user_python,
 )
 
+# the site profile on every release: scripts/test.sh runs it in each release stage too
+pytestmark = pytest.mark.release
+
 EXAMPLE = ROOT / "examples" / "elastic_train.py"
 OWNER = "sgpu-u4"  # biology
 RIVAL = "sgpu-u1"  # physics

@@ -37,7 +37,7 @@ from tests.slurm.site_users import (
     user_python,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.release]
 
 HEAVY = "sgpu-u1"  # physics
 LIGHT = "sgpu-u4"  # biology

@@ -26,6 +26,9 @@ from tests.slurm.site_users import (
 )
 from tests.slurm.status_api import munge_as, status
 
+# the site profile on every release: scripts/test.sh runs it in each release stage too
+pytestmark = pytest.mark.release
+
 USERS = [u.name for u in site.USERS]
 
 
