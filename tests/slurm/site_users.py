@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +45,17 @@ def shared_dir(prefix: str) -> Iterator[Path]:
         yield path
     finally:
         if not os.environ.get("SGPU_KEEP_LAB"):
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
+
+
+def _remove(path: Path, timeout_s: float = 30.0) -> None:
+    """Remove ``path``, again while a cancelled job's last process (slower to go in a
+    chroot lab) still writes its state there; what is left after ``timeout_s`` stays."""
+    deadline = time.monotonic() + timeout_s
+    shutil.rmtree(path, ignore_errors=True)
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _system_python() -> None:
