@@ -3,11 +3,14 @@
 #   config     render /etc/slurm from the templates and create the munge key, then exit
 #   slurmctld  run the controller          (needs config done)
 #   slurmd     run one compute node; NodeName = the container's hostname (gpu1..gpuN)
-#   slurmdbd   run the accounting daemon   (profile "accounting")
+#   slurmdbd   run the accounting daemon   (profile "accounting" or "site")
+# SGPU_PROFILE=site: the lab's site profile (slurmgpu/lab/cluster/site.py): 16 nodes unless
+# SGPU_NODES says otherwise, accounting, and its Unix users in every container
 #   anything else is exec'd as a command (e.g. "sinfo")
 set -eu
 
 ROLE=${1:-slurmd}
+PROFILE=${SGPU_PROFILE:-default}
 CONF_DIR=$(dirname "${SLURM_CONF:-/etc/slurm/slurm.conf}")
 KEY=/etc/munge/munge.key
 WAIT_S=${SGPU_WAIT_S:-60}
@@ -33,9 +36,35 @@ make_config() {
   chown -R munge:munge /etc/munge
   chmod 0700 /etc/munge
   chmod 0400 "$KEY"
-  set -- --mode docker --out "$CONF_DIR" --nodes "${SGPU_NODES:-4}"
-  [ "${SGPU_ACCOUNTING:-0}" = 1 ] && set -- "$@" --accounting
+  nodes=${SGPU_NODES:-}
+  if [ -z "$nodes" ]; then
+    if [ "$PROFILE" = site ]; then nodes=16; else nodes=4; fi
+  fi
+  # --profile site implies accounting
+  set -- --mode docker --out "$CONF_DIR" --nodes "$nodes" --profile "$PROFILE"
+  if [ "${SGPU_ACCOUNTING:-0}" = 1 ]; then set -- "$@" --accounting; fi
   python3 -m slurmgpu.lab.cluster "$@"
+}
+
+site_users() {  # the site profile's Unix users: every container resolves uids on its own
+  [ "$PROFILE" = site ] || return 0
+  python3 -c 'from slurmgpu.lab.cluster.provision import ensure_unix_users; ensure_unix_users()'
+}
+
+site_accounts() {  # the site's cluster, QOS, accounts and users in slurmdbd (idempotent),
+  # before slurmctld starts, so it finds its associations at once
+  [ "$PROFILE" = site ] || return 0
+  cluster=$(sed -n 's/^ClusterName=//p' "$CONF_DIR/slurm.conf")
+  python3 - "${cluster:-lab}" <<'PY'
+import subprocess, sys
+from slurmgpu.lab.cluster.provision import sacctmgr_setup
+sacctmgr_setup(
+    lambda args: subprocess.run(
+        ["sacctmgr", "-i", *args], capture_output=True, text=True, timeout=60, check=False
+    ),
+    sys.argv[1],
+)
+PY
 }
 
 start_munge() {
@@ -89,9 +118,10 @@ case "$ROLE" in
       host=$(sed -n 's/^AccountingStorageHost=//p' "$CONF_DIR/slurm.conf")
       wait_for_tcp "${host:-slurmdbd}" 6819
     fi
+    site_users; site_accounts
     exec /usr/local/sbin/slurmctld -D -i -f "$CONF_DIR/slurm.conf" ;;
   slurmd)
-    start_munge; prepare_dirs; fake_gpus
+    start_munge; prepare_dirs; fake_gpus; site_users
     exec /usr/local/sbin/slurmd -D -f "$CONF_DIR/slurm.conf" -d /usr/local/sbin/slurmstepd ;;
   slurmdbd)
     start_munge; prepare_dirs; wait_for_file "$CONF_DIR/slurmdbd.conf"

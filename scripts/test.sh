@@ -90,7 +90,9 @@ fi
 
 # Slurm releases users run today (issue 18): the release smoke set again on Debian
 # trixie's 24.11 and sid's 26.05, each run by its own daemons (slurmdbd + MariaDB too)
-# from a debootstrap chroot
+# from a debootstrap chroot: the smoke set, the torchrun resizes, the slurmctld restart
+# under shard load (test_gres_usage_real) and the site profile's tests (users, QOS
+# preemption, interplay, LAS with fair share; about 5 min per release), chroots
 # cached under /srv (scripts/slurm_chroot.sh: built once, about 1 min each; reused after).
 # Each release runs and reports even when another failed, and its chroot is unmounted
 # after it whatever happened. SGPU_RELEASE_SUITES picks the suites ("trixie sid").
@@ -110,6 +112,8 @@ if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
         .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py \
         tests/slurm/test_malleable_torch_real.py tests/slurm/test_malleable_multinode_real.py \
         tests/slurm/test_limit_restore_real.py \
+        tests/slurm/test_gres_usage_real.py tests/slurm/test_site_profile_real.py \
+        tests/slurm/test_site_interplay_real.py tests/slurm/test_site_las_fairshare_real.py \
         || failed+=("release $suite")
     fi
     ./scripts/slurm_chroot.sh umount "$suite" || failed+=("release $suite (umount)")

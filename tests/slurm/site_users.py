@@ -2,7 +2,8 @@
 
 ``sgpu`` as such a user: the test venv's interpreter may live where other users cannot
 execute it (pyenv under /root), so a user runs the system ``python3`` of the same minor
-version with this checkout and the venv's site-packages on ``PYTHONPATH``.
+version with this checkout and the venv's site-packages on ``PYTHONPATH`` -- in a Slurm
+chroot lab, a copy of it the chroot sees (:func:`user_python`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for
 
@@ -42,16 +45,21 @@ def shared_dir(prefix: str) -> Iterator[Path]:
         yield path
     finally:
         if not os.environ.get("SGPU_KEEP_LAB"):
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
 
 
-def user_python() -> list[str]:
-    """The interpreter a site user runs slurmgpu with; skips (saying why) if there is none."""
-    if slurm_chroot() is not None:
-        pytest.skip(
-            "a chroot lab's users run Slurm's commands inside the chroot, where this "
-            "checkout's Python is not"
-        )
+def _remove(path: Path, timeout_s: float = 30.0) -> None:
+    """Remove ``path``, again while a cancelled job's last process (slower to go in a
+    chroot lab) still writes its state there; what is left after ``timeout_s`` stays."""
+    deadline = time.monotonic() + timeout_s
+    shutil.rmtree(path, ignore_errors=True)
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _system_python() -> None:
+    """Skip (saying why) unless :data:`SYSTEM_PYTHON` can load the test venv's packages."""
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.skip(f"no {SYSTEM_PYTHON} for the site users to run slurmgpu with")
     proc = subprocess.run(
@@ -66,36 +74,95 @@ def user_python() -> list[str]:
             f"{SYSTEM_PYTHON} is {proc.stdout.strip()}, not {sys.version_info[:2]}: it "
             "cannot load the test venv's packages for the site users"
         )
-    return [str(SYSTEM_PYTHON)]
+
+
+def _purelib() -> Path:
+    """The venv's site-packages, links resolved (a chroot sees what is bound, not links)."""
+    return Path(sysconfig.get_paths()["purelib"]).resolve()
+
+
+def _system_stdlib() -> Path:
+    proc = subprocess.run(
+        [str(SYSTEM_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return Path(proc.stdout.strip())
+
+
+def _bound(path: Path) -> bool:
+    """Whether ``path`` is a mount point (a bind from the same file system included)."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    return any(line.split()[1:2] == [str(path)] for line in mounts)
+
+
+def user_python(lab: LabCluster, work: Path) -> list[str]:
+    """The interpreter a site user runs slurmgpu with (and a job its Python); skips,
+    saying why, if there is none.
+
+    Natively :data:`SYSTEM_PYTHON`. In a Slurm chroot lab (the release stage) the users'
+    commands run inside the chroot, which has no Python: the same interpreter is copied
+    into ``work`` (a :func:`shared_dir`), and ``work``, its standard library, this
+    checkout and the venv's site-packages are bound into the chroot at their own paths
+    (:meth:`LabCluster.share`). The venv's own interpreter cannot serve: it lives under
+    ``/root``, which no user may enter, in the chroot as on the host."""
+    _system_python()
+    if lab.chroot is None:
+        return [str(SYSTEM_PYTHON)]
+    stdlib = _system_stdlib()
+    inside = lab.chroot.inside(stdlib)
+    if inside.exists() and not _bound(inside):
+        pytest.skip(
+            f"the chroot has a Python of its own at {stdlib}: the host's standard library "
+            "cannot be bound in its place"
+        )
+    binary = SYSTEM_PYTHON.resolve()
+    copy = work / "python" / binary.name
+    copy.parent.mkdir(exist_ok=True)
+    shutil.copy2(binary, copy)
+    copy.parent.chmod(0o755)
+    lab.share(stdlib, _purelib(), ROOT, work)
+    return [str(copy)]
 
 
 def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a site user's command: this cluster's SLURM_CONF and PATH, and
-    slurmgpu importable by :func:`user_python`."""
-    purelib = sysconfig.get_paths()["purelib"]
+    slurmgpu importable by :func:`user_python` (in a chroot lab, whose copy of the
+    interpreter is told where its standard library is by ``PYTHONHOME``)."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "SLURM_CONF": os.environ["SLURM_CONF"],
-        "PYTHONPATH": f"{ROOT}:{purelib}",
+        "PYTHONPATH": f"{ROOT}:{_purelib()}",
         "LANG": "C.UTF-8",
     }
+    if slurm_chroot() is not None:
+        env["PYTHONHOME"] = str(_system_stdlib().parents[1])
     return {**env, **(extra or {})}
+
+
+def user_argv(
+    user: str, argv: Sequence[str], env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """``argv`` as ``user`` and its environment; in a chroot lab inside the chroot (a user
+    may not chroot, so the chroot's ``runuser`` drops to the user there, with the
+    chroot's PATH)."""
+    chroot = slurm_chroot()
+    prefix = ["runuser", "-u", user, "--"]
+    if chroot is not None:
+        return ["chroot", chroot, *prefix, *argv], {**env, "PATH": _CHROOT_PATH}
+    return [*prefix, *argv], env
 
 
 def as_user(
     user: str, *argv: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``argv`` as ``user``; in a chroot lab inside the chroot (a user may not chroot, so
-    the chroot's ``runuser`` drops to the user there, with the chroot's PATH)."""
-    chroot = slurm_chroot()
-    env = env or user_env()
-    prefix = ["runuser", "-u", user, "--"]
-    if chroot is not None:
-        prefix = ["chroot", chroot, *prefix]
-        env = {**env, "PATH": _CHROOT_PATH}
+    """``argv`` as ``user`` (:func:`user_argv`), waited on."""
+    command, run_env = user_argv(user, argv, env or user_env())
     return subprocess.run(
-        [*prefix, *argv],
-        env=env,
+        command,
+        env=run_env,
         cwd=cwd or "/tmp",
         capture_output=True,
         text=True,

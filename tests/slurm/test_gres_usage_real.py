@@ -27,7 +27,8 @@ from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.slurm
+# on every release: scripts/test.sh runs it in each release stage too
+pytestmark = [pytest.mark.slurm, pytest.mark.release]
 
 
 def _sbatch(*args: str) -> int:

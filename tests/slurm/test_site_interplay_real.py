@@ -36,9 +36,13 @@ from tests.slurm.site_users import (
     job_fields,
     sbatch_as,
     shared_dir,
+    user_argv,
     user_env,
     user_python,
 )
+
+# the site profile on every release: scripts/test.sh runs it in each release stage too
+pytestmark = pytest.mark.release
 
 EXAMPLE = ROOT / "examples" / "elastic_train.py"
 OWNER = "sgpu-u4"  # biology
@@ -84,20 +88,11 @@ class Site:
         """The daemon's resize machinery (tests/slurm/resize_driver.py) as the daemon's
         user; its output goes to ``driver.log``."""
         log = (self.work / "driver.log").open("a")
+        argv = [*self.python, "-m", "tests.slurm.resize_driver", "--db", self.env["SGPU_DB"]]
+        command, env = user_argv(site.DAEMON_USER, [*argv, *args], self.env)
         return subprocess.Popen(
-            [
-                "runuser",
-                "-u",
-                site.DAEMON_USER,
-                "--",
-                *self.python,
-                "-m",
-                "tests.slurm.resize_driver",
-                "--db",
-                self.env["SGPU_DB"],
-                *args,
-            ],
-            env=self.env,
+            command,
+            env=env,
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -142,9 +137,8 @@ def placement(fields: dict[str, str]) -> tuple[str, str, str, str]:
 
 @pytest.fixture
 def site_env(site_cluster: LabCluster) -> Iterator[Site]:
-    python = user_python()
     with shared_dir("sgpu-site-interplay-") as work:
-        yield from _site_env(site_cluster, work, python)
+        yield from _site_env(site_cluster, work, user_python(site_cluster, work))
 
 
 def _site_env(site_cluster: LabCluster, work: Path, python: list[str]) -> Iterator[Site]:

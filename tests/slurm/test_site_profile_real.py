@@ -22,10 +22,12 @@ from tests.slurm.site_users import (
     job_fields,
     sbatch_as,
     shared_dir,
-    slurm_chroot,
     user_python,
 )
 from tests.slurm.status_api import munge_as, status
+
+# the site profile on every release: scripts/test.sh runs it in each release stage too
+pytestmark = pytest.mark.release
 
 USERS = [u.name for u in site.USERS]
 
@@ -126,9 +128,8 @@ def work() -> Iterator[Path]:
 def test_eight_users_at_once_see_and_change_only_their_own_jobs(
     lab: LabCluster, tmp_path: Path, work: Path
 ) -> None:
-    # through `sgpu submit` as each user; a chroot lab's users have no slurmgpu there
-    # (its Python is the host's), so they submit with the chroot's sbatch instead
-    sgpu = [*user_python(), "-m", "slurmgpu", "submit"] if slurm_chroot() is None else ["sbatch"]
+    # through `sgpu submit` as each user (in a chroot lab, inside the chroot)
+    sgpu = [*user_python(lab, work), "-m", "slurmgpu", "submit"]
 
     def submit(user: str) -> tuple[str, list[int]]:
         ids = []

@@ -16,6 +16,7 @@ from slurmgpu.lab.cluster.provision import (
     sacctmgr_setup,
 )
 from slurmgpu.lab.cluster.render import ClusterConfig, RenderError, main, render
+from slurmgpu.policy.settings import AttainedServiceSettings
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -45,7 +46,13 @@ def test_site_profile_sets_multifactor_fairshare_and_qos_preemption(tmp_path: Pa
 
     assert opts["PriorityType"] == "priority/multifactor"
     weights = {k: int(v) for k, v in opts.items() if k.startswith("PriorityWeight")}
+    # the partition weight is a base every job gets alike (one PriorityJobFactor)
+    base = weights.pop("PriorityWeightPartition")
     assert max(weights, key=lambda k: weights[k]) == "PriorityWeightFairshare"
+    assert "PriorityJobFactor" not in site_render(tmp_path)["slurm.conf"]
+    # LAS's largest Nice (one queue limit: queue 1) never floors a priority at 1
+    las = AttainedServiceSettings()
+    assert base >= len(las.queue_limits) * las.nice_step
     assert opts["PreemptType"] == "preempt/qos"
     assert opts["PreemptMode"] == "REQUEUE"
     assert set(opts["AccountingStorageEnforce"].split(",")) >= {"associations", "limits", "qos"}

@@ -35,6 +35,8 @@ CLIENT_COMMANDS = (
     "sacct",
     "sacctmgr",
     "srun",
+    "sprio",
+    "sshare",
 )
 _TIMEOUT_S = 30.0
 _CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -7,7 +7,8 @@ adds to the default lab:
 * :data:`ACCOUNTS` (3, with fairshare shares) and :data:`USERS` (8 Unix users, uids
   :data:`UID_FIRST`..``UID_FIRST + 7``, group :data:`GROUP` gid :data:`GID`), each with an
   association in one account, QOS ``normal`` (default) and ``scavenger``;
-* ``priority/multifactor`` with fairshare as its heaviest weight;
+* ``priority/multifactor`` with fairshare as its heaviest weight (of the factors that
+  differ between jobs) and a base priority of :data:`BASE_PRIORITY` for every job;
 * QOS preemption: ``PreemptType=preempt/qos``, ``PreemptMode=REQUEUE``; QOS ``normal``
   preempts ``scavenger`` (priority 0, ``UsageFactor=0``: free, and requeued when needed);
 * two partitions: ``gpu`` (every node, default) and ``debug`` (:data:`DEBUG_NODES`,
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ACCOUNTS",
+    "BASE_PRIORITY",
     "COORDINATED",
     "DAEMON_UID",
     "DAEMON_USER",
@@ -123,6 +125,14 @@ PRIVATE_DATA = "jobs,usage,users,accounts"
 DBD_PRIVATE_DATA = PRIVATE_DATA
 
 
+# Every job's priority starts from this (PriorityWeightPartition x 1.0: both partitions
+# have the same PriorityJobFactor). Slurm floors a priority at 1, so a job whose factors
+# sum to less than its Nice loses its fair share to submit order; this base is LAS's
+# largest Nice with the default one queue limit (1 x nice_step = 100000), which keeps
+# fair share deciding inside LAS's worse queue (docs/policies.md, "With fair share").
+BASE_PRIORITY = 100000
+
+
 def policy_lines() -> list[str]:
     """slurm.conf lines of the site policy: priority, preemption, enforcement, privacy."""
     return [
@@ -133,7 +143,7 @@ def policy_lines() -> list[str]:
         "PriorityWeightQOS=10000",
         "PriorityWeightAge=1000",
         "PriorityWeightJobSize=0",
-        "PriorityWeightPartition=0",
+        f"PriorityWeightPartition={BASE_PRIORITY}",
         "PreemptType=preempt/qos",
         "PreemptMode=REQUEUE",
         "AccountingStorageEnforce=associations,limits,qos",
