@@ -30,7 +30,9 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Literal
 
+from slurmgpu.lab.cluster import sharing as gpu_sharing
 from slurmgpu.lab.cluster import site
+from slurmgpu.lab.cluster.sharing import SHARINGS, Sharing
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -107,12 +109,15 @@ class NodeSpec:
     addr: str
     port: int
     hostname: str | None = None
+    gres: str | None = None  # None: NodeName=DEFAULT's
 
     def line(self) -> str:
         parts = [f"NodeName={self.name}"]
         if self.hostname is not None:
             parts.append(f"NodeHostname={self.hostname}")
         parts += [f"NodeAddr={self.addr}", f"Port={self.port}"]
+        if self.gres is not None:
+            parts.append(f"Gres={self.gres}")
         return " ".join(parts)
 
 
@@ -144,10 +149,19 @@ class ClusterConfig:
     # the daemon's JSON export; job_submit.lua reads the .tsv next to it
     recommendations_json: str = DEFAULT_RECOMMENDATIONS
     profile: Profile = "default"
+    # GPU sharing layout (lab/cluster/sharing.py): "mig-mps" makes gpu2 MIG, gpu3 MPS
+    sharing: Sharing = "none"
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise RenderError(f"unknown profile {self.profile!r} (known: {', '.join(PROFILES)})")
+        if self.sharing not in SHARINGS:
+            raise RenderError(f"unknown sharing {self.sharing!r} (known: {', '.join(SHARINGS)})")
+        if self.sharing != "none" and (self.mode != "native" or self.nodes < 3):
+            raise RenderError(
+                f"sharing {self.sharing!r} needs the native lab and at least 3 nodes "
+                f"(gpu2 MIG, gpu3 MPS), not {self.mode} with {self.nodes}"
+            )
         if self.profile == "site" and not self.accounting:
             raise RenderError("the site profile needs accounting (slurmdbd + MariaDB)")
         if self.nodes < 1:
@@ -178,6 +192,7 @@ class ClusterConfig:
         slurm_version: tuple[int, int] | None = None,
         accounting: bool = False,
         profile: Profile = "default",
+        sharing: Sharing = "none",
     ) -> ClusterConfig:
         """All daemons on 127.0.0.1 of this host, state under ``root``. With
         ``accounting``, slurmdbd listens on the port after the last slurmd's and MariaDB
@@ -204,6 +219,7 @@ class ClusterConfig:
             dbd_port=slurmd_port_base + nodes,
             storage_port=slurmd_port_base + nodes + 1,
             profile=profile,
+            sharing=sharing,
         )
 
     @classmethod
@@ -244,13 +260,29 @@ class ClusterConfig:
         """What job_submit.lua reads: the JSON export's path with the suffix ``.tsv``."""
         return str(Path(self.recommendations_json).with_suffix(".tsv"))
 
+    def node_gres(self, node: str) -> str | None:
+        """``node``'s ``Gres=`` where the sharing layout makes it differ from the default."""
+        if self.sharing == "none":
+            return None
+        gres = gpu_sharing.node_gres(self.sharing, node, self.gpu_files, self.slurm_version).gres
+        return None if gres == gpu_sharing.node_gres("none", node, self.gpu_files).gres else gres
+
     def node_specs(self) -> list[NodeSpec]:
         if self.mode == "native":
             return [
-                NodeSpec(name, "127.0.0.1", self.slurmd_port_base + i, hostname="localhost")
+                NodeSpec(
+                    name,
+                    "127.0.0.1",
+                    self.slurmd_port_base + i,
+                    hostname="localhost",
+                    gres=self.node_gres(name),
+                )
                 for i, name in enumerate(self.node_names)
             ]
         return [NodeSpec(name, name, self.slurmd_port_base) for name in self.node_names]
+
+    def gres_types(self) -> str:
+        return "gpu,shard" if self.sharing == "none" else "gpu,shard,mps"
 
     def accounting_lines(self) -> str:
         if not self.accounting:
@@ -262,7 +294,8 @@ class ClusterConfig:
                 f"AccountingStoragePort={self.dbd_port}",
                 # per-job GPUs and shards in sacct: without it ReqTRES/AllocTRES list only
                 # billing,cpu,mem,node (and 26.05 refuses it without slurmdbd, so only here)
-                "AccountingStorageTRES=gres/gpu,gres/shard",
+                "AccountingStorageTRES="
+                + ",".join(f"gres/{t}" for t in self.gres_types().split(",")),
             ]
         )
 
@@ -312,6 +345,14 @@ class ClusterConfig:
             "NODE_RANGE": node_range(self.nodes),
             "NODE_LINES": "\n".join(spec.line() for spec in self.node_specs()),
             "GPU_FILES": self.gpu_files,
+            "GRES_TYPES": self.gres_types(),
+            "GRES_LINES": gpu_sharing.gres_conf_lines(
+                self.sharing,
+                self.node_names,
+                node_range(self.nodes),
+                self.gpu_files,
+                self.slurm_version,
+            ),
             "DBD_HOST": self.dbd_host,
             "STORAGE_HOST": self.storage_host,
             "STORAGE_USER": self.storage_user,
@@ -502,6 +543,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="default",
         help="site: accounts, users, fairshare, QOS preemption (implies --accounting)",
     )
+    parser.add_argument(
+        "--sharing",
+        choices=SHARINGS,
+        default="none",
+        help="native mode: mig-mps makes gpu2's GPUs MIG slices and gpu3's serve MPS",
+    )
     parser.add_argument("--slurm-user", default="root")
     parser.add_argument(
         "--slurm-version",
@@ -531,6 +578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 slurm_version=version,
                 accounting=args.accounting or args.profile == "site",
                 profile=args.profile,
+                sharing=args.sharing,
             )
         written = write(config, args.out, args.templates)
     except (RenderError, OSError) as exc:
