@@ -154,6 +154,8 @@ def node_to_row(node: Node) -> dict[str, Any]:
         "partitions": ",".join(node.partitions),
         "reason": node.reason,
         "address": node.address,
+        "gpu_types": ",".join(f"{t}:{n}" for t, n in node.gpu_types),
+        "mps": node.mps,
     }
 
 
@@ -176,4 +178,16 @@ def row_to_node(row: Mapping[Any, Any]) -> Node:
         partitions=tuple(p for p in row["partitions"].split(",") if p),
         reason=row["reason"],
         address=row["address"],
+        gpu_types=_gpu_types(row.get("gpu_types") or ""),
+        mps=row.get("mps") or 0,
     )
+
+
+def _gpu_types(text: str) -> tuple[tuple[str, int], ...]:
+    """``1g.10gb:4,3g.40gb:2`` (a ``nodes`` row's) → ``(("1g.10gb", 4), ("3g.40gb", 2))``."""
+    out: list[tuple[str, int]] = []
+    for item in text.split(","):
+        name, _, count = item.rpartition(":")
+        if name and count.isdigit():
+            out.append((name, int(count)))
+    return tuple(out)
