@@ -224,7 +224,7 @@ def _gpu_roles(job: Job, usage: Sequence[GpuUsage]) -> dict[tuple[str, int], Gpu
     for a in job.gpu_allocations:
         for i in a.gpu_indices:
             roles[(a.node, i)] = "gpu"
-        for i in a.shard_indices:
+        for i in (*a.shard_indices, *a.mps_indices):  # a share of the GPU (MPS too)
             roles.setdefault((a.node, i), "shard")
     # Without a recorded placement the GPUs the agent attributed to the job are its GPUs.
     fallback: GpuRole = "shard" if job.gpus.gpus == 0 and job.gpus.shards else "gpu"

@@ -136,7 +136,11 @@ def suggested_shards(
 
 def _on_a_share(job: Job) -> bool:
     """Whether the job already ran on a share of a GPU (a MIG slice or MPS)."""
-    return job.gpus.mps > 0 or MigProfile.parse(job.gpus.gpu_type) is not None
+    return (
+        job.gpus.mps > 0
+        or any(a.mps for a in job.gpu_allocations)
+        or MigProfile.parse(job.gpus.gpu_type) is not None
+    )
 
 
 def _slice_note(

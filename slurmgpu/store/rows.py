@@ -59,6 +59,8 @@ def job_to_row(job: Job) -> dict[str, Any]:
                 "gpus": list(a.gpu_indices),
                 "shard_gpus": list(a.shard_indices),
                 "shards": a.shards,
+                # MPS shares only where the job has one (rows written before have none)
+                **({"mps_gpus": list(a.mps_indices), "mps": a.mps} if a.mps else {}),
             }
             for a in job.gpu_allocations
         ],
@@ -85,6 +87,8 @@ def row_to_job(row: Mapping[Any, Any]) -> Job:
             gpu_indices=tuple(int(i) for i in a.get("gpus", ())),
             shard_indices=tuple(int(i) for i in a.get("shard_gpus", ())),
             shards=int(a.get("shards", 0)),
+            mps_indices=tuple(int(i) for i in a.get("mps_gpus", ())),
+            mps=int(a.get("mps", 0)),
         )
         for a in (row["gpu_alloc"] or ())
     )
