@@ -351,11 +351,11 @@ def choose_slice(
 
 
 def converts_request(request: GpuRequest, kind: SliceKind, slurm_version: str) -> bool:
-    """Whether slurmctld lets this pending single-GPU request become ``kind`` (see the
-    module docstring for what was tried): an MPS request another MPS share on every
-    release; ``gpu:1`` (typed or not) a MIG slice or an MPS share from 23.02 (22.05
-    refused the untyped one and took a typed one only to fewer of the same type). An
-    unknown version counts as a current one.
+    """Whether this pending single-GPU request may become ``kind``: an MPS request only
+    another MPS share (its user chose MPS: kernels of several processes at once), which
+    slurmctld takes on every release; ``gpu:1`` (typed or not) a MIG slice or an MPS share
+    from 23.02 (22.05 refused the untyped one and took a typed one only to fewer of the
+    same type; see the module docstring). An unknown version counts as a current one.
 
     >>> one = GpuRequest(gpus=1, per_node=1)
     >>> converts_request(one, "mig", "22.05.8"), converts_request(one, "mig", "26.05.5")
@@ -366,7 +366,7 @@ def converts_request(request: GpuRequest, kind: SliceKind, slurm_version: str) -
     m = _VERSION.match(slurm_version.strip())
     current = not (m and (int(m.group(1)), int(m.group(2))) < _CONVERTS_SINCE)
     if request.mps and request.gpus == 0 and request.shards == 0:
-        return kind == "mps" or current
+        return kind == "mps"
     if request.gpus == 1 and request.per_node == 1 and request.shards == 0:
         return current
     return False

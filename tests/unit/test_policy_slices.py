@@ -119,7 +119,7 @@ def test_which_requests_slurmctld_lets_change() -> None:
     assert not converts_request(typed, "mig", "22.05.8")
     assert converts_request(one, "mig", "26.05.5") and converts_request(one, "mps", "")
     assert converts_request(mps, "mps", "22.05.8") and not converts_request(mps, "mig", "22.05.8")
-    assert converts_request(mps, "mig", "26.05.5")
+    assert not converts_request(mps, "mig", "26.05.5")  # its user chose MPS
     assert not converts_request(GpuRequest(gpus=2, per_node=2), "mig", "26.05.5")
     assert not converts_request(one, "shard", "26.05.5")  # shards have their own rule
 
@@ -172,7 +172,7 @@ def test_a_whole_gpus_mps_request_is_narrowed_to_a_share_on_every_release() -> N
     assert action.intents == (NarrowToMps(50),)
     assert "partly isolated" in action.reason and "instead of 100 MPS" in action.reason
     (newer,) = ColocatePolicy().propose(_snap(whole, "26.05.5"))
-    assert newer.intents == (SetGpus(1, "1g.10gb"),)  # 26.05 may turn it into a slice
+    assert newer.intents == (NarrowToMps(50),)  # an MPS job stays MPS, where a slice is smaller
 
 
 def test_not_opted_in_or_heavy_jobs_keep_their_gpu() -> None:
