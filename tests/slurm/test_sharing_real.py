@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from slurmgpu.policy.colocate import converts_gpu_to_shards
 from slurmgpu.slurm.update import gres_prefix
 from tests.configs import QUICK_POLICY, config_toml, observing
 from tests.polling import wait_for
-from tests.slurm.harness import Telemetry, listed_job, running_stack
+from tests.slurm.harness import ROOT, Telemetry, listed_job, running_stack
 
 CONFIG = config_toml(
     QUICK_POLICY,
@@ -93,6 +94,10 @@ def test_mps_jobs_share_a_gpu_and_a_light_job_runs_on_a_mig_slice(
 ) -> None:
     version = _version()
     prefix = gres_prefix(version)
+    # A Slurm chroot (26.05) runs the jobs' fakeload with this checkout and Python, and
+    # they declare their load under tmp_path, where the agents read it.
+    python = Path(sys.prefix)
+    sharing_cluster.share(ROOT, python, python.resolve(), Path(sys.base_prefix), tmp_path)
     with running_stack(sharing_cluster, tmp_path, CONFIG) as t:
         duration = ("--duration", "300s")
         mps_a = _shareable(
