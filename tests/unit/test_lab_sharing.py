@@ -7,7 +7,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from slurmgpu.cli.cluster import cluster
 from slurmgpu.lab.cluster import LabCluster, LabClusterError
 from slurmgpu.lab.cluster.render import ClusterConfig, RenderError, main, render
 from slurmgpu.lab.cluster.sharing import MIG_LAYOUT, MIG_LAYOUT_22_05, mig_layout
@@ -109,3 +111,12 @@ def test_the_render_cli_takes_sharing(tmp_path: Path) -> None:
         == 0
     )
     assert "Gres=gpu:1g.10gb:14" in (tmp_path / "etc" / "slurm.conf").read_text()
+
+
+def test_sgpu_cluster_up_takes_sharing_and_refuses_too_few_nodes(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cluster, ["up", "--root", str(tmp_path), "--sharing", "mig-mps", "--nodes", "2"]
+    )
+    assert result.exit_code == 1
+    assert "sharing 'mig-mps' needs the native lab and at least 3 nodes" in result.output
+    assert len(result.output.strip().splitlines()) == 1
