@@ -30,6 +30,7 @@ from slurmgpu.slurm.jsonformat import (
     decode_squeue,
 )
 from slurmgpu.slurm.parse import parse_gres
+from slurmgpu.store.rows import job_to_row, node_to_row, row_to_job, row_to_node
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RELEASES = sorted(p.parent for p in GOLDEN.glob("slurm-*/sharing_expected.json"))
@@ -147,3 +148,14 @@ def test_scontrol_show_node_text_declares_the_same_gres(path: Path) -> None:
         assert typed == want["gpu_types"], name
         assert sum(it.count for it in items if it.name == "gpu") == want["gpus"], name
         assert sum(it.count for it in items if it.name == "mps") == want["mps"], name
+
+
+@pytest.mark.parametrize("folder", RELEASES, ids=lambda p: p.name)
+def test_the_store_keeps_mps_allocations_and_node_types(folder: Path) -> None:
+    jobs, _ = decode_squeue((folder / "sharing_squeue.json").read_bytes())
+    for job in jobs:
+        back = row_to_job({**job_to_row(job), "job_row": 1})
+        assert back.gpu_allocations == job.gpu_allocations, job.name
+    for node in decode_sinfo((folder / "sharing_sinfo.json").read_bytes()):
+        back_node = row_to_node(node_to_row(node))
+        assert (back_node.gpu_types, back_node.mps) == (node.gpu_types, node.mps), node.name
