@@ -26,14 +26,27 @@ def _rendered(tmp_path: Path, version: tuple[int, int] | None) -> dict[str, str]
     return render(config)
 
 
+def _node_gres(slurm_conf: str) -> dict[str, str]:
+    """Each node's GRES as slurmctld reads slurm.conf: the last ``NodeName=DEFAULT``
+    line's ``Gres=`` before the node's line."""
+    current, out = "", {}
+    for line in _lines(slurm_conf):
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("NodeName") == "DEFAULT":
+            current = fields.get("Gres", current)
+        elif "NodeName" in fields:
+            out[fields["NodeName"]] = current
+    return out
+
+
 def test_mig_and_mps_nodes_get_their_own_gres_and_the_rest_stay_default(tmp_path: Path) -> None:
     files = _rendered(tmp_path, (26, 5))
-    nodes = {
-        ln.split()[0]: ln for ln in _lines(files["slurm.conf"]) if ln.startswith("NodeName=gpu")
+    assert _node_gres(files["slurm.conf"]) == {
+        "gpu1": "gpu:4,shard:16",
+        "gpu4": "gpu:4,shard:16",
+        "gpu2": "gpu:3g.40gb:2,gpu:2g.20gb:2,gpu:1g.10gb:4",
+        "gpu3": "gpu:4,mps:400",
     }
-    assert "Gres=" not in nodes["NodeName=gpu1"] and "Gres=" not in nodes["NodeName=gpu4"]
-    assert nodes["NodeName=gpu2"].endswith("Gres=gpu:3g.40gb:2,gpu:2g.20gb:2,gpu:1g.10gb:4")
-    assert nodes["NodeName=gpu3"].endswith("Gres=gpu:4,mps:400")
     assert "GresTypes=gpu,shard,mps" in _lines(files["slurm.conf"])
     gres = files["gres.conf"]
     assert "NodeName=gpu1,gpu4 Name=shard Count=16" in gres
@@ -61,7 +74,7 @@ def test_before_23_02_each_mig_gpu_has_one_profile(tmp_path: Path) -> None:
     assert mig_layout((22, 5)) == MIG_LAYOUT_22_05
     assert mig_layout(None) == mig_layout((24, 11)) == MIG_LAYOUT
     files = _rendered(tmp_path, (22, 5))
-    assert "Gres=gpu:1g.10gb:14" in files["slurm.conf"]
+    assert _node_gres(files["slurm.conf"])["gpu2"] == "gpu:1g.10gb:14"
     devices = parse_gres_conf(files["gres.conf"], "gpu2")
     assert [d.minor for d in devices] == [0] * 7 + [1] * 7
     # every instance has a capability file of its own, as nvidia-caps are
@@ -77,6 +90,7 @@ def test_accounting_counts_mps_too(tmp_path: Path) -> None:
 def test_without_sharing_the_config_is_the_default_one(tmp_path: Path) -> None:
     files = render(ClusterConfig.native(tmp_path))
     assert "GresTypes=gpu,shard" in _lines(files["slurm.conf"])
+    assert set(_node_gres(files["slurm.conf"]).values()) == {"gpu:4,shard:16"}
     assert _lines(files["gres.conf"]) == [
         "AutoDetect=off",
         "NodeName=gpu[1-4] Name=gpu File=/dev/tty[0-3]",

@@ -4,12 +4,13 @@ co-location narrowing pending jobs to it; the interference model's isolation."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
 from slurmgpu.intent import NarrowToMps, NarrowToShards, SetGpus
-from slurmgpu.model import ClusterSnapshot, GpuRequest, Node
-from slurmgpu.policy.base import JobUsage, PolicySnapshot
+from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node
+from slurmgpu.policy.base import GpuStat, HistoryRecord, JobUsage, PolicySnapshot
 from slurmgpu.policy.colocate import ColocatePolicy
 from slurmgpu.policy.interference import slowdown_shared, slowdown_with
 from slurmgpu.policy.settings import ColocateSettings
@@ -21,8 +22,65 @@ from slurmgpu.policy.slices import (
     converts_request,
     partition_offers,
 )
-from tests.unit.policy_builders import T0
-from tests.unit.test_policy_colocate import DEVICE_MIB, GIB, history, pending, stat
+from tests.unit.policy_builders import HOUR, T0
+
+GIB = 1024
+DEVICE_MIB = 80 * GIB
+
+
+def pending(job_id: int, *, comment: str, name: str) -> Job:
+    return Job(
+        job_id=job_id,
+        name=name,
+        user="alice",
+        state=JobState.PENDING,
+        partition="gpu",
+        submit_time=T0 - HOUR,
+        node_count=1,
+        comment=comment,
+        requeue=True,
+    )
+
+
+def history(name: str, util: float, peak_gpu_mib: float, runs: int = 3) -> list[HistoryRecord]:
+    return [
+        HistoryRecord(
+            user="alice",
+            name=name,
+            partition="gpu",
+            script_hash=None,
+            state="COMPLETED",
+            run_time=HOUR,
+            time_limit=2 * HOUR,
+            gpus_requested=1,
+            gpus_used=1,
+            cpus=4,
+            memory_requested_mib=8 * GIB,
+            peak_memory_mib=4 * GIB,
+            mean_cpu_pct=100.0,
+            mean_gpu_util_pct=util,
+            peak_gpu_memory_mib=peak_gpu_mib,
+            ended_at=T0 - timedelta(days=1),
+        )
+        for _ in range(runs)
+    ]
+
+
+def device_seen() -> GpuStat:
+    """One sample of some job on gpu1: how the policy learns the device's memory."""
+    return GpuStat(
+        node="gpu1",
+        gpu_index=3,
+        samples=10,
+        mean_util_pct=0.0,
+        max_util_pct=0.0,
+        max_memory_mib=0.0,
+        memory_total_mib=float(DEVICE_MIB),
+        trailing_idle=timedelta(0),
+        never_busy=False,
+        last_sample_at=T0,
+    )
+
 
 SETTINGS = ColocateSettings()
 SIZING = SizingRules()
@@ -146,7 +204,7 @@ def _snap(
     return PolicySnapshot(
         at=T0,
         cluster=ClusterSnapshot(T0, (job,), MIG_NODES, slurm_version=version),
-        usage={999: JobUsage(999, (stat(0, 0, node="gpu1", index=3),))},
+        usage={999: JobUsage(999, (device_seen(),))},
         history=tuple(history("light", util=8.0, peak_gpu_mib=3 * GIB)),
     )
 

@@ -109,15 +109,12 @@ class NodeSpec:
     addr: str
     port: int
     hostname: str | None = None
-    gres: str | None = None  # None: NodeName=DEFAULT's
 
     def line(self) -> str:
         parts = [f"NodeName={self.name}"]
         if self.hostname is not None:
             parts.append(f"NodeHostname={self.hostname}")
         parts += [f"NodeAddr={self.addr}", f"Port={self.port}"]
-        if self.gres is not None:
-            parts.append(f"Gres={self.gres}")
         return " ".join(parts)
 
 
@@ -260,26 +257,33 @@ class ClusterConfig:
         """What job_submit.lua reads: the JSON export's path with the suffix ``.tsv``."""
         return str(Path(self.recommendations_json).with_suffix(".tsv"))
 
-    def node_gres(self, node: str) -> str | None:
-        """``node``'s ``Gres=`` where the sharing layout makes it differ from the default."""
-        if self.sharing == "none":
-            return None
-        gres = gpu_sharing.node_gres(self.sharing, node, self.gpu_files, self.slurm_version).gres
-        return None if gres == gpu_sharing.node_gres("none", node, self.gpu_files).gres else gres
-
     def node_specs(self) -> list[NodeSpec]:
         if self.mode == "native":
             return [
-                NodeSpec(
-                    name,
-                    "127.0.0.1",
-                    self.slurmd_port_base + i,
-                    hostname="localhost",
-                    gres=self.node_gres(name),
-                )
+                NodeSpec(name, "127.0.0.1", self.slurmd_port_base + i, hostname="localhost")
                 for i, name in enumerate(self.node_names)
             ]
         return [NodeSpec(name, name, self.slurmd_port_base) for name in self.node_names]
+
+    def node_groups(self) -> dict[str, tuple[str, str]]:
+        """``{template prefix: (gres, node lines)}`` of the default nodes (``""``), the
+        MIG node (``MIG_``) and the MPS node (``MPS_``): slurm.conf.in declares each group
+        after a ``NodeName=DEFAULT`` line of its GRES. Without sharing every node is
+        default and the other groups are empty."""
+        default = gpu_sharing.node_gres("none", "", self.gpu_files).gres
+        specs = {spec.name: spec.line() for spec in self.node_specs()}
+        special = {"MIG_": gpu_sharing.MIG_NODE, "MPS_": gpu_sharing.MPS_NODE}
+        groups: dict[str, tuple[str, str]] = {}
+        if self.sharing == "none":
+            groups[""] = (default, "\n".join(specs.values()))
+            groups.update(dict.fromkeys(special, (default, "")))
+            return groups
+        taken = set(special.values())
+        groups[""] = (default, "\n".join(ln for n, ln in specs.items() if n not in taken))
+        for prefix, node in special.items():
+            gres = gpu_sharing.node_gres(self.sharing, node, self.gpu_files, self.slurm_version)
+            groups[prefix] = (gres.gres, specs[node])
+        return groups
 
     def gres_types(self) -> str:
         return "gpu,shard" if self.sharing == "none" else "gpu,shard,mps"
@@ -343,7 +347,11 @@ class ClusterConfig:
             "PARTITIONS": self.partition_lines(),
             "NODE_COUNT": str(self.nodes),
             "NODE_RANGE": node_range(self.nodes),
-            "NODE_LINES": "\n".join(spec.line() for spec in self.node_specs()),
+            **{
+                f"{prefix}{key}": value
+                for prefix, (gres, lines) in self.node_groups().items()
+                for key, value in (("NODE_GRES", gres), ("NODE_LINES", lines))
+            },
             "GPU_FILES": self.gpu_files,
             "GRES_TYPES": self.gres_types(),
             "GRES_LINES": gpu_sharing.gres_conf_lines(
