@@ -17,6 +17,12 @@ waits until it runs, and writes to ``tests/golden/slurm-MAJOR.MINOR/``:
   beside the running plan;
 - ``mixed_expected.json``: the plan (per node and per job), what the captures must parse to.
 
+With ``--sharing`` the lab runs the ``mig-mps`` layout (slurmgpu/lab/cluster/sharing.py:
+gpu2 MIG slices, gpu3 MPS) and the plan :func:`sharing_plan` instead, and writes
+``sharing_squeue[.vX].json``, ``sharing_sinfo[.vX].json``, ``sharing_scontrol_nodes.json``
+(23.02+), ``sharing_scontrol_show_node.txt`` (``scontrol show node``, every release) and
+``sharing_expected.json``.
+
 Run as root. Nothing is written by hand; run it again to refresh a release's files.
 The controller is never restarted during a capture (after a restart 24.11 and 26.05 print
 running shard jobs' shards as 0 in the node's gres_used).
@@ -33,9 +39,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from slurmgpu.lab.cluster import LabCluster
+from slurmgpu.lab.cluster.sharing import MIG_GPUS, MIG_NODE, MPS_NODE, MPS_PER_GPU, mig_layout
 from slurmgpu.slurm.jsonformat import data_parser_version
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,10 +88,68 @@ def expected() -> dict[str, object]:
     }
 
 
+# (name, node, gres, held) of the sharing plan, for a Slurm whose MIG GPUs are split as
+# ``layout``: slices of the smallest and (when there is one) the largest profile on the
+# MIG node, a half- and a quarter-GPU MPS job and a plain GPU on the MPS node, shards on
+# gpu1 as before, and a held slice job. (22.05.8 keeps a node's MPS jobs on one GPU: a
+# third job of mps:75 beside the two waited for Resources with three GPUs free.)
+def sharing_plan(layout: tuple[str, ...]) -> list[tuple[str, str, str, bool]]:
+    small, large = layout[-1], layout[0]
+    plan = [
+        ("mig_small", MIG_NODE, f"gpu:{small}:1", False),
+        ("mig_two", MIG_NODE, f"gpu:{small}:2", False),
+    ]
+    if large != small:
+        plan.append(("mig_large", MIG_NODE, f"gpu:{large}:1", False))
+    return [
+        *plan,
+        ("mps_half", MPS_NODE, "mps:50", False),
+        ("mps_quarter", MPS_NODE, "mps:25", False),
+        ("whole1", MPS_NODE, "gpu:1", False),
+        ("shard4", "gpu1", "shard:4", False),
+        ("mig_held", MIG_NODE, f"gpu:{small}:1", True),
+    ]
+
+
+def sharing_expected(
+    plan: list[tuple[str, str, str, bool]], layout: tuple[str, ...]
+) -> dict[str, object]:
+    types: dict[str, int] = {}
+    for profile in layout * MIG_GPUS:
+        types[profile] = types.get(profile, 0) + 1
+    nodes: dict[str, dict[str, object]] = {
+        f"gpu{i}": {"gpus": 4, "shards": 16, "gpu_types": {}, "mps": 0} for i in (1, 4)
+    }
+    nodes[MIG_NODE] = {"gpus": sum(types.values()), "shards": 0, "gpu_types": types, "mps": 0}
+    nodes[MPS_NODE] = {"gpus": 4, "shards": 0, "gpu_types": {}, "mps": 4 * MPS_PER_GPU}
+    for node in nodes.values():
+        node.update(gpus_used=0, shards_used=0, mps_used=0)
+    jobs: dict[str, dict[str, object]] = {}
+    for name, node, gres, held in plan:
+        kind, *typed, count_s = gres.split(":")
+        count = int(count_s)
+        jobs[name] = {
+            "node": node,
+            "gpus": count if kind == "gpu" else 0,
+            "gpu_type": typed[0] if typed else None,
+            "shards": count if kind == "shard" else 0,
+            "mps": count if kind == "mps" else 0,
+            "state": "PENDING" if held else "RUNNING",
+        }
+        if not held:
+            used = nodes[node]
+            key = {"gpu": "gpus_used", "shard": "shards_used", "mps": "mps_used"}[kind]
+            used[key] = int(str(used[key])) + count
+    return {"nodes": nodes, "jobs": jobs, "layout": list(layout)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", help="a chroot made by scripts/slurm_chroot.sh (trixie, sid)")
     ap.add_argument("--port", type=int, default=16840)
+    ap.add_argument(
+        "--sharing", action="store_true", help="the mig-mps layout and its plan (sharing_*)"
+    )
     args = ap.parse_args()
     slurm_root = None
     if args.suite:
@@ -100,7 +166,8 @@ def main() -> int:
         ctld_port=args.port,
         slurmd_port_base=args.port + 1,
         slurm_root=slurm_root,
-        accounting=slurm_root is not None,
+        accounting=slurm_root is not None and not args.sharing,
+        sharing="mig-mps" if args.sharing else "none",
     )
     lab.up(timeout_s=60)
     env = {**os.environ, **lab.env()}
@@ -113,6 +180,8 @@ def main() -> int:
         return proc.stdout
 
     try:
+        if args.sharing:
+            return record_sharing(run)
         if lab.accounting:  # two short jobs first, for sacct
             run("sbatch", "-o", "/dev/null", "-J", "ok", "--gres=gpu:1", "-w", "gpu4",
                 "--wrap", "true")  # fmt: skip
@@ -170,6 +239,51 @@ def main() -> int:
     finally:
         lab.down(cancel_jobs=True)
         shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def record_sharing(run: Callable[..., bytes]) -> int:
+    """Run :func:`sharing_plan` on the mig-mps lab and write the ``sharing_*`` captures."""
+    version = run("sinfo", "--version").decode().split()[-1]
+    major, minor = (int(x) for x in version.split(".")[:2])
+    layout = mig_layout((major, minor))
+    plan = sharing_plan(layout)
+    for name, node, gres, held in plan:
+        run("sbatch", "-o", "/dev/null", "-J", name, f"--gres={gres}", "-w", node,
+            *(["-H"] if held else []), "--wrap", "sleep 600")  # fmt: skip
+    states: list[bytes] = []
+    for _ in range(300):
+        states = run("squeue", "-h", "-o", "%T").split()
+        if states.count(b"RUNNING") == sum(1 for p in plan if not p[3]):
+            break
+        time.sleep(0.2)
+    else:
+        pending = run("squeue", "-h", "-t", "PD", "-o", "%j %r %b").decode()
+        raise SystemExit(f"the sharing plan did not start: {pending}")
+    time.sleep(2)  # node records catch up with the allocations
+    folder = REPO / "tests" / "golden" / ("slurm-" + ".".join(version.split(".")[:2]))
+    folder.mkdir(parents=True, exist_ok=True)
+    listed = run("squeue", "--json=list", check=False)
+    parsers = sorted(set(re.findall(r"v0\.0\.\d+", listed.decode(errors="replace"))))
+    default = data_parser_version(run("squeue", "--json"))
+    written = []
+    for suffix, flag in [("", "--json"), *((f".{p}", f"--json={p}") for p in parsers)]:
+        if suffix == f".{default}":
+            continue
+        for what, argv in (("squeue", ["squeue", flag]), ("sinfo", ["sinfo", flag, "--Node"])):
+            path = folder / f"sharing_{what}{suffix}.json"
+            path.write_bytes(run(*argv))
+            written.append(path.name)
+    nodes = run("scontrol", "show", "nodes", "--json", check=False)  # 23.02+
+    if nodes.strip():
+        (folder / "sharing_scontrol_nodes.json").write_bytes(nodes)
+        written.append("sharing_scontrol_nodes.json")
+    (folder / "sharing_scontrol_show_node.txt").write_bytes(run("scontrol", "show", "node"))
+    written.append("sharing_scontrol_show_node.txt")
+    expected = sharing_expected(plan, layout)
+    (folder / "sharing_expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+    written.append("sharing_expected.json")
+    print(f"Slurm {version}: wrote {', '.join(written)} in {folder}")
     return 0
 
 

@@ -27,6 +27,7 @@ import msgspec
 
 __all__ = [
     "Intent",
+    "NarrowToMps",
     "NarrowToShards",
     "Preempt",
     "Resize",
@@ -95,6 +96,13 @@ class NarrowToShards(Intent, frozen=True, gc=False):
     """Shards per node instead of the job's request (co-location, or a whole GPU's worth)."""
 
     shards: int
+
+
+class NarrowToMps(Intent, frozen=True, gc=False):
+    """An MPS share per node instead of the job's request: ``gres/mps:share``, a share of
+    one GPU's SMs (100 a GPU on the usual gres.conf)."""
+
+    share: int
 
 
 class SetNodes(Intent, frozen=True, gc=False):

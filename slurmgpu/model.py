@@ -48,7 +48,9 @@ class GpuRequest:
     multiplied by the node count and per-task counts by the task count. ``shards`` is the
     total number of ``gres/shard`` units. ``sources`` records which options carried the
     request (``"tres_per_node"``, ``"tres_per_job"``, ``"tres_per_task"``,
-    ``"tres_per_socket"``), so reports can show how users ask.
+    ``"tres_per_socket"``), so reports can show how users ask. ``mps`` is the total of
+    ``gres/mps`` (a GPU's SMs in percent, 100 per GPU on the usual gres.conf): a share of
+    one GPU, not a GPU. ``gpu_type`` of a MIG slice is its profile (``1g.10gb``).
     """
 
     gpus: int = 0
@@ -59,20 +61,25 @@ class GpuRequest:
     shards: int = 0
     shards_per_node: int | None = None
     sources: tuple[str, ...] = ()
+    mps: int = 0
+    mps_per_node: int | None = None
 
     @property
     def wants_gpu(self) -> bool:
-        return self.gpus > 0 or self.shards > 0
+        return self.gpus > 0 or self.shards > 0 or self.mps > 0
 
 
 @dataclass(frozen=True, slots=True)
 class NodeGpuAllocation:
-    """The GPUs (and shards) a job holds on one node, by Slurm device index."""
+    """The GPUs (and shards, and MPS shares) a job holds on one node, by Slurm device
+    index. A MIG slice is a GPU index: Slurm numbers each instance as a GPU."""
 
     node: str
     gpu_indices: tuple[int, ...] = ()
     shard_indices: tuple[int, ...] = ()
     shards: int = 0
+    mps_indices: tuple[int, ...] = ()  # the GPUs whose SMs it shares through MPS
+    mps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +183,11 @@ class Node:
     # allocations (slurmgpu.nodeusage), from those allocations.
     shard_gpus_used: tuple[int, ...] = ()
     shards_used_by_gpu: tuple[tuple[int, int], ...] = ()
+    # (type, count) of each GPU type the node has, e.g. MIG profiles
+    # (("1g.10gb", 4), ("3g.40gb", 2)); untyped GPUs are not listed
+    gpu_types: tuple[tuple[str, int], ...] = ()
+    mps: int = 0  # gres/mps the node offers (100 per GPU on the usual gres.conf)
+    mps_used: int = 0
     partitions: tuple[str, ...] = ()
     reason: str = ""
     address: str = ""

@@ -106,6 +106,7 @@ class NodeJob(msgspec.Struct, frozen=True):
     shards: int
     cpus: int
     user: str = ""
+    mps_indices: list[int] = []  # GPUs whose SMs it shares through MPS; absent: none
 
 
 class NodeJobs(msgspec.Struct, frozen=True):

@@ -210,6 +210,59 @@ def site_cluster(site_lab: LabCluster, monkeypatch: pytest.MonkeyPatch) -> LabCl
     return site_lab
 
 
+# --------------------------------------------------------------------------- MIG and MPS
+
+# The sharing lab (4 nodes: gpu2 MIG slices, gpu3 MPS) gets ports of its own too.
+SHARING_CTLD_PORT = int(os.environ.get("SGPU_TEST_SHARING_CTLD_PORT", "7200")) + _PORT_OFFSET
+SHARING_SLURMD_PORT_BASE = (
+    int(os.environ.get("SGPU_TEST_SHARING_SLURMD_PORT_BASE", "17600")) + _PORT_OFFSET
+)
+
+
+@pytest.fixture(scope="session")
+def sharing_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
+    """A running lab cluster with the ``mig-mps`` layout (slurmgpu/lab/cluster/sharing.py):
+    gpu1 and gpu4 whole GPUs and shards, gpu2 MIG slices, gpu3 MPS. Like :func:`site_lab`
+    it leaves ``SLURM_CONF`` alone; tests take :func:`sharing_cluster`."""
+    if os.geteuid() != 0:
+        _skip("the sharing lab needs root (it starts slurmd)")
+    slurm_root = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
+    try:
+        if slurm_root is None:
+            ensure_packages()
+    except LabClusterError as exc:
+        _skip(f"Slurm packages are missing and cannot be installed: {exc}")
+    root = Path(tempfile.mkdtemp(prefix="sgpu-sharing-", dir="/tmp"))
+    lab = LabCluster(
+        root,
+        ctld_port=SHARING_CTLD_PORT,
+        slurmd_port_base=SHARING_SLURMD_PORT_BASE,
+        slurm_root=slurm_root,
+        sharing="mig-mps",
+    )
+    try:
+        elapsed = lab.up(timeout_s=60.0)
+        print(f"\nsharing_lab: 4 nodes idle after {elapsed:.1f} s under {root}", file=sys.stderr)
+        yield lab
+    finally:
+        lab.down(cancel_jobs=True)
+        if request.session.testsfailed or os.environ.get("SGPU_KEEP_LAB"):
+            print(f"\nsharing_lab: kept {root} (logs in {lab.log_dir})", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def sharing_cluster(sharing_lab: LabCluster, monkeypatch: pytest.MonkeyPatch) -> LabCluster:
+    """:func:`sharing_lab`, with ``SLURM_CONF`` (and a chroot's client commands on
+    ``PATH``) pointing at it for this test."""
+    for key, value in sharing_lab.env().items():
+        monkeypatch.setenv(key, value)
+    if sharing_lab.bin_dir is not None:
+        monkeypatch.setenv("PATH", f"{sharing_lab.bin_dir}:{os.environ.get('PATH', '')}")
+    return sharing_lab
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 
 _PG_DB = "sgpu_test"

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 
 from slurmgpu.intent import (
     Intent,
+    NarrowToMps,
     NarrowToShards,
     SetComment,
     SetCpus,
@@ -82,6 +83,11 @@ def check(intent: Intent, job: Job) -> tuple[str, bool, str] | None:
         if have is None:
             return None
         return _seen(intent, intent.shards == have, f"shard {have}")
+    if isinstance(intent, NarrowToMps):
+        have = job.gpus.mps_per_node
+        if have is None:
+            return None
+        return _seen(intent, intent.share == have, f"mps {have}")
     return None
 
 

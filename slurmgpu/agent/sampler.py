@@ -73,6 +73,7 @@ def allocations(jobs: NodeJobs) -> list[tuple[int, NodeGpuAllocation]]:
                 gpu_indices=tuple(job.gpu_indices),
                 shard_indices=tuple(job.shard_indices),
                 shards=job.shards,
+                mps_indices=tuple(job.mps_indices),
             ),
         )
         for job in jobs.jobs

@@ -87,6 +87,14 @@ def cluster() -> None:
     help="site: accounting, 3 accounts, 8 users (sgpu-u1..8), fairshare, QOS preemption, "
     "partitions gpu and debug (docs/admin-guide.md).",
 )
+@click.option(
+    "--sharing",
+    type=click.Choice(["none", "mig-mps"]),
+    default="none",
+    show_default=True,
+    help="mig-mps: gpu2's GPUs are MIG slices (gpu:1g.10gb...), gpu3's serve MPS "
+    "(mps:400); needs 3 nodes or more.",
+)
 def up(
     root: Path,
     nodes: int | None,
@@ -96,6 +104,7 @@ def up(
     slurm_root: Path | None,
     accounting: bool,
     profile: Literal["default", "site"],
+    sharing: Literal["none", "mig-mps"],
 ) -> None:
     """Install Slurm/munge if needed, start the cluster, wait until every node is idle."""
     try:
@@ -107,6 +116,7 @@ def up(
             slurm_root=slurm_root,
             accounting=accounting,
             profile=profile,
+            sharing=sharing,
         )
         elapsed = lab.up(timeout_s=timeout, progress=click.echo)
     except LabClusterError as exc:

@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from slurmgpu.cli.context import EXIT_STORE, AppContext, fail, pass_app
 from slurmgpu.model import Job
 from slurmgpu.policy.colocate import shards_per_gpu
+from slurmgpu.policy.slices import PartitionOffer, partition_offers
 from slurmgpu.report.eff import EffThresholds, UsageSourceKind, job_efficiency, usage_from_summary
 from slurmgpu.report.eff_advice import notes
 from slurmgpu.report.eff_json import to_json
@@ -73,6 +74,14 @@ def cluster_shards_per_gpu(store: JobStore, job: Job) -> int | None:
     return counts.pop() if len(counts) == 1 else None
 
 
+def cluster_offer(store: JobStore, job: Job) -> PartitionOffer | None:
+    """What the job's partition offers to share GPUs by (MIG slices, MPS, shards), as the
+    store last saw its nodes; None when unknown or its partitions differ."""
+    offers = partition_offers(store.known_nodes().values())
+    found = {offers.get(p) for p in (job.partition or "").split(",")}
+    return found.pop() if len(found) == 1 else None
+
+
 def load_energy(usage: UsageStore, job: Job, source: UsageSourceKind) -> JobEnergy | None:
     """Return the job's GPU energy: from its samples, else from its end-of-job summary."""
     if source == "samples":
@@ -102,6 +111,7 @@ def eff(app: AppContext, job_id: str, as_json: bool) -> None:
         gpus, hosts, source = load_usage(usage, job)
         energy = load_energy(usage, job, source)
         shards = cluster_shards_per_gpu(store, job)
+        offer = cluster_offer(store, job)
     except (StoreError, SQLAlchemyError) as exc:
         cause = getattr(exc, "orig", None) or exc
         fail(f"cannot read the store: {str(cause).splitlines()[0]}", EXIT_STORE)
@@ -112,7 +122,7 @@ def eff(app: AppContext, job_id: str, as_json: bool) -> None:
         datetime.now(UTC),
         # advice from the configuration the daemon reads: what it would set for such runs
         thresholds=EffThresholds.for_site(
-            app.settings.policy.sizing, app.settings.policy.colocate, shards
+            app.settings.policy.sizing, app.settings.policy.colocate, shards, offer
         ),
         source=source,
         energy=energy,

@@ -54,6 +54,7 @@ class NodeDirectory:
                         shards=alloc.shards if alloc else 0,
                         cpus=per_node_cpus,
                         user=job.user,
+                        mps_indices=list(alloc.mps_indices) if alloc else [],
                     )
                 )
         return NodeJobs(node=node, jobs=jobs)

@@ -56,13 +56,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from slurmgpu.intent import Intent, NarrowToShards, SetComment
-from slurmgpu.model import Job, JobState, Node
+from slurmgpu.intent import Intent, NarrowToMps, NarrowToShards, SetComment, SetGpus
+from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, Node
 from slurmgpu.policy.base import Action, GpuStat, HistoryRecord, PolicySnapshot, slurm_job_ref
 from slurmgpu.policy.interference import COEFFICIENTS, InterferenceModel, slowdown_with
 from slurmgpu.policy.priors import LEVELS, Priors
 from slurmgpu.policy.settings import ColocateSettings
 from slurmgpu.policy.sizing import SizingRules
+from slurmgpu.policy.slices import (
+    PartitionOffer,
+    ShardFit,
+    choose_slice,
+    converts_request,
+    partition_offers,
+    shard_fit,
+)
 from slurmgpu.tokens import SEPARATED, add_to_comment, parse
 
 __all__ = [
@@ -132,53 +140,6 @@ def shards_per_gpu(node: Node) -> int:
     if node.gpus <= 0 or node.shards <= 0:
         return 0
     return node.shards // node.gpus
-
-
-@dataclass(frozen=True, slots=True)
-class ShardFit:
-    """A light job's share of one GPU: ``shards`` of ``shards_per_gpu``, and the
-    interference model's slowdowns next to the worst ``partners`` its GPU could get."""
-
-    shards: int
-    shards_per_gpu: int
-    partners: int
-    slowdown: float  # the job's own
-    partner_slowdown: float  # such a partner's, next to it
-
-
-def shard_fit(
-    util_pct: float,
-    memory_mib: float,
-    shards_per_gpu: int,
-    device_mib: float,
-    settings: ColocateSettings,
-    sizing: SizingRules,
-    model: InterferenceModel = COEFFICIENTS,
-) -> ShardFit | None:
-    """Whether a job of this GPU util and memory is packed, and onto how many shards, or
-    None: it stays on a whole GPU (too busy, too big, or it would slow a partner or be
-    slowed past ``max_slowdown``). The daemon's packing decides with it
-    (:class:`ColocatePolicy`), and ``sgpu eff``'s shard advice is it.
-
-    >>> fit = shard_fit(10.0, 4096, 16, 40960, ColocateSettings(), SizingRules())
-    >>> fit.shards, fit.partners
-    (8, 1)
-    >>> shard_fit(60.0, 4096, 16, 40960, ColocateSettings(), SizingRules()) is None
-    True
-    """
-    if util_pct > settings.max_util_pct or device_mib - sizing.memory_margin_mib <= 0:
-        return None
-    n = sizing.shards(memory_mib, device_mib, shards_per_gpu)
-    if n >= shards_per_gpu:
-        return None
-    least = math.ceil(shards_per_gpu / sizing.max_jobs_per_gpu)
-    partners = min(sizing.max_jobs_per_gpu - 1, (shards_per_gpu - n) // least)
-    ceiling = settings.max_util_pct
-    own = slowdown_with(util_pct, [ceiling] * partners, model)
-    theirs = slowdown_with(ceiling, [util_pct] + [ceiling] * (partners - 1), model)
-    if max(own, theirs) > settings.max_slowdown:
-        return None
-    return ShardFit(n, shards_per_gpu, partners, own, theirs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,11 +228,23 @@ class ColocatePolicy:
         shards_of: dict[str, int] = {}
         verdicts: dict[tuple[float, float, int, str, str, str], _Verdict | None] = {}
         actions: list[Action] = []
+        offers = partition_offers(cluster.nodes)
+        offer_of: dict[str, PartitionOffer] = {}
         for job in pending:
             hints = hints_of.get(job.comment)
             if hints is None:
                 hints = hints_of[job.comment] = hints_from_comment(job.comment)
             if hints.separated or not (hints.shareable or s.apply_to_all) or job.node_count > 1:
+                continue
+            offer = offer_of.get(job.partition)
+            if offer is None:
+                offer = offer_of[job.partition] = _job_offer(job.partition, offers)
+            if offer.mig_profiles or offer.mps_per_gpu:
+                if priors is None:
+                    priors = self.priors(snapshot.history)
+                action = self._slice_action(job, hints, offer, priors, device_mib, cluster)
+                if action is not None:
+                    actions.append(action)
                 continue
             shards = shards_of.get(job.partition)
             if shards is None:
@@ -279,40 +252,16 @@ class ColocatePolicy:
             if shards < 2:
                 continue
             request = job.gpus
-            from_gpu = (
-                request.shards == 0
-                and request.gpus == 1
-                and request.per_node == 1
-                and request.per_task is None
-                and request.per_job is None
-            )
+            from_gpu = _one_gpu(request)
             whole_in_shards = request.gpus == 0 and request.shards_per_node == shards
             if not (whole_in_shards or (from_gpu and convert_gpu)):
                 continue
             if priors is None:
                 priors = self.priors(snapshot.history)
-            est = priors.estimate(job)
-            if est is not None and est.level not in JOB_LEVELS:
-                est = None
-            util = est.mean_gpu_util_pct if est is not None else None
-            util_source = "history"
-            if util is None:
-                if not hints.shareable:
-                    continue
-                util, util_source = s.max_util_pct, "declared shareable (assumed at the ceiling)"
-            known_memory = [
-                m
-                for m in (hints.gpu_memory_mib, est.peak_gpu_memory_mib if est else None)
-                if m is not None
-            ]
-            if not known_memory:
+            profile = self._profile(job, hints, priors)
+            if profile is None:
                 continue
-            memory = float(max(known_memory))
-            memory_source = (
-                "declared with --gpu-mem"
-                if hints.gpu_memory_mib is not None and hints.gpu_memory_mib >= memory
-                else "peak of its past runs"
-            )
+            util, util_source, memory, memory_source = profile
             before = (
                 f"{request.shards_per_node} shards"
                 if whole_in_shards
@@ -326,23 +275,127 @@ class ColocatePolicy:
                     util, util_source, memory, memory_source, shards, device_mib, before
                 )
             if verdict is not None:
-                actions.append(
-                    Action(
-                        policy=self.name,
-                        kind="update",
-                        job_id=job.job_id,
-                        user=job.user,
-                        reason=verdict.reason,
-                        numbers=verdict.numbers,
-                        intents=verdict.intents,
-                        alert=ALERT_PACK,
-                        # Above rightsize's updates of the same pending job, which would
-                        # otherwise win the one-action-per-job contest every cycle.
-                        priority=1,
-                        slurm_id=slurm_job_ref(job),
-                    )
-                )
+                actions.append(self._pack_action(job, verdict))
         return actions
+
+    def _pack_action(self, job: Job, verdict: _Verdict) -> Action:
+        return Action(
+            policy=self.name,
+            kind="update",
+            job_id=job.job_id,
+            user=job.user,
+            reason=verdict.reason,
+            numbers=verdict.numbers,
+            intents=verdict.intents,
+            alert=ALERT_PACK,
+            # Above rightsize's updates of the same pending job, which would
+            # otherwise win the one-action-per-job contest every cycle.
+            priority=1,
+            slurm_id=slurm_job_ref(job),
+        )
+
+    def _profile(
+        self, job: Job, hints: ColocateHints, priors: Priors
+    ) -> tuple[float, str, float, str] | None:
+        """(util, where from, memory, where from) of a job, or None: unknown, not packed."""
+        s = self.settings
+        est = priors.estimate(job)
+        if est is not None and est.level not in JOB_LEVELS:
+            est = None
+        util = est.mean_gpu_util_pct if est is not None else None
+        util_source = "history"
+        if util is None:
+            if not hints.shareable:
+                return None
+            util, util_source = s.max_util_pct, "declared shareable (assumed at the ceiling)"
+        known_memory = [
+            m
+            for m in (hints.gpu_memory_mib, est.peak_gpu_memory_mib if est else None)
+            if m is not None
+        ]
+        if not known_memory:
+            return None
+        memory = float(max(known_memory))
+        memory_source = (
+            "declared with --gpu-mem"
+            if hints.gpu_memory_mib is not None and hints.gpu_memory_mib >= memory
+            else "peak of its past runs"
+        )
+        return util, util_source, memory, memory_source
+
+    def _slice_action(
+        self,
+        job: Job,
+        hints: ColocateHints,
+        offer: PartitionOffer,
+        priors: Priors,
+        device_mib: float,
+        cluster: ClusterSnapshot,
+    ) -> Action | None:
+        """A partition with MIG or MPS nodes: narrow the job to the slice
+        :func:`~slurmgpu.policy.slices.choose_slice` picks among what its request may
+        become on this release (:func:`~slurmgpu.policy.slices.converts_request`)."""
+        s = self.settings
+        request = job.gpus
+        version = cluster.slurm_version
+        whole_mps = (
+            request.mps > 0
+            and request.gpus == 0
+            and request.shards == 0
+            and request.mps_per_node == offer.mps_per_gpu
+        )
+        if not (whole_mps or _one_gpu(request)):
+            return None
+        shards_ok = _one_gpu(request) and (
+            s.convert_gpu_requests == "always"
+            or (s.convert_gpu_requests == "auto" and converts_gpu_to_shards(version))
+        )
+        usable = PartitionOffer(
+            mig_profiles=offer.mig_profiles if converts_request(request, "mig", version) else (),
+            mps_per_gpu=offer.mps_per_gpu if converts_request(request, "mps", version) else 0,
+            shards_per_gpu=offer.shards_per_gpu if shards_ok else 0,
+        )
+        if not (usable.mig_profiles or usable.mps_per_gpu or usable.shards_per_gpu):
+            return None
+        profile = self._profile(job, hints, priors)
+        if profile is None:
+            return None
+        util, util_source, memory, memory_source = profile
+        choice = choose_slice(util, memory, usable, device_mib, s, self.sizing, self.model)
+        if choice is None:
+            return None
+        before = f"{request.mps_per_node} MPS" if whole_mps else f"{request.per_node} GPU"
+        intent: Intent
+        if choice.kind == "mig":
+            intent = SetGpus(1, choice.profile)
+        elif choice.kind == "mps":
+            intent = NarrowToMps(choice.count)
+        else:
+            intent = NarrowToShards(choice.count)
+        numbers: Numbers = {
+            "util_pct": round(util, 1),
+            "util_source": util_source,
+            "gpu_memory_mib": round(memory),
+            "gpu_memory_source": memory_source,
+            "device_memory_mib": round(device_mib),
+            "memory_margin_mib": self.sizing.memory_margin_mib,
+            "slice": choice.gres,
+            "slice_kind": choice.kind,
+            "slice_memory_mib": round(choice.memory_mib),
+            "gpu_fraction": round(choice.gpu_fraction, 3),
+            "partners_max": choice.partners,
+            "predicted_slowdown": round(choice.slowdown, 3),
+            "predicted_partner_slowdown": round(choice.partner_slowdown, 3),
+            "max_slowdown": s.max_slowdown,
+        }
+        util_from = "its past runs" if util_source == "history" else util_source
+        reason = (
+            f"light job: GPU util {util:.0f} % ({util_from}), {memory / 1024:.1f} GiB "
+            f"GPU memory ({memory_source}): {choice.gres} ({choice.isolation}, "
+            f"{choice.gpu_fraction:.0%} of a GPU) instead of {before}, predicted slowdown "
+            f"{max(choice.slowdown, choice.partner_slowdown):.2f}x at most"
+        )
+        return self._pack_action(job, _Verdict(reason, numbers, (intent,)))
 
     @staticmethod
     def _uniform_shards(job: Job, by_partition: dict[str, set[int]]) -> int:
@@ -528,6 +581,27 @@ class ColocatePolicy:
             slurm_id=slurm_job_ref(victim),
             protective=True,
         )
+
+
+def _one_gpu(request: GpuRequest) -> bool:
+    """A request for one whole GPU of one node (``--gres=gpu:1``, typed or not)."""
+    return (
+        request.shards == 0
+        and request.mps == 0
+        and request.gpus == 1
+        and request.per_node == 1
+        and request.per_task is None
+        and request.per_job is None
+    )
+
+
+def _job_offer(partition: str, offers: dict[str, PartitionOffer]) -> PartitionOffer:
+    """What every partition a job may run in offers; nothing when they differ."""
+    found = {offers.get(p, _NO_OFFER) for p in (partition or "").split(",")}
+    return found.pop() if len(found) == 1 else _NO_OFFER
+
+
+_NO_OFFER = PartitionOffer()
 
 
 def _own_figures(util: float | None, stat: GpuStat | None) -> str:

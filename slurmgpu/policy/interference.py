@@ -25,6 +25,15 @@ nothing to the held-out error once utilisation is known (bench/interference.py).
 hard rule instead (:func:`fits_memory`): the peaks of the jobs on one GPU plus a margin
 must fit the device.
 
+**Isolation** (:func:`slowdown_shared`). The pairs were measured time-sliced, which is
+what ``gres/shard`` gives (no isolation): the whole model applies. Under MPS the jobs'
+kernels run at once on separate SMs, so there is no time-slicing -- the ``saturation``
+term sees the GPU as never oversubscribed -- but they still share memory bandwidth and
+caches: the ``partner`` and ``product`` terms stay (partly isolated). A MIG slice has its
+own SMs, memory and caches: no partner term at all (isolated). Both MPS and MIG cap a
+job at its share of the SMs instead: a job that keeps ``u`` % of a whole GPU busy on a
+share of ``s`` % runs ``u / s`` times slower when ``u > s``.
+
 Pure and cheap: a few float operations per call, no I/O.
 """
 
@@ -32,16 +41,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = [
     "COEFFICIENTS",
     "MIN_SPEED",
     "InterferenceModel",
     "PairSlowdown",
+    "SharingMode",
     "fits_memory",
     "predict",
+    "slowdown_shared",
     "slowdown_with",
 ]
+
+SharingMode = Literal["shard", "mps", "mig"]
 
 MIN_SPEED = 0.05  # never predict a job stops altogether (slowdown capped at 20x)
 
@@ -62,6 +76,13 @@ class InterferenceModel:
         total = a + b
         fill = 1.0 if total <= 1.0 else 1.0 / total
         s = self.intercept + self.partner * b + self.product * a * b + self.saturation * fill
+        return min(1.0, max(MIN_SPEED, s))
+
+    def contention_speed(self, util_pct: float, partner_util_pct: float) -> float:
+        """:meth:`speed` without time-slicing (MPS: SMs split, bandwidth shared)."""
+        a = min(max(util_pct, 0.0), 100.0) / 100.0
+        b = min(max(partner_util_pct, 0.0), 100.0) / 100.0
+        s = self.intercept + self.partner * b + self.product * a * b + self.saturation
         return min(1.0, max(MIN_SPEED, s))
 
 
@@ -124,6 +145,36 @@ def slowdown_with(
     """
     partner = min(100.0, sum(max(u, 0.0) for u in partner_utils_pct))
     return 1.0 / model.speed(util_pct, partner)
+
+
+def slowdown_shared(
+    util_pct: float,
+    partner_utils_pct: Iterable[float],
+    mode: SharingMode,
+    sm_share_pct: float = 100.0,
+    model: InterferenceModel = COEFFICIENTS,
+) -> float:
+    """One job's predicted slowdown on a GPU shared as ``mode`` (see the module docstring):
+    ``shard`` is :func:`slowdown_with`; ``mps`` the contention terms only, times the cap of
+    its SM share; ``mig`` the cap of its slice alone, whoever else is on the GPU.
+
+    >>> slowdown_shared(10, [40], "mig", sm_share_pct=100 / 7)
+    1.0
+    >>> round(slowdown_shared(30, [], "mig", sm_share_pct=100 / 7), 2)
+    2.1
+    >>> a = slowdown_shared(40, [40, 40], "shard")
+    >>> b = slowdown_shared(40, [40, 40], "mps", sm_share_pct=50)
+    >>> 1.0 < b < a
+    True
+    """
+    share = max(sm_share_pct, 1e-9)
+    cap = max(1.0, max(util_pct, 0.0) / share)
+    if mode == "mig":
+        return cap
+    if mode == "mps":
+        partner = min(100.0, sum(max(u, 0.0) for u in partner_utils_pct))
+        return cap / model.contention_speed(util_pct, partner)
+    return slowdown_with(util_pct, partner_utils_pct, model)
 
 
 def fits_memory(peaks_mib: Iterable[float], device_mib: float, margin_mib: float) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.settings import ColocateSettings
 from slurmgpu.policy.sizing import SizingRules
+from slurmgpu.policy.slices import PartitionOffer
 from slurmgpu.report.energy import JobEnergy
 from slurmgpu.store.usage_query import GpuUsage, HostUsage
 
@@ -40,7 +41,9 @@ class EffThresholds:
     5400.0
 
     ``sizing`` and ``colocate`` are the site's (the sizing knobs, and when a job is light
-    enough to share a GPU); ``shards_per_gpu`` the cluster's, 16 where it is not known.
+    enough to share a GPU); ``shards_per_gpu`` the cluster's, 16 where it is not known;
+    ``offer`` what the job's nodes offer to share GPUs by (MIG profiles, MPS, shards), None
+    where the nodes offer no MIG slice and no MPS (shards of ``shards_per_gpu`` then).
     """
 
     min_runtime: timedelta = timedelta(seconds=300)
@@ -56,13 +59,18 @@ class EffThresholds:
     sizing: SizingRules = field(default_factory=SizingRules)  # -c, --mem, --time, shards
     colocate: ColocateSettings = field(default_factory=ColocateSettings)  # shard note's jobs
     shards_per_gpu: int = DEFAULT_SHARDS_PER_GPU  # the cluster's, where known
+    offer: PartitionOffer | None = None  # MIG slices / MPS the job's nodes offer
     energy_idle_warn_pct: float = 50.0  # at or above: the energy note is a warning
     input_cpu_busy_pct: float = 80.0  # GPUs under-used while the cores are this busy
     input_iowait_pct: float = 30.0  # ... or while the processes wait this much on I/O
 
     @classmethod
     def for_site(
-        cls, sizing: SizingRules, colocate: ColocateSettings, shards_per_gpu: int | None = None
+        cls,
+        sizing: SizingRules,
+        colocate: ColocateSettings,
+        shards_per_gpu: int | None = None,
+        offer: PartitionOffer | None = None,
     ) -> EffThresholds:
         """The defaults, advising by the site's sizing rules and ``[policy.colocate]`` (the
         daemon's ``PolicySettings.sizing`` and ``.colocate``) on GPUs of
@@ -72,6 +80,9 @@ class EffThresholds:
             sizing=sizing,
             colocate=colocate,
             shards_per_gpu=shards_per_gpu or DEFAULT_SHARDS_PER_GPU,
+            offer=offer
+            if offer is not None and (offer.mig_profiles or offer.mps_per_gpu)
+            else None,
         )
 
 
@@ -213,7 +224,7 @@ def _gpu_roles(job: Job, usage: Sequence[GpuUsage]) -> dict[tuple[str, int], Gpu
     for a in job.gpu_allocations:
         for i in a.gpu_indices:
             roles[(a.node, i)] = "gpu"
-        for i in a.shard_indices:
+        for i in (*a.shard_indices, *a.mps_indices):  # a share of the GPU (MPS too)
             roles.setdefault((a.node, i), "shard")
     # Without a recorded placement the GPUs the agent attributed to the job are its GPUs.
     fallback: GpuRole = "shard" if job.gpus.gpus == 0 and job.gpus.shards else "gpu"

@@ -28,6 +28,11 @@ The rules, in the order :func:`notes` applies them (then sorted alert → warn �
   the GPU's own memory. Until issue 37 this was ceil(16 * 1.2 * peak / GPU memory) under
   its own util (15 %) and memory (10 GiB) bounds, so that for 4 GiB of a 40 GiB GPU eff
   advised ``shard:2`` where the daemon narrows to 8 (``max_jobs_per_gpu`` 2 of 16).
+- ``slice`` (warn), instead of ``shard`` where the job's nodes offer MIG slices or MPS
+  (``EffThresholds.offer``): the share co-location would narrow such a run to
+  (:func:`slurmgpu.policy.slices.choose_slice`: the smallest MIG profile, MPS share or
+  shards that holds it), e.g. ``--gres=gpu:1g.10gb:1``; a ``shard`` note when shards win.
+  Never for a job that already ran on a MIG slice or MPS.
 - ``input-bound`` (warn): overall util < 25 %, some GPU busy, no GPU note above (the
   ``shard`` note does not count: sharing and a starved GPU are told apart), and the
   CPUs ≥ 80 % busy or the processes waiting on block I/O ≥ 30 % of the time (kernel
@@ -63,8 +68,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
-from slurmgpu.model import JobState
+from slurmgpu.model import Job, JobState
 from slurmgpu.policy.colocate import hints_from_comment, shard_fit
+from slurmgpu.policy.slices import MigProfile, choose_slice
 from slurmgpu.report.eff import (
     DEFAULT_THRESHOLDS,
     EffThresholds,
@@ -126,6 +132,50 @@ def suggested_shards(
     device = th.colocate.device_memory_mib or total_mib
     fit = shard_fit(util_pct, used_mib, th.shards_per_gpu, device, th.colocate, th.sizing)
     return None if fit is None else fit.shards
+
+
+def _on_a_share(job: Job) -> bool:
+    """Whether the job already ran on a share of a GPU (a MIG slice or MPS)."""
+    return (
+        job.gpus.mps > 0
+        or any(a.mps for a in job.gpu_allocations)
+        or MigProfile.parse(job.gpus.gpu_type) is not None
+    )
+
+
+def _slice_note(
+    util_pct: float,
+    needed_mib: float,
+    peak_mib: float,
+    device_mib: float,
+    was: str,
+    so_far: str,
+    th: EffThresholds,
+) -> Note | None:
+    """The ``slice`` note: the share co-location would narrow such a run to where the
+    nodes offer MIG slices or MPS (:func:`slurmgpu.policy.slices.choose_slice`)."""
+    assert th.offer is not None
+    choice = choose_slice(util_pct, needed_mib, th.offer, device_mib, th.colocate, th.sizing)
+    if choice is None:
+        return None
+    option = str(sbatch.gres(choice.gres))
+    if choice.kind == "mig":
+        what = (
+            f"a MIG slice, {choice.gpu_fraction * 7:.0f} of 7 compute slices and "
+            f"{_gib(choice.memory_mib)}, isolated"
+        )
+    elif choice.kind == "mps":
+        what = f"an MPS share of {choice.gpu_fraction:.0%} of a GPU's SMs, partly isolated"
+    else:
+        what = f"{choice.count} shards, {choice.gpu_fraction:.0%} of a GPU, not isolated"
+    return Note(
+        "shard" if choice.kind == "shard" else "slice",
+        "warn",
+        f"GPU util {was} {_pct(util_pct)}{so_far} and GPU memory peaked at "
+        f"{_gib(peak_mib)} of {_gib(device_mib)}: a share of one GPU is enough; next time "
+        f"ask for {option} ({what}) instead of a whole GPU",
+        option,
+    )
 
 
 def _names(gpus: Sequence[GpuEfficiency], *, idle: bool = False) -> str:
@@ -281,8 +331,21 @@ def notes(eff: JobEfficiency) -> list[Note]:
             # what co-location packs by: the larger of the peak and the declared --gpu-mem
             declared = hints_from_comment(job.comment).gpu_memory_mib or 0
             needed = max(g.max_memory_mib, float(declared))
-            n = suggested_shards(g.mean_util_pct, needed, g.memory_total_mib, th)
-            if n is not None:
+            slice_note = (
+                _slice_note(
+                    g.mean_util_pct, needed, g.max_memory_mib, g.memory_total_mib, was, so_far, th
+                )
+                if th.offer is not None and not _on_a_share(job)
+                else None
+            )
+            n = (
+                suggested_shards(g.mean_util_pct, needed, g.memory_total_mib, th)
+                if th.offer is None
+                else None
+            )
+            if slice_note is not None:
+                out.append(slice_note)
+            elif n is not None:
                 option = str(sbatch.shards(n))
                 out.append(
                     Note(
@@ -470,7 +533,7 @@ def _time_notes(eff: JobEfficiency) -> list[Note]:
 _DIAGNOSIS = (
     ("idle", frozenset({"idle-gpu", "no-gpu-use", "no-process"})),
     ("input-bound", frozenset({"input-bound"})),
-    ("low-util", frozenset({"gpu-util", "gpus", "shard"})),
+    ("low-util", frozenset({"gpu-util", "gpus", "shard", "slice"})),
 )
 
 

@@ -771,13 +771,15 @@ def _gpu_request_from_options(
     }
     gpus: dict[str, int | None] = {}
     shards: dict[str, int | None] = {}
+    mps: dict[str, int | None] = {}
     gpu_type: str | None = None
     sources: list[str] = []
     for name in _REQUEST_FIELDS:
         g, t = _count(parsed[name], "gpu")
         s, _ = _count(parsed[name], "shard")
-        gpus[name], shards[name] = g, s
-        if g is not None or s is not None:
+        m, _ = _count(parsed[name], "mps")
+        gpus[name], shards[name], mps[name] = g, s, m
+        if g is not None or s is not None or m is not None:
             sources.append(name)
         if gpu_type is None and t:
             gpu_type = t
@@ -805,6 +807,8 @@ def _gpu_request_from_options(
         shards=total(shards),
         shards_per_node=shards["tres_per_node"],
         sources=tuple(sources),
+        mps=total(mps),
+        mps_per_node=mps["tres_per_node"],
     )
     return req, problems.first
 
@@ -816,6 +820,8 @@ def _allocation(node: str, detail: str) -> tuple[NodeGpuAllocation | None, tuple
     gpu_idx: list[int] = []
     shard_idx: list[int] = []
     shards = 0
+    mps_idx: list[int] = []
+    mps = 0
     seen = False
     for it in items:
         if it.name == "gpu":
@@ -827,10 +833,20 @@ def _allocation(node: str, detail: str) -> tuple[NodeGpuAllocation | None, tuple
             # taken on each GPU: the GPUs with some are the job's
             shard_idx.extend(it.indices or (i for i, (n, _) in enumerate(it.shares) if n))
             shards += it.count
+        elif it.name == "mps":
+            seen = True
+            # "mps:50(IDX:0)" on every release recorded: one GPU's SMs, shared
+            mps_idx.extend(it.indices or (i for i, (n, _) in enumerate(it.shares) if n))
+            mps += it.count
     if not seen:
         return None, skipped
     alloc = NodeGpuAllocation(
-        node=node, gpu_indices=tuple(gpu_idx), shard_indices=tuple(shard_idx), shards=shards
+        node=node,
+        gpu_indices=tuple(gpu_idx),
+        shard_indices=tuple(shard_idx),
+        shards=shards,
+        mps_indices=tuple(mps_idx),
+        mps=mps,
     )
     return alloc, skipped
 
@@ -1138,6 +1154,22 @@ def _node_state(tokens: tuple[str, ...]) -> tuple[str, frozenset[str]]:
     return base or "unknown", frozenset(flags)
 
 
+def _node_sharing(
+    total_s: str | None, used_s: str | None
+) -> tuple[tuple[tuple[str, int], ...], int, int]:
+    """A node's GPU types with their counts (MIG profiles on a MIG node), and its MPS
+    total and use. Bad items were already counted by :func:`_node_gres`."""
+    total, _ = parse_gres_lenient(total_s) if total_s else ((), ())
+    used, _ = parse_gres_lenient(used_s) if used_s else ((), ())
+    types: dict[str, int] = {}
+    for it in total:
+        if it.name == "gpu" and it.type:
+            types[it.type] = types.get(it.type, 0) + it.count
+    mps, _ = _count(total, "mps")
+    mps_used, _ = _count(used, "mps")
+    return tuple(types.items()), mps or 0, mps_used or 0
+
+
 def _node_gres(
     total_s: str | None, used_s: str | None, where: str, problems: _Problems
 ) -> tuple[int, str | None, int, int, tuple[int, ...], int, _ShardGpus]:
@@ -1197,6 +1229,7 @@ def node_from_record(r: NodeRecord, problems: _Problems | None = None) -> Node:
     gpus, gpu_type, shards, gpus_used, idx, shards_used, (shard_gpus, by_gpu) = _node_gres(
         r.gres, r.gres_used, f"node {r.name}", problems
     )
+    gpu_types, mps, mps_used = _node_sharing(r.gres, r.gres_used)
     parts = r.partitions
     partitions = tuple(p for p in parts.split(",") if p) if isinstance(parts, str) else parts or ()
     return Node(
@@ -1215,6 +1248,9 @@ def node_from_record(r: NodeRecord, problems: _Problems | None = None) -> Node:
         shards_used=shards_used,
         shard_gpus_used=shard_gpus,
         shards_used_by_gpu=by_gpu,
+        gpu_types=gpu_types,
+        mps=mps,
+        mps_used=mps_used,
         partitions=tuple(partitions),
         reason=_str(r.reason),
         address=_str(r.address),
@@ -1270,6 +1306,7 @@ def _nodes_from_sinfo_records(records: list[SinfoRecord], problems: _Problems) -
         gpus, gpu_type, shards, gpus_used, idx, shards_used, (shard_gpus, by_gpu) = _node_gres(
             gres.total, gres.used, f"sinfo {names[0]}", problems
         )
+        gpu_types, mps, mps_used = _node_sharing(gres.total, gres.used)
         part = rec.partition.name if rec.partition and rec.partition.name else ""
         reason = rec.reason
         reason_s = reason if isinstance(reason, str) else (reason.description if reason else "")
@@ -1296,6 +1333,9 @@ def _nodes_from_sinfo_records(records: list[SinfoRecord], problems: _Problems) -
                 shards_used=shards_used,
                 shard_gpus_used=shard_gpus,
                 shards_used_by_gpu=by_gpu,
+                gpu_types=gpu_types,
+                mps=mps,
+                mps_used=mps_used,
                 partitions=(part,) if part else (),
                 reason=_str(reason_s),
                 address=addresses[i] if i < len(addresses) else "",

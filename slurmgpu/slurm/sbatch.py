@@ -35,6 +35,7 @@ __all__ = [
     "checkpoint_signal",
     "cpus_per_task",
     "gpus",
+    "gres",
     "mem",
     "mem_size",
     "shards",
@@ -71,6 +72,14 @@ def gpus(count: int, *, nodes: int | None = None) -> SbatchOptions:
 def shards(count: int) -> SbatchOptions:
     """``--gres=shard:COUNT``: a share of one GPU (Slurm's shard GRES)."""
     return SbatchOptions((f"--gres=shard:{_whole('shards', count)}",))
+
+
+def gres(spec: str) -> SbatchOptions:
+    """``--gres=SPEC`` for one share of a GPU: ``gpu:1g.10gb:1`` (a MIG slice),
+    ``mps:25``, ``shard:4``."""
+    if not spec or any(ch.isspace() for ch in spec) or spec.count(":") not in (1, 2):
+        raise ValueError(f"not a GRES request: {spec!r}")
+    return SbatchOptions((f"--gres={spec}",))
 
 
 def cpus_per_task(count: int) -> SbatchOptions:

@@ -12,6 +12,8 @@ other fields are spelt alike in every release we support::
     SetCpusPerNode(4)             MinCPUsNode=4
     SetGpus(2, "a100")            TresPerNode=gres/gpu:a100:2   (per_node=False: TresPerJob)
     NarrowToShards(2)             TresPerNode=gres/shard:2
+    NarrowToMps(50)               TresPerNode=gres/mps:50
+    SetGpus(1, "1g.10gb")         TresPerNode=gres/gpu:1g.10gb:1  (a MIG slice is a GPU type)
     SetNodes(2)                   NumNodes=2
     SetComment("x sgpu:y")        Comment=x sgpu:y
     SetAdminComment("sgpu-eff…")  AdminComment=sgpu-eff…
@@ -34,6 +36,7 @@ from collections.abc import Iterable, Mapping
 
 from slurmgpu.intent import (
     Intent,
+    NarrowToMps,
     NarrowToShards,
     Preempt,
     Resize,
@@ -112,7 +115,7 @@ def gres_prefix(slurm_version: str) -> str:
 def spelt_alike(intents: Iterable[Intent]) -> bool:
     """Whether every release spells ``intents`` alike (no GRES among them), so a backend
     need not ask Slurm which release it runs to render them."""
-    return not any(isinstance(i, SetGpus | NarrowToShards) for i in intents)
+    return not any(isinstance(i, SetGpus | NarrowToShards | NarrowToMps) for i in intents)
 
 
 _LIMIT_TEXTS: dict[int | None, str] = {}
@@ -143,6 +146,8 @@ def _put(out: dict[str, str], intent: Intent, prefix: str) -> None:
         out["MinCPUsNode"] = str(intent.count)
     elif isinstance(intent, NarrowToShards):
         out["TresPerNode"] = f"{prefix}shard:{intent.shards}"
+    elif isinstance(intent, NarrowToMps):
+        out["TresPerNode"] = f"{prefix}mps:{intent.share}"
     elif isinstance(intent, SetNice):
         out["Nice"] = str(intent.nice)
     elif isinstance(intent, SetComment):
@@ -215,7 +220,9 @@ def _tres(key: str, value: str) -> Intent:
         return SetGpus(item.count, item.type, per_node=key == "TresPerNode")
     if item.name == "shard" and key == "TresPerNode" and item.type is None:
         return NarrowToShards(item.count)
-    raise UpdateFieldError(f"{key}={value!r}: not a GPU or shard request")
+    if item.name == "mps" and key == "TresPerNode" and item.type is None:
+        return NarrowToMps(item.count)
+    raise UpdateFieldError(f"{key}={value!r}: not a GPU, shard or MPS request")
 
 
 def _one(key: str, value: str) -> Intent:

@@ -59,6 +59,8 @@ def job_to_row(job: Job) -> dict[str, Any]:
                 "gpus": list(a.gpu_indices),
                 "shard_gpus": list(a.shard_indices),
                 "shards": a.shards,
+                # MPS shares only where the job has one (rows written before have none)
+                **({"mps_gpus": list(a.mps_indices), "mps": a.mps} if a.mps else {}),
             }
             for a in job.gpu_allocations
         ],
@@ -85,6 +87,8 @@ def row_to_job(row: Mapping[Any, Any]) -> Job:
             gpu_indices=tuple(int(i) for i in a.get("gpus", ())),
             shard_indices=tuple(int(i) for i in a.get("shard_gpus", ())),
             shards=int(a.get("shards", 0)),
+            mps_indices=tuple(int(i) for i in a.get("mps_gpus", ())),
+            mps=int(a.get("mps", 0)),
         )
         for a in (row["gpu_alloc"] or ())
     )
@@ -154,6 +158,8 @@ def node_to_row(node: Node) -> dict[str, Any]:
         "partitions": ",".join(node.partitions),
         "reason": node.reason,
         "address": node.address,
+        "gpu_types": ",".join(f"{t}:{n}" for t, n in node.gpu_types),
+        "mps": node.mps,
     }
 
 
@@ -176,4 +182,16 @@ def row_to_node(row: Mapping[Any, Any]) -> Node:
         partitions=tuple(p for p in row["partitions"].split(",") if p),
         reason=row["reason"],
         address=row["address"],
+        gpu_types=_gpu_types(row.get("gpu_types") or ""),
+        mps=row.get("mps") or 0,
     )
+
+
+def _gpu_types(text: str) -> tuple[tuple[str, int], ...]:
+    """``1g.10gb:4,3g.40gb:2`` (a ``nodes`` row's) → ``(("1g.10gb", 4), ("3g.40gb", 2))``."""
+    out: list[tuple[str, int]] = []
+    for item in text.split(","):
+        name, _, count = item.rpartition(":")
+        if name and count.isdigit():
+            out.append((name, int(count)))
+    return tuple(out)

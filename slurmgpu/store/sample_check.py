@@ -57,7 +57,11 @@ def job_run(job: Job) -> JobRun | None:
         return None
     gpus: dict[str, frozenset[int]] = {}
     for alloc in job.gpu_allocations:
-        indices = frozenset(alloc.gpu_indices) | frozenset(alloc.shard_indices)
+        indices = (
+            frozenset(alloc.gpu_indices)
+            | frozenset(alloc.shard_indices)
+            | frozenset(alloc.mps_indices)
+        )
         if indices:
             gpus[alloc.node] = gpus.get(alloc.node, frozenset()) | indices
     start = job.start_time.timestamp() if job.start_time and not job.restart_count else None

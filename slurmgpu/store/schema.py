@@ -38,6 +38,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -181,6 +182,9 @@ nodes = Table(
     Column("reason", Text, nullable=False, default=""),
     Column("address", String(256), nullable=False, default=""),
     Column("last_seen", TS, nullable=False),
+    # "1g.10gb:4,3g.40gb:2": the node's typed GPUs (migration 0011)
+    Column("gpu_types", String(512), nullable=False, default="", server_default=text("''")),
+    Column("mps", Integer, nullable=False, default=0, server_default=text("0")),
 )
 
 gpus = Table(

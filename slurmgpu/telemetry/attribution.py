@@ -397,7 +397,7 @@ def _allocated_by_index(
 ) -> dict[int, set[int]]:
     by_index: dict[int, set[int]] = {}
     for job_id, alloc in jobs_on_node:
-        for idx in (*alloc.gpu_indices, *alloc.shard_indices):
+        for idx in (*alloc.gpu_indices, *alloc.shard_indices, *alloc.mps_indices):
             by_index.setdefault(idx, set()).add(job_id)
     return by_index
 

@@ -14,10 +14,12 @@ from rich.console import Console
 from slurmgpu.cli.context import AppContext
 from slurmgpu.cli.eff import eff as eff_command
 from slurmgpu.jobdiff import diff_jobs
-from slurmgpu.model import Job, JobState, Node
+from slurmgpu.model import GpuRequest, Job, JobState, Node
+from slurmgpu.policy.settings import ColocateSettings
 from slurmgpu.policy.sizing import SizingRules
+from slurmgpu.policy.slices import MigProfile, PartitionOffer
 from slurmgpu.report.eff import EffThresholds, JobEfficiency, job_efficiency, usage_from_summary
-from slurmgpu.report.eff_advice import notes
+from slurmgpu.report.eff_advice import gpu_diagnosis, notes
 from slurmgpu.report.eff_json import to_json
 from slurmgpu.report.eff_render import render_report
 from slurmgpu.store import open_store
@@ -232,6 +234,37 @@ def test_a_job_the_daemon_would_not_pack_is_not_offered_shards() -> None:
     declared = replace(big, comment="sgpu:shareable sgpu:gpu-mem=76000")
     small = job_efficiency(declared, [gpu(0, 8.0, memory_mib=4096.0)], [], ended(declared))
     assert "shard" not in kinds(notes(small))
+
+
+def test_where_the_nodes_offer_mig_or_mps_the_note_names_the_slice() -> None:
+    job = make_job(cpus=1)
+    usage = [gpu(0, 8.0, peak=30.0, memory_mib=4096.0, total_mib=81920.0)]
+    report = job_efficiency(job, usage, [host("gpu1", 20.0, 1)], ended(job))
+    mig = PartitionOffer(tuple(p for n in ("1g.10gb", "3g.40gb") if (p := MigProfile.parse(n))))
+    found = notes(
+        replace(
+            report, thresholds=EffThresholds.for_site(SizingRules(), ColocateSettings(), 16, mig)
+        )
+    )
+    note = one(found, "slice")
+    assert note.option == "--gres=gpu:1g.10gb:1"
+    assert "a MIG slice, 1 of 7 compute slices and 10.0 GiB, isolated" in note.text
+    assert "shard" not in kinds(found) and gpu_diagnosis(found) == "low-util"
+    # MPS only: a share of the SMs
+    mps = EffThresholds.for_site(
+        SizingRules(), ColocateSettings(), 16, PartitionOffer(mps_per_gpu=100)
+    )
+    assert one(notes(replace(report, thresholds=mps)), "slice").option == "--gres=mps:50"
+    # an offer of shards alone is the shard note as before
+    shards = EffThresholds.for_site(
+        SizingRules(), ColocateSettings(), 16, PartitionOffer(shards_per_gpu=16)
+    )
+    assert shards.offer is None and one(notes(replace(report, thresholds=shards)), "shard")
+    # a job that already ran on a slice is told nothing about slices
+    on_slice = replace(job, gpus=GpuRequest(gpus=1, per_node=1, gpu_type="3g.40gb"))
+    again = job_efficiency(on_slice, usage, [host("gpu1", 20.0, 1)], ended(on_slice))
+    with_mig = EffThresholds.for_site(SizingRules(), ColocateSettings(), 16, mig)
+    assert not {"slice", "shard"} & set(kinds(notes(replace(again, thresholds=with_mig))))
 
 
 # -- time, memory, CPU --------------------------------------------------------------------
@@ -603,6 +636,24 @@ def test_eff_advises_the_clusters_shards_by_the_sites_colocate_settings(
     result = CliRunner().invoke(eff_command, ["400", "--json"], obj=strict)
     kinds_seen = {n["kind"] for n in json.loads(result.output)["notes"]}
     assert "shard" not in kinds_seen  # 10 % is too busy to share on this site
+
+
+def test_eff_names_the_mig_slice_the_partitions_nodes_offer(
+    db: tuple[str, AppContext],
+) -> None:
+    url, app = db
+    assert app.config_path is not None
+    _light_job_on_shard_nodes(url, app.config_path, "max_util_pct = 40")
+    store = open_store(url)
+    mig = Node(
+        name="gpu2", state="idle", gpus=14, gpu_types=(("1g.10gb", 14),), partitions=("gpu",)
+    )
+    store.apply_cycle(diff_jobs({}, []), {}, [mig], T0)
+    assert store.known_nodes()["gpu2"].gpu_types == (("1g.10gb", 14),)  # kept by the store
+    result = CliRunner().invoke(eff_command, ["400", "--json"], obj=app)
+    assert result.exit_code == 0, result.output
+    options = {n["kind"]: n["option"] for n in json.loads(result.output)["notes"]}
+    assert options["slice"] == "--gres=gpu:1g.10gb:1"  # 1/7 of a GPU beats 2 of 4 shards
 
 
 def test_eff_of_a_job_with_no_samples_asks_whether_the_agent_runs(

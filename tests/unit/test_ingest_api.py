@@ -177,6 +177,7 @@ def test_node_job_list_has_the_slurm_gpu_indices(api: Api) -> None:
                 "shards": 0,
                 "cpus": 4,
                 "user": "alice",
+                "mps_indices": [],
             }
         ],
     }

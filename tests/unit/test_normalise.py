@@ -387,6 +387,7 @@ def test_2411_sinfo_records() -> None:
         shards_used=2,
         shard_gpus_used=(3,),
         shards_used_by_gpu=((3, 2),),
+        gpu_types=(("a100", 4),),
         partitions=("gpu",),
         address="127.0.0.1",
     )

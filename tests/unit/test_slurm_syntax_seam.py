@@ -15,6 +15,7 @@ from pathlib import Path
 import slurmgpu.intent as intent_module
 from slurmgpu.intent import (
     Intent,
+    NarrowToMps,
     NarrowToShards,
     Preempt,
     Resize,
@@ -43,6 +44,7 @@ EACH_UPDATE: tuple[Intent, ...] = (
     SetGpus(1),
     SetGpus(1, per_node=False),
     NarrowToShards(2),
+    NarrowToMps(50),
     SetNodes(1),
     SetComment("c"),
     SetAdminComment("a"),

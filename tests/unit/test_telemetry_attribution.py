@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from slurmgpu.agent.sampler import allocations
 from slurmgpu.model import NodeGpuAllocation
 from slurmgpu.telemetry.attribution import (
     JobGpuUsage,
@@ -25,6 +27,7 @@ from slurmgpu.telemetry.attribution import (
 )
 from slurmgpu.telemetry.gresconf import minors_by_index, parse_gres_conf
 from slurmgpu.telemetry.probe import GpuDeviceSample, GpuProcessSample
+from slurmgpu.wire import NodeJob, NodeJobs
 
 # -- cgroup and environ parsing -------------------------------------------------------
 
@@ -435,3 +438,38 @@ def test_identity_guess_is_carried_into_the_rows() -> None:
 
 def test_free_gpu_without_processes_gives_no_row() -> None:
     assert attribute([_gpu(0, util=0, used=0)], [], {}, {0: 0}) == []
+
+
+def test_mps_clients_each_get_their_memory_and_no_util_of_the_device() -> None:
+    # Two MPS jobs on Slurm GPU 0: NVML lists both processes with memory, no SM share.
+    procs = (
+        GpuProcessSample(pid=600, used_memory_mib=6144, sm_util_pct=None),
+        GpuProcessSample(pid=601, used_memory_mib=3072, sm_util_pct=None),
+    )
+    devices = [_gpu(0, util=30, used=9216, procs=procs)]
+    jobs = [
+        (20, NodeGpuAllocation(node="gpu3", mps_indices=(0,), mps=50)),
+        (21, NodeGpuAllocation(node="gpu3", mps_indices=(0,), mps=50)),
+    ]
+    rows = _rows_by_job(attribute(devices, jobs, {600: 20, 601: 21}, {0: 0}))
+    assert sorted(j for j in rows if j is not None) == [20, 21]
+    for job_id, memory in ((20, 6144), (21, 3072)):
+        row = rows[job_id]
+        assert (row.slurm_index, row.shared, row.allocated) == (0, True, True)
+        assert row.memory_used_mib == memory and row.util_pct is None  # never the device's 30
+
+
+def test_the_agent_reads_mps_gpus_from_the_daemon() -> None:
+    listed = NodeJobs(
+        node="gpu3",
+        jobs=[
+            NodeJob(job_id=20, gpu_indices=[], shard_indices=[], shards=0, cpus=1, mps_indices=[0])
+        ],
+    )
+    ((job_id, alloc),) = allocations(listed)
+    assert (job_id, alloc.mps_indices) == (20, (0,))
+    older = msgspec.json.decode(
+        b'{"node":"gpu1","jobs":[{"job_id":1,"gpu_indices":[0],"shard_indices":[],"shards":0,"cpus":1}]}',
+        type=NodeJobs,
+    )
+    assert older.jobs[0].mps_indices == []  # a daemon from before sends none

@@ -53,6 +53,7 @@ from slurmgpu.lab.cluster.render import (
     find_templates,
     write,
 )
+from slurmgpu.lab.cluster.sharing import SHARINGS, Sharing
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -120,6 +121,7 @@ class LabCluster:
         slurm_root: Path | str | None = None,
         accounting: bool = False,
         profile: Profile = "default",
+        sharing: Sharing = "none",
     ) -> None:
         self.root = Path(root).absolute()
         self.chroot = SlurmChroot(slurm_root) if slurm_root else None
@@ -127,6 +129,9 @@ class LabCluster:
         if profile not in PROFILES:
             raise LabClusterError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
         self.profile: Profile = profile
+        if sharing not in SHARINGS:
+            raise LabClusterError(f"unknown sharing {sharing!r} (known: {', '.join(SHARINGS)})")
+        self.sharing: Sharing = sharing
         self.accounting = accounting or profile == "site"
         self.nodes = nodes if nodes is not None else (16 if profile == "site" else 4)
         self.ctld_port = ctld_port
@@ -154,6 +159,7 @@ class LabCluster:
             slurm_root=meta.get("slurm_root") or None,
             accounting=bool(meta.get("accounting")),
             profile="site" if meta.get("profile") == "site" else "default",
+            sharing="mig-mps" if meta.get("sharing") == "mig-mps" else "none",
         )
 
     def __repr__(self) -> str:
@@ -161,6 +167,7 @@ class LabCluster:
             f"LabCluster(root={str(self.root)!r}, nodes={self.nodes}, "
             f"ctld_port={self.ctld_port}, slurmd_port_base={self.slurmd_port_base}"
             + (f", profile={self.profile!r}" if self.profile != "default" else "")
+            + (f", sharing={self.sharing!r}" if self.sharing != "none" else "")
             + (f", slurm_root={str(self.chroot.path)!r})" if self.chroot else ")")
         )
 
@@ -236,6 +243,7 @@ class LabCluster:
             slurm_version=version,
             accounting=self.accounting,
             profile=self.profile,
+            sharing=self.sharing,
         )
 
     def _pid_file(self, name: str) -> Path:
@@ -431,6 +439,7 @@ class LabCluster:
             "bin_dir": str(self.bin_dir) if self.bin_dir else None,
             "accounting": self.accounting,
             "profile": self.profile,
+            "sharing": self.sharing,
         }
         (self.run_dir / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
 

@@ -30,7 +30,9 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Literal
 
+from slurmgpu.lab.cluster import sharing as gpu_sharing
 from slurmgpu.lab.cluster import site
+from slurmgpu.lab.cluster.sharing import SHARINGS, Sharing
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -144,10 +146,19 @@ class ClusterConfig:
     # the daemon's JSON export; job_submit.lua reads the .tsv next to it
     recommendations_json: str = DEFAULT_RECOMMENDATIONS
     profile: Profile = "default"
+    # GPU sharing layout (lab/cluster/sharing.py): "mig-mps" makes gpu2 MIG, gpu3 MPS
+    sharing: Sharing = "none"
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise RenderError(f"unknown profile {self.profile!r} (known: {', '.join(PROFILES)})")
+        if self.sharing not in SHARINGS:
+            raise RenderError(f"unknown sharing {self.sharing!r} (known: {', '.join(SHARINGS)})")
+        if self.sharing != "none" and (self.mode != "native" or self.nodes < 3):
+            raise RenderError(
+                f"sharing {self.sharing!r} needs the native lab and at least 3 nodes "
+                f"(gpu2 MIG, gpu3 MPS), not {self.mode} with {self.nodes}"
+            )
         if self.profile == "site" and not self.accounting:
             raise RenderError("the site profile needs accounting (slurmdbd + MariaDB)")
         if self.nodes < 1:
@@ -178,6 +189,7 @@ class ClusterConfig:
         slurm_version: tuple[int, int] | None = None,
         accounting: bool = False,
         profile: Profile = "default",
+        sharing: Sharing = "none",
     ) -> ClusterConfig:
         """All daemons on 127.0.0.1 of this host, state under ``root``. With
         ``accounting``, slurmdbd listens on the port after the last slurmd's and MariaDB
@@ -204,6 +216,7 @@ class ClusterConfig:
             dbd_port=slurmd_port_base + nodes,
             storage_port=slurmd_port_base + nodes + 1,
             profile=profile,
+            sharing=sharing,
         )
 
     @classmethod
@@ -252,6 +265,29 @@ class ClusterConfig:
             ]
         return [NodeSpec(name, name, self.slurmd_port_base) for name in self.node_names]
 
+    def node_groups(self) -> dict[str, tuple[str, str]]:
+        """``{template prefix: (gres, node lines)}`` of the default nodes (``""``), the
+        MIG node (``MIG_``) and the MPS node (``MPS_``): slurm.conf.in declares each group
+        after a ``NodeName=DEFAULT`` line of its GRES. Without sharing every node is
+        default and the other groups are empty."""
+        default = gpu_sharing.node_gres("none", "", self.gpu_files).gres
+        specs = {spec.name: spec.line() for spec in self.node_specs()}
+        special = {"MIG_": gpu_sharing.MIG_NODE, "MPS_": gpu_sharing.MPS_NODE}
+        groups: dict[str, tuple[str, str]] = {}
+        if self.sharing == "none":
+            groups[""] = (default, "\n".join(specs.values()))
+            groups.update(dict.fromkeys(special, (default, "")))
+            return groups
+        taken = set(special.values())
+        groups[""] = (default, "\n".join(ln for n, ln in specs.items() if n not in taken))
+        for prefix, node in special.items():
+            gres = gpu_sharing.node_gres(self.sharing, node, self.gpu_files, self.slurm_version)
+            groups[prefix] = (gres.gres, specs[node])
+        return groups
+
+    def gres_types(self) -> str:
+        return "gpu,shard" if self.sharing == "none" else "gpu,shard,mps"
+
     def accounting_lines(self) -> str:
         if not self.accounting:
             return "AccountingStorageType=accounting_storage/none"
@@ -262,7 +298,8 @@ class ClusterConfig:
                 f"AccountingStoragePort={self.dbd_port}",
                 # per-job GPUs and shards in sacct: without it ReqTRES/AllocTRES list only
                 # billing,cpu,mem,node (and 26.05 refuses it without slurmdbd, so only here)
-                "AccountingStorageTRES=gres/gpu,gres/shard",
+                "AccountingStorageTRES="
+                + ",".join(f"gres/{t}" for t in self.gres_types().split(",")),
             ]
         )
 
@@ -310,8 +347,20 @@ class ClusterConfig:
             "PARTITIONS": self.partition_lines(),
             "NODE_COUNT": str(self.nodes),
             "NODE_RANGE": node_range(self.nodes),
-            "NODE_LINES": "\n".join(spec.line() for spec in self.node_specs()),
+            **{
+                f"{prefix}{key}": value
+                for prefix, (gres, lines) in self.node_groups().items()
+                for key, value in (("NODE_GRES", gres), ("NODE_LINES", lines))
+            },
             "GPU_FILES": self.gpu_files,
+            "GRES_TYPES": self.gres_types(),
+            "GRES_LINES": gpu_sharing.gres_conf_lines(
+                self.sharing,
+                self.node_names,
+                node_range(self.nodes),
+                self.gpu_files,
+                self.slurm_version,
+            ),
             "DBD_HOST": self.dbd_host,
             "STORAGE_HOST": self.storage_host,
             "STORAGE_USER": self.storage_user,
@@ -502,6 +551,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="default",
         help="site: accounts, users, fairshare, QOS preemption (implies --accounting)",
     )
+    parser.add_argument(
+        "--sharing",
+        choices=SHARINGS,
+        default="none",
+        help="native mode: mig-mps makes gpu2's GPUs MIG slices and gpu3's serve MPS",
+    )
     parser.add_argument("--slurm-user", default="root")
     parser.add_argument(
         "--slurm-version",
@@ -531,6 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 slurm_version=version,
                 accounting=args.accounting or args.profile == "site",
                 profile=args.profile,
+                sharing=args.sharing,
             )
         written = write(config, args.out, args.templates)
     except (RenderError, OSError) as exc:
