@@ -14,8 +14,13 @@ export SGPU_REQUIRE_TOOLS="${SGPU_REQUIRE_TOOLS:-promtool prometheus}"
 # The chroots a release stage mounted (through the lab) are unmounted whatever happens:
 # a failing test, a failing build, ^C or a CI timeout's SIGTERM.
 chroots=()
+release_pids=()
 unmount_chroots() {
-  local suite
+  local suite pid
+  for pid in ${release_pids[@]+"${release_pids[@]}"}; do  # suites still running
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   for suite in ${chroots[@]+"${chroots[@]}"}; do
     ./scripts/slurm_chroot.sh umount "$suite" || echo "== umount of the $suite chroot failed" >&2
   done
@@ -98,28 +103,60 @@ fi
 # after it whatever happened. SGPU_RELEASE_SUITES picks the suites ("trixie sid").
 # SGPU_SKIP_RELEASES=1 skips this part.
 if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
+  # Every chroot is built (or reused) first; then the suites run side by side, each with
+  # its own daemons, chroot and ports (100 apart: SGPU_TEST_*PORT*). A release test
+  # spends most of its time waiting on Slurm, so two at once take little more than the
+  # longer one (they took 10 min each one after the other).
+  stage_start=$SECONDS
+  names=() pids=() logs=()
+  shift_by=0
   for suite in ${SGPU_RELEASE_SUITES:-trixie sid}; do
     echo "== release smoke set: Debian $suite"
-    start=$SECONDS
     chroots+=("$suite")  # the build mounts it too
     if ! root=$(./scripts/slurm_chroot.sh build "$suite"); then
       failed+=("release $suite (chroot build)")
+      continue
     elif ! version=$(./scripts/slurm_chroot.sh version "$suite"); then
       failed+=("release $suite (no Slurm in the chroot)")
-    else
-      SGPU_TEST_SLURM_ROOT="$root" SGPU_TEST_SLURM_RELEASE="$(echo "$version" | cut -d. -f1,2)" \
-        SGPU_TEST_SLURM_ACCOUNTING=1 \
-        .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py \
+      continue
+    fi
+    log=$(mktemp "/tmp/sgpu-release-$suite.XXXXXX")
+    (
+      export SGPU_TEST_SLURM_ROOT="$root" SGPU_TEST_SLURM_ACCOUNTING=1
+      export SGPU_TEST_SLURM_RELEASE="$(echo "$version" | cut -d. -f1,2)"
+      export SGPU_TEST_CTLD_PORT=$((${SGPU_TEST_CTLD_PORT:-6917} + shift_by))
+      export SGPU_TEST_SLURMD_PORT_BASE=$((${SGPU_TEST_SLURMD_PORT_BASE:-17101} + shift_by))
+      export SGPU_TEST_SITE_CTLD_PORT=$((${SGPU_TEST_SITE_CTLD_PORT:-6990} + shift_by))
+      export SGPU_TEST_SITE_SLURMD_PORT_BASE=$((${SGPU_TEST_SITE_SLURMD_PORT_BASE:-17300} + shift_by))
+      export SGPU_TEST_SHARING_CTLD_PORT=$((${SGPU_TEST_SHARING_CTLD_PORT:-7200} + shift_by))
+      export SGPU_TEST_SHARING_SLURMD_PORT_BASE=$((${SGPU_TEST_SHARING_SLURMD_PORT_BASE:-17600} + shift_by))
+      start=$SECONDS
+      status=0
+      .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py \
         tests/slurm/test_malleable_torch_real.py tests/slurm/test_malleable_multinode_real.py \
         tests/slurm/test_limit_restore_real.py \
         tests/slurm/test_gres_usage_real.py tests/slurm/test_site_profile_real.py \
         tests/slurm/test_site_interplay_real.py tests/slurm/test_site_las_fairshare_real.py \
-        || failed+=("release $suite")
-    fi
-    ./scripts/slurm_chroot.sh umount "$suite" || failed+=("release $suite (umount)")
-    chroots=()
-    echo "== release $suite: $((SECONDS - start)) s"
+        || status=$?
+      echo "== release $suite ($version): $((SECONDS - start)) s"
+      exit "$status"
+    ) >"$log" 2>&1 &
+    names+=("$suite") pids+=($!) logs+=("$log")
+    release_pids=(${pids[@]+"${pids[@]}"})
+    shift_by=$((shift_by + 100))
   done
+  for i in ${pids[@]+"${!pids[@]}"}; do
+    if wait "${pids[$i]}"; then status=0; else status=$?; fi
+    echo "== release smoke set: Debian ${names[$i]}, its output:"
+    cat "${logs[$i]}"
+    rm -f "${logs[$i]}"
+    [ "$status" = 0 ] || failed+=("release ${names[$i]}")
+  done
+  for suite in ${chroots[@]+"${chroots[@]}"}; do
+    ./scripts/slurm_chroot.sh umount "$suite" || failed+=("release $suite (umount)")
+  done
+  chroots=()
+  echo "== release stage: $((SECONDS - stage_start)) s"
 fi
 
 # The containerised lab (docker-slurm/, tests/docker, both Compose versions): installs the
