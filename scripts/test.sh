@@ -18,6 +18,7 @@ release_pids=()
 unmount_chroots() {
   local suite pid
   for pid in ${release_pids[@]+"${release_pids[@]}"}; do  # suites still running
+    pkill -TERM -P "$pid" 2>/dev/null || true  # its pytest first, then the subshell
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
