@@ -415,7 +415,7 @@ class Replayer:
     def _cancel(self, left: Sequence[Observed]) -> None:
         ids = [str(o.job_id) for o in left]
         if ids:
-            subprocess.run(["scancel", *ids], capture_output=True, timeout=60, check=False)
+            _scancel(self.slurm, ids)
         for o in left:
             o.state = "unfinished"
 
@@ -494,6 +494,13 @@ def user_env(lab_env: Mapping[str, str], checkout: Path, sim_dir: Path) -> dict[
     }
 
 
+def _scancel(slurm: CliSlurmClient, ids: Sequence[str]) -> None:
+    """``scancel`` of ``ids`` on the cluster ``slurm`` talks to (its conf and commands)."""
+    env = {**os.environ, **({"SLURM_CONF": slurm.slurm_conf} if slurm.slurm_conf else {})}
+    scancel = str(Path(slurm.bin_dir) / "scancel") if slurm.bin_dir else "scancel"
+    subprocess.run([scancel, *ids], env=env, capture_output=True, timeout=60, check=False)
+
+
 def cancel_everything(slurm: CliSlurmClient, timeout_s: float = 120.0) -> None:
     """Cancel every job on the lab (as its administrator) and wait until none is left."""
     deadline = time.monotonic() + timeout_s
@@ -503,7 +510,7 @@ def cancel_everything(slurm: CliSlurmClient, timeout_s: float = 120.0) -> None:
             return
         if time.monotonic() > deadline:
             raise ReplayLabError(f"jobs {', '.join(ids[:10])} still on the lab after scancel")
-        subprocess.run(["scancel", *ids], capture_output=True, timeout=60, check=False)
+        _scancel(slurm, ids)
         time.sleep(1.0)
 
 
@@ -519,16 +526,22 @@ def replay_on_lab(
     checkout: Path,
     timeout_s: float,
     chroot: str | None = None,
+    bin_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[Observed]:
     """``jobs`` through the lab whose environment is ``lab_env`` under the daemon with
     ``policy_toml``: submitted as their users at their times, watched to the end (or to
     ``timeout_s``), their resize transactions read from the daemon's store. Every job
-    left on the lab is cancelled before this returns."""
+    left on the lab is cancelled before this returns. ``chroot`` and ``bin_dir``: a
+    Slurm chroot's lab (its root, and its client commands' wrappers)."""
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o1777)  # the users' jobs write their logs here
-    slurm = CliSlurmClient(timeout_s=20)
+    slurm = CliSlurmClient(
+        timeout_s=20, slurm_conf=lab_env["SLURM_CONF"], bin_dir=str(bin_dir) if bin_dir else None
+    )
     env = {**os.environ, **lab_env}
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
     with daemon_stack(
         work, nodes=nodes, gres_conf=gres_conf, policy_toml=policy_toml, env=env
     ) as s:

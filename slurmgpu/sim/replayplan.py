@@ -78,12 +78,19 @@ def plan_replay(
     window_s: float | None = None,
     gpus_per_node: int = 4,
     min_limit_s: float = 120.0,
+    max_run_s: float | None = None,
 ) -> list[ReplayJob]:
     """The jobs of ``trace`` to replay: the first ``first`` jobs and/or those submitted in
     the first ``window_s`` trace seconds, compressed by ``compression``. A trace user
     ``userK`` (the Pollux loader's seeded users) becomes ``users[(K - 1) % len(users)]``;
     any other name is mapped by its order of appearance. Each job is capped to one node
-    (``gpus_per_node``): the stand-in is one process, as the lab's GPUs are fake."""
+    (``gpus_per_node``): the stand-in is one process, as the lab's GPUs are fake.
+
+    ``max_run_s``: jobs that would run longer than this (wall seconds, at their size with
+    no resize) are left out -- a capped 32-GPU ImageNet job would outlast a short replay
+    by far; the caller says how many (``len(trace slice) - len(result)``). A job's time
+    limit is its trace limit compressed, at least twice its run time here (the cap to one
+    node makes some jobs slower than the trace's limit allowed for) and ``min_limit_s``."""
     if not compression > 0 or not math.isfinite(compression):
         raise ReplayError(f"the compression factor must be a number > 0, not {compression!r}")
     if not users:
@@ -98,7 +105,7 @@ def plan_replay(
     t0 = chosen[0].submit_s
     seen: dict[str, str] = {}
     out: list[ReplayJob] = []
-    for i, job in enumerate(chosen):
+    for job in chosen:
         lo = hi = min(job.gpus, gpus_per_node)
         if job.malleable is not None:
             lo = max(1, min(job.malleable.min_gpus, gpus_per_node))
@@ -108,10 +115,12 @@ def plan_replay(
             job.model.rate(packed(g, gpus_per_node)) * compression for g in range(1, hi + 1)
         )
         run_s = job.model.work / rates[gpus - 1]
-        limit = (job.time_limit_s or run_s * compression * 3) / compression
+        if max_run_s is not None and run_s > max_run_s:
+            continue
+        limit = max((job.time_limit_s or 0.0) / compression, 2 * run_s)
         out.append(
             ReplayJob(
-                index=i,
+                index=len(out),
                 name=job.name,
                 user=_user(job.user, users, seen),
                 at_s=(job.submit_s - t0) / compression,
@@ -124,6 +133,8 @@ def plan_replay(
                 run_s=run_s,
             )
         )
+    if not out:
+        raise ReplayError(f"every job of the slice runs longer than {max_run_s:g} s")
     return out
 
 
