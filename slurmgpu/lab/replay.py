@@ -30,6 +30,7 @@ import sysconfig
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 _HTTP_TIMEOUT_S = 2.0
+_SUBMITTERS = 4  # submissions in flight at once
 
 
 class ReplayLabError(RuntimeError):
@@ -241,6 +243,7 @@ def user_submitter(
     work: Path,
     *,
     chroot: str | None = None,
+    as_users: bool = True,
     checkpoint_grace: str = "30s",
     tick_s: float = 0.5,
     util_pct: float = 80.0,
@@ -248,7 +251,9 @@ def user_submitter(
     """A :data:`Submit` that runs ``sgpu submit`` as the job's user (``runuser``; in a
     Slurm chroot, the chroot's ``runuser``) with ``python`` (an interpreter the site's
     users may run, with slurmgpu importable through ``env``). Each job logs to
-    ``work/job-<index>.jsonl``; its elastic state lives under ``work/elastic``."""
+    ``work/job-<index>.jsonl``; its elastic state lives under ``work/elastic``.
+    ``as_users=False``: every job is this process's user's instead (a Slurm chroot's lab,
+    where the site users cannot run this checkout's Python)."""
     elastic = work / "elastic"
     elastic.mkdir(exist_ok=True)
     elastic.chmod(0o1777)
@@ -280,8 +285,8 @@ def user_submitter(
             *("-N", "1", "-t", str(max(1, math.ceil(job.time_limit_s / 60)))),
             *("-J", job.name, "--wrap", command),
         ]
-        prefix = ["runuser", "-u", job.user, "--"]
-        if chroot is not None:
+        prefix = ["runuser", "-u", job.user, "--"] if as_users else []
+        if chroot is not None and as_users:
             prefix = ["chroot", chroot, *prefix]
         proc = subprocess.run(
             [*prefix, *argv],
@@ -327,7 +332,10 @@ class Observed:
     gpu_seconds: float = 0.0
     restarts: int = 0
     transactions: tuple[TxSeen, ...] = ()
+    error: str = ""  # why it was not submitted
     final_since: float | None = None  # first poll that saw it in a final state
+    acct_at: float | None = None  # GPU time counted up to here (while it runs)
+    acct_gpus: int = 0  # GPUs it held at acct_at
 
 
 class Replayer:
@@ -352,63 +360,89 @@ class Replayer:
 
     def run(self, jobs: Sequence[Submission], timeout_s: float) -> list[Observed]:
         """Every job submitted at ``at_s`` and watched until it ends, or until
-        ``timeout_s`` after the start (then the rest is cancelled)."""
+        ``timeout_s`` after the start (then the rest is cancelled). Submissions run in
+        threads (``sgpu submit`` as a user takes seconds on a loaded machine), so one slow
+        submission does not delay the next job's arrival."""
         t0 = self.clock()
         seen = {j.index: Observed(j.index, j.name, j.user) for j in jobs}
         queue = sorted(jobs, key=lambda j: (j.at_s, j.index))
+        in_flight: dict[Future[int], Observed] = {}
         by_id: dict[int, Observed] = {}
-        last = t0
         said = 0.0
-        while True:
-            now = self.clock()
-            while queue and queue[0].at_s <= now - t0:
-                job = queue.pop(0)
-                o = seen[job.index]
-                o.job_id = self.submit(job)
-                o.submitted_s = self.clock() - t0
-                o.state = "PENDING"
-                by_id[o.job_id] = o
-            listed = {j.job_id: j for j in self.slurm.jobs() if j.job_id in by_id}
-            now = self.clock()
-            for job_id, o in by_id.items():
-                self._update(o, listed.get(job_id), now - t0, now - last)
-            last = now
-            open_jobs = [o for o in by_id.values() if not _ended(o)]
-            if self.progress is not None and now - said >= 30:
-                said = now
-                self.progress(
-                    f"{now - t0:6.0f} s: {len(by_id)}/{len(jobs)} submitted, "
-                    f"{len(by_id) - len(open_jobs)} ended"
-                )
-            if not queue and not open_jobs:
-                break
-            if now - t0 > timeout_s:
-                self._cancel([o for o in open_jobs if o.job_id is not None])
-                break
-            self.sleep(self.poll_s)
+        with ThreadPoolExecutor(max_workers=_SUBMITTERS, thread_name_prefix="submit") as pool:
+            while True:
+                now = self.clock()
+                while queue and queue[0].at_s <= now - t0:
+                    job = queue.pop(0)
+                    o = seen[job.index]
+                    o.submitted_s, o.state = now - t0, "SUBMITTING"
+                    in_flight[pool.submit(self.submit, job)] = o
+                for fut in [f for f in in_flight if f.done()]:
+                    o = in_flight.pop(fut)
+                    try:
+                        o.job_id = fut.result()
+                    except (ReplayLabError, OSError, ValueError, subprocess.SubprocessError) as exc:
+                        o.state, o.error = "submit failed", str(exc)[:300]
+                        continue
+                    o.state = "PENDING"
+                    by_id[o.job_id] = o
+                listed = {j.job_id: j for j in self.slurm.jobs() if j.job_id in by_id}
+                now = self.clock()
+                for job_id, o in by_id.items():
+                    self._update(o, listed.get(job_id), now, t0)
+                open_jobs = [o for o in by_id.values() if not _ended(o)]
+                if self.progress is not None and now - said >= 30:
+                    said = now
+                    self.progress(
+                        f"{now - t0:6.0f} s: {len(by_id)}/{len(jobs)} submitted, "
+                        f"{len(by_id) - len(open_jobs)} ended"
+                    )
+                if not queue and not in_flight and not open_jobs:
+                    break
+                if now - t0 > timeout_s:
+                    for fut in in_flight:
+                        fut.cancel()
+                    self._cancel([o for o in open_jobs if o.job_id is not None])
+                    break
+                self.sleep(self.poll_s)
         return list(seen.values())
 
-    def _update(self, o: Observed, job: Job | None, at: float, dt: float) -> None:
+    def _update(self, o: Observed, job: Job | None, now: float, t0: float) -> None:
+        """Fold one poll into ``o``. A job's submission time is its arrival (when the
+        replay began submitting it: the submission's own latency is part of its JCT); its
+        start and end are Slurm's (whole seconds). GPU time is the allocation integrated from one
+        poll to the next, from Slurm's start time and to its end time."""
         if _ended(o):
             return
         if job is None:
             # gone from squeue before its end was seen (MinJobAge): ended, state unknown
             if o.started_s is not None:
-                o.state, o.ended_s = "VANISHED", at
+                o.state, o.ended_s = "VANISHED", now - t0
             return
         o.restarts = max(o.restarts, job.restart_count)
+        start = job.start_time.timestamp() if job.start_time is not None else None
         if job.state is JobState.RUNNING:
             if o.started_s is None:
-                o.started_s = at
-            o.gpu_seconds += job.allocated_gpus * dt
+                o.started_s = (start if start is not None else now) - t0
+            if o.acct_at is None:
+                o.acct_at = start if start is not None and start <= now else now
+                o.acct_gpus = job.allocated_gpus
+            o.gpu_seconds += o.acct_gpus * max(0.0, now - o.acct_at)
+            o.acct_at, o.acct_gpus = now, job.allocated_gpus
+        elif o.acct_at is not None:  # stopped since the last poll: requeued or ended
+            end = job.end_time.timestamp() if job.end_time is not None else now
+            stop = end if o.acct_at <= end <= now else now
+            o.gpu_seconds += o.acct_gpus * max(0.0, stop - o.acct_at)
+            o.acct_at = None
         o.state = job.state.value
         # A requeue (a resize's, Slurm's preemption) passes through terminal-looking
         # states: an end counts once seen on two polls in a row, with no requeue flag.
         if _final(job):
             if o.final_since is None:
-                o.final_since = at
-            elif o.final_since < at:
-                o.ended_s = o.final_since
+                o.final_since = now
+            elif o.final_since < now:
+                end = job.end_time.timestamp() if job.end_time is not None else o.final_since
+                o.ended_s = min(end, o.final_since) - t0
         else:
             o.final_since = None
 
@@ -430,7 +464,7 @@ def _final(job: Job) -> bool:
 
 
 def _ended(o: Observed) -> bool:
-    return o.ended_s is not None or o.state == "unfinished"
+    return o.ended_s is not None or o.state in ("unfinished", "submit failed")
 
 
 def read_transactions(db: str, observed: Sequence[Observed]) -> None:
@@ -527,6 +561,7 @@ def replay_on_lab(
     timeout_s: float,
     chroot: str | None = None,
     bin_dir: Path | None = None,
+    as_users: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> list[Observed]:
     """``jobs`` through the lab whose environment is ``lab_env`` under the daemon with
@@ -545,7 +580,9 @@ def replay_on_lab(
     with daemon_stack(
         work, nodes=nodes, gres_conf=gres_conf, policy_toml=policy_toml, env=env
     ) as s:
-        submit = user_submitter(python, user_env(env, checkout, s.sim_dir), work, chroot=chroot)
+        submit = user_submitter(
+            python, user_env(env, checkout, s.sim_dir), work, chroot=chroot, as_users=as_users
+        )
         try:
             observed = Replayer(submit, slurm, progress=progress).run(jobs, timeout_s)
         finally:
