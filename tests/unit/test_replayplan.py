@@ -187,7 +187,9 @@ class _Clock:
 
 
 def _job(state: JobState, gpus: int, start: float | None, end: float | None = None) -> Job:
-    ts = lambda v: datetime.fromtimestamp(v, UTC) if v is not None else None  # noqa: E731
+    def ts(v: float | None) -> datetime | None:
+        return datetime.fromtimestamp(v, UTC) if v is not None else None
+
     return Job(
         job_id=7,
         name="cifar10",
