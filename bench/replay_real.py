@@ -41,6 +41,7 @@ from slurmgpu.lab.replay import (  # noqa: E402
     site_python,
     toml_text,
 )
+from slurmgpu.sim import metrics  # noqa: E402
 from slurmgpu.sim.loaders import load_pollux  # noqa: E402
 from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
 from slurmgpu.sim.profiles import load_profiles  # noqa: E402
@@ -50,21 +51,25 @@ from slurmgpu.sim.replayplan import (  # noqa: E402
     plan_replay,
     policy_sections,
     render,
+    replayed_trace,
     summarise,
 )
-from slurmgpu.sim.workload import elastic_batch  # noqa: E402
+from slurmgpu.sim.run import ClusterShape, simulate  # noqa: E402
+from slurmgpu.sim.workload import TraceJob, elastic_batch  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "pollux"
 
 
-def plan(args: argparse.Namespace, policy_set: str, max_gpus: int) -> list[ReplayJob]:
+def plan(
+    args: argparse.Namespace, policy_set: str, max_gpus: int
+) -> tuple[list[TraceJob], list[ReplayJob]]:
     profiles = load_profiles(args.profiles)
     trace = load_pollux(
         args.trace.read_text(), str(args.trace), profiles, seed=args.seed, max_gpus=max_gpus
     )
     if policy_set in BATCH_ADAPTIVE:  # as the simulator runs these sets
         trace = elastic_batch(trace)
-    return plan_replay(
+    return trace, plan_replay(
         trace,
         compression=args.compression,
         users=[u.name for u in site.USERS],
@@ -72,6 +77,18 @@ def plan(args: argparse.Namespace, policy_set: str, max_gpus: int) -> list[Repla
         window_s=args.window,
         max_run_s=args.max_run,
     )
+
+
+def simulated(trace: list[TraceJob], args: argparse.Namespace, policy_set: str) -> dict[str, float]:
+    """The simulator on the replayed jobs (trace time, its own costs and 60 s cycle: 1 s
+    of the replay at C = 60), its figures divided by C: wall seconds like the replay's."""
+    r = metrics.summarise(simulate(trace, ClusterShape(args.nodes, 4), policy_set))
+    c = args.compression
+    return {
+        "avg_jct_s": r.avg_jct_s / c,
+        "p99_jct_s": r.p99_jct_s / c,
+        "makespan_s": r.makespan_s / c,
+    }
 
 
 def main() -> int:
@@ -88,6 +105,7 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=4, help="site lab nodes (4 GPUs each)")
     p.add_argument("--seed", type=int, default=1, help="the trace's seeded users and limits")
     p.add_argument("--timeout", type=float, default=1200.0, help="wall s per set at most")
+    p.add_argument("--no-sim", action="store_true", help="no simulator run to compare")
     p.add_argument("--ctld-port", type=int, default=6951)
     p.add_argument("--slurmd-port-base", type=int, default=17401)
     add_arguments(p, "8 jobs, the slurm set only")
@@ -119,7 +137,7 @@ def main() -> int:
     results: dict[str, dict[str, object]] = {}
     try:
         for policy_set in sets:
-            jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
+            trace, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
             print(
                 f"\n== set {policy_set}: {len(jobs)} jobs over {jobs[-1].at_s:.0f} s "
                 f"(C = {args.compression:g}; {args.first - len(jobs) if args.first else '?'} left "
@@ -147,6 +165,10 @@ def main() -> int:
                 "summary": summary.as_dict(),
                 "jobs": [r.as_dict() for r in rows],
             }
+            if not args.no_sim:
+                results[policy_set]["sim"] = simulated(
+                    replayed_trace(trace, jobs, args.compression), args, policy_set
+                )
     finally:
         lab.down(cancel_jobs=True)
     base = results.get("slurm", {}).get("summary")
@@ -163,7 +185,20 @@ def main() -> int:
             f"{name:<10} {s['avg_jct_s']:>9.1f} {s['p99_jct_s']:>10.1f} {s['makespan_s']:>11.1f} "
             f"{s['finished']:>5}/{s['jobs']:<3} {s['resizes']:>7}  {ratio:>8.2f}"
         )
+    sims = {name: res["sim"] for name, res in results.items() if "sim" in res}
+    if sims:
+        print("\nsimulator / real (same jobs, sizes and limits; simulator in trace time / C)")
+        print("set        avg JCT sim  ratio   p99 sim  ratio  makespan sim  ratio")
+    for name, sim in sims.items():
+        real = results[name]["summary"]
+        assert isinstance(real, dict) and isinstance(sim, dict)
+        cells = []
+        for key in ("avg_jct_s", "p99_jct_s", "makespan_s"):
+            ratio = sim[key] / real[key] if real[key] else math.nan
+            cells.append(f"{sim[key]:>11.1f} {ratio:>6.2f}")
+        print(f"{name:<10} " + "  ".join(cells))
     run.figures = {name: res["summary"] for name, res in results.items() if name != "slurm"}
+    run.figures["simulator"] = sims
     run.figures["jobs"] = {name: res["jobs"] for name, res in results.items()}
     if isinstance(base, dict):
         run.baseline = {"slurm": base}

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from slurmgpu.sim.metrics import percentile
-from slurmgpu.sim.workload import TraceJob, packed
+from slurmgpu.sim.workload import MalleableRange, TraceJob, packed
 
 __all__ = [
     "JobOutcome",
@@ -37,6 +37,7 @@ __all__ = [
     "plan_replay",
     "policy_sections",
     "render",
+    "replayed_trace",
     "summarise",
 ]
 
@@ -63,6 +64,7 @@ class ReplayJob:
     rates: tuple[float, ...]
     time_limit_s: float
     run_s: float  # wall seconds at ``gpus`` with no resize: the profile's, compressed
+    source: int = -1  # its position in the trace it was planned from
 
     def rates_text(self) -> str:
         """``1:0.5,2:0.93,...``: the stand-in job's ``--rates``."""
@@ -97,15 +99,15 @@ def plan_replay(
         raise ReplayError("no users to submit the replay's jobs as")
     if first is not None and first < 1:
         raise ReplayError(f"--first must be at least 1, not {first}")
-    chosen = [j for j in trace if window_s is None or j.submit_s <= window_s]
+    chosen = [(i, j) for i, j in enumerate(trace) if window_s is None or j.submit_s <= window_s]
     if first is not None:
         chosen = chosen[:first]
     if not chosen:
         raise ReplayError("the slice holds no job")
-    t0 = chosen[0].submit_s
+    t0 = chosen[0][1].submit_s
     seen: dict[str, str] = {}
     out: list[ReplayJob] = []
-    for job in chosen:
+    for source, job in chosen:
         lo = hi = min(job.gpus, gpus_per_node)
         if job.malleable is not None:
             lo = max(1, min(job.malleable.min_gpus, gpus_per_node))
@@ -131,11 +133,31 @@ def plan_replay(
                 rates=rates,
                 time_limit_s=max(min_limit_s, limit),
                 run_s=run_s,
+                source=source,
             )
         )
     if not out:
         raise ReplayError(f"every job of the slice runs longer than {max_run_s:g} s")
     return out
+
+
+def replayed_trace(
+    trace: Sequence[TraceJob], jobs: Sequence[ReplayJob], compression: float
+) -> list[TraceJob]:
+    """The jobs the replay ran, as the simulator takes them, in trace time: each planned
+    job's trace row (``trace`` the one :func:`plan_replay` was given) with the replay's
+    one-node size, malleable range and time limit (times ``compression``). Simulated
+    figures divided by ``compression`` compare with the replay's wall seconds."""
+    return [
+        replace(
+            trace[j.source],
+            gpus=j.gpus,
+            gpus_per_node=j.gpus,
+            malleable=MalleableRange(j.min_gpus, j.max_gpus) if j.max_gpus > j.min_gpus else None,
+            time_limit_s=j.time_limit_s * compression,
+        )
+        for j in jobs
+    ]
 
 
 def _user(name: str, users: Sequence[str], seen: dict[str, str]) -> str:
