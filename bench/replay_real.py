@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -106,6 +107,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1, help="the trace's seeded users and limits")
     p.add_argument("--timeout", type=float, default=1200.0, help="wall s per set at most")
     p.add_argument("--no-sim", action="store_true", help="no simulator run to compare")
+    p.add_argument(
+        "--running-lab",
+        action="store_true",
+        help="replay on the site lab SLURM_CONF points at (--nodes of it) instead of one's own",
+    )
     p.add_argument("--ctld-port", type=int, default=6951)
     p.add_argument("--slurmd-port-base", type=int, default=17401)
     add_arguments(p, "8 jobs, the slurm set only")
@@ -124,16 +130,26 @@ def main() -> int:
     run = BenchRun.from_args("replay_real", args)
     tmp = Path(tempfile.mkdtemp(prefix="sgpu-bench-replay-", dir="/tmp"))
     tmp.chmod(0o755)
-    lab = LabCluster(
-        tmp / "lab",
-        nodes=args.nodes,
-        ctld_port=args.ctld_port,
-        slurmd_port_base=args.slurmd_port_base,
-        profile="site",
-    )
-    print(f"site lab: {args.nodes} nodes under {tmp}", flush=True)
-    elapsed = lab.up(timeout_s=180)
-    print(f"site lab idle after {elapsed:.1f} s", flush=True)
+    lab: LabCluster | None = None
+    if args.running_lab:  # the site lab SLURM_CONF points at (a test's), host Slurm
+        conf = Path(os.environ.get("SLURM_CONF", ""))
+        if not conf.is_file():
+            p.error("--running-lab needs SLURM_CONF set to a running site lab's slurm.conf")
+        lab_env = {"SLURM_CONF": str(conf)}
+        gres_conf, bin_dir = conf.parent / "gres.conf", None
+    else:
+        lab = LabCluster(
+            tmp / "lab",
+            nodes=args.nodes,
+            ctld_port=args.ctld_port,
+            slurmd_port_base=args.slurmd_port_base,
+            profile="site",
+        )
+        print(f"site lab: {args.nodes} nodes under {tmp}", flush=True)
+        elapsed = lab.up(timeout_s=180)
+        print(f"site lab idle after {elapsed:.1f} s", flush=True)
+        lab_env, gres_conf, bin_dir = lab.env(), lab.etc_dir / "gres.conf", lab.bin_dir
+    nodes = [f"gpu{i}" for i in range(1, args.nodes + 1)]
     results: dict[str, dict[str, object]] = {}
     try:
         for policy_set in sets:
@@ -148,13 +164,13 @@ def main() -> int:
             observed = replay_on_lab(
                 jobs,
                 work=tmp / f"replay-{policy_set}",
-                nodes=lab.node_names,
-                gres_conf=lab.etc_dir / "gres.conf",
-                lab_env=lab.env(),
+                nodes=nodes,
+                gres_conf=gres_conf,
+                lab_env=lab_env,
                 policy_toml=toml_text(policy_sections(policy_set, args.compression)),
                 python=python,
                 checkout=ROOT,
-                bin_dir=lab.bin_dir,
+                bin_dir=bin_dir,
                 timeout_s=args.timeout,
                 progress=lambda line: print(f"  {line}", flush=True),
             )
@@ -170,7 +186,8 @@ def main() -> int:
                     replayed_trace(trace, jobs, args.compression), args, policy_set
                 )
     finally:
-        lab.down(cancel_jobs=True)
+        if lab is not None:
+            lab.down(cancel_jobs=True)
     base = results.get("slurm", {}).get("summary")
     print("\nset        avg JCT s  p99 JCT s  makespan s  finished  resizes  vs slurm (avg)")
     for name, res in results.items():

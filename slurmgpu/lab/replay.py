@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 _HTTP_TIMEOUT_S = 2.0
-_SUBMITTERS = 4  # submissions in flight at once
+_SUBMITTERS = 8  # submissions in flight at once (one a user)
 
 
 class ReplayLabError(RuntimeError):

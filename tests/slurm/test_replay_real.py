@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -168,3 +169,40 @@ def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
     for name in ("daemon.log", *(f"agent-{n}.log" for n in lab.node_names)):
         assert "Traceback" not in (work / name).read_text(), name
     assert summary.avg_jct_s > 0 and summary.makespan_s >= summary.p99_jct_s > 0
+
+
+def test_the_replay_bench_runs_at_smoke_size_on_the_lab(
+    replay_lab: LabCluster, tmp_path: Path
+) -> None:
+    """bench/replay_real.py --smoke (8 jobs, the slurm set, and the simulator on them) on
+    this lab, so the bench that prints the full table does not rot (tests/bench/ runs
+    every other bench's smoke)."""
+    if os.environ.get("SGPU_TEST_SLURM_ROOT"):
+        pytest.skip("the bench submits as the site users, who cannot run it in a chroot")
+    try:
+        site_python()
+    except ReplayLabError as exc:
+        pytest.skip(f"the site users cannot run slurmgpu: {exc}")
+    out = tmp_path / "records"
+    out.mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "replay_real.py"),
+            *("--smoke", "--running-lab", "--nodes", "4", "--json-out", str(out)),
+        ],
+        env={**os.environ, **replay_lab.env(), "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    print(proc.stdout[-3000:], file=sys.stderr)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    base = record["baseline"]["slurm"]
+    assert base["jobs"] == base["finished"] == 8
+    assert base["avg_jct_s"] > 0 and base["makespan_s"] > 0
+    assert record["figures"]["simulator"]["slurm"]["avg_jct_s"] > 0
+    assert "simulator / real" in proc.stdout
