@@ -1,22 +1,26 @@
-"""A Pollux trace slice replayed through the real site lab, per policy set (issue 33 item 2).
+"""A trace slice replayed through the real site lab, per policy set (issue 33 item 2).
 
 Starts a lab cluster with the site profile (slurmdbd, accounts, 8 Unix users, fairshare,
-QOS preemption; ``--nodes`` of 4 fake GPUs each), loads a Pollux workload
-(``--trace``, with the profiles under ``--profiles``; read from ../shared/data, never
-copied), takes its first ``--first`` jobs (or those of the first ``--window`` trace
-seconds) and compresses time by ``--compression``: each job is submitted at
-``submit / C`` as its trace user (``user3`` → ``sgpu-u3``) with ``sgpu submit
---malleable``, and runs the stand-in ``slurmgpu.lab.replayload``, which must do the
-job's work at its profile's speed times ``C`` on its current GPU count. For each set of
-``--sets`` a fresh daemon stack runs that set's policies in enforce mode
-(sim/replayplan.policy_sections: the simulator's settings, their pacing divided by
-``C``), and every job is watched to its end. Printed per set: a table per job (JCT,
-GPU-hours, resizes, preemptions), the set's average and p99 JCT, makespan and median
-resize phases; then each set against ``slurm`` (no policy: the baseline, replayed in the
-same run on the same lab).
+QOS preemption; ``--nodes`` of 4 fake GPUs each), loads a trace (``--trace``: a Pollux
+workload with the profiles under ``--profiles``, read from ../shared/data and never
+copied; or any format ``sgpu simulate`` reads, sacct's included), takes its first
+``--first`` jobs (or those of the first ``--window`` trace seconds) and compresses time
+by ``--compression`` C: each job is submitted at ``submit / C`` as its trace user
+(``user3`` → ``sgpu-u3``) with ``sgpu submit --malleable``, and runs the stand-in
+``slurmgpu.lab.replayload``, which must do the job's work at its profile's speed times C
+on its current GPU count. For each set of ``--sets`` a fresh daemon stack runs that
+set's policies in enforce mode (sim/replayplan.policy_sections: the simulator's
+settings, their pacing divided by C), and every job is watched to its end. Printed per
+set: a table per job (JCT, GPU-hours, resizes, preemptions), the set's average and p99
+JCT, makespan and median resize phases; then each set against ``slurm`` (no policy: the
+baseline, replayed in the same run on the same lab), and the simulator on the same jobs
+(their one-node sizes, ranges and limits; trace time, its own costs) divided by C,
+simulator ÷ real.
 
-Every job is capped at one node (4 GPUs): the stand-in is one process on fake GPUs.
-Figures are wall seconds of the compressed replay (times ``C`` for trace seconds).
+Every job is capped at one node (4 GPUs): the stand-in is one process on fake GPUs; jobs
+that would then run longer than ``--max-run`` wall seconds are left out (counted).
+Figures are wall seconds of the compressed replay (times C for trace seconds). The
+daemon runs as root (the lab's administrator), the jobs as the site users.
 
     .venv/bin/python bench/replay_real.py --first 30 --compression 60 --sets slurm,malleable
 """
@@ -43,10 +47,11 @@ from slurmgpu.lab.replay import (  # noqa: E402
     toml_text,
 )
 from slurmgpu.sim import metrics  # noqa: E402
-from slurmgpu.sim.loaders import load_pollux  # noqa: E402
+from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
 from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
 from slurmgpu.sim.profiles import load_profiles  # noqa: E402
 from slurmgpu.sim.replayplan import (  # noqa: E402
+    ReplayError,
     ReplayJob,
     outcomes,
     plan_replay,
@@ -64,10 +69,8 @@ DATA = ROOT.parent / "shared" / "data" / "pollux"
 def plan(
     args: argparse.Namespace, policy_set: str, max_gpus: int
 ) -> tuple[list[TraceJob], list[ReplayJob]]:
-    profiles = load_profiles(args.profiles)
-    trace = load_pollux(
-        args.trace.read_text(), str(args.trace), profiles, seed=args.seed, max_gpus=max_gpus
-    )
+    profiles = load_profiles(args.profiles) if args.profiles.is_dir() else None
+    trace = load_trace(args.trace, profiles, seed=args.seed, max_gpus=max_gpus)
     if policy_set in BATCH_ADAPTIVE:  # as the simulator runs these sets
         trace = elastic_batch(trace)
     return trace, plan_replay(
@@ -127,6 +130,13 @@ def main() -> int:
         print(f"replay_real: {exc}", file=sys.stderr)
         return 2
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    try:
+        for policy_set in sets:  # a bad trace, slice or set: one line, before any lab
+            policy_sections(policy_set, args.compression)
+            plan(args, policy_set, max_gpus=4 * args.nodes)
+    except (TraceError, ReplayError) as exc:
+        print(f"replay_real: {exc}", file=sys.stderr)
+        return 2
     run = BenchRun.from_args("replay_real", args)
     tmp = Path(tempfile.mkdtemp(prefix="sgpu-bench-replay-", dir="/tmp"))
     tmp.chmod(0o755)
