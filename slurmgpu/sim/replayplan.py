@@ -211,7 +211,7 @@ def policy_sections(
         out["policy.rightsize"]["apply_to_all"] = True
     if "colocate" in enforced:
         out["policy.colocate"].update(
-            apply_to_all=True, convert_gpu_requests="always", device_memory_mib=32_768
+            apply_to_all=True, convert_gpu_requests="always", device_memory="32GiB"
         )
     cost = f"{max(1, round(resize_cost_s))}s"
     out["policy.malleable"].update(

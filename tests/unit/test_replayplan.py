@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from slurmgpu.config import parse_settings
 from slurmgpu.lab.replay import Observed, Replayer, Submission, TxSeen, toml_text
 from slurmgpu.lab.replayload import parse_rates, rate_at
 from slurmgpu.model import Job, JobState, NodeGpuAllocation
@@ -105,6 +106,27 @@ def test_policy_sections_enforce_the_set_and_compress_its_pacing() -> None:
     )
     with pytest.raises(ReplayError, match="unknown policy set"):
         policy_sections("tiresias", 60)
+
+
+@pytest.mark.parametrize(
+    "policy_set", ["slurm", "rightsize", "colocate", "malleable", "las", "all"]
+)
+def test_every_sets_sections_are_a_config_the_daemon_reads(policy_set: str) -> None:
+    settings = parse_settings(toml_text(policy_sections(policy_set, 60)))
+    modes = {
+        "idle_gpu": settings.policy.idle_gpu.mode,
+        "rightsize": settings.policy.rightsize.mode,
+        "colocate": settings.policy.colocate.mode,
+        "las": settings.policy.las.mode,
+        "malleable": settings.policy.malleable.mode,
+    }
+    enforced = {name for name, mode in modes.items() if mode == "enforce"}
+    expected = {
+        "slurm": set(),
+        "all": set(modes),
+    }.get(policy_set, {policy_set})
+    assert enforced == expected
+    assert settings.policy.las.enabled is ("las" in expected)
 
 
 def test_rates_table_of_the_stand_in() -> None:
