@@ -434,6 +434,11 @@ class Replayer:
             stop = end if o.acct_at <= end <= now else now
             o.gpu_seconds += o.acct_gpus * max(0.0, stop - o.acct_at)
             o.acct_at = None
+        if start is not None and o.started_s is None and job.state is not JobState.PENDING:
+            # ran (and stopped) between two polls: Slurm's times are all there is of it
+            end = job.end_time.timestamp() if job.end_time is not None else now
+            o.started_s = start - t0
+            o.gpu_seconds += (job.allocated_gpus or job.gpus.gpus) * max(0.0, end - start)
         o.state = job.state.value
         # A requeue (a resize's, Slurm's preemption) passes through terminal-looking
         # states: an end counts once seen on two polls in a row, with no requeue flag.

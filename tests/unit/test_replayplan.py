@@ -14,7 +14,7 @@ import pytest
 from slurmgpu.config import parse_settings
 from slurmgpu.lab.replay import Observed, Replayer, Submission, TxSeen, toml_text
 from slurmgpu.lab.replayload import parse_rates, rate_at
-from slurmgpu.model import Job, JobState, NodeGpuAllocation
+from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.policy.settings import AttainedServiceSettings, MalleableSettings
 from slurmgpu.sim.replayplan import (
     ReplayError,
@@ -253,6 +253,22 @@ def test_replayer_integrates_gpu_time_from_slurms_start_and_end() -> None:
     assert (o.submitted_s, o.started_s, o.ended_s) == (0.0, 0.5, 2.5)
     # 4 GPUs from 1000.5 to the poll at 1001, 4 to 1002 (held at the last poll), 2 to 1002.5
     assert o.gpu_seconds == pytest.approx(4 * 0.5 + 4 * 1.0 + 2 * 0.5)
+
+
+def test_a_job_that_ran_between_two_polls_is_counted_from_slurms_times() -> None:
+    clock = _Clock()
+    job = ReplayJob(0, "ncf", "sgpu-u1", 0.0, 1, 1, 1, 1.0, (1.0,), 60.0, 1.0)
+    done = replace(_job(JobState.COMPLETED, 0, 1000.2, 1000.6), gpus=GpuRequest(gpus=1))
+    replayer = Replayer(
+        lambda s: 7,
+        _Slurm([[_job(JobState.PENDING, 1, None)], [done]]),  # type: ignore[arg-type]
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    (o,) = replayer.run([job], timeout_s=60)
+    assert o.state == "COMPLETED"
+    assert o.started_s == pytest.approx(0.2) and o.ended_s == pytest.approx(0.6)
+    assert o.gpu_seconds == pytest.approx(0.4)
 
 
 def test_replayer_stops_at_its_deadline_and_reports_what_was_left() -> None:
