@@ -60,7 +60,7 @@ SLURMD_PORT_BASE = int(os.environ.get("SGPU_TEST_REPLAY_SLURMD_PORT_BASE", "1762
 
 
 @pytest.fixture(scope="module")
-def replay_lab() -> Iterator[LabCluster]:
+def replay_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
     if os.geteuid() != 0:
         skip_missing("slurm", "the site lab needs root (it starts slurmd and adds Unix users)")
     if not TRACE.is_file():
@@ -81,16 +81,14 @@ def replay_lab() -> Iterator[LabCluster]:
         slurm_root=slurm_root,
         profile="site",
     )
-    failed = True
     try:
         elapsed = lab.up(timeout_s=180.0)
         print(f"\nreplay lab: 4 site nodes idle after {elapsed:.1f} s", file=sys.stderr)
         lab.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
         yield lab
-        failed = False
     finally:
         lab.down(cancel_jobs=True)
-        if failed or os.environ.get("SGPU_KEEP_LAB"):
+        if request.session.testsfailed or os.environ.get("SGPU_KEEP_LAB"):
             print(f"\nreplay lab: kept {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
