@@ -66,6 +66,11 @@ from slurmgpu.sim.workload import TraceJob, elastic_batch  # noqa: E402
 DATA = ROOT.parent / "shared" / "data" / "pollux"
 
 
+def runuser(user: str) -> list[str]:
+    """How the bench (root) becomes a site user to submit as them."""
+    return ["runuser", "-u", user, "--"]
+
+
 def plan(
     args: argparse.Namespace, policy_set: str, max_gpus: int
 ) -> tuple[list[TraceJob], list[ReplayJob]]:
@@ -183,6 +188,7 @@ def main() -> int:
                     python=python,
                     checkout=ROOT,
                     bin_dir=bin_dir,
+                    as_user=runuser,
                     timeout_s=args.timeout,
                     progress=lambda line: print(f"  {line}", flush=True),
                 )

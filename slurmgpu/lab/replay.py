@@ -4,9 +4,9 @@ submissions at their times, and what Slurm and the daemon did to each job.
 - :func:`daemon_stack`: ``sgpu daemon`` (the policy config it is given) and one
   ``sgpu agent`` per node with the simulated GPU probe, as real processes, on a store
   of their own in the replay's directory; stopped on leaving.
-- :func:`user_submitter`: submits a job as one of the site profile's Unix users
-  (``runuser``) through ``sgpu submit``, malleable through :mod:`slurmgpu.elastic`, its
-  command the stand-in :mod:`slurmgpu.lab.replayload`.
+- :func:`user_submitter`: submits a job as one of the site profile's Unix users (the
+  caller says how to become one) through ``sgpu submit``, malleable through
+  :mod:`slurmgpu.elastic`, its command the stand-in :mod:`slurmgpu.lab.replayload`.
 - :class:`Replayer`: submits each job at its time, polls Slurm every ``poll_s`` (as the
   cluster's administrator: it sees every user's jobs), integrates each job's allocated
   GPUs over time, and stops by itself when every job has ended or at its deadline
@@ -33,11 +33,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
 from slurmgpu.cycle.resize import KIND, durations
 from slurmgpu.model import Job, JobState
+from slurmgpu.slurm import sbatch
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store
 from slurmgpu.store.transactions import TransactionStore
@@ -242,18 +244,16 @@ def user_submitter(
     env: Mapping[str, str],
     work: Path,
     *,
-    chroot: str | None = None,
-    as_users: bool = True,
+    as_user: Callable[[str], Sequence[str]] | None = None,
     checkpoint_grace: str = "30s",
     tick_s: float = 0.5,
     util_pct: float = 80.0,
 ) -> Submit:
-    """A :data:`Submit` that runs ``sgpu submit`` as the job's user (``runuser``; in a
-    Slurm chroot, the chroot's ``runuser``) with ``python`` (an interpreter the site's
-    users may run, with slurmgpu importable through ``env``). Each job logs to
-    ``work/job-<index>.jsonl``; its elastic state lives under ``work/elastic``.
-    ``as_users=False``: every job is this process's user's instead (a Slurm chroot's lab,
-    where the site users cannot run this checkout's Python)."""
+    """A :data:`Submit` that runs ``sgpu submit`` with ``python`` (an interpreter the
+    submitting user may run, with slurmgpu importable through ``env``): as the job's user
+    when ``as_user`` gives the command prefix that becomes them (the caller's: slurmgpu
+    itself never changes its uid), else as this process's user. Each job logs to
+    ``work/job-<index>.jsonl``; its elastic state lives under ``work/elastic``."""
     elastic = work / "elastic"
     elastic.mkdir(exist_ok=True)
     elastic.chmod(0o1777)
@@ -277,17 +277,16 @@ def user_submitter(
                 *("--malleable", f"{job.min_gpus}:{job.max_gpus}"),
                 *("--checkpoint-grace", checkpoint_grace, "--elastic-dir", str(elastic)),
             ]
+        limit = timedelta(minutes=max(1, math.ceil(job.time_limit_s / 60)))
         argv = [
             *python,
             *("-m", "slurmgpu", "submit", "--parsable", "-o", "/dev/null"),
             *malleable,
-            f"--gres=gpu:{job.gpus}",
-            *("-N", "1", "-t", str(max(1, math.ceil(job.time_limit_s / 60)))),
+            *sbatch.gres_gpus(job.gpus).argv,
+            *("-N", "1", *sbatch.time_limit(limit).argv),
             *("-J", job.name, "--wrap", command),
         ]
-        prefix = ["runuser", "-u", job.user, "--"] if as_users else []
-        if chroot is not None and as_users:
-            prefix = ["chroot", chroot, *prefix]
+        prefix = list(as_user(job.user)) if as_user is not None else []
         proc = subprocess.run(
             [*prefix, *argv],
             env=dict(env),
@@ -564,16 +563,15 @@ def replay_on_lab(
     python: Sequence[str],
     checkout: Path,
     timeout_s: float,
-    chroot: str | None = None,
     bin_dir: Path | None = None,
-    as_users: bool = True,
+    as_user: Callable[[str], Sequence[str]] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[Observed]:
     """``jobs`` through the lab whose environment is ``lab_env`` under the daemon with
     ``policy_toml``: submitted as their users at their times, watched to the end (or to
     ``timeout_s``), their resize transactions read from the daemon's store. Every job
-    left on the lab is cancelled before this returns. ``chroot`` and ``bin_dir``: a
-    Slurm chroot's lab (its root, and its client commands' wrappers)."""
+    left on the lab is cancelled before this returns. ``bin_dir``: a Slurm chroot's
+    client commands' wrappers; ``as_user``: :func:`user_submitter`'s."""
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o1777)  # the users' jobs write their logs here
     slurm = CliSlurmClient(
@@ -585,9 +583,7 @@ def replay_on_lab(
     with daemon_stack(
         work, nodes=nodes, gres_conf=gres_conf, policy_toml=policy_toml, env=env
     ) as s:
-        submit = user_submitter(
-            python, user_env(env, checkout, s.sim_dir), work, chroot=chroot, as_users=as_users
-        )
+        submit = user_submitter(python, user_env(env, checkout, s.sim_dir), work, as_user=as_user)
         try:
             observed = Replayer(submit, slurm, progress=progress).run(jobs, timeout_s)
         finally:

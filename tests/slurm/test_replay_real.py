@@ -94,6 +94,11 @@ def replay_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def runuser(user: str) -> list[str]:
+    """How this test becomes a site user (root dropping to them; slurmgpu never does)."""
+    return ["runuser", "-u", user, "--"]
+
+
 def planned(policy_set: str) -> list[ReplayJob]:
     trace = load_pollux(TRACE.read_text(), str(TRACE), load_profiles(DATA / "profiles"))
     if policy_set == "malleable":
@@ -133,7 +138,7 @@ def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
         checkout=ROOT,
         timeout_s=REPLAY_TIMEOUT_S,
         bin_dir=lab.bin_dir,
-        as_users=chroot is None,
+        as_user=runuser if chroot is None else None,
         progress=lambda line: print(f"replay: {line}", file=sys.stderr),
     )
     rows = outcomes(observed)
