@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -247,11 +248,16 @@ def main() -> int:
         run.target(
             f"{name}_all_finished", s["finished"], f"== {s['jobs']}", s["finished"] == s["jobs"]
         )
-    run.write(args.json_out)
-    print(json.dumps({k: v["summary"] for k, v in results.items()}, default=str)[:2000])
     for name in failed:
         run.target(f"{name}_replayed", 0, "== 1", False)
-    return 0 if all(t.met for t in run.targets.values()) else 1
+    run.write(args.json_out)
+    print(json.dumps({k: v["summary"] for k, v in results.items()}, default=str)[:2000])
+    ok = all(t.met for t in run.targets.values())
+    if ok and not os.environ.get("SGPU_KEEP_LAB"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"kept {tmp} (the daemon's and agents' logs, each job's log)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
