@@ -109,6 +109,7 @@ if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
         SGPU_TEST_SLURM_ACCOUNTING=1 \
         .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py \
         tests/slurm/test_malleable_torch_real.py tests/slurm/test_malleable_multinode_real.py \
+        tests/slurm/test_replay_real.py \
         || failed+=("release $suite")
     fi
     ./scripts/slurm_chroot.sh umount "$suite" || failed+=("release $suite (umount)")

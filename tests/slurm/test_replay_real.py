@@ -112,6 +112,7 @@ def planned(policy_set: str) -> list[ReplayJob]:
     )
 
 
+@pytest.mark.release  # scripts/test.sh runs it on each chroot's Slurm (24.11, 26.05)
 def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
     replay_lab: LabCluster,
 ) -> None:
