@@ -1,6 +1,6 @@
 """What ``sgpu submit --malleable`` does to make a job's training run under ``sgpu launch``.
 
-- A ``--wrap`` command becomes ``exec <python> -m slurmgpu launch -- CMD`` (through
+- A ``--wrap`` command becomes ``trap '' SIG; exec <python> -m slurmgpu launch -- CMD`` (through
   ``/bin/sh -c`` when it has shell syntax): the launcher is then the batch shell, which is
   what Slurm's ``--signal=B:...`` reaches at the time limit.
 - A batch script is read: running ``sgpu launch`` with ``exec`` is right; ``sgpu launch``
@@ -27,10 +27,16 @@ _TORCHRUN_RE = re.compile(r"(^|[\s/])torchrun(\s|$)|-m\s+torch\.distributed\.(ru
 _MAX_SCRIPT_BYTES = 1 << 20
 
 
-def launch_prefix() -> str:
+def launch_prefix(signal: str = "USR2") -> str:
     """How a job runs the launcher: this sgpu's own interpreter (found on every node that
-    sees the submitting environment, like the user's own python)."""
-    return f"exec {shlex.quote(sys.executable)} -m slurmgpu launch --"
+    sees the submitting environment, like the user's own python), with the checkpoint
+    ``signal`` ignored until the launcher catches it: a resize signalled in the second
+    the interpreter takes to start would otherwise kill the job (the trace replay, issue
+    33, lost a job that way 0.3 s after it started). Ignored stays ignored across
+    ``exec``; the launcher then installs its own handler."""
+    return (
+        f"trap '' {shlex.quote(signal)}; exec {shlex.quote(sys.executable)} -m slurmgpu launch --"
+    )
 
 
 def _launch_under_srun(text: str) -> bool:
@@ -40,8 +46,8 @@ def _launch_under_srun(text: str) -> bool:
     return launch is not None and srun is not None and srun.start() < launch.start()
 
 
-def wrap_command(cmd: str) -> str:
-    """The ``--wrap`` command to submit for ``cmd``.
+def wrap_command(cmd: str, signal: str = "USR2") -> str:
+    """The ``--wrap`` command to submit for ``cmd`` (``signal``: the checkpoint signal).
 
     ``srun ... sgpu launch -- torchrun ...`` (a launcher per node) gets the batch launcher
     in front too: it is what the time limit's signal reaches, and it requeues the job.
@@ -50,13 +56,13 @@ def wrap_command(cmd: str) -> str:
     if _launch_under_srun(text):
         body = text.removeprefix("exec ").strip()
         if not _SHELL_CHARS.search(body):
-            return f"{launch_prefix()} {body}"
-        return f"{launch_prefix()} /bin/sh -c {shlex.quote(body)}"
+            return f"{launch_prefix(signal)} {body}"
+        return f"{launch_prefix(signal)} /bin/sh -c {shlex.quote(body)}"
     if _LAUNCH_RE.search(text):
         return text if text.startswith("exec ") else f"exec {text}"
     if not _SHELL_CHARS.search(text):
-        return f"{launch_prefix()} {text.removeprefix('exec ').strip()}"
-    return f"{launch_prefix()} /bin/sh -c {shlex.quote(text)}"
+        return f"{launch_prefix(signal)} {text.removeprefix('exec ').strip()}"
+    return f"{launch_prefix(signal)} /bin/sh -c {shlex.quote(text)}"
 
 
 class ScriptVerdict:

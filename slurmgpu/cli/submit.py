@@ -217,7 +217,7 @@ def malleable_args(req: MalleableRequest, args: list[str]) -> list[str]:
         elif arg.startswith("--wrap="):
             wrap, at = arg.split("=", 1)[1], i
         if wrap is not None:  # run under `sgpu launch` (slurmgpu/cli/launchwrap.py)
-            out[at] = ("--wrap=" if at == i else "") + wrap_command(wrap)
+            out[at] = ("--wrap=" if at == i else "") + wrap_command(wrap, req.signal)
             break
     return head + out
 

@@ -344,6 +344,11 @@ class Launcher:
                 status = None
             if status is None:
                 time.sleep(POLL_S)
+        # The command is over: a checkpoint signal from here on (a resize decided as the
+        # job ended) must not kill the launcher while it exits, which Slurm would count as
+        # the job failing. Python restores a caught signal's default action at exit, not
+        # an ignored one's.
+        signal.signal(self.checkpoint_signal, signal.SIG_IGN)
         code = status if status >= 0 else 128 - status
         self.event("command_exited", status=code)
         self._clean_up()

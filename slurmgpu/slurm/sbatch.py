@@ -36,6 +36,7 @@ __all__ = [
     "cpus_per_task",
     "gpus",
     "gres",
+    "gres_gpus",
     "mem",
     "mem_size",
     "shards",
@@ -67,6 +68,11 @@ def gpus(count: int, *, nodes: int | None = None) -> SbatchOptions:
     if nodes is not None:
         words = (f"--nodes={_whole('nodes', nodes)}", *words)
     return SbatchOptions(words)
+
+
+def gres_gpus(count: int) -> SbatchOptions:
+    """``--gres=gpu:COUNT``: GPUs on each node of the job (Slurm's per-node form)."""
+    return SbatchOptions((f"--gres=gpu:{_whole('GPUs', count)}",))
 
 
 def shards(count: int) -> SbatchOptions:

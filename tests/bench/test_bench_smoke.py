@@ -6,7 +6,8 @@ same run (slurmgpu/lab/benchrun.py). No timing is judged here: smoke sizes are s
 work on a shared machine; the full-size figures are in bench/README.md. Benches that read
 shared/data skip, with the reason, where it is absent; the bench/gpu_check_*.py scripts
 where what they check is absent (NVML; torch), which their record says with exit code 2;
-bench/resize_path.py needs the lab cluster (tests/slurm/test_bench_resize_path.py).
+bench/resize_path.py needs the lab cluster (tests/slurm/test_bench_resize_path.py),
+bench/replay_real.py the site lab (tests/slurm/test_replay_real.py).
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ NEEDS: dict[str, Path | None] = {
     "gpu_check_energy": None,  # NVML (and needs only pynvml + the standard library)
     "gpu_check_torch": None,  # torch; with the CPU build: gloo on 2 CPU ranks, ~40 s
 }
-ELSEWHERE = {"resize_path": "tests/slurm/test_bench_resize_path.py (needs the lab cluster)"}
+ELSEWHERE = {
+    "resize_path": "tests/slurm/test_bench_resize_path.py (needs the lab cluster)",
+    "replay_real": "tests/slurm/test_replay_real.py (needs the site lab)",
+}
 
 
 def test_every_bench_has_a_smoke_run() -> None:

@@ -48,7 +48,9 @@ def test_malleable_adds_the_token_requeue_signal_and_keeps_the_script_args(
 
 def test_a_wrap_runs_under_the_launcher_so_the_signal_reaches_the_program() -> None:
     launch = launch_prefix()
-    assert launch.startswith("exec ") and launch.endswith(" -m slurmgpu launch --")
+    # the checkpoint signal ignored until the launcher catches it (a resize signalled
+    # while the interpreter starts must not kill the job)
+    assert launch.startswith("trap '' USR2; exec ") and launch.endswith(" -m slurmgpu launch --")
     out = _prepare(("--malleable=1:2", "--wrap", "python train.py --steps 5"))
     assert out[out.index("--wrap") + 1] == f"{launch} python train.py --steps 5"
     assert "--open-mode=append" in out  # the log carries on across requeues

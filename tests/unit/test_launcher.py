@@ -9,12 +9,14 @@ leftovers (a process in its own session that ignores SIGTERM) do not outlive it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -332,3 +334,41 @@ def test_a_command_that_ends_on_all_its_nodes_is_not_started_again(tmp_path: Pat
     )
     assert launcher.run() == 3
     assert asked == [9]
+
+
+@pytest.mark.slow  # runs sgpu launch as a separate process, ~1 s
+def test_a_checkpoint_signal_while_the_launcher_starts_or_exits_never_kills_the_job(
+    tmp_path: Path,
+) -> None:
+    """The batch script as ``sgpu submit --malleable`` writes it, under a stream of
+    checkpoint signals from its first millisecond to its exit: the interpreter's start
+    (the trap in front of ``exec``) and its exit (ignored once the command is over) are
+    covered, so the job ends with its command's status. The trace replay (issue 33) lost
+    jobs in both windows: a resize decided 0.3 s after a job started, and one decided as
+    it ended, each killed by SIGUSR2 (Slurm: FAILED)."""
+    from slurmgpu.cli.launchwrap import wrap_command
+
+    script = wrap_command("sleep 1", "USR2")
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "79",
+        "SGPU_ELASTIC_DIR": str(tmp_path / "state"),
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.Popen(["/bin/sh", "-c", script], env=env, stderr=subprocess.PIPE)
+    # from the exec on (the shell has run its trap): the interpreter's start-up follows
+    wait_for("the exec", lambda: psutil.Process(proc.pid).cmdline()[0] != "/bin/sh")
+    sent = 0
+    while proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGUSR2)
+            sent += 1
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    assert sent > 5
+    events = [
+        json.loads(x)["event"]
+        for x in (tmp_path / "state" / "79" / "launch.jsonl").read_text().splitlines()
+    ]
+    assert events[0] == "start" and events[-1] == "exit"

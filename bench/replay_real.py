@@ -1,0 +1,264 @@
+"""A trace slice replayed through the real site lab, per policy set (issue 33 item 2).
+
+Starts a lab cluster with the site profile (slurmdbd, accounts, 8 Unix users, fairshare,
+QOS preemption; ``--nodes`` of 4 fake GPUs each), loads a trace (``--trace``: a Pollux
+workload with the profiles under ``--profiles``, read from ../shared/data and never
+copied; or any format ``sgpu simulate`` reads, sacct's included), takes its first
+``--first`` jobs (or those of the first ``--window`` trace seconds) and compresses time
+by ``--compression`` C: each job is submitted at ``submit / C`` as its trace user
+(``user3`` → ``sgpu-u3``) with ``sgpu submit --malleable``, and runs the stand-in
+``slurmgpu.lab.replayload``, which must do the job's work at its profile's speed times C
+on its current GPU count. For each set of ``--sets`` a fresh daemon stack runs that
+set's policies in enforce mode (sim/replayplan.policy_sections: the simulator's
+settings, their pacing divided by C), and every job is watched to its end. Printed per
+set: a table per job (JCT, GPU-hours, resizes, preemptions), the set's average and p99
+JCT, makespan and median resize phases; then each set against ``slurm`` (no policy: the
+baseline, replayed in the same run on the same lab), and the simulator on the same jobs
+(their one-node sizes, ranges and limits; trace time, its own costs) divided by C,
+simulator ÷ real.
+
+Every job is capped at one node (4 GPUs): the stand-in is one process on fake GPUs; jobs
+that would then run longer than ``--max-run`` wall seconds are left out (counted).
+Figures are wall seconds of the compressed replay (times C for trace seconds). The
+daemon runs as root (the lab's administrator), the jobs as the site users.
+
+    .venv/bin/python bench/replay_real.py --first 30 --compression 60 --sets slurm,malleable
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurmgpu.lab.benchrun import BenchRun, add_arguments  # noqa: E402
+from slurmgpu.lab.cluster import LabCluster, site  # noqa: E402
+from slurmgpu.lab.replay import (  # noqa: E402
+    ReplayLabError,
+    replay_on_lab,
+    site_python,
+    toml_text,
+)
+from slurmgpu.sim import metrics  # noqa: E402
+from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
+from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
+from slurmgpu.sim.profiles import load_profiles  # noqa: E402
+from slurmgpu.sim.replayplan import (  # noqa: E402
+    ReplayError,
+    ReplayJob,
+    outcomes,
+    plan_replay,
+    policy_sections,
+    render,
+    replayed_trace,
+    summarise,
+)
+from slurmgpu.sim.run import ClusterShape, simulate  # noqa: E402
+from slurmgpu.sim.workload import TraceJob, elastic_batch  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "pollux"
+
+
+def runuser(user: str) -> list[str]:
+    """How the bench (root) becomes a site user to submit as them."""
+    return ["runuser", "-u", user, "--"]
+
+
+def plan(
+    args: argparse.Namespace, policy_set: str, max_gpus: int
+) -> tuple[list[TraceJob], list[ReplayJob]]:
+    profiles = load_profiles(args.profiles) if args.profiles.is_dir() else None
+    trace = load_trace(args.trace, profiles, seed=args.seed, max_gpus=max_gpus)
+    if policy_set in BATCH_ADAPTIVE:  # as the simulator runs these sets
+        trace = elastic_batch(trace)
+    return trace, plan_replay(
+        trace,
+        compression=args.compression,
+        users=[u.name for u in site.USERS],
+        first=args.first,
+        window_s=args.window,
+        max_run_s=args.max_run,
+    )
+
+
+def simulated(trace: list[TraceJob], args: argparse.Namespace, policy_set: str) -> dict[str, float]:
+    """The simulator on the replayed jobs (trace time, its own costs and 60 s cycle: 1 s
+    of the replay at C = 60), its figures divided by C: wall seconds like the replay's."""
+    r = metrics.summarise(simulate(trace, ClusterShape(args.nodes, 4), policy_set))
+    c = args.compression
+    return {
+        "avg_jct_s": r.avg_jct_s / c,
+        "p99_jct_s": r.p99_jct_s / c,
+        "makespan_s": r.makespan_s / c,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", type=Path, default=DATA / "workloads" / "workload-1.csv")
+    p.add_argument("--profiles", type=Path, default=DATA / "profiles")
+    p.add_argument("--first", type=int, default=30, help="the first N jobs of the trace")
+    p.add_argument("--window", type=float, default=None, help="or those of the first S s")
+    p.add_argument("--compression", type=float, default=60.0, help="trace s per wall s")
+    p.add_argument("--sets", default="slurm,malleable", help="comma-separated policy sets")
+    p.add_argument(
+        "--max-run", type=float, default=300.0, help="leave out jobs longer than S wall s"
+    )
+    p.add_argument("--nodes", type=int, default=4, help="site lab nodes (4 GPUs each)")
+    p.add_argument("--seed", type=int, default=1, help="the trace's seeded users and limits")
+    p.add_argument("--timeout", type=float, default=1200.0, help="wall s per set at most")
+    p.add_argument("--no-sim", action="store_true", help="no simulator run to compare")
+    p.add_argument(
+        "--running-lab",
+        action="store_true",
+        help="replay on the site lab SLURM_CONF points at (--nodes of it) instead of one's own",
+    )
+    p.add_argument("--ctld-port", type=int, default=6951)
+    p.add_argument("--slurmd-port-base", type=int, default=17401)
+    add_arguments(p, "8 jobs, the slurm set only")
+    args = p.parse_args()
+    if args.smoke:
+        args.first, args.sets = 8, "slurm"
+    if not args.trace.is_file():
+        print(f"replay_real: skipped: no trace at {args.trace} (see shared/data)", flush=True)
+        return 0
+    try:
+        python = site_python()
+    except ReplayLabError as exc:
+        print(f"replay_real: {exc}", file=sys.stderr)
+        return 2
+    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    try:
+        for policy_set in sets:  # a bad trace, slice or set: one line, before any lab
+            policy_sections(policy_set, args.compression)
+            plan(args, policy_set, max_gpus=4 * args.nodes)
+    except (TraceError, ReplayError) as exc:
+        print(f"replay_real: {exc}", file=sys.stderr)
+        return 2
+    run = BenchRun.from_args("replay_real", args)
+    tmp = Path(tempfile.mkdtemp(prefix="sgpu-bench-replay-", dir="/tmp"))
+    tmp.chmod(0o755)
+    lab: LabCluster | None = None
+    if args.running_lab:  # the site lab SLURM_CONF points at (a test's), host Slurm
+        conf = Path(os.environ.get("SLURM_CONF", ""))
+        if not conf.is_file():
+            p.error("--running-lab needs SLURM_CONF set to a running site lab's slurm.conf")
+        lab_env = {"SLURM_CONF": str(conf)}
+        gres_conf, bin_dir = conf.parent / "gres.conf", None
+    else:
+        lab = LabCluster(
+            tmp / "lab",
+            nodes=args.nodes,
+            ctld_port=args.ctld_port,
+            slurmd_port_base=args.slurmd_port_base,
+            profile="site",
+        )
+        print(f"site lab: {args.nodes} nodes under {tmp}", flush=True)
+        elapsed = lab.up(timeout_s=180)
+        print(f"site lab idle after {elapsed:.1f} s", flush=True)
+        lab_env, gres_conf, bin_dir = lab.env(), lab.etc_dir / "gres.conf", lab.bin_dir
+    nodes = [f"gpu{i}" for i in range(1, args.nodes + 1)]
+    results: dict[str, dict[str, object]] = {}
+    failed: list[str] = []
+    try:
+        for policy_set in sets:
+            trace, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
+            print(
+                f"\n== set {policy_set}: {len(jobs)} jobs over {jobs[-1].at_s:.0f} s "
+                f"(C = {args.compression:g}; {args.first - len(jobs) if args.first else '?'} left "
+                f"out, longer than {args.max_run:g} s), no-resize run times "
+                f"{min(j.run_s for j in jobs):.0f}-{max(j.run_s for j in jobs):.0f} s",
+                flush=True,
+            )
+            try:
+                observed = replay_on_lab(
+                    jobs,
+                    work=tmp / f"replay-{policy_set}",
+                    nodes=nodes,
+                    gres_conf=gres_conf,
+                    lab_env=lab_env,
+                    policy_toml=toml_text(policy_sections(policy_set, args.compression)),
+                    python=python,
+                    checkout=ROOT,
+                    bin_dir=bin_dir,
+                    as_user=runuser,
+                    timeout_s=args.timeout,
+                    progress=lambda line: print(f"  {line}", flush=True),
+                )
+            except ReplayLabError as exc:  # this set's stack failed: say so, go on
+                print(f"replay_real: set {policy_set}: {exc}", file=sys.stderr, flush=True)
+                failed.append(policy_set)
+                continue
+            rows = outcomes(observed)
+            summary = summarise(rows)
+            print(render(rows, summary), flush=True)
+            results[policy_set] = {
+                "summary": summary.as_dict(),
+                "jobs": [r.as_dict() for r in rows],
+            }
+            if not args.no_sim:
+                results[policy_set]["sim"] = simulated(
+                    replayed_trace(trace, jobs, args.compression), args, policy_set
+                )
+    finally:
+        if lab is not None:
+            lab.down(cancel_jobs=True)
+    base = results.get("slurm", {}).get("summary")
+    print("\nset        avg JCT s  p99 JCT s  makespan s  finished  resizes  vs slurm (avg)")
+    for name, res in results.items():
+        s = res["summary"]
+        assert isinstance(s, dict)
+        ratio = (
+            s["avg_jct_s"] / base["avg_jct_s"]
+            if isinstance(base, dict) and base["avg_jct_s"] and not math.isnan(base["avg_jct_s"])
+            else math.nan
+        )
+        print(
+            f"{name:<10} {s['avg_jct_s']:>9.1f} {s['p99_jct_s']:>10.1f} {s['makespan_s']:>11.1f} "
+            f"{s['finished']:>5}/{s['jobs']:<3} {s['resizes']:>7}  {ratio:>8.2f}"
+        )
+    sims = {name: res["sim"] for name, res in results.items() if "sim" in res}
+    if sims:
+        print("\nsimulator / real (same jobs, sizes and limits; simulator in trace time / C)")
+        print("set        avg JCT sim  ratio   p99 sim  ratio  makespan sim  ratio")
+    for name, sim in sims.items():
+        real = results[name]["summary"]
+        assert isinstance(real, dict) and isinstance(sim, dict)
+        cells = []
+        for key in ("avg_jct_s", "p99_jct_s", "makespan_s"):
+            ratio = sim[key] / real[key] if real[key] else math.nan
+            cells.append(f"{sim[key]:>11.1f} {ratio:>6.2f}")
+        print(f"{name:<10} " + "  ".join(cells))
+    run.figures = {name: res["summary"] for name, res in results.items() if name != "slurm"}
+    run.figures["simulator"] = sims
+    run.figures["jobs"] = {name: res["jobs"] for name, res in results.items()}
+    if isinstance(base, dict):
+        run.baseline = {"slurm": base}
+    for name, res in results.items():
+        s = res["summary"]
+        assert isinstance(s, dict)
+        run.target(
+            f"{name}_all_finished", s["finished"], f"== {s['jobs']}", s["finished"] == s["jobs"]
+        )
+    for name in failed:
+        run.target(f"{name}_replayed", 0, "== 1", False)
+    run.write(args.json_out)
+    print(json.dumps({k: v["summary"] for k, v in results.items()}, default=str)[:2000])
+    ok = all(t.met for t in run.targets.values())
+    if ok and not os.environ.get("SGPU_KEEP_LAB"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"kept {tmp} (the daemon's and agents' logs, each job's log)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,212 @@
+"""A small Pollux trace slice replayed through a real site lab under the daemon (issue 33
+item 5): the CI-sized version of bench/replay_real.py.
+
+A 4-node lab with the site profile (slurmdbd + MariaDB, 3 accounts, 8 Unix users,
+fairshare, QOS preemption; 16 fake GPUs: the profile's 16 nodes and 16 node agents are
+more than this tier's shared 2-core machines run in a few minutes), the daemon with the
+``malleable`` set enforcing (pacing compressed with the trace), and the first jobs of
+Pollux workload 1 compressed 60x, each submitted at its time as its trace user with
+``sgpu submit --malleable`` and running the stand-in slurmgpu.lab.replayload on
+slurmgpu.elastic. The bound is loose and honest: every job submitted and completed
+(none lost, none cut off by the replay's own deadline), each one's stand-in did all its
+work, no job ran faster than its profile allows on its largest size, every resize the
+daemon began is closed, the figures are recorded, and no process logged a traceback.
+
+On a Slurm chroot (``SGPU_TEST_SLURM_ROOT``: 24.11, 26.05) the jobs are root's: the site
+users cannot run this checkout's Python inside the chroot (tests/slurm/site_users.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmgpu.cycle.resize import CLOSED
+from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages, site
+from slurmgpu.lab.replay import ReplayLabError, replay_on_lab, site_python, toml_text
+from slurmgpu.sim.loaders import load_pollux
+from slurmgpu.sim.profiles import load_profiles
+from slurmgpu.sim.replayplan import (
+    ReplayJob,
+    outcomes,
+    plan_replay,
+    policy_sections,
+    render,
+    summarise,
+)
+from slurmgpu.sim.workload import elastic_batch
+from tests.tier_guard import skip_missing
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT.parent / "shared" / "data" / "pollux"
+TRACE = DATA / "workloads" / "workload-1.csv"
+COMPRESSION = 60.0
+FIRST = 30  # of the trace; the jobs over MAX_RUN_S at their size are left out
+MAX_RUN_S = 120.0
+REPLAY_TIMEOUT_S = 480.0
+
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_OFFSET = 10 * int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0
+CTLD_PORT = int(os.environ.get("SGPU_TEST_REPLAY_CTLD_PORT", "7120")) + _OFFSET
+SLURMD_PORT_BASE = int(os.environ.get("SGPU_TEST_REPLAY_SLURMD_PORT_BASE", "17620")) + _OFFSET
+
+
+@pytest.fixture(scope="module")
+def replay_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
+    if os.geteuid() != 0:
+        skip_missing("slurm", "the site lab needs root (it starts slurmd and adds Unix users)")
+    if not TRACE.is_file():
+        skip_missing("slurm", f"no Pollux trace at {TRACE} (shared/data, ATTRIBUTION.md)")
+    slurm_root = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
+    try:
+        if slurm_root is None:
+            ensure_packages()
+    except LabClusterError as exc:
+        skip_missing("slurm", f"Slurm packages are missing and cannot be installed: {exc}")
+    root = Path(tempfile.mkdtemp(prefix="sgpu-replay-", dir="/tmp"))
+    root.chmod(0o755)
+    lab = LabCluster(
+        root,
+        nodes=4,
+        ctld_port=CTLD_PORT,
+        slurmd_port_base=SLURMD_PORT_BASE,
+        slurm_root=slurm_root,
+        profile="site",
+    )
+    try:
+        elapsed = lab.up(timeout_s=180.0)
+        print(f"\nreplay lab: 4 site nodes idle after {elapsed:.1f} s", file=sys.stderr)
+        lab.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
+        yield lab
+    finally:
+        lab.down(cancel_jobs=True)
+        if request.session.testsfailed or os.environ.get("SGPU_KEEP_LAB"):
+            print(f"\nreplay lab: kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def runuser(user: str) -> list[str]:
+    """How this test becomes a site user (root dropping to them; slurmgpu never does)."""
+    return ["runuser", "-u", user, "--"]
+
+
+def planned(policy_set: str) -> list[ReplayJob]:
+    trace = load_pollux(TRACE.read_text(), str(TRACE), load_profiles(DATA / "profiles"))
+    if policy_set == "malleable":
+        trace = elastic_batch(trace)  # as the simulator runs the set
+    return plan_replay(
+        trace,
+        compression=COMPRESSION,
+        users=[u.name for u in site.USERS],
+        first=FIRST,
+        max_run_s=MAX_RUN_S,
+    )
+
+
+@pytest.mark.release  # scripts/test.sh runs it on each chroot's Slurm (24.11, 26.05)
+def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
+    replay_lab: LabCluster,
+) -> None:
+    lab = replay_lab
+    chroot = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
+    if chroot is None:
+        try:
+            python = site_python()
+        except ReplayLabError as exc:
+            pytest.skip(f"the site users cannot run slurmgpu: {exc}")
+    else:
+        python = [sys.executable]
+    jobs = planned("malleable")
+    assert 20 <= len(jobs) <= 40, len(jobs)
+    work = lab.root / "replay-malleable"  # inside the lab root: seen in a chroot too
+    observed = replay_on_lab(
+        jobs,
+        work=work,
+        nodes=lab.node_names,
+        gres_conf=lab.etc_dir / "gres.conf",
+        lab_env=lab.env(),
+        policy_toml=toml_text(policy_sections("malleable", COMPRESSION)),
+        python=python,
+        checkout=ROOT,
+        timeout_s=REPLAY_TIMEOUT_S,
+        bin_dir=lab.bin_dir,
+        as_user=runuser if chroot is None else None,
+        progress=lambda line: print(f"replay: {line}", file=sys.stderr),
+    )
+    rows = outcomes(observed)
+    summary = summarise(rows)
+    print("\n" + render(rows, summary), file=sys.stderr)
+
+    # every job submitted, as its user, and completed: none lost, none cut off
+    assert [o.state for o in rows] == ["COMPLETED"] * len(jobs), render(rows, summary)
+    assert summary.finished == len(jobs)
+    for job, o in zip(jobs, rows, strict=True):
+        assert o.job_id is not None and o.submitted_s is not None
+        assert o.started_s is not None and o.ended_s is not None
+        assert o.submitted_s <= o.started_s <= o.ended_s
+        log = [
+            json.loads(line) for line in (work / f"job-{job.index}.jsonl").read_text().splitlines()
+        ]
+        done = [r for r in log if r.get("event") == "done"]
+        assert len(done) == 1 and done[0]["done"] == pytest.approx(job.work), log
+        starts = [r for r in log if r.get("event") == "start"]
+        assert len(starts) == o.restarts + 1, (log, o)
+        # no faster than its profile on its largest size (less one step's rounding)
+        fastest = job.work / max(job.rates)
+        assert o.jct_s is not None and o.jct_s >= fastest - 0.5, (job, o)
+        assert 0 < o.gpu_hours * 3600 <= o.jct_s * job.max_gpus + 5, (job, o)
+    # every resize the daemon began is closed, and each done one has its phases
+    for seen in observed:
+        for tx in seen.transactions:
+            assert tx.state in CLOSED, (seen.job_id, tx)
+            if tx.state == "running":
+                assert tx.phases.get("total", 0) > 0, tx
+    for name in ("daemon.log", *(f"agent-{n}.log" for n in lab.node_names)):
+        assert "Traceback" not in (work / name).read_text(), name
+    assert summary.avg_jct_s > 0 and summary.makespan_s >= summary.p99_jct_s > 0
+
+
+def test_the_replay_bench_runs_at_smoke_size_on_the_lab(
+    replay_lab: LabCluster, tmp_path: Path
+) -> None:
+    """bench/replay_real.py --smoke (8 jobs, the slurm set, and the simulator on them) on
+    this lab, so the bench that prints the full table does not rot (tests/bench/ runs
+    every other bench's smoke)."""
+    if os.environ.get("SGPU_TEST_SLURM_ROOT"):
+        pytest.skip("the bench submits as the site users, who cannot run it in a chroot")
+    try:
+        site_python()
+    except ReplayLabError as exc:
+        pytest.skip(f"the site users cannot run slurmgpu: {exc}")
+    out = tmp_path / "records"
+    out.mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "replay_real.py"),
+            *("--smoke", "--running-lab", "--nodes", "4", "--json-out", str(out)),
+        ],
+        env={**os.environ, **replay_lab.env(), "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    print(proc.stdout[-3000:], file=sys.stderr)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    base = record["baseline"]["slurm"]
+    assert base["jobs"] == base["finished"] == 8
+    assert base["avg_jct_s"] > 0 and base["makespan_s"] > 0
+    assert record["figures"]["simulator"]["slurm"]["avg_jct_s"] > 0
+    assert "simulator / real" in proc.stdout
