@@ -50,6 +50,7 @@ def test_a_handler_sets_it_while_the_main_thread_waits(usr1_restored: None) -> N
     timer.join()
 
 
+STORM_BURST = 20
 STORM = """
 import os, signal
 from slurmgpu.stop_flag import StopFlag
@@ -73,7 +74,9 @@ def test_signal_storms_never_wedge_a_waiting_main_thread() -> None:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
         storm_until = time.monotonic() + 1.5
         while time.monotonic() < storm_until:
-            proc.send_signal(signal.SIGUSR1)
+            for _ in range(STORM_BURST):  # back to back: a handler lands inside another
+                proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.001)  # a breath, or the handlers nest without end (RecursionError)
         for _ in range(100):
             proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
