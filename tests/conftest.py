@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -158,6 +158,47 @@ SITE_SLURMD_PORT_BASE = (
 )
 
 
+def _session_lab(
+    request: pytest.FixtureRequest,
+    name: str,
+    ctld_port: int,
+    slurmd_port_base: int,
+    timeout_s: float,
+    **options: Any,
+) -> Iterator[LabCluster]:
+    """A lab cluster of its own for the session (the host's Slurm or the chroot's of
+    ``SGPU_TEST_SLURM_ROOT``), leaving ``SLURM_CONF`` alone; kept after a failure."""
+    if os.geteuid() != 0:
+        _skip(f"the {name.replace('_', ' ')} needs root (it starts slurmd)")
+    slurm_root = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
+    try:
+        if slurm_root is None:
+            ensure_packages()
+    except LabClusterError as exc:
+        _skip(f"Slurm packages are missing and cannot be installed: {exc}")
+    root = Path(tempfile.mkdtemp(prefix=f"sgpu-{name.split('_')[0]}-", dir="/tmp"))
+    lab = LabCluster(
+        root,
+        ctld_port=ctld_port,
+        slurmd_port_base=slurmd_port_base,
+        slurm_root=slurm_root,
+        **options,
+    )
+    try:
+        elapsed = lab.up(timeout_s=timeout_s)
+        print(
+            f"\n{name}: {lab.nodes} nodes idle after {elapsed:.1f} s under {root}",
+            file=sys.stderr,
+        )
+        yield lab
+    finally:
+        lab.down(cancel_jobs=True)
+        if request.session.testsfailed or os.environ.get("SGPU_KEEP_LAB"):
+            print(f"\n{name}: kept {root} (logs in {lab.log_dir})", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def site_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
     """A running lab cluster with the site profile (slurmgpu/lab/cluster/site.py): 16 nodes,
@@ -168,35 +209,9 @@ def site_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
     The tests written before the profile keep the 4-node ``slurm_cluster``: they assume
     its layout (4 nodes, one partition, no accounts, every job root's).
     """
-    if os.geteuid() != 0:
-        _skip("the site lab needs root (it starts slurmd and adds Unix users)")
-    slurm_root = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
-    try:
-        if slurm_root is None:
-            ensure_packages()
-    except LabClusterError as exc:
-        _skip(f"Slurm packages are missing and cannot be installed: {exc}")
-    root = Path(tempfile.mkdtemp(prefix="sgpu-site-", dir="/tmp"))
-    lab = LabCluster(
-        root,
-        ctld_port=SITE_CTLD_PORT,
-        slurmd_port_base=SITE_SLURMD_PORT_BASE,
-        slurm_root=slurm_root,
-        profile="site",
+    yield from _session_lab(
+        request, "site_lab", SITE_CTLD_PORT, SITE_SLURMD_PORT_BASE, 120.0, profile="site"
     )
-    try:
-        elapsed = lab.up(timeout_s=120.0)
-        print(
-            f"\nsite_lab: {lab.nodes} nodes idle after {elapsed:.1f} s under {root}",
-            file=sys.stderr,
-        )
-        yield lab
-    finally:
-        lab.down(cancel_jobs=True)
-        if request.session.testsfailed or os.environ.get("SGPU_KEEP_LAB"):
-            print(f"\nsite_lab: kept {root} (logs in {lab.log_dir})", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -224,32 +239,14 @@ def sharing_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
     """A running lab cluster with the ``mig-mps`` layout (slurmgpu/lab/cluster/sharing.py):
     gpu1 and gpu4 whole GPUs and shards, gpu2 MIG slices, gpu3 MPS. Like :func:`site_lab`
     it leaves ``SLURM_CONF`` alone; tests take :func:`sharing_cluster`."""
-    if os.geteuid() != 0:
-        _skip("the sharing lab needs root (it starts slurmd)")
-    slurm_root = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
-    try:
-        if slurm_root is None:
-            ensure_packages()
-    except LabClusterError as exc:
-        _skip(f"Slurm packages are missing and cannot be installed: {exc}")
-    root = Path(tempfile.mkdtemp(prefix="sgpu-sharing-", dir="/tmp"))
-    lab = LabCluster(
-        root,
-        ctld_port=SHARING_CTLD_PORT,
-        slurmd_port_base=SHARING_SLURMD_PORT_BASE,
-        slurm_root=slurm_root,
+    yield from _session_lab(
+        request,
+        "sharing_lab",
+        SHARING_CTLD_PORT,
+        SHARING_SLURMD_PORT_BASE,
+        60.0,
         sharing="mig-mps",
     )
-    try:
-        elapsed = lab.up(timeout_s=60.0)
-        print(f"\nsharing_lab: 4 nodes idle after {elapsed:.1f} s under {root}", file=sys.stderr)
-        yield lab
-    finally:
-        lab.down(cancel_jobs=True)
-        if request.session.testsfailed or os.environ.get("SGPU_KEEP_LAB"):
-            print(f"\nsharing_lab: kept {root} (logs in {lab.log_dir})", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
