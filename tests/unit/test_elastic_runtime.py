@@ -18,6 +18,7 @@ from slurmgpu.elastic import init
 from slurmgpu.elastic.spec import parse_range, read_ack, read_progress
 from slurmgpu.tokens import Malleable, malleable_token, parse
 from tests.polling import wait_for
+from tests.signal_storm import storm
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_train.py"
@@ -105,11 +106,7 @@ def test_signal_storms_in_the_hold_never_wedge_the_run(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
         wait_for("the acknowledgement", lambda: read_ack(tmp_path, 12), 20.0)
-        storm_until = time.monotonic() + 1.5
-        while time.monotonic() < storm_until:  # a checkpoint signal cannot end the hold
-            for _ in range(20):  # back to back: a handler lands inside another
-                proc.send_signal(signal.SIGUSR2)
-            time.sleep(0.001)  # a breath, or the handlers nest without end (RecursionError)
+        storm(proc, signal.SIGUSR2)  # a checkpoint signal cannot end the hold
         for _ in range(200):
             proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

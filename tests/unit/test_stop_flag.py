@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmgpu.stop_flag import StopFlag
+from tests.signal_storm import storm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +51,6 @@ def test_a_handler_sets_it_while_the_main_thread_waits(usr1_restored: None) -> N
     timer.join()
 
 
-STORM_BURST = 20
 STORM = """
 import os, signal
 from slurmgpu.stop_flag import StopFlag
@@ -72,11 +72,7 @@ def test_signal_storms_never_wedge_a_waiting_main_thread() -> None:
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
-        storm_until = time.monotonic() + 1.5
-        while time.monotonic() < storm_until:
-            for _ in range(STORM_BURST):  # back to back: a handler lands inside another
-                proc.send_signal(signal.SIGUSR1)
-            time.sleep(0.001)  # a breath, or the handlers nest without end (RecursionError)
+        storm(proc, signal.SIGUSR1)
         for _ in range(100):
             proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
