@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
+from slurmgpu.slurm.parse import HostlistError, expand_hostlist
 
 __all__ = ["compress_counts", "expand_counts", "shrunk_env"]
 
@@ -51,8 +51,8 @@ def compress_counts(counts: Sequence[int]) -> str:
 
 def _hosts(nodelist: str) -> list[str] | None:
     try:
-        return list(NodeSet(nodelist))
-    except NodeSetException:
+        return list(expand_hostlist(nodelist))
+    except HostlistError:
         return None
 
 
