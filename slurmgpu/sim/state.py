@@ -161,8 +161,8 @@ class SimJob:
 class SimNode:
     """One node: its whole GPUs (``gpu_owner``; shard or MPS jobs in ``gpu_shards``) and
     the MIG slices of its last ``mig_gpus`` GPUs, each split as ``mig_layout``
-    (``slices``: profile and physical GPU; Slurm numbers each slice as a GPU after the
-    whole ones, ``len(gpu_owner) + i``)."""
+    (``slices``: each one's profile and Slurm GPU index: Slurm numbers each slice as a
+    GPU, here after the whole ones, ``len(gpu_owner) + i``)."""
 
     __slots__ = (
         "gpu_owner",
@@ -198,7 +198,7 @@ class SimNode:
         self.gpu_owner: list[int | None] = [None] * whole
         self.gpu_shards: list[dict[int, int]] = [{} for _ in range(whole)]
         self.slices: tuple[tuple[MigProfile, int], ...] = tuple(
-            (p, whole + k) for k in range(split) for p in mig_layout
+            (p, whole + i) for i, p in enumerate(list(mig_layout) * split)
         )
         self.slice_owner: list[int | None] = [None] * len(self.slices)
 
