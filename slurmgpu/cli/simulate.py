@@ -232,6 +232,8 @@ def simulate_command(
             ]
         except ValueError as exc:
             fail(f"--sharing: {exc}", 2)
+    if mig_gpus is not None and not any(mode == "mig" for mode, _ in variants):
+        fail("--mig-gpus needs --sharing with mig", 2)
     sets = [s.strip() for s in policies.split(",") if s.strip()]
     unknown = [s for s in sets if s not in known_sets()]
     if unknown or not sets:

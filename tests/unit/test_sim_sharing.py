@@ -344,6 +344,8 @@ def test_sgpu_simulate_refuses_an_unknown_sharing_mode_or_layout(tmp_path: Path)
     args = ["simulate", str(path), "--sharing", "mig", "--mig-layout", "4g.40gb,4g.40gb"]
     bad = CliRunner().invoke(main, args)
     assert bad.exit_code == 2 and "8 compute slices" in bad.output
+    bad = CliRunner().invoke(main, ["simulate", str(path), "--mig-gpus", "1"])
+    assert bad.exit_code == 2 and "--mig-gpus needs --sharing with mig" in bad.output
 
 
 @pytest.mark.slow
