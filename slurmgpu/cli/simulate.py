@@ -51,6 +51,7 @@ from slurmgpu.sim.sharing import (
 )
 from slurmgpu.sim.sharingreport import SharingRow, narrowed, sharing_doc, sharing_table
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel
+from slurmgpu.slurm.client import SlurmError
 
 DEFAULT_POLICIES = "slurm,rightsize,colocate,malleable,all"
 _WORKLOAD_RE = re.compile(r"workload-(\d+)\.csv$")
@@ -325,7 +326,11 @@ def simulate_command(
                             bar.update(task, completed=i * len(jobs) + done)
 
                     started = time.perf_counter()
-                    run = simulate(traces[one], cluster, name, run_options, progress=tick)
+                    try:
+                        run = simulate(traces[one], cluster, name, run_options, progress=tick)
+                    except SlurmError as exc:
+                        # only a MIG split leaves fewer whole GPUs than the trace was cut to
+                        fail(f"--sharing {mode}: {exc} (its whole GPUs; give --mig-gpus fewer)", 2)
                     runs.append(summarise(run, time.perf_counter() - started))
                     uses.append(type_use(run))
                     shares.append(narrowed(run.jobs))

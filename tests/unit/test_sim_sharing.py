@@ -346,6 +346,12 @@ def test_sgpu_simulate_refuses_an_unknown_sharing_mode_or_layout(tmp_path: Path)
     assert bad.exit_code == 2 and "8 compute slices" in bad.output
     bad = CliRunner().invoke(main, ["simulate", str(path), "--mig-gpus", "1"])
     assert bad.exit_code == 2 and "--mig-gpus needs --sharing with mig" in bad.output
+    # A 4-GPU job on 1x4 with 3 GPUs split: one whole GPU left, one clear error.
+    path.write_text("submit_s,duration_s,gpus\n0,60,4\n")
+    args = ["simulate", str(path), "--cluster", "1x4", "--sharing", "mig", "--mig-gpus", "3"]
+    bad = CliRunner().invoke(main, args)
+    assert bad.exit_code == 2, bad.output
+    assert "--sharing mig: job" in bad.output and "give --mig-gpus fewer" in bad.output
 
 
 @pytest.mark.slow
