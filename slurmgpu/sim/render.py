@@ -55,6 +55,8 @@ class Comparison:
     seeds: tuple[int, ...] = ()  # more than one: results are means over these seeds
     avg_jct_ci_s: dict[str, float] = field(default_factory=dict)  # set -> 95 % half-width
     notes: list[str] = field(default_factory=list)
+    # ``--sharing``: sim.sharingreport.sharing_doc's rows (JSON only; none: no key)
+    sharing: list[dict[str, object]] = field(default_factory=list)
 
 
 def _fmt(value: float | int | str, kind: str) -> str:
@@ -116,7 +118,7 @@ def comparison_table(c: Comparison) -> Table:
 
 
 def _doc(c: Comparison) -> dict[str, object]:
-    return {
+    doc: dict[str, object] = {
         "trace": c.trace,
         "cluster": c.cluster,
         "load": c.load,
@@ -127,6 +129,9 @@ def _doc(c: Comparison) -> dict[str, object]:
         "published_avg_jct_s": dict(c.published),
         "notes": list(c.notes),
     }
+    if c.sharing:
+        doc["sharing"] = list(c.sharing)
+    return doc
 
 
 def comparison_json(c: Comparison) -> str:
