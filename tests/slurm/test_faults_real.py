@@ -574,8 +574,7 @@ def test_database_read_only_under_the_running_daemon(
         samples_arriving(t)
         fail()  # from here the test reads nothing from the database until it is repaired
         # A listing that changed gives the observe cycle something to store (one where
-        # nothing changed writes nothing, so it would not meet the read-only disk). Plain
-        # sbatch: sgpu submit would write its submission to the database.
+        # nothing changed writes nothing, so it would not meet the read-only disk).
         subprocess.run(
             [slurm_cluster.command("sbatch"), "-o", "/dev/null", "--wrap", "sleep 600"],
             env={**os.environ, **slurm_cluster.env()},

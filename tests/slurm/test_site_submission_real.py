@@ -1,0 +1,126 @@
+"""A site user's ``sgpu submit`` is recorded, by the daemon, from Slurm's view of the job
+(slurmgpu/store/submission_record.py), on the site-profile lab: the daemon runs as its
+own user (coordinator of ``root``, no AdminLevel) on a database only it can read; the
+users cannot open it.
+
+- ``sgpu submit --malleable`` as ``sgpu-u1`` says nothing of the store (it once printed
+  "submitted but not recorded: ... Permission denied"); the daemon's first cycle records
+  the submission with the uid, user and work directory Slurm has, and the checkpoint
+  options of the comment.
+- Another user can neither record nor alter it: ``sgpu-u2`` cannot open the store nor
+  change the job's comment (Slurm refuses), and a job of ``sgpu-u2``'s is recorded as
+  ``sgpu-u2``'s; the owner's own later edit of the comment does not alter the record.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmgpu.lab.cluster import LabCluster, site
+from slurmgpu.store import open_store
+from tests.slurm.site_users import (
+    as_user,
+    cancel_all,
+    job_fields,
+    shared_dir,
+    user_env,
+    user_python,
+)
+
+pytestmark = pytest.mark.release  # the site profile on every release
+
+OWNER, OTHER = site.USERS[0], site.USERS[1]
+
+
+@pytest.fixture
+def site_work(site_cluster: LabCluster) -> Iterator[tuple[Path, list[str], dict[str, str]]]:
+    """A shared work directory, the users' Python, and an environment naming the daemon's
+    database (``daemon/state.db``, the daemon user's alone, mode 0600 in a 0700 dir)."""
+    with shared_dir("sgpu-site-submission-") as work:
+        python = user_python(site_cluster, work)
+        daemon_dir = work / "daemon"
+        daemon_dir.mkdir()
+        os.chown(daemon_dir, site.DAEMON_UID, site.GID)
+        daemon_dir.chmod(0o700)
+        config = work / "config.toml"
+        config.write_text('[slurm]\ncommand_timeout = "20s"\n')
+        env = user_env(
+            {"SGPU_DB": f"sqlite:///{daemon_dir / 'state.db'}", "SGPU_CONFIG": str(config)}
+        )
+        try:
+            yield work, python, env
+        finally:
+            cancel_all()
+
+
+def test_a_users_submission_is_recorded_and_no_one_else_can_alter_it(
+    site_work: tuple[Path, list[str], dict[str, str]],
+) -> None:
+    work, python, env = site_work
+    sgpu = [*python, "-m", "slurmgpu"]
+
+    def daemon_cycle() -> None:
+        proc = as_user(
+            site.DAEMON_USER, *sgpu, "daemon", "--once", "--no-api", "--no-policies", env=env
+        )
+        assert proc.returncode == 0, f"sgpu daemon --once as {site.DAEMON_USER}: {proc.stderr}"
+
+    daemon_cycle()  # creates the database, as the daemon's user
+    db = work / "daemon" / "state.db"
+    assert db.stat().st_uid == site.DAEMON_UID and db.stat().st_mode & 0o077 == 0
+
+    submitted = as_user(
+        OWNER.name, *sgpu, "submit", "--parsable", "--malleable", "1:2",
+        "--checkpoint-signal", "USR1", "--checkpoint-grace", "300s", "--hold",
+        "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 300",
+        cwd=work, env=env,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    assert "record" not in submitted.stderr and "database" not in submitted.stderr
+    job = int(submitted.stdout.strip().split(";")[0])
+
+    daemon_cycle()
+    store = open_store(f"sqlite:///{db}", migrate=False)  # read as root, for the test
+    (row,) = store.submissions(job)
+    assert (row["uid"], row["user"], row["cwd"]) == (OWNER.uid, OWNER.name, str(work))
+    assert (row["malleable_min"], row["malleable_max"]) == (1, 2)
+    assert (row["checkpoint_signal"], row["checkpoint_grace_s"]) == ("USR1", 300)
+    assert row["hints"]["elastic_dir"] == str(work / ".sgpu-elastic")
+
+    # Another user cannot open the daemon's store...
+    opened = as_user(
+        OTHER.name, *python, "-c",
+        "import sys; from slurmgpu.store import open_store; open_store(sys.argv[1], migrate=False)",
+        env["SGPU_DB"], env=env,
+    )  # fmt: skip
+    assert opened.returncode != 0 and "ermission denied" in opened.stderr, opened.stderr
+    # ...nor change what the daemon reads of the job (Slurm refuses)
+    comment = job_fields(job)["Comment"]
+    altered = as_user(
+        OTHER.name, "scontrol", "update", f"jobid={job}", "comment=sgpu:malleable=1:64", env=env
+    )
+    assert altered.returncode != 0, altered.stdout
+    assert job_fields(job)["Comment"] == comment
+    # ...and a job of its own is recorded as its own, whatever its comment claims
+    theirs = as_user(
+        OTHER.name, *sgpu, "submit", "--parsable", "--rightsize", "--hold",
+        f"--comment=user={OWNER.name}", "-o", "/dev/null", "--wrap", "true",
+        cwd=work, env=env,
+    )  # fmt: skip
+    assert theirs.returncode == 0, theirs.stderr
+    other_job = int(theirs.stdout.strip().split(";")[0])
+    # The owner may edit its own comment: the record stays the job as first seen.
+    edited = as_user(
+        OWNER.name, "scontrol", "update", f"jobid={job}", "comment=sgpu:malleable=1:2", env=env
+    )
+    assert edited.returncode == 0, edited.stderr
+
+    daemon_cycle()
+    (other_row,) = store.submissions(other_job)
+    assert (other_row["uid"], other_row["user"]) == (OTHER.uid, OTHER.name)
+    assert other_row["hints"] == {"source": "slurm", "rightsize": True}
+    assert store.submissions(job) == [row]
