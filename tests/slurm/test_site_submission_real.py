@@ -14,63 +14,28 @@ users cannot open it.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from slurmgpu.lab.cluster import LabCluster, site
+from slurmgpu.lab.cluster import site
 from slurmgpu.store import open_store
-from tests.slurm.site_users import (
-    as_user,
-    cancel_all,
-    job_fields,
-    shared_dir,
-    user_env,
-    user_python,
-)
+from tests.slurm.site_users import SiteWork, as_user, job_fields
 
 pytestmark = pytest.mark.release  # the site profile on every release
 
 OWNER, OTHER = site.USERS[0], site.USERS[1]
 
 
-@pytest.fixture
-def site_work(site_cluster: LabCluster) -> Iterator[tuple[Path, list[str], dict[str, str]]]:
-    """A shared work directory, the users' Python, and an environment naming the daemon's
-    database (``daemon/state.db``, the daemon user's alone, mode 0600 in a 0700 dir)."""
-    with shared_dir("sgpu-site-submission-") as work:
-        python = user_python(site_cluster, work)
-        daemon_dir = work / "daemon"
-        daemon_dir.mkdir()
-        os.chown(daemon_dir, site.DAEMON_UID, site.GID)
-        daemon_dir.chmod(0o700)
-        config = work / "config.toml"
-        config.write_text('[slurm]\ncommand_timeout = "20s"\n')
-        env = user_env(
-            {"SGPU_DB": f"sqlite:///{daemon_dir / 'state.db'}", "SGPU_CONFIG": str(config)}
-        )
-        try:
-            yield work, python, env
-        finally:
-            cancel_all()
-
-
 def test_a_users_submission_is_recorded_and_no_one_else_can_alter_it(
-    site_work: tuple[Path, list[str], dict[str, str]],
+    site_work: SiteWork,
 ) -> None:
-    work, python, env = site_work
+    work, python, env = site_work.work, site_work.python, site_work.env
     sgpu = [*python, "-m", "slurmgpu"]
 
     def daemon_cycle() -> None:
-        proc = as_user(
-            site.DAEMON_USER, *sgpu, "daemon", "--once", "--no-api", "--no-policies", env=env
-        )
-        assert proc.returncode == 0, f"sgpu daemon --once as {site.DAEMON_USER}: {proc.stderr}"
+        site_work.daemon_once("--no-policies")
 
     daemon_cycle()  # creates the database, as the daemon's user
-    db = work / "daemon" / "state.db"
+    db = site_work.db
     assert db.stat().st_uid == site.DAEMON_UID and db.stat().st_mode & 0o077 == 0
 
     submitted = as_user(
