@@ -6,7 +6,8 @@ users cannot open it.
 - ``sgpu submit --malleable`` as ``sgpu-u1`` says nothing of the store (it once printed
   "submitted but not recorded: ... Permission denied"); the daemon's first cycle records
   the submission with the uid, user and work directory Slurm has, and the checkpoint
-  options of the comment.
+  options of the comment, and the daemon resizes the job with those options (they once
+  stayed behind with the record, and a user's job was resized with USR2 and 120 s).
 - Another user can neither record nor alter it: ``sgpu-u2`` cannot open the store nor
   change the job's comment (Slurm refuses), and a job of ``sgpu-u2``'s is recorded as
   ``sgpu-u2``'s; the owner's own later edit of the comment does not alter the record.
@@ -14,9 +15,14 @@ users cannot open it.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
+from slurmgpu.daemon.malleable import MalleableDirectory
 from slurmgpu.lab.cluster import site
+from slurmgpu.model import ClusterSnapshot
+from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store
 from tests.slurm.site_users import SiteWork, as_user, job_fields
 
@@ -40,7 +46,8 @@ def test_a_users_submission_is_recorded_and_no_one_else_can_alter_it(
 
     submitted = as_user(
         OWNER.name, *sgpu, "submit", "--parsable", "--malleable", "1:2",
-        "--checkpoint-signal", "USR1", "--checkpoint-grace", "300s", "--hold",
+        "--checkpoint-signal", "USR1", "--checkpoint-grace", "300s",
+        "--elastic-dir", str(work / "state"), "--hold", "-D", str(work),
         "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 300",
         cwd=work, env=env,
     )  # fmt: skip
@@ -54,7 +61,14 @@ def test_a_users_submission_is_recorded_and_no_one_else_can_alter_it(
     assert (row["uid"], row["user"], row["cwd"]) == (OWNER.uid, OWNER.name, str(work))
     assert (row["malleable_min"], row["malleable_max"]) == (1, 2)
     assert (row["checkpoint_signal"], row["checkpoint_grace_s"]) == ("USR1", 300)
-    assert row["hints"]["elastic_dir"] == str(work / ".sgpu-elastic")
+    assert row["hints"]["elastic_dir"] == str(work / "state")
+    # what the daemon resizes the job with: the user's options, not the defaults
+    jobs = CliSlurmClient().jobs()
+    snapshot = ClusterSnapshot(taken_at=datetime.now(UTC), jobs=tuple(jobs), nodes=())
+    spec = MalleableDirectory(store).specs(snapshot)[job]
+    assert (spec.min_gpus, spec.max_gpus, spec.checkpoint_signal) == (1, 2, "USR1")
+    assert spec.checkpoint_grace == timedelta(seconds=300)
+    assert spec.state_dir == str(work / "state")
 
     # Another user cannot open the daemon's store...
     opened = as_user(
