@@ -21,6 +21,9 @@ from slurmgpu.store import JobStore, open_store
 from tests.polling import wait_for
 from tests.ports import free_port
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "placements on the 4-node lab's gpu1-gpu4; root's jobs through sgpu jobs"
+
 JOB_SCRIPT = """#!/bin/bash
 echo "CVD=${CUDA_VISIBLE_DEVICES:-none} SHARDS=${SLURM_SHARDS_ON_NODE:-0}" \
      "RESTART=${SLURM_RESTART_COUNT:-0}"

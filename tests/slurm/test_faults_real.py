@@ -47,6 +47,9 @@ from tests.configs import QUICK_IDLE_ENFORCE, QUICK_POLICY, config_toml, observi
 from tests.polling import wait_for
 from tests.slurm.harness import NODES, Telemetry, listed_job, running_stack
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "kills and restarts its lab's daemons: the site lab is the session's, shared"
+
 FAULTS: Counter[str] = Counter()  # kind -> faults injected and survived
 
 IDLE = config_toml(QUICK_POLICY, QUICK_IDLE_ENFORCE, observing("rightsize"))
