@@ -6,6 +6,7 @@ once by the daemon at start (daemon/las_check.py)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,6 @@ from slurmgpu.slurm.config import (
 )
 from slurmgpu.slurm.runner import CommandResult, CommandTimeout
 from tests.fakes import FakeSlurm
-from tests.unit.test_cli_runner import ScriptedRunner
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RELEASES = ("22.05", "24.11", "26.05")
@@ -108,6 +108,21 @@ def test_other_priority_plugins_are_not_checked() -> None:
     assert nice_warnings(AttainedServiceSettings(queue_limits=(1.0, 2.0)), basic) == []
 
 
+class ScriptedRunner:
+    """A CommandRunner answering from a list (an exception is raised), recording argv."""
+
+    def __init__(self, answers: list[CommandResult | BaseException]) -> None:
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], **_: object) -> CommandResult:
+        self.calls.append(list(argv))
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
 def _client(config: str, partitions: str) -> tuple[CliSlurmClient, ScriptedRunner]:
     runner = ScriptedRunner(
         [
@@ -127,7 +142,7 @@ def test_the_daemon_warns_once_per_problem_through_the_slurm_client(
     settings = AttainedServiceSettings(queue_limits=(1.0, 4.0, 16.0))
     with caplog.at_level(logging.WARNING, logger="slurmgpu.daemon"):
         lines = check_las_priority(settings, client)
-    assert [c.argv for c in runner.calls] == [
+    assert runner.calls == [
         ["scontrol", "show", "config"],
         ["scontrol", "show", "partition", "-o"],
     ]

@@ -4,21 +4,41 @@ once per job (an array once), from the comment as first seen, whoever submitted 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from slurmgpu.daemon.observer import Observer
-from slurmgpu.model import Job
+from slurmgpu.model import GpuRequest, Job, JobState
 from slurmgpu.store import JobStore
 from slurmgpu.store.submission_record import submission_row
 from slurmgpu.tokens import ckpt_tokens
 from tests.fakes import FakeSlurm
-from tests.unit.test_observer import T0, Clock, gpu_job
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(seconds=30)
+        return self.now
 
 MALLEABLE = " ".join(["sgpu:malleable=1:4", *ckpt_tokens("USR1", 300, "/home/bob/run/.e")])
 
 
 def bobs(job_id: int, comment: str, **kw: object) -> Job:
-    job = gpu_job(job_id, user="bob", uid=2001, work_dir="/home/bob/run", comment=comment)
+    job = Job(
+        job_id=job_id,
+        name=f"j{job_id}",
+        user="bob",
+        uid=2001,
+        state=JobState.PENDING,
+        submit_time=T0,
+        gpus=GpuRequest(gpus=1, per_node=1, sources=("tres_per_node",)),
+        work_dir="/home/bob/run",
+        comment=comment,
+    )
     return replace(job, **kw)  # type: ignore[arg-type]
 
 
