@@ -37,9 +37,7 @@ def _members(proto: type) -> set[str]:
 
 
 REQUIRED = _members(SlurmClient)
-OPTIONAL = (
-    _members(FullSignalClient) | _members(AccountingClient) | _members(PriorityConfigClient)
-)
+OPTIONAL = _members(FullSignalClient) | _members(AccountingClient) | _members(PriorityConfigClient)
 
 
 def _is_slurm(node: ast.expr) -> bool:

@@ -24,6 +24,7 @@ class Clock:
         self.now += timedelta(seconds=30)
         return self.now
 
+
 MALLEABLE = " ".join(["sgpu:malleable=1:4", *ckpt_tokens("USR1", 300, "/home/bob/run/.e")])
 
 
