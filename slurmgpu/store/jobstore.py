@@ -315,7 +315,7 @@ class JobStore:
             for job_id, submitted_at in conn.execute(stmt):
                 row = wanted.get(int(job_id))
                 if row is not None and submitted_at >= row["submitted_at"] - SKEW:
-                    del wanted[int(job_id)]  # recorded already (an array's other task)
+                    del wanted[int(job_id)]  # recorded (an array task before, an old sgpu submit)
         if wanted:
             conn.execute(insert(s), _fitted(conn, s, list(wanted.values())))
 
