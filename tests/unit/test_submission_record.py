@@ -123,3 +123,22 @@ def test_a_reused_job_id_gets_a_record_of_its_own(store: JobStore) -> None:
 def test_a_job_without_a_submit_time_is_recorded_at_the_cycle() -> None:
     row = submission_row(replace(bobs(13, MALLEABLE), submit_time=None), "c1", T0)
     assert row is not None and row["submitted_at"] == T0 and row["cluster"] == "c1"
+
+
+def test_recorded_alike_on_sqlite_and_postgresql(store_url: str) -> None:
+    from slurmgpu.store import open_store
+
+    store = open_store(store_url)
+    try:
+        slurm = FakeSlurm([bobs(21, MALLEABLE), bobs(22, "sgpu:shareable")])
+        obs = Observer(slurm, store, clock=Clock())
+        obs.cycle()
+        obs.cycle()
+        (row,) = store.submissions(21)
+        assert (row["uid"], row["submitted_at"], row["argv"]) == (2001, T0, [])
+        assert row["checkpoint_grace_s"] == 300
+        assert [r["hints"] for r in store.submissions(22)] == [
+            {"source": "slurm", "shareable": True}
+        ]
+    finally:
+        store.engine.dispose()
