@@ -98,8 +98,8 @@ sacct -X -j "$SCAV" -D -o jobid,user,qos,state,restarts 2>/dev/null || sacct -X 
 
 echo "== site 5. a malleable training in QOS scavenger, preempted mid-way by Slurm"
 LOG="$SITE_ROOT/train.jsonl"
-# A user cannot write the daemon's database: sgpu submit says the job is not recorded,
-# and the daemon reads what it needs from the job's comment tokens instead.
+# A user cannot open the daemon's database, and sgpu submit does not try: the options
+# ride in the job's comment, and the daemon records the submission from Slurm's view.
 TRAIN=$(sgpu_as sgpu-u4 submit --parsable --malleable 2:4 --checkpoint-grace 30s \
   --elastic-dir "$SITE_ROOT/elastic" --qos=scavenger -w gpu16 --gres=gpu:4 -J elastic \
   -o "$SITE_ROOT/train.out" \
@@ -108,6 +108,11 @@ TRAIN=${TRAIN%%;*}
 steps() { python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; s=[x["step"] for x in r if "event" not in x]; print(len(s), s[-1] if s else 0, sum(1 for x in r if x.get("event")=="start"))' "$LOG" 2>/dev/null || echo "0 0 0"; }
 for i in $(seq 90); do [ "$(steps | cut -d' ' -f1)" -ge 15 ] && break; sleep 1; done
 echo "training job $TRAIN: $(steps | awk '{print $1" steps so far"}')"
+echo "-- the daemon's record of sgpu-u4's submission, made from Slurm's view of the job:"
+as sgpu-daemon "$UPY" -c 'import os, sys
+from slurmgpu.store import open_store
+r = open_store(os.environ["SGPU_DB"], migrate=False).submissions(int(sys.argv[1]))[-1]
+print(", ".join(f"{k}={r[k]}" for k in ("user", "uid", "cwd", "malleable_min", "malleable_max", "checkpoint_signal", "checkpoint_grace_s")))' "$TRAIN"
 RIVAL=$(as sgpu-u1 sbatch --parsable -w gpu16 --gres=gpu:4 -t 2 -o /dev/null --wrap "sleep 20")
 echo "sgpu-u1's normal job $RIVAL wants gpu16's 4 GPUs"
 for i in $(seq 60); do [ "$(squeue -h -j "$RIVAL" -o %T)" = RUNNING ] && break; sleep 1; done

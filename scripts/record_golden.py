@@ -23,6 +23,11 @@ gpu2 MIG slices, gpu3 MPS) and the plan :func:`sharing_plan` instead, and writes
 (23.02+), ``sharing_scontrol_show_node.txt`` (``scontrol show node``, every release) and
 ``sharing_expected.json``.
 
+With ``--site-config`` the lab runs the site profile (slurmgpu/lab/cluster/site.py: 16
+nodes, slurmdbd, ``priority/multifactor``) and only its configuration is written:
+``site_show_config.txt`` (``scontrol show config``) and ``site_show_partition.txt``
+(``scontrol show partition -o``), what ``slurmgpu.slurm.config`` parses.
+
 Run as root. Nothing is written by hand; run it again to refresh a release's files.
 The controller is never restarted during a capture (after a restart 24.11 and 26.05 print
 running shard jobs' shards as 0 in the node's gres_used).
@@ -150,6 +155,11 @@ def main() -> int:
     ap.add_argument(
         "--sharing", action="store_true", help="the mig-mps layout and its plan (sharing_*)"
     )
+    ap.add_argument(
+        "--site-config",
+        action="store_true",
+        help="the site profile's scontrol show config / partition (site_show_*)",
+    )
     args = ap.parse_args()
     slurm_root = None
     if args.suite:
@@ -168,8 +178,9 @@ def main() -> int:
         slurm_root=slurm_root,
         accounting=slurm_root is not None and not args.sharing,
         sharing="mig-mps" if args.sharing else "none",
+        profile="site" if args.site_config else "default",
     )
-    lab.up(timeout_s=60)
+    lab.up(timeout_s=180 if args.site_config else 60)
     env = {**os.environ, **lab.env()}
 
     def run(*argv: str | bytes, check: bool = True) -> bytes:
@@ -182,6 +193,8 @@ def main() -> int:
     try:
         if args.sharing:
             return record_sharing(run)
+        if args.site_config:
+            return record_site_config(run)
         if lab.accounting:  # two short jobs first, for sacct
             run("sbatch", "-o", "/dev/null", "-J", "ok", "--gres=gpu:1", "-w", "gpu4",
                 "--wrap", "true")  # fmt: skip
@@ -239,6 +252,17 @@ def main() -> int:
     finally:
         lab.down(cancel_jobs=True)
         shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def record_site_config(run: Callable[..., bytes]) -> int:
+    """Write the site profile's ``scontrol show config`` and ``show partition -o``."""
+    version = run("sinfo", "--version").decode().split()[-1]
+    folder = REPO / "tests" / "golden" / ("slurm-" + ".".join(version.split(".")[:2]))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "site_show_config.txt").write_bytes(run("scontrol", "show", "config"))
+    (folder / "site_show_partition.txt").write_bytes(run("scontrol", "show", "partition", "-o"))
+    print(f"Slurm {version}: wrote site_show_config.txt, site_show_partition.txt in {folder}")
     return 0
 
 

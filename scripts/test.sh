@@ -138,6 +138,7 @@ if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
         tests/slurm/test_limit_restore_real.py \
         tests/slurm/test_gres_usage_real.py tests/slurm/test_site_profile_real.py \
         tests/slurm/test_site_interplay_real.py tests/slurm/test_site_las_fairshare_real.py \
+        tests/slurm/test_site_submission_real.py tests/slurm/test_site_las_floor_real.py \
         || status=$?
       echo "== release $suite ($version): $((SECONDS - start)) s"
       exit "$status"

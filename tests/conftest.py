@@ -225,8 +225,8 @@ def site_lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
 
     Session-wide but it does not touch ``SLURM_CONF``: ``slurm_cluster`` may be up in the
     same session. Tests take :func:`site_cluster`, which points ``SLURM_CONF`` at it.
-    The tests written before the profile keep the 4-node ``slurm_cluster``: they assume
-    its layout (4 nodes, one partition, no accounts, every job root's).
+    A module that keeps the 4-node ``slurm_cluster`` says why in ``DEFAULT_LAB``
+    (tests/unit/test_slurm_tier_labs.py checks that each does).
     """
     yield from _session_lab(
         request, "site_lab", SITE_CTLD_PORT, SITE_SLURMD_PORT_BASE, 120.0, profile="site"

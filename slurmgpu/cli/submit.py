@@ -1,7 +1,11 @@
-"""``sgpu submit``: a faithful sbatch wrapper that records what slurmgpu needs.
+"""``sgpu submit``: a faithful sbatch wrapper that tells slurmgpu what a job agrees to.
 
 Every argument after ``submit`` goes to sbatch unchanged, as an argument list (never
 through a shell). sbatch runs as the caller, so slurmgpu never gains privileges here.
+What slurmgpu needs rides in the job's ``--comment`` as ``sgpu:`` tokens; nothing is
+written to the daemon's store, which is the daemon's alone: the daemon records the
+submission from Slurm's view of the job when it first sees it
+(slurmgpu/store/submission_record.py), so a user can record only their own job.
 
 slurmgpu's own options (not sbatch's) are taken out before the batch script:
 
@@ -28,10 +32,8 @@ slurmgpu's own options (not sbatch's) are taken out before the batch script:
 
 from __future__ import annotations
 
-import getpass
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import click
 import click.shell_completion
@@ -41,7 +43,6 @@ from slurmgpu.cli.context import EXIT_SLURM, AppContext, fail, pass_app
 from slurmgpu.cli.launchwrap import check_script, wrap_command
 from slurmgpu.slurm import sbatch
 from slurmgpu.slurm.client import SlurmCommandError, SlurmError
-from slurmgpu.store import StoreError, open_store
 from slurmgpu.tokens import (
     RIGHTSIZE,
     SHAREABLE,
@@ -371,7 +372,7 @@ def add_comment_token(args: list[str], token: str) -> list[str]:
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
 @pass_app
 def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
-    """Submit a batch job through sbatch, as you, and record what slurmgpu needs.
+    """Submit a batch job through sbatch, as you, with what slurmgpu needs in its comment.
 
     Prints "Submitted batch job N" like sbatch (just N with --parsable).
     """
@@ -425,42 +426,3 @@ def submit(app: AppContext, sbatch_args: tuple[str, ...]) -> None:
     except SlurmError as exc:
         fail(str(exc), EXIT_SLURM)
     click.echo(str(job_id) if _wants_parsable(sbatch_args) else f"Submitted batch job {job_id}")
-    hints: dict[str, object] = {}
-    if "--rightsize" in flags:
-        hints["rightsize"] = True
-    if "--shareable" in flags:
-        hints["shareable"] = True
-    if gpu_mem_mib is not None:
-        hints["gpu_mem_mib"] = gpu_mem_mib
-    if malleable is not None:
-        hints["elastic_dir"] = malleable.elastic_dir
-        hints["pool"] = malleable.pool
-    _record(app, job_id, tuple(args), hints=hints or None, malleable=malleable)
-
-
-def _record(
-    app: AppContext,
-    job_id: int,
-    args: tuple[str, ...],
-    *,
-    hints: dict[str, object] | None,
-    malleable: MalleableRequest | None = None,
-) -> None:
-    """Store the submission when the database is reachable; the job runs either way."""
-    settings = app.settings
-    try:
-        store = open_store(settings.daemon.database, settings.slurm.cluster, migrate=False)
-        store.record_submission(
-            job_id,
-            at=datetime.now(UTC),
-            uid=os.getuid(),
-            user=getpass.getuser(),
-            cwd=os.getcwd(),
-            argv=list(args),
-            hints=hints,
-            malleable=(malleable.lo, malleable.hi) if malleable else None,
-            checkpoint_signal=malleable.signal if malleable else None,
-            checkpoint_grace_s=malleable.grace_s if malleable else None,
-        )
-    except StoreError as exc:
-        click.echo(f"sgpu: note: job {job_id} submitted but not recorded: {exc}", err=True)

@@ -4,8 +4,9 @@ A job is malleable when its comment carries ``sgpu:malleable=MIN:MAX`` (or
 ``sgpu:pool=MIN:MAX`` for an array pool). Its checkpoint signal, grace and state
 directory come from the comment's ``sgpu:ckpt=`` and ``sgpu:edir=`` tokens, which
 ``sgpu submit`` writes for every user (validated: :func:`slurmgpu.tokens.parse`); then from
-the ``submissions`` row ``sgpu submit`` wrote when it could reach the store (root's
-database: older jobs, root's jobs); defaults otherwise: USR2, 120 s,
+the job's ``submissions`` row (the comment as the observer first saw it,
+store/submission_record.py; rows ``sgpu submit`` itself wrote in older releases);
+defaults otherwise: USR2, 120 s,
 ``<work dir>/.sgpu-elastic``. Specs are cached per job id: a
 job's spec does not change, so each malleable job costs one query in its life.
 """

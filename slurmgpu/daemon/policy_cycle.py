@@ -23,6 +23,7 @@ from slurmgpu.config import Settings
 from slurmgpu.cycle.core import MalleableView
 from slurmgpu.cycle.core import PolicyCycle as SharedCycle
 from slurmgpu.cycle.guardrails import GuardrailRecords
+from slurmgpu.daemon.las_check import check_las_priority
 from slurmgpu.daemon.malleable import MalleableDirectory
 from slurmgpu.daemon.recommend import ExportError, RecommendationExport
 from slurmgpu.model import ClusterSnapshot, Job, JobState
@@ -338,6 +339,7 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
     ]
     if p.las.enabled:  # the site's opt-in ([policy.las] enabled = true)
         policies.append((AttainedServicePolicy(p.las), p.las.mode))
+        check_las_priority(p.las, slurm)  # warns once, at start, where Nice hits the floor
     # the engine's pipeline order is the registry's, the simulator's too
     engine = PolicyEngine(in_pipeline_order(policies), p.engine)
     notifier = None

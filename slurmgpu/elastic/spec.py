@@ -4,9 +4,9 @@ A malleable job says so in its Slurm comment, where squeue shows it to the daemo
 job_submit.lua can read it: ``sgpu:malleable=MIN:MAX`` (GPUs) or ``sgpu:pool=MIN:MAX``
 (an array pool: tasks running at once). ``sgpu submit --malleable`` writes the token and
 the rest of the spec beside it, ``sgpu:ckpt=SIGNAL:GRACE_S`` and ``sgpu:edir=PATH``
-(percent-encoded): the comment is what the daemon reads for every user's job, while the
-store's ``submissions`` table (also written) is root's alone, so a job a user submitted
-would otherwise resize with the default signal and grace. Those tokens are parsed and
+(percent-encoded): the comment is what the daemon reads for every user's job (the
+store, where the daemon records the submission from the job, is the daemon's alone:
+slurmgpu/store/submission_record.py). Those tokens are parsed and
 written by :mod:`slurmgpu.tokens`; the daemon ignores, with a warning, any it cannot trust.
 
 The job's runtime (:mod:`slurmgpu.elastic.runtime`) keeps its files in

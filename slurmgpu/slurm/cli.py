@@ -37,6 +37,7 @@ from slurmgpu.slurm.client import (
     SlurmParseError,
     SlurmUnavailableError,
 )
+from slurmgpu.slurm.config import PriorityConfig, priority_config
 from slurmgpu.slurm.jsonformat import JobMemo, decode_sinfo, decode_squeue
 from slurmgpu.slurm.parse import SlurmValueError, format_time_limit
 from slurmgpu.slurm.runner import CommandResult, CommandRunner, CommandTimeout, SubprocessRunner
@@ -298,6 +299,15 @@ class CliSlurmClient:
     def nodes(self) -> list[Node]:
         # --Node: on 23.11+ one "sinfo" record per node and partition (22.05 ignores it).
         return decode_sinfo(self._listing(["sinfo", "--json", "--Node"]))
+
+    def priority_config(self) -> PriorityConfig:
+        """The priority plugin and weights (``scontrol show config``) and the partitions'
+        PriorityJobFactor (``scontrol show partition -o``): slurm/config.py."""
+        shown = self._run(["scontrol", "show", "config"]).stdout
+        partitions = self._run(["scontrol", "show", "partition", "-o"]).stdout
+        return priority_config(
+            shown.decode("utf-8", "replace"), partitions.decode("utf-8", "replace")
+        )
 
     def finished_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """What accounting knows of ``job_ids``: the finished ones, newest run of each.

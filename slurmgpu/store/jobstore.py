@@ -40,6 +40,7 @@ from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.health import classify, one_line, sqlite_file
 from slurmgpu.store.rows import job_to_row, node_to_row, row_to_job, row_to_node
+from slurmgpu.store.submission_record import SKEW, submission_row
 
 _CHUNK = 500
 _INT32 = (-(2**31), 2**31 - 1)
@@ -261,6 +262,7 @@ class JobStore:
                         rows = _fitted(conn, j, [{**job_to_row(job), **extra} for job in chunk])
                         for rid, job_id in conn.execute(stmt, rows):
                             new_ids[int(job_id)] = int(rid)
+                    self._record_submissions(conn, fresh, at)
                 ids = {**row_ids, **new_ids}
                 if diff.changed:
                     self._update_rows(conn, diff.changed, ids, at)
@@ -294,6 +296,28 @@ class JobStore:
         row_ids.update(new_ids)
         for job_id in (*diff.gone, *diff.vanished):
             row_ids.pop(job_id, None)
+
+    def _record_submissions(self, conn: Any, jobs: Sequence[Job], at: datetime) -> None:
+        """Record the submission of each newly seen job that asks slurmgpu for something
+        and has no record yet (store/submission_record.py): one query for the lot."""
+        wanted: dict[int, dict[str, Any]] = {}
+        for job in jobs:
+            row = submission_row(job, self.cluster, at)
+            if row is not None:
+                wanted.setdefault(int(row["job_id"]), row)
+        if not wanted:
+            return
+        s = schema.submissions
+        for chunk in _chunks(list(wanted)):
+            stmt = select(s.c.job_id, s.c.submitted_at).where(
+                and_(s.c.cluster == self.cluster, s.c.job_id.in_(list(chunk)))
+            )
+            for job_id, submitted_at in conn.execute(stmt):
+                row = wanted.get(int(job_id))
+                if row is not None and submitted_at >= row["submitted_at"] - SKEW:
+                    del wanted[int(job_id)]  # recorded (an array task before, an old sgpu submit)
+        if wanted:
+            conn.execute(insert(s), _fitted(conn, s, list(wanted.values())))
 
     def _reattachable(self, conn: Any, jobs: Sequence[Job]) -> dict[int, int]:
         """Return job id → row id for new jobs that are a row we marked gone too early.
@@ -405,7 +429,8 @@ class JobStore:
         checkpoint_grace_s: int | None = None,
         hints: Mapping[str, Any] | None = None,
     ) -> None:
-        """Remember what ``sgpu submit`` sent for ``job_id``."""
+        """Record a submission for ``job_id`` as given (the daemon's own records come from
+        the observe cycle: store/submission_record.py)."""
         try:
             with self.engine.begin() as conn:
                 row = {

@@ -5,7 +5,9 @@ Tables:
   loses its state, so ``id`` is ours and ``job_id`` is Slurm's).
 - ``job_events``: state transitions, requeues and disappearances of a job, in order.
 - ``nodes``, ``gpus``: the inventory as Slurm and the agents report it.
-- ``submissions``: what ``sgpu submit`` recorded (argv, uid, later the malleable spec).
+- ``submissions``: what a job asked slurmgpu for, recorded by the daemon from Slurm's
+  view of the job when first seen (store/submission_record.py; ``argv`` only in rows
+  ``sgpu submit`` wrote in older releases).
 - ``samples``: raw per-job GPU and host usage from node agents (idempotent by sample_uid).
 - ``sample_hours``: samples older than the retention, rolled up per job, node, GPU and hour.
 - ``held_samples``: samples of jobs the daemon had not seen yet, held out of every reader

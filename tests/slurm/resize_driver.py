@@ -4,7 +4,7 @@
 [--kill-after CALL]``
 builds what ``sgpu daemon`` builds (CliSlurmClient, TransactionStore, AuditStore,
 MalleableActuator), recovers like a starting daemon, optionally starts a resize of a
-malleable job recorded by ``sgpu submit``, then observes every 0.3 s and advances the
+malleable job ``sgpu submit`` sent, then observes every 0.3 s and advances the
 open transactions until none is left. ``--kill-after signal|requeue|update|release``
 SIGKILLs this process right after that Slurm call succeeded, before its state is
 written: the worst moment for a daemon to die. ``--pause-before CALL --go FILE`` stops

@@ -17,11 +17,13 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from slurmgpu.lab.cluster import LabCluster
+from slurmgpu.lab.cluster.site import DAEMON_USER
 from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for
 
@@ -204,3 +206,30 @@ def cancel_all(slurm: CliSlurmClient | None = None) -> None:
         lambda: not [j for j in client.jobs() if not j.state.is_terminal],
         timeout_s=90,
     )
+
+
+@dataclass
+class SiteWork:
+    """A shared work directory on the site lab, the users' Python, and an environment
+    naming the daemon's database (``daemon/state.db``: the daemon user's alone, 0600 in a
+    0700 directory, created by its first :meth:`daemon_once`)."""
+
+    work: Path
+    python: list[str]
+    env: dict[str, str]
+
+    @property
+    def db(self) -> Path:
+        return self.work / "daemon" / "state.db"
+
+    def daemon_once(self, *args: str, config: str = "") -> subprocess.CompletedProcess[str]:
+        """``sgpu daemon --once --no-api`` as the daemon's user (``config``: TOML of its own)."""
+        env = dict(self.env)
+        if config:
+            path = self.work / "daemon-extra.toml"
+            path.write_text(Path(self.env["SGPU_CONFIG"]).read_text() + config)
+            env["SGPU_CONFIG"] = str(path)
+        argv = [*self.python, "-m", "slurmgpu", "daemon", "--once", "--no-api", *args]
+        proc = as_user(DAEMON_USER, *argv, env=env)
+        assert proc.returncode == 0, f"sgpu daemon --once as {DAEMON_USER}: {proc.stderr}"
+        return proc

@@ -8,6 +8,9 @@ from pathlib import Path
 from slurmgpu.lab.cluster import LabCluster
 from tests.bench.smoke import run_smoke
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "the bench's own lab, not started twice: 4 nodes, root's jobs"
+
 
 def test_resize_path_bench_smoke(slurm_cluster: LabCluster, tmp_path: Path) -> None:
     assert os.environ.get("SLURM_CONF")

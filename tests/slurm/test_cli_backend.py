@@ -16,6 +16,9 @@ from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.client import SlurmClient, SlurmCommandError, SlurmUnavailableError
 from tests import polling
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "plain root jobs, and sacct without accounting (the site lab has slurmdbd)"
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
 

@@ -47,6 +47,9 @@ from tests.configs import QUICK_IDLE_ENFORCE, QUICK_POLICY, config_toml, observi
 from tests.polling import wait_for
 from tests.slurm.harness import NODES, Telemetry, listed_job, running_stack
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "kills and restarts its lab's daemons: the site lab is the session's, shared"
+
 FAULTS: Counter[str] = Counter()  # kind -> faults injected and survived
 
 IDLE = config_toml(QUICK_POLICY, QUICK_IDLE_ENFORCE, observing("rightsize"))
@@ -574,8 +577,7 @@ def test_database_read_only_under_the_running_daemon(
         samples_arriving(t)
         fail()  # from here the test reads nothing from the database until it is repaired
         # A listing that changed gives the observe cycle something to store (one where
-        # nothing changed writes nothing, so it would not meet the read-only disk). Plain
-        # sbatch: sgpu submit would write its submission to the database.
+        # nothing changed writes nothing, so it would not meet the read-only disk).
         subprocess.run(
             [slurm_cluster.command("sbatch"), "-o", "/dev/null", "--wrap", "sleep 600"],
             env={**os.environ, **slurm_cluster.env()},

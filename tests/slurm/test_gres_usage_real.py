@@ -27,6 +27,9 @@ from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store
 from tests.polling import wait_for
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "restarts slurmctld under load: the site lab is the session's, shared"
+
 # on every release: scripts/test.sh runs it in each release stage too
 pytestmark = [pytest.mark.slurm, pytest.mark.release]
 

@@ -23,6 +23,9 @@ import pytest
 from slurmgpu.daemon.recommend import Recommendation, RecommendationExport
 from tests import polling
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "the 4-node lab renders job_submit.lua and its .tsv; reads its ctld log"
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 

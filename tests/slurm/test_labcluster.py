@@ -17,6 +17,9 @@ from slurmgpu.lab.cluster import LabCluster
 from tests import polling
 from tests.lab_processes import job_processes
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "tests the 4-node lab launcher itself (restart, down() stops its own)"
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 

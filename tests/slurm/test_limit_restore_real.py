@@ -25,6 +25,9 @@ from tests.configs import QUICK_POLICY, config_toml
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry, listed_job, running_stack
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "the stack (harness.running_stack): one agent on each 4-node lab node, gpu1-gpu4"
+
 NAME = "rs-restore"
 ASKED_MIN = 600  # -t 10:00:00
 CONFIG = config_toml(

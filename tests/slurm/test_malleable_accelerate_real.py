@@ -22,6 +22,9 @@ from slurmgpu.lab.cluster import LabCluster
 from tests.slurm.example_resize import GLOBAL_BATCH, SAMPLES, assert_marked_at, shrink_and_grow
 from tests.slurm.harness import ROOT, Lab, framework_lab
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "fills the 4-node lab's 16 GPUs for the resize (16 nodes: 15 fillers, not 3)"
+
 EXAMPLE = ROOT / "examples" / "accelerate_elastic.py"
 EPOCHS = 200  # the test stops it early
 

@@ -47,6 +47,9 @@ from tests.slurm.elastic_training import (
 from tests.slurm.harness import SLURM, Telemetry, listed_job, running_job, running_stack
 from tests.slurm.train_log import read_jsonl
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "fills the 4-node lab's 16 GPUs for the resize (16 nodes: 15 fillers, not 3)"
+
 CONFIG = config_toml(
     observing("rightsize", "idle_gpu", "colocate"),
     {

@@ -28,6 +28,9 @@ from tests.slurm.harness import ROOT, Lab, driven_lab, lab_dir
 from tests.slurm.train_log import read_jsonl
 from tests.tier_guard import skip_missing
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "fills the 4-node lab's 16 GPUs for the resize (16 nodes: 15 fillers, not 3)"
+
 WORKER = ROOT / "tests" / "integration" / "lightning_worker.py"
 TORCHRUN = f"{sys.executable} -m torch.distributed.run --standalone"
 SAMPLES, GLOBAL_BATCH = 96, 8

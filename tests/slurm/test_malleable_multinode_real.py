@@ -34,6 +34,9 @@ from tests.ports import free_port
 from tests.slurm.harness import Lab, framework_lab
 from tests.slurm.torch_reference import torch_reference
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "fills the 4-node lab's 16 GPUs for the resize (16 nodes: 15 fillers, not 3)"
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_ddp_elastic.py"
 PY = sys.executable

@@ -27,6 +27,9 @@ from tests.polling import wait_for
 from tests.slurm.harness import EXAMPLE, Lab, driven_lab
 from tests.slurm.train_log import last_step_per_run
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "fills the 4-node lab's 16 GPUs for the resize (16 nodes: 15 fillers, not 3)"
+
 
 @pytest.fixture
 def lab(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Lab]:

@@ -35,6 +35,9 @@ from tests.slurm.torch_reference import TORCH_EXAMPLE, TORCHRUN, torch_reference
 from tests.slurm.train_log import last_step_per_run
 from tests.tier_guard import skip_missing
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "fills the 4-node lab's 16 GPUs for the resize (16 nodes: 15 fillers, not 3)"
+
 EXAMPLE = TORCH_EXAMPLE
 
 

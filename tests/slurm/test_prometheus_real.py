@@ -46,6 +46,9 @@ from tests.ports import free_port
 from tests.slurm.harness import Telemetry
 from tests.tier_guard import need_tool
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "the stack (harness.running_stack): one agent on each 4-node lab node, gpu1-gpu4"
+
 RULES = Path(__file__).resolve().parents[2] / "slurmgpu" / "monitoring" / "rules.yml"
 JOB = "slurmgpu"  # the scrape job the rules' daemon-down alerts name
 # Recording rules the workload cannot feed in bounded time: no policy executes an action

@@ -45,6 +45,9 @@ from slurmgpu.slurm.jsonformat import KNOWN_DATA_PARSERS, data_parser_version
 from tests.polling import wait_for
 from tests.slurm.harness import listed_job, running_job
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "the smoke set's mixed plan on the 4-node lab's gpu1-gpu4, every release"
+
 pytestmark = pytest.mark.release
 
 ROOT = Path(__file__).resolve().parents[2]

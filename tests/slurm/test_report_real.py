@@ -25,6 +25,9 @@ from slurmgpu.store import open_store, schema
 from tests.polling import wait_for
 from tests.slurm.harness import Telemetry
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "the stack (harness.running_stack): one agent on each 4-node lab node, gpu1-gpu4"
+
 ACCOUNT = "sgpu-report"
 approx = pytest.approx
 

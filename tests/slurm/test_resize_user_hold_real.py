@@ -1,8 +1,9 @@
 """A resize never lifts a hold the job's user set after the resize released the job.
 
-Real slurmctld: the job pending after a resize's release is held by its user
-(``sbatch --hold`` leaves the same ``JobHeldUser`` a user's ``scontrol hold`` does); the
-next step of the resize transaction must leave it held and close. It used to release it.
+Real slurmctld, the site-profile lab: the job pending after a resize's release is held
+by its user, ``sgpu-u2`` (``sbatch --hold`` leaves the same ``JobHeldUser`` a user's
+``scontrol hold`` does); the next step of the resize transaction must leave it held and
+close. It used to release it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from slurmgpu.cycle.resize import CLOSED, KIND, OPEN, RELEASED, ResizeExecutor
-from slurmgpu.lab.cluster import LabCluster
+from slurmgpu.lab.cluster import LabCluster, site
 from slurmgpu.model import ClusterSnapshot, Job
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.store import open_store
 from slurmgpu.store.transactions import TransactionStore
+from tests.slurm.site_users import sbatch_as
 
 
 def _job(slurm: CliSlurmClient, job_id: int) -> Job:
@@ -24,14 +26,10 @@ def _job(slurm: CliSlurmClient, job_id: int) -> Job:
 
 
 def test_a_users_hold_after_the_release_is_left_alone(
-    slurm_cluster: LabCluster, tmp_path: Path
+    site_cluster: LabCluster, tmp_path: Path
 ) -> None:
     slurm = CliSlurmClient(timeout_s=20)
-    out = subprocess.run(
-        ["sbatch", "--parsable", "--hold", "--gres=gpu:1", "--wrap", "sleep 300"],
-        capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
-    job_id = int(out.stdout.strip().split(";")[0])
+    job_id = sbatch_as(site.USERS[1].name, "--hold", "--gres=gpu:1", "--wrap", "sleep 300")
     try:
         assert _job(slurm, job_id).reason == "JobHeldUser"
         store = TransactionStore(open_store(f"sqlite:///{tmp_path / 's.db'}").engine)

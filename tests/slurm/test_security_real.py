@@ -17,6 +17,9 @@ from tests.polling import wait_for
 from tests.slurm.harness import running_stack
 from tests.slurm.status_api import munge_as, status
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "the stack (harness.running_stack): one agent on each 4-node lab node, gpu1-gpu4"
+
 
 def test_status_api_shows_users_only_their_own_jobs_with_real_munge(
     slurm_cluster: LabCluster, tmp_path: Path
@@ -35,8 +38,7 @@ def test_status_api_shows_users_only_their_own_jobs_with_real_munge(
         assert root_view["admin"] is True and root_view["caller_uid"] == 0
         code, view = status(t, munge_as("nobody"))
         assert code == 200 and view["admin"] is False
-        # Only nobody's own jobs: the session's cluster may hold some from an earlier test
-        # that submits as nobody (test_malleable_options_real), never root's.
+        # Only nobody's own jobs (none of this session's tests leaves one), never root's.
         assert all(j["user"] == "nobody" for j in view["jobs"]), view["jobs"]
         assert not any(j["job_id"] == str(job) for j in view["jobs"]), "nobody saw root's job"
         code, reply = status(t, munge_as("nobody"), "?user=root")

@@ -27,6 +27,9 @@ from tests.sim_scenario import (
 )
 from tests.slurm.harness import Telemetry, running_stack
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "SimSlurm models the 4-node lab; the stack: one agent per node gpu1-gpu4"
+
 
 def _hms(seconds: int) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:00"

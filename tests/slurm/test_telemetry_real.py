@@ -24,6 +24,9 @@ from slurmgpu.store.usage_query import GpuUsage
 from tests.polling import wait_for
 from tests.slurm.harness import NODES, Telemetry, running_stack
 
+# Why not the site profile (tests/unit/test_slurm_tier_labs.py)
+DEFAULT_LAB = "the stack (harness.running_stack): one agent on each 4-node lab node, gpu1-gpu4"
+
 
 @pytest.fixture
 def telemetry(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Telemetry]:

@@ -477,9 +477,8 @@ def test_submit_passes_job_names_and_comments_verbatim_without_a_shell(tmp_path:
         ]
         assert seen["uid"] == seen["euid"] == os.getuid(), "sbatch runs as the caller"
     assert list(marks.iterdir()) == [], "a metacharacter was interpreted by a shell"
-    rows = open_store(db, migrate=False).submissions(4242)
-    assert len(rows) == len(NASTY)
-    assert [r["argv"][1] for r in rows] == [t.format(d=marks) for t in NASTY]
+    # sgpu submit writes nothing to the store: the daemon records the job from Slurm
+    assert open_store(db, migrate=False).submissions(4242) == []
 
 
 def test_admin_uids_are_configurable_and_checked() -> None:

@@ -1,12 +1,13 @@
 """Every SlurmClient implementation has every method the daemon calls.
 
 The daemon, actuators and CLI call Slurm only through ``SlurmClient`` (and the optional
-``FullSignalClient`` / ``AccountingClient``). A client that misses a method fails only
-when that call is reached: ``bench/observe.py``'s replay client lacked ``version()`` once
-snapshots carried Slurm's release, and nothing ran it. So: (1) every ``slurm.X(...)`` call
-in slurmgpu/ names a protocol method, and (2) every class anywhere in slurmgpu/, tests/
-and bench/ that lists jobs and nodes (the real backends, the simulator's, fakes and
-replays) has every protocol method, with the protocol's parameters.
+``FullSignalClient`` / ``AccountingClient`` / ``PriorityConfigClient``). A client that
+misses a method fails only when that call is reached: ``bench/observe.py``'s replay
+client lacked ``version()`` once snapshots carried Slurm's release, and nothing ran it.
+So: (1) every ``slurm.X(...)`` call in slurmgpu/ names a protocol method, and (2) every
+class anywhere in slurmgpu/, tests/ and bench/ that lists jobs and nodes (the real
+backends, the simulator's, fakes and replays) has every protocol method, with the
+protocol's parameters.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from typing import Any
 import pytest
 
 from slurmgpu.slurm.client import AccountingClient, FullSignalClient, SlurmClient
+from slurmgpu.slurm.config import PriorityConfigClient
 from tests.source_tree import parsed, python_files, source
 
 ROOT = Path(__file__).resolve().parents[2]
-PROTOCOLS = (SlurmClient, FullSignalClient, AccountingClient)
+PROTOCOLS = (SlurmClient, FullSignalClient, AccountingClient, PriorityConfigClient)
 
 
 def _members(proto: type) -> set[str]:
@@ -36,7 +38,7 @@ def _members(proto: type) -> set[str]:
 
 
 REQUIRED = _members(SlurmClient)
-OPTIONAL = _members(FullSignalClient) | _members(AccountingClient)
+OPTIONAL = _members(FullSignalClient) | _members(AccountingClient) | _members(PriorityConfigClient)
 
 
 def _is_slurm(node: ast.expr) -> bool:
