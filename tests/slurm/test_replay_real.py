@@ -112,7 +112,10 @@ def planned(policy_set: str) -> list[ReplayJob]:
     )
 
 
-@pytest.mark.release  # scripts/test.sh runs it on each chroot's Slurm (24.11, 26.05)
+# ``release``: it runs on a chroot's Slurm by hand (SGPU_TEST_SLURM_ROOT, as scripts/test.sh
+# sets it); not in test.sh's release stage yet: one run of four on 26.05 failed (24 of 29
+# jobs FAILED seconds after submission, cause not found; the fixture now keeps such a lab).
+@pytest.mark.release
 def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
     replay_lab: LabCluster,
 ) -> None:
