@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from hypothesis import given, settings
 from sqlalchemy import text
 
-from slurmgpu.model import Job
+from slurmgpu.model import GpuRequest, Job, JobState
 from slurmgpu.store import StoreError, create_store_engine, open_store, upgrade
 from slurmgpu.store.database import current_revision, head_revision
 from slurmgpu.store.rows import job_to_row, row_to_job
@@ -90,6 +90,27 @@ def test_job_survives_a_database_round_trip(
     store.apply_cycle(diff_jobs({}, [job]), ids, [], datetime(2026, 1, 1, tzinfo=UTC))
     (stored,) = store.jobs(job_ids=[job.job_id])
     assert stored.job == job
+
+
+def test_a_pending_mps_request_survives_the_store(tmp_path: Path, migrated_db: Path) -> None:
+    """Issue 39: a pending ``--gres=mps:50`` job read back from the store asked for
+    nothing (the jobs table had no MPS column), so reports and policies lost it."""
+    from slurmgpu.jobdiff import diff_jobs
+
+    path = tmp_path / "s.db"
+    shutil.copy2(migrated_db, path)
+    store = open_store(f"sqlite:///{path}", migrate=False)
+    job = Job(
+        job_id=41,
+        name="mps",
+        user="alice",
+        state=JobState.PENDING,
+        gpus=GpuRequest(mps=50, mps_per_node=50, sources=("tres_per_node",)),
+    )
+    store.apply_cycle(diff_jobs({}, [job]), {}, [], datetime(2026, 1, 1, tzinfo=UTC))
+    (stored,) = store.jobs(job_ids=[41])
+    assert stored.job.gpus.mps == 50 and stored.job.gpus.mps_per_node == 50
+    assert stored.job.gpus.wants_gpu
 
 
 def test_an_sqlite_uri_is_opened_as_a_uri_not_created_as_a_path(
