@@ -9,7 +9,8 @@ Between a sample and the next sample of the same job on the same GPU (at most
 ``ENERGY_MAX_GAP_S`` apart) the energy is the NVML counter's delta when both carry the
 counter and it did not go back (a driver reload), else the trapezoid of the two power
 readings. The interval is idle energy when the closing sample shows the GPU idle (util
-<= ``IDLE_UTIL_PCT``: NVML's util covers the window before the reading), and on a shared
+<= ``IDLE_UTIL_PCT``: NVML's util covers the window before the reading; an unknown util
+is not idle), and on a shared
 GPU it is split evenly between the jobs sampled on it at the closing instant.
 
 Each interval is counted with its *opening* sample. The rollup of an hour therefore
@@ -127,7 +128,8 @@ def energy_sums(q: Any) -> list[Label[Any]]:
         (by_power, (q.power_w + q.next_power) / 2.0 * dt * q.next_share),
         else_=None,
     )
-    idle = func.coalesce(q.next_util, 0.0) <= IDLE_UTIL_PCT
+    # unknown util (an MPS client sharing its GPU, a MIG slice without GPM) is not idle
+    idle = and_(q.next_util.is_not(None), q.next_util <= IDLE_UTIL_PCT)
     last = func.coalesce(q.next_inwin, 0) == 0
     return [
         func.sum(joules).label("energy_j"),

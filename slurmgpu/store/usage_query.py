@@ -23,6 +23,26 @@ from slurmgpu.store.schema import as_utc
 from slurmgpu.store.summary_columns import energy_columns, summary_columns
 
 
+# A GPU's mean util is known when at most this share of its samples that were read (not
+# errors) had an unknown util: an MPS job whose only known samples are the 0 % ones from
+# before its processes started, or a MIG slice without GPM, is "util unknown", never idle.
+# Within it the mean of the known samples is off by at most 10 points.
+MAX_UNKNOWN_UTIL_SHARE = 0.1
+
+
+def known_mean_util(samples: int, util_n: int, util_sum: float, errors: int) -> float | None:
+    """The mean of the known util samples, or None when too many were unknown.
+
+    >>> known_mean_util(30, 2, 0.0, 0), known_mean_util(30, 28, 280.0, 0)
+    (None, 10.0)
+    """
+    measured = samples - errors
+    unknown = measured - util_n
+    if util_n <= 0 or unknown > MAX_UNKNOWN_UTIL_SHARE * measured:
+        return None
+    return util_sum / util_n
+
+
 class UsageQuery:
     """Answers per-job usage questions; stores and reads end-of-job summaries."""
 
@@ -113,12 +133,15 @@ class UsageQuery:
             last_busy = g["last_busy_at"]
             idle_since = first if last_busy is None else last_busy
             util_n = int(g["util_n"] or 0)
+            mean_util = known_mean_util(
+                int(g["n"]), util_n, float(g["util_sum"] or 0.0), int(g["errors"] or 0)
+            )
             out.setdefault(key[0], []).append(
                 GpuUsage(
                     node=key[1],
                     gpu_index=key[2],
                     samples=int(g["n"]),
-                    mean_util_pct=float(g["util_sum"]) / util_n if util_n else None,
+                    mean_util_pct=mean_util,
                     max_util_pct=_f(g["max_util"]),
                     max_memory_mib=_f(g["max_mem"]),
                     memory_total_mib=_f(g["mem_total"]),

@@ -9,7 +9,9 @@ Three mistakes the reporting tools users know make, and how this module avoids t
 - *Allocated but unused.* A GPU allocated to a job with no process on it is reported as an
   idle row (``source="idle"``, util 0), not left out.
 - *Sharing.* On a GPU shared by several jobs (``gres/shard``, MPS) each job gets the sum of
-  its own processes' SM utilization and memory, never the device totals.
+  its own processes' SM utilization and memory, never the device totals. Under MPS a
+  client's SM share is unknown to NVML: the job gets the device's util only when its
+  processes are the only ones on the GPU (or the device is idle), else unknown (None).
 
 Process → job: the Slurm cgroup in ``/proc/PID/cgroup`` (authoritative), else
 ``SLURM_JOB_ID`` in ``/proc/PID/environ`` (the only source under ``proctrack/linuxproc``).
@@ -439,6 +441,10 @@ def _device_rows(
         procs_by_job.setdefault(pid_to_job.get(proc.pid), []).append(proc)
     parties: set[int | None] = {*allocated, *procs_by_job}
     shared = len(parties) > 1
+    # Under MPS NVML gives no client's SM share; the device's util is still one job's
+    # when that job's processes are the only ones on it, and an idle device is idle for
+    # every client. Otherwise a client's util stays unknown (never 0).
+    alone = len(procs_by_job) == 1
     rows: list[JobGpuUsage] = []
     for job_id in parties:
         procs = procs_by_job.get(job_id, [])
@@ -450,6 +456,8 @@ def _device_rows(
             )
         else:
             util = _sum_known([p.sm_util_pct for p in procs])
+            if util is None and device.util_pct is not None and (alone or device.util_pct <= 0):
+                util = device.util_pct
             memory = _sum_known([p.used_memory_mib for p in procs])
             rows.append(
                 row(
