@@ -22,7 +22,6 @@ from slurmgpu.store.health import one_line
 from slurmgpu.store.schema import as_utc
 from slurmgpu.store.summary_columns import energy_columns, summary_columns
 
-
 # A GPU's mean util is known when at most this share of its samples that were read (not
 # errors) had an unknown util: an MPS job whose only known samples are the 0 % ones from
 # before its processes started, or a MIG slice without GPM, is "util unknown", never idle.
