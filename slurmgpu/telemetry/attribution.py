@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from slurmgpu.gpushare import mig_gpu_fraction
 from slurmgpu.model import NodeGpuAllocation
 from slurmgpu.telemetry.probe import GpuDeviceSample, GpuProcessSample
 
@@ -307,8 +308,11 @@ def split_mig_devices(
     Slurm's (no golden file from a real MIG node yet), so the pairs are marked guessed
     (method ``"identity"``), as reports already say for any unproven mapping. When the
     counts differ, the instances stay unmapped. An instance's util is GPM's SM
-    utilization (None when unknown); power and energy are the parent's, not a slice's,
-    so they are left None.
+    utilization (None when unknown). NVML measures power and energy per board only: each
+    instance is given the board's power and energy counter times its compute fraction
+    (``gpushare.mig_gpu_fraction``: 1/7 for ``1g.10gb``), so a board's slices add up to
+    the board and the energy rule's counter deltas split the same way; None where the
+    profile is unknown.
 
     Returns the new device list (devices without MIG unchanged) and the instances' map.
     """
@@ -337,6 +341,7 @@ def split_mig_devices(
             )
         for position, mig in enumerate(instances):
             probe_index = (device.index + 1) * MIG_PROBE_STRIDE + mig.index
+            share = mig_gpu_fraction(mig.profile)
             out.append(
                 GpuDeviceSample(
                     index=probe_index,
@@ -345,6 +350,9 @@ def split_mig_devices(
                     util_pct=mig.util_pct,
                     memory_used_mib=mig.memory_used_mib,
                     memory_total_mib=mig.memory_total_mib,
+                    # the board's power and energy counter, split by compute slices
+                    power_w=_scaled(device.power_w, share),
+                    energy_mj=_scaled_mj(device.energy_mj, share),
                     processes=mig.processes,
                     error=mig.error,
                 )
@@ -354,6 +362,14 @@ def split_mig_devices(
             else:
                 unmapped.append(probe_index)
     return out, GpuIndexMap(pairs, unmapped)
+
+
+def _scaled(value: float | None, share: float | None) -> float | None:
+    return None if value is None or share is None else round(value * share, 3)
+
+
+def _scaled_mj(value: int | None, share: float | None) -> int | None:
+    return None if value is None or share is None else int(value * share)
 
 
 # -- who used what --------------------------------------------------------------------
