@@ -25,11 +25,17 @@ Pure: no I/O, standard library only.
 from __future__ import annotations
 
 import re
+from typing import Literal
+
+from slurmgpu.model import GpuRequest
 
 __all__ = [
     "A30_PROFILES",
     "DEFAULT_MPS_PER_GPU",
+    "DEFAULT_SHARDS_PER_GPU",
     "MIG_COMPUTE_SLICES",
+    "Sharing",
+    "job_equivalents",
     "mig_board_slices",
     "mig_compute_slices",
     "mig_gpu_fraction",
@@ -44,6 +50,8 @@ A30_PROFILES = frozenset({"1g.6gb", "2g.12gb", "4g.24gb"})
 A30_COMPUTE_SLICES = 4
 # gres/mps per GPU when the nodes do not tell (Slurm's usual gres.conf: 100 per GPU)
 DEFAULT_MPS_PER_GPU = 100.0
+DEFAULT_SHARDS_PER_GPU = 16.0
+Sharing = Literal["gpu", "mig", "mps", "shard"]
 _PROFILE = re.compile(r"^(\d+)g\.(\d+)gb(?:\+\w+)?$")
 
 
@@ -105,3 +113,28 @@ def mig_sql_patterns() -> list[tuple[str, float]]:
     out += [(f"{c}g.%gb", c / MIG_COMPUTE_SLICES) for c in range(1, MIG_COMPUTE_SLICES + 1)]
     out += [(f"{c}g.%gb+%", c / MIG_COMPUTE_SLICES) for c in range(1, MIG_COMPUTE_SLICES + 1)]
     return out
+
+
+def job_equivalents(
+    request: GpuRequest,
+    *,
+    shards_per_gpu: float = DEFAULT_SHARDS_PER_GPU,
+    mps_per_gpu: float = DEFAULT_MPS_PER_GPU,
+) -> tuple[Sharing, float]:
+    """How a job's request shares GPUs and how many GPU-equivalents it is.
+
+    >>> job_equivalents(GpuRequest(gpus=2, gpu_type="1g.10gb"))
+    ('mig', 0.2857142857142857)
+    >>> job_equivalents(GpuRequest(mps=50)), job_equivalents(GpuRequest(gpus=2))
+    (('mps', 0.5), ('gpu', 2.0))
+    """
+    if request.gpus > 0:
+        fraction = mig_gpu_fraction(request.gpu_type)
+        if fraction is not None:
+            return "mig", request.gpus * fraction
+        return "gpu", float(request.gpus)
+    if request.shards > 0:
+        return "shard", share_fraction(request.shards, shards_per_gpu)
+    if request.mps > 0:
+        return "mps", share_fraction(request.mps, mps_per_gpu)
+    return "gpu", 0.0

@@ -561,6 +561,8 @@ def test_eff_json_has_stable_keys_and_exact_figures(db: tuple[str, AppContext]) 
     }
     assert data["gpu"] == {
         "allocated": 2,
+        "sharing": "gpu",
+        "equivalents": 2.0,
         "busy": 1,
         "util_pct": 40.0,
         "memory_max_mib": 30000.0,
@@ -700,6 +702,8 @@ def test_json_of_a_pending_job_has_every_key_with_nulls() -> None:
     assert data["elapsed_s"] is None and data["time_use_pct"] is None
     assert data["gpu"] == {
         "allocated": 0,
+        "sharing": "gpu",
+        "equivalents": 1.0,  # what it asks for
         "busy": 0,
         "util_pct": None,
         "memory_max_mib": None,
@@ -821,6 +825,7 @@ def test_an_mps_job_whose_only_known_samples_precede_its_process_is_not_idle(
     job = replace(
         job,
         gpus=GpuRequest(mps=50),
+        nodes=("gpu3",),
         gpu_allocations=(NodeGpuAllocation("gpu3", mps_indices=(1,), mps=50),),
     )
     report = job_efficiency(job, [u], [host("gpu3", 90.0, 1)], ended(job))
@@ -828,6 +833,10 @@ def test_an_mps_job_whose_only_known_samples_precede_its_process_is_not_idle(
     assert (g.status, g.mean_util_pct, g.trailing_idle) == ("util-unknown", None, None)
     assert report.gpu_util_pct is None
     assert not {"idle-gpu", "no-gpu-use"} & set(kinds(notes(report)))
+    assert (report.sharing, report.gpu_equivalents) == ("mps", 0.5)
+    text = _render_text(report)
+    assert "util unknown" in text and "mps:50" in text
+    assert "0.5 GPU-equivalents (MPS 50)" in text and "gpu3[m1]" in text
     (e,) = usage.gpu_energy(100)
     assert e.energy_j == pytest.approx(29 * 2000.0)  # 200 W over 290 s
     assert e.idle_energy_j == pytest.approx(2000.0)  # the one interval closing at 0 %
