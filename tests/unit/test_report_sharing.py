@@ -52,7 +52,8 @@ def _fill(engine: Engine) -> None:
     usage.save_summary(201, _summary(7 * 3600, 1, [_gpu(50.0)], None), _at(2, 7.01))
     usage.save_summary(202, _summary(3.5 * 3600, 2, [_gpu(80.0)] * 2, None), _at(3, 3.6))
     unknown = {**_gpu(0.0, never_busy=True), "util_pct_mean": None, "shared": True}
-    usage.save_summary(203, _summary(2 * 3600, 0, [unknown], None), _at(4, 2.01))
+    mps_summary = {**_summary(2 * 3600, 0, [unknown], None), "energy": {"energy_j": 360000.0}}
+    usage.save_summary(203, mps_summary, _at(4, 2.01))
     usage.save_summary(204, _summary(4 * 3600, 1, [_gpu(25.0)], None), _at(5, 4.01))
     usage.save_summary(205, _summary(3600, 1, [_gpu(10.0)], None), _at(6, 1.01))
 
@@ -90,6 +91,8 @@ def test_slices_and_mps_count_as_the_share_of_a_gpu_they_hold(
     assert by_user["alice"].gpu_hours_allocated == approx(4.0)
     assert by_user["bob"].gpu_hours_allocated == approx(3.0)
     assert by_user["bob"].gpu_hours_used == approx(0.5)
+    assert r.energy is not None and r.energy.totals.jobs == 5  # the MPS job's energy too
+    assert r.energy.totals.kwh == approx(0.1)
     doc = to_json(r)
     assert doc["mps_per_gpu"] == 100.0
     assert doc["totals"]["gpu_hours_allocated"] == approx(8.0)
