@@ -36,13 +36,26 @@ from sqlalchemy.sql.selectable import Subquery
 from slurmgpu.store import schema
 from slurmgpu.store.sql_dialect import epoch_s
 
-__all__ = ["ENERGY_MAX_GAP_S", "IDLE_UTIL_PCT", "energy_rows", "energy_sums"]
+__all__ = ["ENERGY_MAX_GAP_S", "IDLE_UTIL_PCT", "energy_rows", "energy_sums", "not_idle_at"]
 
 # A GPU counts as busy in a sample above this utilisation (NVML reports integers).
 IDLE_UTIL_PCT = 0.5
 # Two samples of one GPU further apart than this (agent down, job requeued onto the same
 # GPU) bound no energy interval: what happened between them is unknown.
 ENERGY_MAX_GAP_S = 900.0
+
+
+def not_idle_at(s: Any) -> ColumnElement[Any]:
+    """A sample's time when it does not show its GPU idle, else NULL: busy (util above
+    ``IDLE_UTIL_PCT``), or a process of the job ran with an unknown util (an MPS client
+    sharing its GPU, a MIG slice without GPM), which must not count as idle time. The
+    latest of these ends a GPU's trailing idle time (reader and rollup alike)."""
+    unknown_use = and_(
+        s.c.util_pct.is_(None),
+        func.coalesce(s.c.processes, 0) > 0,
+        func.coalesce(s.c.source, "") != "error",
+    )
+    return case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), (unknown_use, s.c.at), else_=None)
 
 
 def energy_rows(

@@ -849,6 +849,34 @@ def test_an_mps_job_whose_only_known_samples_precede_its_process_is_not_idle(
     assert (figures["gpu_util_pct"], figures["gpu_idle_pct"]) == (None, None)
 
 
+def test_samples_of_unknown_util_at_the_end_are_no_idle_time(tmp_path: Path) -> None:
+    # An MPS job busy alone (the device's util is its own) for 57 samples; then another
+    # job's client joins and its last 3 samples' util is unknown: not 30 s of idleness.
+    store = open_store(f"sqlite:///{tmp_path / 'tail.db'}")
+    usage = UsageStore(store.engine, store.cluster)
+    usage.ingest(
+        SampleBatch(
+            node="gpu3",
+            gpu=[
+                GpuSampleIn(
+                    sample_uid=f"t{i}",
+                    at=T0.timestamp() + 10 * i,
+                    gpu_index=0,
+                    job_id=8,
+                    util_pct=None if i >= 57 else 60.0,
+                    processes=1,
+                    shared=True,
+                    source="process",
+                )
+                for i in range(60)
+            ],
+        )
+    )
+    (u,) = usage.gpu_usage(8)
+    assert u.mean_util_pct == pytest.approx(60.0)
+    assert u.trailing_idle == timedelta(0) and not u.never_busy
+
+
 def test_a_gpu_with_a_few_unknown_samples_keeps_its_known_mean(tmp_path: Path) -> None:
     # GPM's first reading of a MIG slice is unknown: one of 30 does not hide the rest.
     store = open_store(f"sqlite:///{tmp_path / 'mig.db'}")
