@@ -124,3 +124,21 @@ def test_an_sqlite_uri_is_opened_as_a_uri_not_created_as_a_path(
         assert conn.exec_driver_sql("select count(*) from jobs").scalar() == 0
     store.engine.dispose()
     assert not (tmp_path / "file:").exists(), "a URI must not become a relative directory"
+
+
+def test_migration_0012_goes_down_and_up_again_to_the_declared_schema(store_url: str) -> None:
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from slurmgpu.store.database import alembic_config
+
+    engine = create_store_engine(store_url)
+    upgrade(engine)
+    cfg = alembic_config(engine)
+    command.downgrade(cfg, "0011")
+    assert current_revision(engine) == "0011"
+    assert "mps" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
+    command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+    engine.dispose()
