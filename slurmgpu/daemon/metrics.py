@@ -4,8 +4,9 @@ Two kinds of figures:
 
 - counted as they happen (the loop and the API call in): cycle durations, cycles by
   outcome, Slurm call errors by kind, samples ingested and requests rejected;
-- read when scraped: GPUs by partition, and by user for a bounded number of users
-  (daemon/user_metrics.py), from the daemon's latest snapshot and the agents' recent
+- read when scraped: GPUs by partition (also in GPU-equivalents, a MIG slice or MPS
+  share as its part of a GPU: daemon/equivalent_metrics.py), and by user for a bounded
+  number of users (daemon/user_metrics.py), from the daemon's latest snapshot and the agents' recent
   samples; when each node's agent last delivered samples; decisions by policy, mode
   and outcome, and transactions by kind and state, with one GROUP BY each from the
   store; each GPU's power and NVML energy counter from its samples of the last 2
@@ -30,6 +31,7 @@ from sqlalchemy import Engine, and_, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu import userinput_stats
+from slurmgpu.daemon.equivalent_metrics import equivalent_families
 from slurmgpu.daemon.observer import CycleResult
 from slurmgpu.daemon.shard_metrics import allocated_gpu_count, allocated_gpus, shard_families
 from slurmgpu.daemon.user_metrics import user_families, user_gpus
@@ -264,6 +266,7 @@ class _StoreCollector(Collector):
                 unknown_family.add_metric([part], n_unknown)
                 idle.add_metric([part], max(n_alloc - n_used - n_unknown, 0))
             yield from shard_families(snap.nodes, busy)
+            yield from equivalent_families(snap.nodes, snap.jobs, busy, unknown)
             # A GPU of unknown use is not counted idle against its user either.
             not_idle = {
                 j: by_job.get(j, 0) + unknown_by_job.get(j, 0) for j in {*by_job, *unknown_by_job}

@@ -14,8 +14,10 @@ Definitions (also in docs/admin-guide.md):
 
 - The window holds jobs that *ended* in ``[since, until)`` in a terminal state and asked
   for GPUs or shards; a job is counted whole in the window it ended in.
-- GPU-hours allocated = GPUs x run time; a shard job counts ``shards / shards per GPU``
-  GPUs (the cluster's nodes tell the ratio: shards / GPUs of the nodes that have both).
+- GPU-hours allocated = GPU-equivalents x run time (slurmgpu/gpushare.py): a whole GPU
+  counts 1, a MIG slice its compute slices out of 7 (``1g.10gb``: 1/7; 4 on an A30), a
+  shard job ``shards / shards per GPU``, an MPS job ``mps / mps per GPU`` (the cluster's
+  nodes tell the ratios: shards or mps / GPUs of the nodes that have both).
 - GPU-hours used = allocated x the job's mean GPU utilisation (GPUs that sent no sample
   counted as 0 %); idle = allocated x the share of GPU-time spent idle (a GPU never busy
   for its whole run, a busy one from its last busy moment to the end); unused =
@@ -55,6 +57,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
+from slurmgpu.gpushare import DEFAULT_MPS_PER_GPU
 from slurmgpu.report import rollup
 from slurmgpu.report.energy_section import EnergySection, energy_section
 from slurmgpu.report.job_rows import (
@@ -65,6 +68,7 @@ from slurmgpu.report.job_rows import (
     WAIT_EDGES_S,
     GroupBy,
     ReportThresholds,
+    ShareRatios,
     cells_select,
     covers_most,
     fill_select,
@@ -251,6 +255,7 @@ class Report:
     reclaimed: tuple[Reclaim, ...]
     notes: tuple[str, ...] = field(default=())
     energy: EnergySection | None = None  # GPU energy per group (energy_section.py)
+    mps_per_gpu: float = DEFAULT_MPS_PER_GPU  # gres/mps per GPU of the nodes
 
 
 # -- the window's aggregates ------------------------------------------------------------
@@ -332,17 +337,25 @@ def _job_row(r: Any) -> JobRow:
     )
 
 
-def _shards_per_gpu(conn: Connection, cluster: str) -> float:
-    """Shards per GPU on this cluster's nodes (shards / GPUs of nodes that have both)."""
+def _share_ratios(conn: Connection, cluster: str) -> ShareRatios:
+    """Shards and gres/mps per GPU on this cluster's nodes (each: its total / the GPUs of
+    the nodes that have both; the defaults where no node has it)."""
     n = schema.nodes
-    row = conn.execute(
-        select(func.sum(n.c.shards), func.sum(n.c.gpus)).where(
-            n.c.cluster == cluster, n.c.shards > 0, n.c.gpus > 0
-        )
-    ).one()
-    if not row[0] or not row[1]:
-        return DEFAULT_SHARDS_PER_GPU
-    return float(row[0]) / float(row[1])
+
+    def per_gpu(units: Any, default: float) -> float:
+        row = conn.execute(
+            select(func.sum(units), func.sum(n.c.gpus)).where(
+                n.c.cluster == cluster, units > 0, n.c.gpus > 0
+            )
+        ).one()
+        if not row[0] or not row[1]:
+            return default
+        return float(row[0]) / float(row[1])
+
+    return ShareRatios(
+        shards_per_gpu=per_gpu(n.c.shards, DEFAULT_SHARDS_PER_GPU),
+        mps_per_gpu=per_gpu(n.c.mps, DEFAULT_MPS_PER_GPU),
+    )
 
 
 def bucket_for(since: datetime, until: datetime) -> int:
@@ -383,7 +396,7 @@ def build_report(
         if conn.dialect.name == "sqlite":  # sorts and temporary tables in memory, not files,
             conn.exec_driver_sql("PRAGMA temp_store=MEMORY")  # and 64 MiB of page cache
             conn.exec_driver_sql("PRAGMA cache_size=-65536")
-        ratio = _shards_per_gpu(conn, cluster)
+        ratio = _share_ratios(conn, cluster)
         split = None
         if rollups and worst <= rollup.WORST_KEEP and flagged_limit <= rollup.FLAGGED_KEEP:
             moment = until if now is None else now
@@ -451,7 +464,8 @@ def build_report(
         by=by,
         generated_at=now or datetime.now(UTC),
         bucket_s=bucket,
-        shards_per_gpu=ratio,
+        shards_per_gpu=ratio.shards_per_gpu,
+        mps_per_gpu=ratio.mps_per_gpu,
         thresholds=th,
         totals=totals,
         groups=groups,
@@ -474,7 +488,7 @@ def _fresh_rollups(
     since: datetime,
     until: datetime,
     bucket: int,
-    ratio: float,
+    ratio: ShareRatios,
     th: ReportThresholds,
     now: datetime,
 ) -> tuple[rollup.Split | None, list[str]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from slurmgpu.gpushare import Sharing, job_equivalents
 from slurmgpu.model import Job, JobState
 from slurmgpu.policy.settings import ColocateSettings
 from slurmgpu.policy.sizing import SizingRules
@@ -161,6 +162,10 @@ class JobEfficiency:
     has_samples: bool
     thresholds: EffThresholds = DEFAULT_THRESHOLDS
     energy: JobEnergy | None = None  # the GPUs' energy; None when not measured
+    # How the job shares GPUs and its request in GPU-equivalents (slurmgpu/gpushare.py:
+    # a 1g.10gb slice 1/7, mps:50 half a GPU)
+    sharing: Sharing = "gpu"
+    gpu_equivalents: float = 0.0
 
     @property
     def counted_gpus(self) -> tuple[GpuEfficiency, ...]:
@@ -333,6 +338,7 @@ def job_efficiency(
                 counted_as_zero=status == "no-process",
             )
         )
+    sharing, equivalents = job_equivalents(job.gpus, shards_per_gpu=th.shards_per_gpu)
     primary = primary_role(gpus)
     allocated = [g for g in gpus if g.role == primary]
     counted = [g for g in allocated if gpu_counted(g)]
@@ -368,6 +374,8 @@ def job_efficiency(
         has_samples=bool(sampled_nodes),
         thresholds=th,
         energy=energy,
+        sharing=sharing,
+        gpu_equivalents=equivalents,
     )
 
 

@@ -97,6 +97,8 @@ def to_json(eff: JobEfficiency, job_notes: Sequence[Note]) -> dict[str, Any]:
         ],
         "gpu": {
             "allocated": eff.gpus_allocated,
+            "sharing": eff.sharing,
+            "equivalents": round(eff.gpu_equivalents, 3),
             "busy": eff.gpus_busy,
             "util_pct": _r(eff.gpu_util_pct),
             "memory_max_mib": _r(eff.gpu_memory_max_mib),

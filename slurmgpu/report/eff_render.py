@@ -41,7 +41,8 @@ def _pct(value: float | None) -> str:
 
 
 def gpu_request_text(job: Job) -> str:
-    """Return what the job asked for in GPUs: ``2``, ``a100:4``, ``shard:2`` or ``none``."""
+    """Return what the job asked for in GPUs: ``2``, ``a100:4``, ``shard:2``, ``mps:50``
+    or ``none``."""
     g = job.gpus
     parts = []
     if g.gpus:
@@ -50,6 +51,8 @@ def gpu_request_text(job: Job) -> str:
         parts.append(f"({g.per_node} per node)")
     if g.shards:
         parts.append(f"shard:{g.shards}")
+    if g.mps:
+        parts.append(f"mps:{g.mps}")
     return " ".join(parts) or "none"
 
 
@@ -58,6 +61,7 @@ def placement_text(job: Job) -> str:
     out = []
     for a in job.gpu_allocations:
         idx = [str(i) for i in a.gpu_indices] + [f"s{i}" for i in a.shard_indices]
+        idx += [f"m{i}" for i in a.mps_indices]
         out.append(f"{a.node}[{','.join(idx)}]" if idx else a.node)
     return " ".join(out) or "-"
 
@@ -121,7 +125,12 @@ def _header(eff: JobEfficiency) -> Table:
         gpus += f", allocated {job.allocated_gpus}"
         if job.allocated_shards:
             gpus += f" + {job.allocated_shards} shard(s)"
+        mps = sum(a.mps for a in job.gpu_allocations)
+        if mps:
+            gpus += f" + mps {mps}"
         gpus += f": {placement_text(job)}"
+    if eff.sharing != "gpu":
+        gpus += f"; {_share_text(eff)}"
     grid.add_row("GPUs", plain(gpus))
     if eff.elapsed is None:
         grid.add_row("Run time", "not started")
@@ -169,6 +178,8 @@ def _bars(eff: JobEfficiency) -> list[RenderableType]:
     gpu = eff.gpu_util_pct
     if not eff.gpus:
         gpu_detail = "no GPUs"
+    elif gpu is None and any(g.status == "util-unknown" for g in eff.gpus):
+        gpu_detail = "util unknown: not measurable (see the GPUs below)"
     elif gpu is None:
         gpu_detail = "no samples"
     else:
@@ -189,6 +200,17 @@ def _bars(eff: JobEfficiency) -> list[RenderableType]:
         _bar("GPU util", gpu, gpu_util_style(gpu, th) if gpu is not None else "", gpu_detail),
         _bar("GPU memory", gmem, "cyan", gmem_detail),
     ]
+
+
+def _share_text(eff: JobEfficiency) -> str:
+    """``0.143 GPU-equivalents (MIG 1g.10gb)``: the part of a GPU a MIG slice, an MPS
+    share or shards are (slurmgpu/gpushare.py)."""
+    what = {
+        "mig": f"MIG {eff.job.gpus.gpu_type}",
+        "mps": f"MPS {eff.job.gpus.mps}",
+        "shard": f"{eff.job.gpus.shards} shards",
+    }.get(eff.sharing, "")
+    return f"{eff.gpu_equivalents:.3g} GPU-equivalents ({what})"
 
 
 def _node_table(eff: JobEfficiency) -> Table:

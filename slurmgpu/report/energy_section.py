@@ -3,7 +3,8 @@
 Read from the end-of-job summaries (``job_summaries.energy_j`` / ``idle_energy_j``,
 written by the daemon from the NVML energy counter or power samples; see
 report/energy.py) with one grouped query over the window's jobs, the same jobs the rest
-of the report counts (ended in ``[since, until)``, terminal, asked for GPUs or shards).
+of the report counts (ended in ``[since, until)``, terminal, asked for GPUs, shards or
+MPS).
 Jobs whose summary has no energy (no agent, no power readings, or summarised before
 migration 0007) are counted in ``jobs`` but not in ``jobs_measured``.
 """
@@ -81,7 +82,7 @@ def energy_section(
             j.c.end_time < until,
             j.c.state.in_(TERMINAL_STATES),
             j.c.start_time.is_not(None),
-            or_(j.c.gpus > 0, j.c.shards > 0),
+            or_(j.c.gpus > 0, j.c.shards > 0, j.c.mps > 0),
         )
         .group_by(grp)
     )

@@ -34,6 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
+from slurmgpu.gpushare import DEFAULT_MPS_PER_GPU, mig_sql_patterns
 from slurmgpu.model import JobState
 from slurmgpu.store import schema
 from slurmgpu.store.sql_dialect import epoch_s, floor_div, unindexed
@@ -47,9 +48,11 @@ __all__ = [
     "WAIT_EDGES_S",
     "GroupBy",
     "ReportThresholds",
+    "ShareRatios",
     "cells_select",
     "covers_most",
     "fill_select",
+    "gpu_equivalents",
     "group_select",
     "job_columns",
     "job_table",
@@ -86,6 +89,35 @@ class ReportThresholds:
     time_min_elapsed_s: float = 900.0  # over-time: COMPLETED, ran longer than this, and
     time_use_pct: float = 60.0  # used less than this share of its time limit
     memory_use_pct: float = 70.0  # over-memory: peak below this share of --mem
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRatios:
+    """Shares of one GPU on this cluster's nodes: shards and gres/mps per GPU (the nodes
+    that have both tell; 16 shards and 100 MPS where none does)."""
+
+    shards_per_gpu: float
+    mps_per_gpu: float = DEFAULT_MPS_PER_GPU
+
+
+def gpu_equivalents(
+    gpus: ColumnElement[Any],
+    gpu_type: ColumnElement[Any],
+    shards: ColumnElement[Any],
+    mps: ColumnElement[Any],
+    ratios: ShareRatios,
+) -> ColumnElement[Any]:
+    """A job's GPUs as GPU-equivalents in SQL (slurmgpu/gpushare.py): whole GPUs, MIG
+    slices by their compute slices, shards and MPS by their share of a GPU."""
+    mig = case(
+        *((gpu_type.like(pattern), literal(fraction)) for pattern, fraction in mig_sql_patterns()),
+        else_=literal(1.0),
+    )
+    return case(
+        (gpus > 0, gpus * mig),
+        (shards > 0, shards / literal(float(ratios.shards_per_gpu))),
+        else_=mps / literal(float(ratios.mps_per_gpu)),
+    )
 
 
 # -- the per-job table ------------------------------------------------------------------
@@ -149,7 +181,7 @@ def fill_select(
     cluster: str,
     ranges: Sequence[tuple[datetime, datetime]],
     by: GroupBy,
-    shards_per_gpu: float,
+    ratios: ShareRatios,
     th: ReportThresholds,
     bucket: int,
     origin: int,
@@ -182,10 +214,7 @@ def fill_select(
             j.c.partition,
             j.c.state,
             j.c[by].label("grp"),
-            case(
-                (j.c.gpus > 0, j.c.gpus * literal(1.0)),
-                else_=j.c.shards / literal(float(shards_per_gpu)),
-            ).label("gpus"),
+            gpu_equivalents(j.c.gpus, j.c.gpu_type, j.c.shards, j.c.mps, ratios).label("gpus"),
             positive(end - start).label("elapsed_s"),
             end.label("end_s"),
             case(
@@ -207,7 +236,7 @@ def fill_select(
             or_(*(and_(ended >= lo, ended < hi) for lo, hi in ranges)),
             j.c.state.in_(TERMINAL_STATES),
             j.c.start_time.is_not(None),
-            or_(j.c.gpus > 0, j.c.shards > 0),
+            or_(j.c.gpus > 0, j.c.shards > 0, j.c.mps > 0),
         )
         # Computed once per job: flattened into the outer query, every use of elapsed_s
         # below would recompute the timestamps and the summary lookup (10x slower).

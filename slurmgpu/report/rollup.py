@@ -53,6 +53,7 @@ from slurmgpu.report.job_rows import (
     GROUP_BY,
     GroupBy,
     ReportThresholds,
+    ShareRatios,
     cells_select,
     covers_most,
     fill_select,
@@ -89,7 +90,7 @@ FLAGGED_KEEP = 50  # per bucket; a report listing more flagged jobs reads the jo
 HOURS_KEPT = timedelta(days=45)
 WORST_KEEP = 5  # per bucket and group; likewise for more worst jobs per waster
 # Bumped when what a rollup row holds changes: every bucket is then rebuilt on first use.
-ROLLUP_VERSION = 1
+ROLLUP_VERSION = 2  # 2: MIG slices and MPS as GPU-equivalents (issue 39)
 TRIGGERS = (
     "report_dirty_jobs_insert",
     "report_dirty_jobs_update",
@@ -169,9 +170,10 @@ def split_window(since: datetime, until: datetime, *, days: bool) -> Split:
     )
 
 
-def fingerprint(shards_per_gpu: float, th: ReportThresholds) -> str:
+def fingerprint(ratios: ShareRatios, th: ReportThresholds) -> str:
     """What a bucket's rollup was computed with; another value means rebuild it."""
-    settings = f"v{ROLLUP_VERSION} {shards_per_gpu!r} {th!r} {FLAGGED_KEEP} {WORST_KEEP}"
+    shares = f"{ratios.shards_per_gpu!r} {ratios.mps_per_gpu!r}"
+    settings = f"v{ROLLUP_VERSION} {shares} {th!r} {FLAGGED_KEEP} {WORST_KEEP}"
     return hashlib.sha256(settings.encode()).hexdigest()
 
 
@@ -207,7 +209,7 @@ def refresh(
     conn: Connection,
     cluster: str,
     split: Split,
-    shards_per_gpu: float,
+    ratios: ShareRatios,
     th: ReportThresholds,
     now: datetime,
 ) -> int:
@@ -222,7 +224,7 @@ def refresh(
     the deleted row), so no change is lost.
     """
     built, dirty = schema.report_built, schema.report_dirty
-    fp = fingerprint(shards_per_gpu, th)
+    fp = fingerprint(ratios, th)
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK})
     stale: list[tuple[int, list[int]]] = []
@@ -258,7 +260,7 @@ def refresh(
             start, end = _moment(lo * span), _moment(hi * span)
             scan = covers_most(conn, [(start, end)])
             # k = the bucket number: buckets of span seconds from the epoch.
-            fill = fill_select(cluster, [(start, end)], "user", shards_per_gpu, th, span, 0, scan)
+            fill = fill_select(cluster, [(start, end)], "user", ratios, th, span, 0, scan)
             conn.execute(insert(t).from_select([c.name for c in t.columns], fill))
             _build(conn, t, cluster, span)
             now = datetime.now(UTC)

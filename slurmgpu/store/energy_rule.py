@@ -9,7 +9,8 @@ Between a sample and the next sample of the same job on the same GPU (at most
 ``ENERGY_MAX_GAP_S`` apart) the energy is the NVML counter's delta when both carry the
 counter and it did not go back (a driver reload), else the trapezoid of the two power
 readings. The interval is idle energy when the closing sample shows the GPU idle (util
-<= ``IDLE_UTIL_PCT``: NVML's util covers the window before the reading), and on a shared
+<= ``IDLE_UTIL_PCT``: NVML's util covers the window before the reading; an unknown util
+is not idle), and on a shared
 GPU it is split evenly between the jobs sampled on it at the closing instant.
 
 Each interval is counted with its *opening* sample. The rollup of an hour therefore
@@ -35,13 +36,26 @@ from sqlalchemy.sql.selectable import Subquery
 from slurmgpu.store import schema
 from slurmgpu.store.sql_dialect import epoch_s
 
-__all__ = ["ENERGY_MAX_GAP_S", "IDLE_UTIL_PCT", "energy_rows", "energy_sums"]
+__all__ = ["ENERGY_MAX_GAP_S", "IDLE_UTIL_PCT", "energy_rows", "energy_sums", "not_idle_at"]
 
 # A GPU counts as busy in a sample above this utilisation (NVML reports integers).
 IDLE_UTIL_PCT = 0.5
 # Two samples of one GPU further apart than this (agent down, job requeued onto the same
 # GPU) bound no energy interval: what happened between them is unknown.
 ENERGY_MAX_GAP_S = 900.0
+
+
+def not_idle_at(s: Any) -> ColumnElement[Any]:
+    """A sample's time when it does not show its GPU idle, else NULL: busy (util above
+    ``IDLE_UTIL_PCT``), or a process of the job ran with an unknown util (an MPS client
+    sharing its GPU, a MIG slice without GPM), which must not count as idle time. The
+    latest of these ends a GPU's trailing idle time (reader and rollup alike)."""
+    unknown_use = and_(
+        s.c.util_pct.is_(None),
+        func.coalesce(s.c.processes, 0) > 0,
+        func.coalesce(s.c.source, "") != "error",
+    )
+    return case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), (unknown_use, s.c.at), else_=None)
 
 
 def energy_rows(
@@ -127,7 +141,8 @@ def energy_sums(q: Any) -> list[Label[Any]]:
         (by_power, (q.power_w + q.next_power) / 2.0 * dt * q.next_share),
         else_=None,
     )
-    idle = func.coalesce(q.next_util, 0.0) <= IDLE_UTIL_PCT
+    # unknown util (an MPS client sharing its GPU, a MIG slice without GPM) is not idle
+    idle = and_(q.next_util.is_not(None), q.next_util <= IDLE_UTIL_PCT)
     last = func.coalesce(q.next_inwin, 0) == 0
     return [
         func.sum(joules).label("energy_j"),

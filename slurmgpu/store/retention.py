@@ -29,7 +29,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
-from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
+from slurmgpu.store.energy_rule import energy_rows, energy_sums, not_idle_at
 from slurmgpu.store.health import one_line, sqlite_file
 
 __all__ = [
@@ -136,7 +136,7 @@ def _rollup(
     s = schema.samples
     part = and_(s.c.cluster == cluster, s.c.at >= start, s.c.at < end, s.c.node.in_(nodes))
     hour = _hour_of(engine, s.c.at)
-    busy = case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), else_=None)
+    busy = not_idle_at(s)
     host_mem = func.coalesce(s.c.cgroup_memory_mib, s.c.rss_mib)
     plain = (
         select(

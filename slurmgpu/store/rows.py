@@ -51,6 +51,8 @@ def job_to_row(job: Job) -> dict[str, Any]:
         "gpu_type": g.gpu_type,
         "shards": g.shards,
         "shards_per_node": g.shards_per_node,
+        "mps": g.mps,
+        "mps_per_node": g.mps_per_node,
         "gpu_sources": ",".join(g.sources),
         "nodes": ",".join(job.nodes),
         "gpu_alloc": [
@@ -60,7 +62,11 @@ def job_to_row(job: Job) -> dict[str, Any]:
                 "shard_gpus": list(a.shard_indices),
                 "shards": a.shards,
                 # MPS shares only where the job has one (rows written before have none)
-                **({"mps_gpus": list(a.mps_indices), "mps": a.mps} if a.mps else {}),
+                **(
+                    {"mps_gpus": list(a.mps_indices), "mps": a.mps}
+                    if a.mps or a.mps_indices
+                    else {}
+                ),
             }
             for a in job.gpu_allocations
         ],
@@ -125,6 +131,8 @@ def row_to_job(row: Mapping[Any, Any]) -> Job:
             shards=row["shards"],
             shards_per_node=row["shards_per_node"],
             sources=tuple(s for s in row["gpu_sources"].split(",") if s),
+            mps=row.get("mps") or 0,
+            mps_per_node=row.get("mps_per_node"),
         ),
         nodes=tuple(n for n in row["nodes"].split(",") if n),
         gpu_allocations=alloc,

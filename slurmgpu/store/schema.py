@@ -143,6 +143,9 @@ jobs = Table(
     Column("last_seen", TS, nullable=False),
     Column("updated_at", TS, nullable=False),
     Column("gone", Boolean, nullable=False, default=False),
+    # the job's gres/mps request (migration 0012): total and per node
+    Column("mps", Integer, nullable=False, default=0, server_default=text("0")),
+    Column("mps_per_node", Integer),
     Index(None, "cluster", "job_id"),
     Index(None, "state"),
     Index(None, "end_time"),

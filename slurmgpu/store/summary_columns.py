@@ -56,6 +56,9 @@ def summary_columns(summary: Mapping[str, Any]) -> dict[str, Any]:
     - ``gpu_idle_pct``: the share of the job's GPU-time spent idle: a GPU never busy is
       idle for the whole run, a busy one from its last busy sample to the end (the
       summary's trailing idle), a silent one for the whole run.
+    - A GPU whose util is unknown (``util_pct_mean`` None: an MPS client sharing its GPU,
+      a MIG slice without GPM) counts in neither figure; a job whose every GPU is
+      unknown has both None (its GPU-hours are allocated, not known to be used or idle).
     - ``gpus_reported`` / ``gpus_busy``: GPUs with samples / ever busy.
     - ``gpu_memory_max_mib``: the largest peak of one GPU; ``cpu_memory_max_mib``: the sum
       of the nodes' peaks (``memory_mib`` of a job is a total over its nodes too).
@@ -68,6 +71,7 @@ def summary_columns(summary: Mapping[str, Any]) -> dict[str, Any]:
     util: list[float] = []
     idle: list[float] = []
     busy = 0
+    unknown = 0
     gpu_mem: float | None = None
     cpu_mem: float | None = None
     elapsed = _num(summary.get("elapsed_s")) or 0.0
@@ -82,17 +86,21 @@ def summary_columns(summary: Mapping[str, Any]) -> dict[str, Any]:
         for gpu in (gpus or {}).values() if isinstance(gpus, Mapping) else ():
             if not isinstance(gpu, Mapping):
                 continue
+            if (m := _num(gpu.get("memory_max_mib"))) is not None:
+                gpu_mem = m if gpu_mem is None else max(gpu_mem, m)
+            mean = _num(gpu.get("util_pct_mean"))
+            if mean is None:  # util unknown (MPS client, MIG without GPM): neither 0 nor idle
+                unknown += 1
+                continue
             never = bool(gpu.get("never_busy"))
             busy += 0 if never else 1
-            util.append(_num(gpu.get("util_pct_mean")) or 0.0)
+            util.append(mean)
             trailing = _num(gpu.get("idle_trailing_s")) or 0.0
             share = 1.0 if never or elapsed <= 0 else min(trailing / elapsed, 1.0)
             idle.append(100.0 * share)
-            if (m := _num(gpu.get("memory_max_mib"))) is not None:
-                gpu_mem = m if gpu_mem is None else max(gpu_mem, m)
     requested = _num(summary.get("gpus_requested")) or 0.0
-    count = max(len(util), int(requested))
-    silent = count - len(util)
+    silent = max(int(requested) - len(util) - unknown, 0)
+    count = len(util) + silent
     return {
         "gpus_reported": len(util),
         "gpus_busy": busy,

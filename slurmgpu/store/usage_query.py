@@ -17,10 +17,29 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
-from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums
+from slurmgpu.store.energy_rule import IDLE_UTIL_PCT, energy_rows, energy_sums, not_idle_at
 from slurmgpu.store.health import one_line
 from slurmgpu.store.schema import as_utc
 from slurmgpu.store.summary_columns import energy_columns, summary_columns
+
+# A GPU's mean util is known when at most this share of its samples that were read (not
+# errors) had an unknown util: an MPS job whose only known samples are the 0 % ones from
+# before its processes started, or a MIG slice without GPM, is "util unknown", never idle.
+# Within it the mean of the known samples is off by at most 10 points.
+MAX_UNKNOWN_UTIL_SHARE = 0.1
+
+
+def known_mean_util(samples: int, util_n: int, util_sum: float, errors: int) -> float | None:
+    """The mean of the known util samples, or None when too many were unknown.
+
+    >>> known_mean_util(30, 2, 0.0, 0), known_mean_util(30, 28, 280.0, 0)
+    (None, 10.0)
+    """
+    measured = samples - errors
+    unknown = measured - util_n
+    if util_n <= 0 or unknown > MAX_UNKNOWN_UTIL_SHARE * measured:
+        return None
+    return util_sum / util_n
 
 
 class UsageQuery:
@@ -48,7 +67,7 @@ class UsageQuery:
         self, job_ids: list[int], since: datetime | None, out: dict[int, list[GpuUsage]]
     ) -> None:
         s, h = schema.samples, schema.sample_hours
-        busy = case((s.c.util_pct > IDLE_UTIL_PCT, s.c.at), else_=None)
+        busy = not_idle_at(s)
         cond = [s.c.cluster == self.cluster, s.c.job_id.in_(job_ids), s.c.kind == "gpu"]
         if since is not None:
             cond.append(s.c.at >= since)
@@ -110,22 +129,27 @@ class UsageQuery:
         for key in sorted(merged):
             g = merged[key]
             first, last = g["first_at"], g["last_at"]
-            last_busy = g["last_busy_at"]
+            last_busy = g["last_busy_at"]  # busy, or a process of unknown util
             idle_since = first if last_busy is None else last_busy
+            max_util = _f(g["max_util"])
+            never_busy = max_util is None or max_util <= IDLE_UTIL_PCT
             util_n = int(g["util_n"] or 0)
+            mean_util = known_mean_util(
+                int(g["n"]), util_n, float(g["util_sum"] or 0.0), int(g["errors"] or 0)
+            )
             out.setdefault(key[0], []).append(
                 GpuUsage(
                     node=key[1],
                     gpu_index=key[2],
                     samples=int(g["n"]),
-                    mean_util_pct=float(g["util_sum"]) / util_n if util_n else None,
+                    mean_util_pct=mean_util,
                     max_util_pct=_f(g["max_util"]),
                     max_memory_mib=_f(g["max_mem"]),
                     memory_total_mib=_f(g["mem_total"]),
                     first_at=first,
                     last_at=last,
                     trailing_idle=max(last - idle_since, timedelta(0)),
-                    never_busy=last_busy is None,
+                    never_busy=never_busy,
                     shared=bool(g["shared"]),
                     error_samples=int(g["errors"] or 0),
                     max_processes=int(g["max_processes"] or 0),

@@ -9,7 +9,9 @@ Three mistakes the reporting tools users know make, and how this module avoids t
 - *Allocated but unused.* A GPU allocated to a job with no process on it is reported as an
   idle row (``source="idle"``, util 0), not left out.
 - *Sharing.* On a GPU shared by several jobs (``gres/shard``, MPS) each job gets the sum of
-  its own processes' SM utilization and memory, never the device totals.
+  its own processes' SM utilization and memory, never the device totals. Under MPS a
+  client's SM share is unknown to NVML: the job gets the device's util only when its
+  processes are the only ones on the GPU (or the device is idle), else unknown (None).
 
 Process → job: the Slurm cgroup in ``/proc/PID/cgroup`` (authoritative), else
 ``SLURM_JOB_ID`` in ``/proc/PID/environ`` (the only source under ``proctrack/linuxproc``).
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from slurmgpu.gpushare import mig_gpu_fraction
 from slurmgpu.model import NodeGpuAllocation
 from slurmgpu.telemetry.probe import GpuDeviceSample, GpuProcessSample
 
@@ -305,8 +308,11 @@ def split_mig_devices(
     Slurm's (no golden file from a real MIG node yet), so the pairs are marked guessed
     (method ``"identity"``), as reports already say for any unproven mapping. When the
     counts differ, the instances stay unmapped. An instance's util is GPM's SM
-    utilization (None when unknown); power and energy are the parent's, not a slice's,
-    so they are left None.
+    utilization (None when unknown). NVML measures power and energy per board only: each
+    instance is given the board's power and energy counter times its compute fraction
+    (``gpushare.mig_gpu_fraction``: 1/7 for ``1g.10gb``), so a board's slices add up to
+    the board and the energy rule's counter deltas split the same way; None where the
+    profile is unknown.
 
     Returns the new device list (devices without MIG unchanged) and the instances' map.
     """
@@ -335,6 +341,7 @@ def split_mig_devices(
             )
         for position, mig in enumerate(instances):
             probe_index = (device.index + 1) * MIG_PROBE_STRIDE + mig.index
+            share = mig_gpu_fraction(mig.profile)
             out.append(
                 GpuDeviceSample(
                     index=probe_index,
@@ -343,6 +350,9 @@ def split_mig_devices(
                     util_pct=mig.util_pct,
                     memory_used_mib=mig.memory_used_mib,
                     memory_total_mib=mig.memory_total_mib,
+                    # the board's power and energy counter, split by compute slices
+                    power_w=_scaled(device.power_w, share),
+                    energy_mj=_scaled_mj(device.energy_mj, share),
                     processes=mig.processes,
                     error=mig.error,
                 )
@@ -352,6 +362,14 @@ def split_mig_devices(
             else:
                 unmapped.append(probe_index)
     return out, GpuIndexMap(pairs, unmapped)
+
+
+def _scaled(value: float | None, share: float | None) -> float | None:
+    return None if value is None or share is None else round(value * share, 3)
+
+
+def _scaled_mj(value: int | None, share: float | None) -> int | None:
+    return None if value is None or share is None else int(value * share)
 
 
 # -- who used what --------------------------------------------------------------------
@@ -439,6 +457,10 @@ def _device_rows(
         procs_by_job.setdefault(pid_to_job.get(proc.pid), []).append(proc)
     parties: set[int | None] = {*allocated, *procs_by_job}
     shared = len(parties) > 1
+    # Under MPS NVML gives no client's SM share; the device's util is still one job's
+    # when that job's processes are the only ones on it, and an idle device is idle for
+    # every client. Otherwise a client's util stays unknown (never 0).
+    alone = len(procs_by_job) == 1
     rows: list[JobGpuUsage] = []
     for job_id in parties:
         procs = procs_by_job.get(job_id, [])
@@ -450,6 +472,8 @@ def _device_rows(
             )
         else:
             util = _sum_known([p.sm_util_pct for p in procs])
+            if util is None and device.util_pct is not None and (alone or device.util_pct <= 0):
+                util = device.util_pct
             memory = _sum_known([p.used_memory_mib for p in procs])
             rows.append(
                 row(

@@ -19,11 +19,14 @@ import json
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.policy.colocate import converts_gpu_to_shards
@@ -89,6 +92,30 @@ def _release(*job_ids: int) -> None:
     subprocess.run(["scontrol", "release", *map(str, job_ids)], check=True, timeout=30)
 
 
+def _eff_unknown(t: Telemetry, job_id: int) -> dict[str, Any] | None:
+    doc: dict[str, Any] = json.loads(t.run("eff", str(job_id), "--json"))
+    gpus = doc["gpus"]
+    return doc if gpus and all(g["status"] == "util-unknown" for g in gpus) else None
+
+
+def _unknown_in_eff(t: Telemetry, job_id: int) -> Callable[[], dict[str, Any] | None]:
+    return lambda: _eff_unknown(t, job_id)
+
+
+def _equivalents(port: int) -> dict[tuple[str, str], float]:
+    """``sgpu_gpu_equivalents_*`` by (metric, sharing), summed over the partitions gpu2
+    and gpu3 are in (the lab puts every node in one)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("sgpu_gpu_equivalents_"):
+                key = (sample.name, sample.labels.get("sharing", ""))
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
 def test_mps_jobs_share_a_gpu_and_a_light_job_runs_on_a_mig_slice(
     sharing_cluster: LabCluster, tmp_path: Path
 ) -> None:
@@ -98,6 +125,7 @@ def test_mps_jobs_share_a_gpu_and_a_light_job_runs_on_a_mig_slice(
     # they declare their load under tmp_path, where the agents read it.
     python = Path(sys.prefix)
     sharing_cluster.share(ROOT, python, python.resolve(), Path(sys.base_prefix), tmp_path)
+    started = datetime.now(UTC) - timedelta(seconds=5)
     with running_stack(sharing_cluster, tmp_path, CONFIG) as t:
         duration = ("--duration", "300s")
         mps_a = _shareable(
@@ -160,7 +188,57 @@ def test_mps_jobs_share_a_gpu_and_a_light_job_runs_on_a_mig_slice(
         assert m.node == "gpu2" and m.gpu_index == int(slice_gres[1])
         assert m.mean_util_pct == pytest.approx(8, abs=1)
         assert m.memory_total_mib == 10240  # the instance's memory, not the GPU's 80 GiB
-        eff = json.loads(t.run("eff", str(mps_a), "--json"))
-        (gpu_a,) = eff["gpus"]
-        assert gpu_a["shared"] and gpu_a["memory_max_mib"] == pytest.approx(6144, abs=1)
-        assert gpu_a["util_pct_max"] in (None, 0.0)  # never the device's: see docs/telemetry.md
+        # sgpu eff: each MPS job holds half a GPU and its util is unknown, never idle
+        # (its only known samples are the 0 % ones from before its process started).
+        for job in (mps_a, mps_b):
+            doc = wait_for(f"eff of {job}: util unknown", _unknown_in_eff(t, job))
+            (gpu,) = doc["gpus"]
+            assert gpu["shared"] and gpu["util_pct_mean"] is None and gpu["role"] == "shard"
+            assert (doc["gpu"]["sharing"], doc["gpu"]["equivalents"]) == ("mps", 0.5)
+            assert doc["gpu"]["diagnosis"] not in {"idle", "no-gpu-use"}
+            assert not {"idle-gpu", "no-gpu-use"} & {n["kind"] for n in doc["notes"]}
+        doc = json.loads(t.run("eff", str(mps_a), "--json"))
+        assert doc["gpus"][0]["memory_max_mib"] == pytest.approx(6144, abs=1)
+        # The light job's slice: 1/7 of a GPU where it asked for the slice (23.02 on); on
+        # 22.05 it asked for an untyped GPU, which eff counts as asked (docs/metrics.md).
+        light_doc = json.loads(t.run("eff", str(light), "--json"))
+        slice_share = 1 / 7 if converts_gpu_to_shards(version) else 1.0
+        assert light_doc["gpu"]["equivalents"] == pytest.approx(slice_share, abs=1e-3)
+        assert light_doc["gpus"][0]["status"] != "util-unknown"  # GPM: the slice's own
+
+        # /metrics in GPU-equivalents: both MPS shares (0.5 + 0.5) of unknown use once the
+        # 0 % samples from before their processes left the 2-minute window; the slice
+        # 1/7 of a GPU, busy, on every release (the node's GPUs are all 1g.10gb slices).
+        def scraped() -> dict[tuple[str, str], float] | None:
+            m = _equivalents(t.port)
+            ok = m.get(("sgpu_gpu_equivalents_util_unknown", "mps")) == pytest.approx(1.0)
+            return m if ok else None
+
+        m = wait_for("the MPS shares' use unknown in /metrics", scraped, timeout_s=200)
+        assert m[("sgpu_gpu_equivalents_allocated", "mps")] == pytest.approx(1.0)
+        assert m[("sgpu_gpu_equivalents_idle", "mps")] == pytest.approx(0.0)
+        assert m[("sgpu_gpu_equivalents_allocated", "mig")] == pytest.approx(1 / 7)
+        assert m[("sgpu_gpu_equivalents_used", "mig")] == pytest.approx(1 / 7)
+
+        # sgpu report over the three jobs once they ended: GPU-hours as equivalents, the
+        # MPS jobs' use unknown (allocated, neither used nor idle).
+        subprocess.run(["scancel", str(mps_a), str(mps_b), str(light)], check=True, timeout=30)
+        usage = t.usage()
+        wait_for(
+            "the three jobs' summaries",
+            lambda: all(usage.summary(j) is not None for j in (mps_a, mps_b, light)),
+        )
+        elapsed = {
+            j: json.loads(t.run("eff", str(j), "--json"))["elapsed_s"]
+            for j in (mps_a, mps_b, light)
+        }
+        until = (datetime.now(UTC) + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")
+        since = started.strftime("%Y-%m-%dT%H:%M:%S")
+        report = json.loads(t.run("report", "--since", since, "--until", until, "--format", "json"))
+        totals = report["totals"]
+        assert totals["jobs"] == 3 and totals["jobs_with_usage"] == 1
+        want = (0.5 * elapsed[mps_a] + 0.5 * elapsed[mps_b] + slice_share * elapsed[light]) / 3600
+        assert totals["gpu_hours_allocated"] == pytest.approx(want, rel=1e-3)
+        assert totals["gpu_hours_with_usage"] == pytest.approx(
+            slice_share * elapsed[light] / 3600, rel=1e-3
+        )

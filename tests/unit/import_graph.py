@@ -105,6 +105,7 @@ LAYERS: tuple[frozenset[str], ...] = (
         {
             "boundedjson",
             "checkpoint_signal",
+            "gpushare",
             "intent",
             "jobdiff",
             "listen_address",

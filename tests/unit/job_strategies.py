@@ -38,7 +38,9 @@ jobs = st.builds(
         gpus=small,
         per_node=st.none() | small,
         shards=small,
-        gpu_type=st.none() | st.sampled_from(["a100", "h100"]),
+        gpu_type=st.none() | st.sampled_from(["a100", "h100", "1g.10gb", "3g.40gb+me"]),
+        mps=small,
+        mps_per_node=st.none() | small,
         sources=st.lists(
             st.sampled_from(["tres_per_node", "tres_per_job"]), max_size=2, unique=True
         ).map(tuple),
@@ -50,6 +52,8 @@ jobs = st.builds(
             node=st.sampled_from(["gpu1", "gpu2"]),
             gpu_indices=st.lists(st.integers(0, 7), max_size=4).map(tuple),
             shards=small,
+            mps_indices=st.lists(st.integers(0, 7), max_size=2).map(tuple),
+            mps=small,
         ),
         max_size=2,
     ).map(tuple),

@@ -14,7 +14,7 @@ from rich.console import Console
 from slurmgpu.cli.context import AppContext
 from slurmgpu.cli.eff import eff as eff_command
 from slurmgpu.jobdiff import diff_jobs
-from slurmgpu.model import GpuRequest, Job, JobState, Node
+from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.settings import ColocateSettings
 from slurmgpu.policy.sizing import SizingRules
 from slurmgpu.policy.slices import MigProfile, PartitionOffer
@@ -561,6 +561,8 @@ def test_eff_json_has_stable_keys_and_exact_figures(db: tuple[str, AppContext]) 
     }
     assert data["gpu"] == {
         "allocated": 2,
+        "sharing": "gpu",
+        "equivalents": 2.0,
         "busy": 1,
         "util_pct": 40.0,
         "memory_max_mib": 30000.0,
@@ -700,6 +702,8 @@ def test_json_of_a_pending_job_has_every_key_with_nulls() -> None:
     assert data["elapsed_s"] is None and data["time_use_pct"] is None
     assert data["gpu"] == {
         "allocated": 0,
+        "sharing": "gpu",
+        "equivalents": 1.0,  # what it asks for
         "busy": 0,
         "util_pct": None,
         "memory_max_mib": None,
@@ -783,6 +787,119 @@ def test_a_mig_slice_with_unknown_util_is_reported_unknown_not_idle(tmp_path: Pa
     assert report.gpu_util_pct is None
     assert not {"idle-gpu", "no-gpu-use", "gpus"} & set(kinds(notes(report)))
     assert "util-unknown" in _render_text(report)
+
+
+def test_an_mps_job_whose_only_known_samples_precede_its_process_is_not_idle(
+    tmp_path: Path,
+) -> None:
+    """Issue 39: an MPS client's only known util were the 0 % samples taken before its
+    process started (NVML gives no client's share), so eff read it as idle. Now the GPU
+    is util-unknown, the summary counts it neither used nor idle, and the energy of its
+    unknown intervals is not idle energy."""
+    from slurmgpu.store.summary_columns import summary_columns
+
+    store = open_store(f"sqlite:///{tmp_path / 'mps.db'}")
+    usage = UsageStore(store.engine, store.cluster)
+    at = T0.timestamp()
+
+    def sample(i: int, started: bool) -> GpuSampleIn:
+        return GpuSampleIn(
+            sample_uid=f"p{i}",
+            at=at + 10 * i,
+            gpu_index=1,
+            job_id=100,
+            util_pct=None if started else 0.0,
+            memory_used_mib=6144.0 if started else 0.0,
+            memory_total_mib=81920.0,
+            power_w=200.0,
+            energy_mj=1000 * 200 * 10 * i,
+            processes=1 if started else 0,
+            shared=True,
+            source="process" if started else "idle",
+        )
+
+    usage.ingest(SampleBatch(node="gpu3", gpu=[sample(i, i >= 2) for i in range(30)]))
+    (u,) = usage.gpu_usage(100)
+    assert (u.samples, u.mean_util_pct, u.max_processes) == (30, None, 1)
+    job = make_job(cpus=1, gpus={}, elapsed=timedelta(minutes=5))
+    job = replace(
+        job,
+        gpus=GpuRequest(mps=50),
+        nodes=("gpu3",),
+        gpu_allocations=(NodeGpuAllocation("gpu3", mps_indices=(1,), mps=50),),
+    )
+    report = job_efficiency(job, [u], [host("gpu3", 90.0, 1)], ended(job))
+    (g,) = report.gpus
+    assert (g.status, g.mean_util_pct, g.trailing_idle) == ("util-unknown", None, None)
+    assert report.gpu_util_pct is None
+    assert not {"idle-gpu", "no-gpu-use"} & set(kinds(notes(report)))
+    assert (report.sharing, report.gpu_equivalents) == ("mps", 0.5)
+    text = _render_text(report)
+    assert "util unknown" in text and "mps:50" in text
+    assert "0.5 GPU-equivalents (MPS 50)" in text and "gpu3[m1]" in text
+    (e,) = usage.gpu_energy(100)
+    assert e.energy_j == pytest.approx(29 * 2000.0)  # 200 W over 290 s
+    assert e.idle_energy_j == pytest.approx(2000.0)  # the one interval closing at 0 %
+    summary = {
+        "elapsed_s": 300,
+        "gpus_requested": 0,
+        "nodes": {"gpu3": {"gpus": {"1": {"util_pct_mean": None, "never_busy": True}}}},
+    }
+    figures = summary_columns(summary)
+    assert (figures["gpu_util_pct"], figures["gpu_idle_pct"]) == (None, None)
+
+
+def test_samples_of_unknown_util_at_the_end_are_no_idle_time(tmp_path: Path) -> None:
+    # An MPS job busy alone (the device's util is its own) for 57 samples; then another
+    # job's client joins and its last 3 samples' util is unknown: not 30 s of idleness.
+    store = open_store(f"sqlite:///{tmp_path / 'tail.db'}")
+    usage = UsageStore(store.engine, store.cluster)
+    usage.ingest(
+        SampleBatch(
+            node="gpu3",
+            gpu=[
+                GpuSampleIn(
+                    sample_uid=f"t{i}",
+                    at=T0.timestamp() + 10 * i,
+                    gpu_index=0,
+                    job_id=8,
+                    util_pct=None if i >= 57 else 60.0,
+                    processes=1,
+                    shared=True,
+                    source="process",
+                )
+                for i in range(60)
+            ],
+        )
+    )
+    (u,) = usage.gpu_usage(8)
+    assert u.mean_util_pct == pytest.approx(60.0)
+    assert u.trailing_idle == timedelta(0) and not u.never_busy
+
+
+def test_a_gpu_with_a_few_unknown_samples_keeps_its_known_mean(tmp_path: Path) -> None:
+    # GPM's first reading of a MIG slice is unknown: one of 30 does not hide the rest.
+    store = open_store(f"sqlite:///{tmp_path / 'mig.db'}")
+    usage = UsageStore(store.engine, store.cluster)
+    usage.ingest(
+        SampleBatch(
+            node="gpu2",
+            gpu=[
+                GpuSampleIn(
+                    sample_uid=f"g{i}",
+                    at=T0.timestamp() + 10 * i,
+                    gpu_index=0,
+                    job_id=7,
+                    util_pct=None if i == 0 else 40.0,
+                    processes=1,
+                    source="device",
+                )
+                for i in range(30)
+            ],
+        )
+    )
+    (u,) = usage.gpu_usage(7)
+    assert u.mean_util_pct == pytest.approx(40.0)
 
 
 def _render_text(report: JobEfficiency) -> str:

@@ -459,4 +459,9 @@ def test_a_gpu_whose_util_is_unknown_is_neither_used_nor_idle(d: Daemon) -> None
     assert m[("sgpu_gpus_used", gpu)] == 2
     assert m[("sgpu_gpus_util_unknown", gpu)] == 1
     assert m[("sgpu_gpus_idle", gpu)] == 0  # the unknown GPU is not read as idle
+    whole = (("partition", "gpu"), ("sharing", "gpu"))
+    assert m[("sgpu_gpu_equivalents_allocated", whole)] == 3
+    assert m[("sgpu_gpu_equivalents_used", whole)] == 2
+    assert m[("sgpu_gpu_equivalents_util_unknown", whole)] == 1
+    assert m[("sgpu_gpu_equivalents_idle", whole)] == 0
     assert m[("sgpu_user_gpus_idle", (("user", "alice"),))] == 0

@@ -58,7 +58,33 @@ def test_instances_replace_their_parent_and_map_in_gpu_instance_order() -> None:
     assert mig_map.guessed == frozenset(mig_map)  # not proven against a real MIG node
     assert (slices["MIG-9"].util_pct, slices["MIG-2"].util_pct) == (40.0, None)
     assert [p.pid for p in slices["MIG-9"].processes] == [77]
-    assert slices["MIG-9"].power_w is None  # the parent's power is no slice's
+    # NVML measures the board only: each 1g.10gb slice is given 1/7 of its power and
+    # of its energy counter (the split rule of slurmgpu/gpushare.py)
+    assert slices["MIG-9"].power_w == pytest.approx(300.0 / 7, abs=1e-3)
+    assert slices["MIG-2"].energy_mj is None  # the board has no counter here
+
+
+def test_a_boards_energy_counter_is_split_by_compute_slices() -> None:
+    def mig(index: int, profile: str | None) -> GpuMigInstanceSample:
+        return GpuMigInstanceSample(
+            index=index,
+            uuid=f"MIG-{'abc'[index]}",
+            gpu_instance_id=index + 1,
+            compute_instance_id=0,
+            memory_used_mib=0,
+            memory_total_mib=None,
+            profile=profile,
+        )
+
+    three, one, odd = mig(0, "3g.40gb"), mig(1, "1g.10gb"), mig(2, None)
+    parent = GpuDeviceSample(
+        index=0, minor_number=0, power_w=140.0, energy_mj=7_000_000, mig_instances=(three, one, odd)
+    )
+    devices, _ = split_mig_devices([parent], {0: 0, 1: 0, 2: 0})
+    by_uuid = {d.uuid: d for d in devices}
+    assert (by_uuid["MIG-a"].power_w, by_uuid["MIG-a"].energy_mj) == (60.0, 3_000_000)
+    assert (by_uuid["MIG-b"].power_w, by_uuid["MIG-b"].energy_mj) == (20.0, 1_000_000)
+    assert (by_uuid["MIG-c"].power_w, by_uuid["MIG-c"].energy_mj) == (None, None)
 
 
 def test_instances_stay_unmapped_when_slurm_lists_a_different_count() -> None:
@@ -122,5 +148,8 @@ def test_the_agent_samples_each_mig_slice_as_its_own_slurm_gpu(
     assert (busy.source, busy.util_pct, busy.memory_used_mib) == ("device", 35.0, 3000.0)
     assert busy.memory_total_mib == 10240.0  # the slice's memory, not the GPU's
     assert (idle.source, idle.util_pct, idle.memory_total_mib) == ("idle", 0.0, 40960.0)
-    assert busy.power_w is None and busy.energy_mj is None  # a slice has no meter
+    # One meter per board: the 1g.10gb slice gets 1/7 of it, the 3g.40gb one 3/7.
+    assert busy.power_w is not None and idle.power_w is not None
+    assert idle.power_w == pytest.approx(3 * busy.power_w, abs=0.01)
+    assert busy.energy_mj is not None and idle.energy_mj is not None
     assert len({s.sample_uid for s in gpu}) == 3

@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from hypothesis import given, settings
 from sqlalchemy import text
 
-from slurmgpu.model import Job
+from slurmgpu.model import GpuRequest, Job, JobState
 from slurmgpu.store import StoreError, create_store_engine, open_store, upgrade
 from slurmgpu.store.database import current_revision, head_revision
 from slurmgpu.store.rows import job_to_row, row_to_job
@@ -92,6 +92,27 @@ def test_job_survives_a_database_round_trip(
     assert stored.job == job
 
 
+def test_a_pending_mps_request_survives_the_store(tmp_path: Path, migrated_db: Path) -> None:
+    """Issue 39: a pending ``--gres=mps:50`` job read back from the store asked for
+    nothing (the jobs table had no MPS column), so reports and policies lost it."""
+    from slurmgpu.jobdiff import diff_jobs
+
+    path = tmp_path / "s.db"
+    shutil.copy2(migrated_db, path)
+    store = open_store(f"sqlite:///{path}", migrate=False)
+    job = Job(
+        job_id=41,
+        name="mps",
+        user="alice",
+        state=JobState.PENDING,
+        gpus=GpuRequest(mps=50, mps_per_node=50, sources=("tres_per_node",)),
+    )
+    store.apply_cycle(diff_jobs({}, [job]), {}, [], datetime(2026, 1, 1, tzinfo=UTC))
+    (stored,) = store.jobs(job_ids=[41])
+    assert stored.job.gpus.mps == 50 and stored.job.gpus.mps_per_node == 50
+    assert stored.job.gpus.wants_gpu
+
+
 def test_an_sqlite_uri_is_opened_as_a_uri_not_created_as_a_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -103,3 +124,21 @@ def test_an_sqlite_uri_is_opened_as_a_uri_not_created_as_a_path(
         assert conn.exec_driver_sql("select count(*) from jobs").scalar() == 0
     store.engine.dispose()
     assert not (tmp_path / "file:").exists(), "a URI must not become a relative directory"
+
+
+def test_migration_0012_goes_down_and_up_again_to_the_declared_schema(store_url: str) -> None:
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from slurmgpu.store.database import alembic_config
+
+    engine = create_store_engine(store_url)
+    upgrade(engine)
+    cfg = alembic_config(engine)
+    command.downgrade(cfg, "0011")
+    assert current_revision(engine) == "0011"
+    assert "mps" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
+    command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+    engine.dispose()

@@ -459,6 +459,39 @@ def test_mps_clients_each_get_their_memory_and_no_util_of_the_device() -> None:
         assert row.memory_used_mib == memory and row.util_pct is None  # never the device's 30
 
 
+def test_an_mps_client_alone_on_its_gpu_gets_the_device_util() -> None:
+    # Job 21 holds a share but has no process yet: job 20's are the only ones on the GPU.
+    procs = (GpuProcessSample(pid=600, used_memory_mib=6144, sm_util_pct=None),)
+    devices = [_gpu(0, util=30, used=6144, procs=procs)]
+    jobs = [
+        (20, NodeGpuAllocation(node="gpu3", mps_indices=(0,), mps=50)),
+        (21, NodeGpuAllocation(node="gpu3", mps_indices=(0,), mps=50)),
+    ]
+    rows = _rows_by_job(attribute(devices, jobs, {600: 20}, {0: 0}))
+    assert (rows[20].util_pct, rows[20].source, rows[20].shared) == (30, "process", True)
+    assert (rows[21].util_pct, rows[21].source) == (0.0, "idle")
+
+
+def test_mps_clients_of_an_idle_gpu_are_idle_and_of_a_busy_one_unknown() -> None:
+    procs = (
+        GpuProcessSample(pid=600, used_memory_mib=6144, sm_util_pct=None),
+        GpuProcessSample(pid=601, used_memory_mib=3072, sm_util_pct=None),
+        GpuProcessSample(pid=602, used_memory_mib=100, sm_util_pct=None),  # no job's
+    )
+    jobs = [
+        (20, NodeGpuAllocation(node="gpu3", mps_indices=(0,), mps=50)),
+        (21, NodeGpuAllocation(node="gpu3", mps_indices=(0,), mps=50)),
+    ]
+    pids = {600: 20, 601: 21}
+    idle = _rows_by_job(attribute([_gpu(0, util=0, used=9316, procs=procs)], jobs, pids, {0: 0}))
+    assert idle[20].util_pct == idle[21].util_pct == 0.0
+    # One job's processes beside a process of no job: whose the 30 % is, is unknown.
+    busy = _rows_by_job(
+        attribute([_gpu(0, util=30, used=6244, procs=procs[::2])], jobs, pids, {0: 0})
+    )
+    assert busy[20].util_pct is None and busy[None].util_pct is None
+
+
 def test_the_agent_reads_mps_gpus_from_the_daemon() -> None:
     listed = NodeJobs(
         node="gpu3",
