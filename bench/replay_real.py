@@ -299,7 +299,12 @@ def main() -> int:
         )
     sims = {name: res["sim"] for name, res in results.items() if "sim" in res}
     if sims:
-        print("\nsimulator / real (same jobs, sizes and limits; simulator in trace time / C)")
+        print(
+            "\nsimulator / real (same jobs, sizes and limits; simulator in trace time / C, "
+            f"costs {args.costs}" + (" x C)" if args.costs != "unscaled" else ")")
+        )
+        if args.costs != "unscaled":
+            print("\n".join(cost_set(args.costs).lines()))
         print("set        avg JCT sim  ratio   p99 sim  ratio  makespan sim  ratio")
     for name, sim in sims.items():
         real = results[name]["summary"]
@@ -311,6 +316,9 @@ def main() -> int:
         print(f"{name:<10} " + "  ".join(cells))
     run.figures = {name: res["summary"] for name, res in results.items() if name != "slurm"}
     run.figures["simulator"] = sims
+    run.figures["simulator_costs"] = (
+        cost_set(args.costs).as_dict() if args.costs != "unscaled" else "unscaled"
+    )
     run.figures["jobs"] = {name: res["jobs"] for name, res in results.items()}
     if isinstance(base, dict):
         run.baseline = {"slurm": base}
