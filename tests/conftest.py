@@ -28,6 +28,7 @@ from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages
 from tests import (
     hypothesis_profiles,  # noqa: F401 - registers and loads the profile
     tier_guard,
+    unselectable,
 )
 
 if TYPE_CHECKING:
@@ -79,6 +80,24 @@ def _on_postgres(item: pytest.Item) -> bool:
     if callspec is not None and callspec.params.get("store_url") == "postgresql":
         return True
     return bool(_POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave out directories and modules ``-m`` can select nothing from: importing them
+    costs seconds per worker (tests/unselectable.py)."""
+    markexpr = str(config.getoption("markexpr", "") or "")
+    if not markexpr:
+        return None
+    mark = _TIER_OF_DIR.get(collection_path)
+    if mark is not None:
+        return True if unselectable.selects_none(markexpr, {mark.name}) else None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        marks = unselectable.module_marks(collection_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None  # collected as usual: pytest reports what is wrong with it
+    return True if unselectable.selects_none(markexpr, marks) else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

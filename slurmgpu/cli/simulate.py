@@ -1,7 +1,9 @@
 """``sgpu simulate TRACE``: replay a workload through the daemon's policies in virtual time.
 
 Runs every policy set of ``--policies`` on the same trace and prints one comparison
-table (docs/simulator.md). Needs no Slurm, no database and no GPU.
+table (docs/simulator.md); with ``--sharing none,shards,mps,mig`` every set once per way
+the cluster's GPUs are shared (``sim.sharing``), and a table comparing the modes. Needs
+no Slurm, no database and no GPU.
 
 Exit codes: 0 compared; 1 a trace, profile or cost file that cannot be read (the message
 names the file and line); 2 bad option (cluster shape, load, unknown policy or cost set).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -34,7 +37,7 @@ from slurmgpu.sim.costs import DEFAULT as DEFAULT_COSTS
 from slurmgpu.sim.loaders import FORMATS, TraceError, detect_format, load_trace
 from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interference, solo_profiles
 from slurmgpu.sim.metrics import TypeUse, ci95, mean_summary, summarise, type_use
-from slurmgpu.sim.policysets import known_sets
+from slurmgpu.sim.policysets import SimPolicies, known_sets
 from slurmgpu.sim.profiles import ProfileError, ThroughputProfile, load_profiles
 from slurmgpu.sim.published import published_for
 from slurmgpu.sim.render import (
@@ -45,7 +48,16 @@ from slurmgpu.sim.render import (
     comparison_table,
 )
 from slurmgpu.sim.run import ClusterShape, SimOptions, scale_load, simulate
+from slurmgpu.sim.sharing import (
+    DEFAULT_MIG_LAYOUT,
+    SHARING_MODES,
+    SHARING_SLURM_VERSION,
+    SharingMode,
+    parse_sharing,
+)
+from slurmgpu.sim.sharingreport import SharingRow, narrowed, sharing_doc, sharing_table
 from slurmgpu.sim.slurm import InterferenceModel
+from slurmgpu.slurm.client import SlurmError
 
 DEFAULT_POLICIES = "slurm,rightsize,colocate,malleable,all"
 _WORKLOAD_RE = re.compile(r"workload-(\d+)\.csv$")
@@ -151,6 +163,25 @@ def _write(target: str, text: str, console: Console) -> None:
 @click.option("--startup", "startup_s", type=float, help="Seconds; replaces the set's startup.")
 @click.option("--period", "period_s", type=float, default=60.0, show_default=True)
 @click.option("--no-interference", is_flag=True, help="Co-located jobs run at full speed.")
+@click.option(
+    "--sharing",
+    "sharing_text",
+    metavar="MODES",
+    help="Run every set once per way of sharing the GPUs and compare them: "
+    + ",".join(SHARING_MODES)
+    + " (80 GB GPUs; docs/simulator.md).",
+)
+@click.option(
+    "--mig-layout",
+    default=",".join(DEFAULT_MIG_LAYOUT),
+    show_default=True,
+    help="--sharing mig: the MIG instances of one split GPU.",
+)
+@click.option(
+    "--mig-gpus",
+    type=int,
+    help="--sharing mig: GPUs split per node (default: half of a node's, at least 1).",
+)
 @click.option("--json", "json_out", metavar="PATH", help="Write JSON ('-': stdout).")
 @click.option("--csv", "csv_out", metavar="PATH", help="Write CSV ('-': stdout).")
 @click.option("--html", "html_out", metavar="PATH", help="Write a self-contained HTML page.")
@@ -170,6 +201,9 @@ def simulate_command(
     startup_s: float | None,
     period_s: float,
     no_interference: bool,
+    sharing_text: str | None,
+    mig_layout: str,
+    mig_gpus: int | None,
     json_out: str | None,
     csv_out: str | None,
     html_out: str | None,
@@ -210,6 +244,26 @@ def simulate_command(
             fail(f"--seeds must look like 1-5 or 1,2,3, not {seeds_text!r}", 2)
         if not seeds or len(seeds) > 100:
             fail(f"--seeds must name 1 to 100 seeds, not {seeds_text!r}", 2)
+    # (mode, cluster, release) per way of sharing: one, as given, without --sharing
+    variants: list[tuple[SharingMode | None, ClusterShape]] = [(None, shape)]
+    if sharing_text:
+        try:
+            variants = [
+                (
+                    mode,
+                    shape.with_sharing(
+                        mode,
+                        shards_per_gpu=shards_per_gpu,
+                        mig_layout=tuple(mig_layout.split(",")),
+                        mig_gpus=mig_gpus,
+                    ),
+                )
+                for mode in parse_sharing(sharing_text)
+            ]
+        except ValueError as exc:
+            fail(f"--sharing: {exc}", 2)
+    if mig_gpus is not None and not any(mode == "mig" for mode, _ in variants):
+        fail("--mig-gpus needs --sharing with mig", 2)
     sets = [s.strip() for s in policies.split(",") if s.strip()]
     unknown = [s for s in sets if s not in known_sets()]
     if unknown or not sets:
@@ -258,6 +312,16 @@ def simulate_command(
     comparison.notes.append(
         "co-location slowdown: " + (slowdown_source if interference else "none (full speed)")
     )
+    sharing_rows: list[SharingRow] = []
+    if sharing_text:
+        comparison.notes.append(
+            f"sharing: the same {shape.gpus} GPUs of {variants[0][1].device_memory_mib // 1024} "
+            f"GB as {', '.join(str(m) for m, _ in variants)}; SimSlurm answers as Slurm "
+            f"{SHARING_SLURM_VERSION} (a pending gpu:1 may become a MIG slice or an MPS share);"
+            " MIG slices run at their SM share, isolated; MPS shares at theirs, slowed by "
+            "the interference model's contention terms (the policy's own model: nobody "
+            "measured MPS pairs)"
+        )
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -266,29 +330,54 @@ def simulate_command(
         console=console,
         transient=True,
     ) as bar:
-        for name in sets:
-            task = bar.add_task(name, total=len(jobs) * len(seeds))
-            runs = []
-            uses: list[dict[str, TypeUse]] = []
-            for i, one in enumerate(seeds):
+        for mode, cluster in variants:
+            run_options = options
+            if mode is not None:
+                run_options = replace(
+                    options,
+                    slurm_version=SHARING_SLURM_VERSION,
+                    policies=SimPolicies(device_memory_mib=cluster.device_memory_mib),
+                )
+            for name in sets:
+                label = name if mode is None else f"{name} [{mode}]"
+                task = bar.add_task(label, total=len(jobs) * len(seeds))
+                runs = []
+                uses: list[dict[str, TypeUse]] = []
+                shares: list[dict[str, int]] = []
+                for i, one in enumerate(seeds):
 
-                def tick(done: int, total: int, task: TaskID = task, i: int = i) -> None:
-                    if done % 64 == 0 or done == total:
-                        bar.update(task, completed=i * len(jobs) + done)
+                    def tick(done: int, total: int, task: TaskID = task, i: int = i) -> None:
+                        if done % 64 == 0 or done == total:
+                            bar.update(task, completed=i * len(jobs) + done)
 
-                started = time.perf_counter()
-                run = simulate(traces[one], shape, name, options, progress=tick)
-                runs.append(summarise(run, time.perf_counter() - started))
-                uses.append(type_use(run))
-            if uses and uses[0]:
-                comparison.notes.append(_type_note(name, uses))
-            if not runs:
-                bar.remove_task(task)
-                continue
-            comparison.results.append(mean_summary(runs))
-            if len(runs) > 1:
-                comparison.avg_jct_ci_s[name] = ci95([r.avg_jct_s for r in runs])
-            bar.update(task, completed=len(jobs) * len(seeds))
+                    started = time.perf_counter()
+                    try:
+                        run = simulate(traces[one], cluster, name, run_options, progress=tick)
+                    except SlurmError as exc:
+                        # only a MIG split leaves fewer whole GPUs than the trace was cut to
+                        fail(f"--sharing {mode}: {exc} (its whole GPUs; give --mig-gpus fewer)", 2)
+                    runs.append(summarise(run, time.perf_counter() - started))
+                    uses.append(type_use(run))
+                    shares.append(narrowed(run.jobs))
+                if uses and uses[0]:
+                    comparison.notes.append(_type_note(label, uses))
+                if not runs:
+                    bar.remove_task(task)
+                    continue
+                summary = replace(mean_summary(runs), policy_set=label)
+                comparison.results.append(summary)
+                if len(runs) > 1:
+                    comparison.avg_jct_ci_s[label] = ci95([r.avg_jct_s for r in runs])
+                if mode is not None:
+                    sharing_rows.append(
+                        SharingRow(
+                            mode,
+                            replace(summary, policy_set=name),
+                            {k: sum(c[k] for c in shares) / len(shares) for k in shares[0]},
+                        )
+                    )
+                bar.update(task, completed=len(jobs) * len(seeds))
+    comparison.sharing = sharing_doc(sharing_rows)
     if json_out:
         _write(json_out, comparison_json(comparison), console)
     if csv_out:
@@ -297,6 +386,11 @@ def simulate_command(
         _write(html_out, comparison_html(comparison), console)
     if not (json_out == "-" or csv_out == "-" or html_out == "-"):
         console.print(comparison_table(comparison))
+        if sharing_rows:
+            title = f"sharing modes: {trace.name} on {cluster_text}, load {load:g}, " + (
+                f"seeds {', '.join(map(str, seeds))} (means)" if len(seeds) > 1 else f"seed {seed}"
+            )
+            console.print(sharing_table(sharing_rows, title))
         for note in comparison.notes:
             console.print(f"[dim]{note}[/dim]")
     for line in costs.lines():  # which costs, from where (on stderr with '-' outputs)

@@ -220,7 +220,7 @@ def _job_nodes(job_id: int) -> tuple[str, int, str] | None:
     from slurmgpu.slurm.parse import compress_hostlist
 
     try:
-        job = next((j for j in CliSlurmClient(timeout_s=30).jobs() if j.job_id == job_id), None)
+        job = CliSlurmClient(timeout_s=30).job(job_id)
     except SlurmError:
         return None
     if job is None or not job.nodes:

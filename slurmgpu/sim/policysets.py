@@ -77,7 +77,9 @@ class SimPolicies:
     """The settings the simulator builds policies from (the daemon's setting classes).
 
     ``colocate``, ``malleable`` and ``las`` left at ``None`` take the set's default;
-    ``sizing`` is the site's sizing rules (rightsize and colocate take it)."""
+    ``sizing`` is the site's sizing rules (rightsize and colocate take it);
+    ``device_memory_mib`` the GPUs' memory the default ``colocate`` settings assume (a
+    sharing comparison's cluster, ``ClusterShape.with_sharing``, has 80 GB GPUs)."""
 
     engine: EngineSettings = field(default_factory=EngineSettings)
     sizing: SizingRules = field(default_factory=SizingRules)
@@ -88,6 +90,7 @@ class SimPolicies:
     colocate: ColocateSettings | None = None
     malleable: MalleableSettings | None = None
     las: AttainedServiceSettings | None = None
+    device_memory_mib: int = 32_768
 
 
 def _rightsize(s: SimPolicies) -> Policy:
@@ -105,7 +108,7 @@ def _colocate(s: SimPolicies) -> Policy:
         mode=Mode.ENFORCE,
         apply_to_all=True,
         convert_gpu_requests="always",
-        device_memory_mib=32_768,
+        device_memory_mib=s.device_memory_mib,
     )
     return ColocatePolicy(settings, sizing=s.sizing)
 

@@ -1,7 +1,8 @@
 """SimSlurm's speed and progress model: how fast each running job works, and when it ends.
 
 A job's rate is its workload model's rate at its placement, times its co-location speed
-(``interference``: jobs sharing a GPU slow each other) and its GPU type's speed
+(``interference``: jobs sharing a GPU's shards slow each other; an MPS share or a MIG
+slice as :mod:`slurmgpu.sim.sharing` models them) and its GPU type's speed
 (``type_speed``); its work is folded up to ``now`` whenever the rate or a pause changes,
 and its END and LIMIT events follow from the work left and its time limit. The
 runtime's checkpoint and start-up costs are :class:`ElasticRuntime`'s.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from slurmgpu.model import JobState
 from slurmgpu.sim.clock import EventQueue
+from slurmgpu.sim.sharing import mig_speed, mps_speed
 from slurmgpu.sim.state import SimJob, SimNode
 
 __all__ = ["ElasticRuntime", "InterferenceModel", "ProgressModel", "TypeSpeed"]
@@ -94,7 +96,22 @@ class ProgressModel(EventQueue):
                 return
 
     def _speed(self, job: SimJob) -> float:
-        """Relative speed from co-location on a shared GPU (1 = alone)."""
+        """Relative speed from co-location on a shared GPU (1 = alone): a MIG slice's or
+        an MPS share's cap (and, under MPS, its neighbours' contention unless there is no
+        ``interference``), or the shard sharers' slowdowns."""
+        if job.mig_alloc is not None:
+            n, k = job.mig_alloc
+            return mig_speed(job.model.util_pct, self._nodes[n].slices[k][0])
+        if job.mps and job.shard_alloc is not None:
+            n, g, units = job.shard_alloc
+            node = self._nodes[n]
+            partners = (
+                [self.all_jobs[j].model.util_pct for j in node.gpu_shards[g] if j != job.job_id]
+                if self.interference is not None
+                else []
+            )
+            share = 100.0 * units / max(1, node.mps_per_gpu)
+            return mps_speed(job.model.util_pct, share, partners)
         if self.interference is None or job.shard_alloc is None:
             return 1.0
         n, g, _ = job.shard_alloc
@@ -125,6 +142,8 @@ class ProgressModel(EventQueue):
     def _job_nodes(self, job: SimJob) -> list[int]:
         if job.shard_alloc is not None:
             return [job.shard_alloc[0]]
+        if job.mig_alloc is not None:
+            return [job.mig_alloc[0]]
         return [n for n, _ in job.alloc]
 
     def type_factor(self, job: SimJob) -> float:
@@ -137,8 +156,8 @@ class ProgressModel(EventQueue):
 
     def _by_type(self, job: SimJob, share: float) -> dict[str, float]:
         out: dict[str, float] = {}
-        if job.shard_alloc is not None:
-            t = self._nodes[job.shard_alloc[0]].gpu_type
+        if job.shard_alloc is not None or job.mig_alloc is not None:
+            t = self._nodes[self._job_nodes(job)[0]].gpu_type
             if t is not None:
                 out[t] = share
             return out

@@ -56,6 +56,8 @@ class Comparison:
     avg_jct_ci_s: dict[str, float] = field(default_factory=dict)  # set -> 95 % half-width
     notes: list[str] = field(default_factory=list)
     costs: Mapping[str, object] = field(default_factory=dict)  # the cost set, as_dict()
+    # ``--sharing``: sim.sharingreport.sharing_doc's rows (JSON only; none: no key)
+    sharing: list[dict[str, object]] = field(default_factory=list)
 
 
 def _fmt(value: float | int | str, kind: str) -> str:
@@ -117,7 +119,7 @@ def comparison_table(c: Comparison) -> Table:
 
 
 def _doc(c: Comparison) -> dict[str, object]:
-    return {
+    doc: dict[str, object] = {
         "trace": c.trace,
         "cluster": c.cluster,
         "load": c.load,
@@ -129,6 +131,9 @@ def _doc(c: Comparison) -> dict[str, object]:
         "notes": list(c.notes),
         "costs": dict(c.costs),
     }
+    if c.sharing:
+        doc["sharing"] = list(c.sharing)
+    return doc
 
 
 def comparison_json(c: Comparison) -> str:

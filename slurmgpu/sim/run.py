@@ -63,8 +63,15 @@ from slurmgpu.sim.costs import CostSet
 from slurmgpu.sim.gputypes import speed_factor
 from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, build_engine
 from slurmgpu.sim.resizes import SimResizes
+from slurmgpu.sim.sharing import (
+    DEFAULT_DEVICE_MIB,
+    DEFAULT_MIG_LAYOUT,
+    MPS_PER_GPU,
+    SharingMode,
+    parse_mig_layout,
+)
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
-from slurmgpu.sim.usage import LazyUsage, UsageModel
+from slurmgpu.sim.usage import DEVICE_MEMORY_MIB, LazyUsage, UsageModel
 from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
 from slurmgpu.slurm.update import audit_fields
@@ -94,6 +101,11 @@ class ClusterShape:
     ``8xa100:4,8xv100:8`` -- groups of ``NODESxTYPE:GPUS``, the nodes of each group
     carrying that GPU type (``types``: ``(nodes, type)`` per group, in order). Groups are
     all typed or all untyped.
+
+    Sharing (:meth:`with_sharing`, :mod:`slurmgpu.sim.sharing`): ``shards_per_gpu``
+    shards or ``mps_per_gpu`` MPS units per whole GPU, and ``mig_gpus`` GPUs of every
+    node split as ``mig_layout``; ``device_memory_mib`` is the GPUs' memory (the
+    co-location policy's and the agents' samples').
     """
 
     nodes: int = 16
@@ -101,6 +113,48 @@ class ClusterShape:
     shards_per_gpu: int = 4
     types: tuple[tuple[int, str], ...] = ()
     node_gpus: tuple[int, ...] = ()  # per node, when nodes differ; () = all gpus_per_node
+    mps_per_gpu: int = 0
+    mig_gpus: int = 0  # per node
+    mig_layout: tuple[str, ...] = ()
+    device_memory_mib: int = int(DEVICE_MEMORY_MIB)
+
+    def with_sharing(
+        self,
+        mode: SharingMode,
+        *,
+        shards_per_gpu: int = 4,
+        mig_layout: tuple[str, ...] = DEFAULT_MIG_LAYOUT,
+        mig_gpus: int | None = None,
+        device_memory_mib: int = DEFAULT_DEVICE_MIB,
+    ) -> ClusterShape:
+        """This cluster's GPUs presented as ``mode`` shares them (sim.sharing), all on
+        ``device_memory_mib`` GPUs; MIG splits ``mig_gpus`` GPUs of every node (default:
+        half of the smallest node's, at least one, and one stays whole). ValueError: a
+        layout the GPU cannot hold, or no GPU left whole."""
+        base = replace(
+            self,
+            shards_per_gpu=0,
+            mps_per_gpu=0,
+            mig_gpus=0,
+            mig_layout=(),
+            device_memory_mib=device_memory_mib,
+        )
+        if mode == "shards":
+            if shards_per_gpu < 2:
+                raise ValueError("shards: give each GPU 2 shards or more")
+            return replace(base, shards_per_gpu=shards_per_gpu)
+        if mode == "mps":
+            return replace(base, mps_per_gpu=MPS_PER_GPU)
+        if mode == "mig":
+            layout = parse_mig_layout(mig_layout, device_memory_mib)
+            smallest = min(self.per_node())
+            split = max(1, smallest // 2) if mig_gpus is None else mig_gpus
+            if split < 1 or split >= max(self.per_node()):
+                raise ValueError(
+                    f"mig GPUs per node must be 1 to {max(self.per_node()) - 1}, not {split}"
+                )
+            return replace(base, mig_gpus=split, mig_layout=tuple(p.name for p in layout))
+        return base
 
     @classmethod
     def parse(cls, text: str, shards_per_gpu: int = 4) -> ClusterShape:
@@ -237,6 +291,8 @@ class SimOptions:
     # None: every pending job opted in to rightsizing; else the daemon's rule per job.
     opted_in: Callable[[Job], bool] | None = None
     sample_interval_s: float = 30.0  # the agents' sampling period (GpuStat.samples)
+    # The release SimSlurm answers as (what it lets an update change: sim.slurm)
+    slurm_version: str = "22.05.8"
 
     @classmethod
     def of_costs(cls, costs: CostSet, **others: Any) -> SimOptions:
@@ -345,6 +401,12 @@ class _Runner:
             node_types=shape.node_types(),
             type_speed=_type_speed if shape.types else None,
             node_gpus=shape.node_gpus or None,
+            slurm_version=options.slurm_version,
+            mps_per_gpu=shape.mps_per_gpu,
+            mig_gpus=shape.mig_gpus,
+            mig_layout=parse_mig_layout(shape.mig_layout, shape.device_memory_mib)
+            if shape.mig_gpus
+            else (),
         )
         self.shape = shape
         self.engine: PolicyEngine = engine or build_engine(policy_set, options.policies)
@@ -383,7 +445,9 @@ class _Runner:
             min_samples = getattr(getattr(names["colocate"], "settings", None), "min_samples", 3)
             self.colocate_window_s = int(min_samples) * options.sample_interval_s + options.period_s
         # The daemon's cycle (cycle.core), with this runner as its sources and executor.
-        self.usage_model = UsageModel(self.sim, options.sample_interval_s)
+        self.usage_model = UsageModel(
+            self.sim, options.sample_interval_s, float(shape.device_memory_mib)
+        )
         # job id -> (what it was worked out from, its spec, its measured rates)
         self.malleable_cache: dict[
             int, tuple[tuple[object, ...], MalleableSpec, dict[int, float] | None]

@@ -5,8 +5,8 @@ a ``priority`` key replaces it: how the Tiresias and QSSF baselines plug in); th
 that does not fit gets a reservation at the earliest time it fits *by the running jobs'
 time limits*; later jobs start now only if they fit and either end by that time or leave
 the reserved GPUs alone. At most ``bf_max_job_test`` jobs are tried per pass. Also here:
-placement (best fit, typed nodes, shards), starting and stopping runs, and what a job's
-END, LIMIT, ELIGIBLE and CHECKPOINT events do.
+placement (best fit, typed nodes, shards and MPS shares, MIG slices), starting and
+stopping runs, and what a job's END, LIMIT, ELIGIBLE and CHECKPOINT events do.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 
 from slurmgpu.model import JobState, Node
+from slurmgpu.policy.slices import MIG_COMPUTE_SLICES, MigProfile
 from slurmgpu.sim.progress import ElasticRuntime, ProgressModel
 from slurmgpu.sim.state import JobRun, SimJob
 
@@ -28,6 +29,9 @@ class SchedulerModel(ProgressModel):
 
     gpus_per_node: int
     shards_per_gpu: int
+    mps_per_gpu: int
+    mig_profiles: dict[str, MigProfile]
+    _shares: bool  # shards, MPS or MIG slices to place besides whole GPUs
     runtime: ElasticRuntime
     priority: PriorityKey | None
     bf_max_job_test: int
@@ -62,6 +66,7 @@ class SchedulerModel(ProgressModel):
         job: SimJob,
         alloc: list[tuple[int, tuple[int, ...]]],
         shard: tuple[int, int, int] | None,
+        mig: tuple[int, int] | None = None,
     ) -> None:
         del self._pending[job.job_id]
         self._running[job.job_id] = job
@@ -72,6 +77,7 @@ class SchedulerModel(ProgressModel):
         job.end_s = math.nan
         job.alloc = alloc
         job.shard_alloc = shard
+        job.mig_alloc = mig
         for n, gpus in alloc:
             for g in gpus:
                 self._nodes[n].gpu_owner[g] = job.job_id
@@ -83,8 +89,20 @@ class SchedulerModel(ProgressModel):
             if not self._nodes[n].gpu_shards[g]:
                 self._free_counts[n] -= 1
             self._nodes[n].gpu_shards[g][job.job_id] = s
-        share = job.allocated_gpus if shard is None else shard[2] / max(1, self.shards_per_gpu)
-        compute = float(job.allocated_gpus if shard is None else 1)
+        kind = "gpu"
+        share = float(job.allocated_gpus)
+        if shard is not None:
+            kind = "mps" if job.mps else "shard"
+            units = self.mps_per_gpu if job.mps else self.shards_per_gpu
+            share = shard[2] / max(1, units)
+        elif mig is not None:
+            n, k = mig
+            self._nodes[n].slice_owner[k] = job.job_id
+            self._node_objs[n] = None
+            kind = "mig"
+            share = min(self._nodes[n].slices[k][0].slices, MIG_COMPUTE_SLICES) / MIG_COMPUTE_SLICES
+        # a share's kernels run on its one GPU (its util counts there in full)
+        compute = float(job.allocated_gpus if shard is None and mig is None else 1)
         job.runs.append(
             JobRun(
                 self.now,
@@ -92,7 +110,8 @@ class SchedulerModel(ProgressModel):
                 float(share),
                 compute_gpus=compute,
                 by_type=self._by_type(job, float(share)),
-                placement=job.placement if shard is None else (),
+                placement=job.placement if shard is None and mig is None else (),
+                kind=kind,
             )
         )
         startup = self.runtime.startup_s if job.restarts else self.runtime.first_startup_s
@@ -124,6 +143,10 @@ class SchedulerModel(ProgressModel):
             self._nodes[n].gpu_shards[g].pop(job.job_id, None)
             if not self._nodes[n].gpu_shards[g]:
                 self._free_counts[n] += 1
+        if job.mig_alloc is not None:
+            n, k = job.mig_alloc
+            self._nodes[n].slice_owner[k] = None
+            self._node_objs[n] = None
         del self._running[job.job_id]
         self._by_limit_remove(job)
         job.version += 1
@@ -214,20 +237,30 @@ class SchedulerModel(ProgressModel):
         return None
 
     def _fit_shard(self, job: SimJob) -> tuple[int, int, int] | None:
-        s = job.shards
+        """A GPU for a shard (or MPS) job: one already shared that has room first."""
+        s = job.mps or job.shards
         fresh: tuple[int, int, int] | None = None
         for n in self._nodes:
             if job.gpu_type is not None and n.gpu_type != job.gpu_type:
                 continue
+            room = n.mps_per_gpu if job.mps else n.shards_per_gpu
             for g, owner in enumerate(n.gpu_owner):
                 if owner is not None:
                     continue
                 used = sum(n.gpu_shards[g].values())
-                if used and used + s <= n.shards_per_gpu:
+                if used and used + s <= room:
                     return (n.index, g, s)
-                if not used and fresh is None and s <= n.shards_per_gpu:
+                if not used and fresh is None and s <= room:
                     fresh = (n.index, g, s)
         return fresh
+
+    def _fit_mig(self, job: SimJob) -> tuple[int, int] | None:
+        """A free MIG slice of the profile the job asked for (first fit), or None."""
+        for n in self._nodes:
+            for k, ((profile, _), owner) in enumerate(zip(n.slices, n.slice_owner, strict=True)):
+                if owner is None and profile.name == job.gpu_type:
+                    return (n.index, k)
+        return None
 
     def _free(self) -> list[int]:
         return list(self._free_counts)
@@ -256,7 +289,7 @@ class SchedulerModel(ProgressModel):
     def _schedule(self) -> None:
         self._dirty = False
         free = self._free()
-        if not any(free) and not self.shards_per_gpu:
+        if not any(free) and not self._shares:
             return
         queue = self._eligible()
         if not queue:
@@ -267,13 +300,19 @@ class SchedulerModel(ProgressModel):
         failed: dict[tuple[bool, int, str], float] = {}
         tested = 0
         for job in queue:
-            if not any(free) and not self.shards_per_gpu:
+            if not any(free) and not self._shares:
                 break
             if shadow is not None:
                 tested += 1
                 if tested > self.bf_max_job_test:
                     break
-            if job.shards:
+            if job.gpu_type is not None and job.gpu_type in self.mig_profiles:
+                # a slice is no whole GPU: starting it never delays the reservation
+                slot = self._fit_mig(job)
+                if slot is not None:
+                    self._start(job, [], None, slot)
+                continue
+            if job.shards or job.mps:
                 place = self._fit_shard(job)
                 if place is None:
                     continue

@@ -24,6 +24,15 @@ What it models, and how faithfully:
   synchronous data-parallel training does); without it every type runs alike.
 - **Submission**: a job is considered by the scheduler ``submit_delay_s`` after its
   submission (0 by default; the measured cost sets of sim.costs give the lab's).
+- **MPS and MIG** (``mps_per_gpu``; ``mig_gpus`` and ``mig_layout``, sim.sharing): every
+  whole GPU also serves ``gres/mps`` (a GPU is whole-allocated or shared by MPS jobs, as
+  with shards; a cluster has shards or MPS, not both), and the last ``mig_gpus`` GPUs of
+  every node are MIG slices, listed as typed GPUs (``gpu:1g.10gb``), which only a job
+  asking for that profile gets (first fit; a slice is never reserved for the backfill's
+  blocked job, whose whole GPUs it is not). A pending ``gpu:1`` becomes a slice or an MPS
+  share as the policy's ``converts_request`` says the release allows (22.05 refuses it).
+  A job on a MIG slice runs at ``sim.sharing.mig_speed``, on an MPS share at
+  ``sim.sharing.mps_speed`` next to the other MPS jobs of its GPU.
 - **Time limits**: a run that reaches its limit ends ``TIMEOUT``.
 - **Requeue**: the job goes back to PENDING with ``restart_count + 1`` and a BeginTime
   ``requeue_delay_s`` (121 s, cred_expire + 1 on 22.05-25.x) later; ``requeue(hold=True)``
@@ -68,10 +77,11 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import cast
+from typing import Literal, cast
 
 from slurmgpu.intent import (
     Intent,
+    NarrowToMps,
     NarrowToShards,
     SetAdminComment,
     SetComment,
@@ -85,6 +95,7 @@ from slurmgpu.intent import (
     StartSoon,
 )
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
+from slurmgpu.policy.slices import MigProfile, converts_request
 from slurmgpu.sim.clock import EPOCH
 from slurmgpu.sim.progress import ElasticRuntime, InterferenceModel, TypeSpeed
 from slurmgpu.sim.scheduler import PriorityKey, SchedulerModel
@@ -128,9 +139,16 @@ class SimSlurm(SchedulerModel):
         type_speed: TypeSpeed | None = None,
         node_gpus: Sequence[int] | None = None,
         submit_delay_s: float = 0.0,
+        mps_per_gpu: int = 0,
+        mig_gpus: int = 0,
+        mig_layout: Sequence[MigProfile] = (),
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("a cluster needs at least one node with one GPU")
+        if shards_per_gpu and mps_per_gpu:
+            raise ValueError("give the GPUs shards or MPS, not both")
+        if mig_gpus < 0 or mps_per_gpu < 0:
+            raise ValueError("mig_gpus and mps_per_gpu must be >= 0")
         if node_types is not None and len(node_types) != nodes:
             raise ValueError(f"node_types names {len(node_types)} types for {nodes} nodes")
         if node_gpus is not None and (len(node_gpus) != nodes or min(node_gpus) < 1):
@@ -139,11 +157,22 @@ class SimSlurm(SchedulerModel):
         # most any node has: a job asking more per node fits nowhere).
         sizes = list(node_gpus) if node_gpus is not None else [gpus_per_node] * nodes
         types = [t.lower() for t in node_types] if node_types is not None else [None] * nodes
+        layout = tuple(mig_layout) if mig_gpus else ()
+        split = [min(mig_gpus, size) if layout else 0 for size in sizes]
+        if layout and all(size == cut for size, cut in zip(sizes, split, strict=True)):
+            raise ValueError("MIG on every GPU leaves no whole GPU: give mig_gpus fewer")
+        # whole GPUs per node (the rest are MIG slices)
+        sizes = [size - cut for size, cut in zip(sizes, split, strict=True)]
         self.type_speed = type_speed
         self.gpus_by_type: dict[str, int] = {}
         for t, size in zip(types, sizes, strict=True):
             if t is not None:
                 self.gpus_by_type[t] = self.gpus_by_type.get(t, 0) + size
+        self.mps_per_gpu = mps_per_gpu
+        self.mig_profiles: dict[str, MigProfile] = {p.name: p for p in layout}
+        for cut in split:
+            for p in layout:
+                self.gpus_by_type[p.name] = self.gpus_by_type.get(p.name, 0) + cut
         self.gpus_per_node = max(sizes)
         self.shards_per_gpu = shards_per_gpu
         self.requeue_delay_s = requeue_delay_s
@@ -157,9 +186,20 @@ class SimSlurm(SchedulerModel):
         self.slurm_version = slurm_version
         width = max(2, len(str(nodes)))
         self._nodes = [
-            SimNode(i, f"gpu{i + 1:0{width}d}", sizes[i], shards_per_gpu, types[i])
+            SimNode(
+                i,
+                f"gpu{i + 1:0{width}d}",
+                sizes[i] + split[i],
+                shards_per_gpu,
+                types[i],
+                mps_per_gpu=mps_per_gpu,
+                mig_gpus=split[i],
+                mig_layout=layout,
+            )
             for i in range(nodes)
         ]
+        # anything to place besides whole GPUs (the scheduler's pass cannot stop early)
+        self._shares = bool(shards_per_gpu or mps_per_gpu or layout)
         self.total_gpus = sum(sizes)
         self._free_counts = list(sizes)  # whole GPUs free, per node
         self.now = 0.0
@@ -271,18 +311,27 @@ class SimSlurm(SchedulerModel):
     @staticmethod
     def _node_obj(n: SimNode) -> Node:
         used = [i for i, o in enumerate(n.gpu_owner) if o is not None or n.gpu_shards[i]]
-        total = len(n.gpu_owner)
+        whole = len(n.gpu_owner)
+        used += [index for (_, index), o in zip(n.slices, n.slice_owner, strict=True) if o]
+        total = whole + len(n.slices)
         state = "idle" if not used else ("allocated" if len(used) == total else "mixed")
+        types: dict[str, int] = {}
+        for p, _ in n.slices:
+            types[p.name] = types.get(p.name, 0) + 1
+        units = sum(sum(s.values()) for s in n.gpu_shards)
         return Node(
             name=n.name,
             state=state,
             gpus=total,
-            shards=total * n.shards_per_gpu,
+            shards=whole * n.shards_per_gpu,
             gpus_used=len(used),
             gpu_indices_used=tuple(used),
-            shards_used=sum(sum(s.values()) for s in n.gpu_shards),
+            shards_used=0 if n.mps_per_gpu else units,
             partitions=("gpu",),
             gpu_type=n.gpu_type,
+            gpu_types=tuple(types.items()),
+            mps=whole * n.mps_per_gpu,
+            mps_used=units if n.mps_per_gpu else 0,
         )
 
     def submit(
@@ -447,6 +496,8 @@ class SimSlurm(SchedulerModel):
                 self._set_gpus(job, intent.count, intent.gpu_type, per_node=intent.per_node)
             elif isinstance(intent, NarrowToShards):
                 self._set_shards(job, intent.shards)
+            elif isinstance(intent, NarrowToMps):
+                self._set_mps(job, intent.share)
             elif isinstance(intent, StartSoon):
                 # the begin time, now + N seconds (what the resize fast path sends)
                 if intent.delay_s < 0:
@@ -478,18 +529,47 @@ class SimSlurm(SchedulerModel):
         if shards > self.shards_per_gpu:
             raise SlurmCommandError(f"job {job.job_id}: no GPU has {shards} shards")
         job.gpus, job.shards, job.gpus_per_node = 0, shards, None
+        job.gpu_type, job.mps = None, 0
+
+    def _converts(self, job: SimJob, kind: Literal["mig", "mps"]) -> None:
+        """Refuse what slurmctld refuses: a pending ``gpu:1`` becoming a MIG slice or an
+        MPS share before 23.02 (policy.slices.converts_request); a slice or share stays
+        one of its kind on every release."""
+        request = self._job_obj(job).gpus
+        if kind == "mig" and request.gpu_type and request.gpu_type.lower() in self.mig_profiles:
+            return
+        if not converts_request(request, kind, self.slurm_version):
+            raise SlurmCommandError(
+                f"job {job.job_id}: Invalid generic resource (gres) specification "
+                f"(Slurm {self.slurm_version} does not change this request to {kind})"
+            )
+
+    def _set_mps(self, job: SimJob, share: int) -> None:
+        if share < 1:
+            raise SlurmCommandError(f"job {job.job_id}: no MPS share")
+        if share > self.mps_per_gpu:
+            raise SlurmCommandError(
+                f"job {job.job_id}: Invalid generic resource (gres) specification "
+                f"(mps:{share}, the GPUs serve {self.mps_per_gpu})"
+            )
+        self._converts(job, "mps")
+        job.gpus, job.shards, job.mps, job.gpus_per_node = 0, 0, share, None
         job.gpu_type = None
 
     def _set_gpus(self, job: SimJob, count: int, gpu_type: str | None, *, per_node: bool) -> None:
         if count < 1:
             raise SlurmCommandError(f"job {job.job_id}: no GPU count")
         typed = self._gpu_type(gpu_type)
+        if typed in self.mig_profiles:
+            if count != 1:
+                raise SlurmCommandError(f"job {job.job_id}: one MIG slice per job here")
+            self._converts(job, "mig")
         if per_node:
             nodes = max(1, job.fixed_nodes)
             job.gpus, job.gpus_per_node = count * nodes, count
         else:
             job.gpus, job.gpus_per_node = count, None
-        job.shards = 0
+        job.shards = job.mps = 0
         job.gpu_type = typed
         have = self.gpus_by_type.get(typed, 0) if typed else self.total_gpus
         if job.gpus > have:
@@ -561,7 +641,9 @@ class SimSlurm(SchedulerModel):
                 reason = "Priority"
             if job.restarts:
                 flags = frozenset({"REQUEUED"})
-        if job.shards:
+        if job.mps:
+            gpus = GpuRequest(mps=job.mps, mps_per_node=job.mps, sources=("tres_per_node",))
+        elif job.shards:
             gpus = GpuRequest(
                 shards=job.shards,
                 shards_per_node=job.shards,
@@ -582,9 +664,16 @@ class SimSlurm(SchedulerModel):
         allocs: tuple[NodeGpuAllocation, ...] = ()
         nodes: tuple[str, ...] = ()
         if state is JobState.RUNNING or (state.is_terminal and job.alloc):
-            if job.shard_alloc is not None:
+            if job.shard_alloc is not None and job.mps:
+                n, g, s = job.shard_alloc
+                allocs = (NodeGpuAllocation(self._nodes[n].name, mps_indices=(g,), mps=s),)
+            elif job.shard_alloc is not None:
                 n, g, s = job.shard_alloc
                 allocs = (NodeGpuAllocation(self._nodes[n].name, shard_indices=(g,), shards=s),)
+            elif job.mig_alloc is not None:
+                n, k = job.mig_alloc
+                node = self._nodes[n]
+                allocs = (NodeGpuAllocation(node.name, gpu_indices=(node.slices[k][1],)),)
             else:
                 allocs = tuple(
                     NodeGpuAllocation(self._nodes[n].name, gpu_indices=g) for n, g in job.alloc

@@ -1,5 +1,6 @@
 """What SimSlurm knows of each job and node: :class:`SimJob` (one job or array task, with
-its runs) and :class:`SimNode` (who holds each GPU and its shards).
+its runs) and :class:`SimNode` (who holds each GPU, its shards or MPS shares, and each
+MIG slice).
 
 Plain state, read by the event queue (sim.clock), the progress model (sim.progress), the
 scheduler model (sim.scheduler) and the SlurmClient face (sim.slurm).
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 
 from slurmgpu.intent import Intent
 from slurmgpu.model import Job, JobState
+from slurmgpu.policy.slices import MigProfile
 from slurmgpu.sim.workload import JobModel, MalleableRange, TraceJob
 
 __all__ = ["JobRun", "SimJob", "SimNode"]
@@ -32,6 +34,8 @@ class JobRun:
     # GPUs on each node the run held (SimJob.placement at its start; empty for shards):
     # its speed, as the job's runtime measures it (a spread layout runs slower).
     placement: tuple[int, ...] = ()
+    # what it held: whole GPUs ("gpu"), shards, an MPS share or a MIG slice
+    kind: str = "gpu"
 
 
 class SimJob:
@@ -59,7 +63,9 @@ class SimJob:
         "held",
         "job_id",
         "malleable",
+        "mig_alloc",
         "model",
+        "mps",
         "name",
         "nice",
         "origin_s",
@@ -107,6 +113,7 @@ class SimJob:
         self.nice = 0
         self.gpus = spec.gpus if not spec.shards else 0
         self.shards = spec.shards
+        self.mps = 0  # gres/mps units (an update narrowed it to an MPS share)
         self.gpus_per_node: int | None = spec.gpus_per_node if self.gpus else None
         self.gpu_type: str | None = spec.gpu_type.lower() if spec.gpu_type else None
         self.fixed_nodes = self.gpus // self.gpus_per_node if self.gpus_per_node else 0
@@ -114,7 +121,9 @@ class SimJob:
         # the last update of each kind the scheduler records but does not model
         self.updates: dict[type[Intent], Intent] = {}
         self.alloc: list[tuple[int, tuple[int, ...]]] = []
-        self.shard_alloc: tuple[int, int, int] | None = None  # node, gpu, shards
+        # node, gpu, units: the shards or (``mps``) MPS units it holds on one GPU
+        self.shard_alloc: tuple[int, int, int] | None = None
+        self.mig_alloc: tuple[int, int] | None = None  # node, slice (SimNode.slices)
         self.start_s = math.nan
         self.first_start_s = math.nan
         self.end_s = math.nan
@@ -150,17 +159,48 @@ class SimJob:
 
 
 class SimNode:
-    __slots__ = ("gpu_owner", "gpu_shards", "gpu_type", "index", "name", "shards_per_gpu")
+    """One node: its whole GPUs (``gpu_owner``; shard or MPS jobs in ``gpu_shards``) and
+    the MIG slices of its last ``mig_gpus`` GPUs, each split as ``mig_layout``
+    (``slices``: each one's profile and Slurm GPU index: Slurm numbers each slice as a
+    GPU, here after the whole ones, ``len(gpu_owner) + i``)."""
+
+    __slots__ = (
+        "gpu_owner",
+        "gpu_shards",
+        "gpu_type",
+        "index",
+        "mps_per_gpu",
+        "name",
+        "shards_per_gpu",
+        "slice_owner",
+        "slices",
+    )
 
     def __init__(
-        self, index: int, name: str, gpus: int, shards_per_gpu: int, gpu_type: str | None = None
+        self,
+        index: int,
+        name: str,
+        gpus: int,
+        shards_per_gpu: int,
+        gpu_type: str | None = None,
+        *,
+        mps_per_gpu: int = 0,
+        mig_gpus: int = 0,
+        mig_layout: tuple[MigProfile, ...] = (),
     ) -> None:
         self.index = index
         self.name = name
         self.gpu_type = gpu_type
         self.shards_per_gpu = shards_per_gpu
-        self.gpu_owner: list[int | None] = [None] * gpus
-        self.gpu_shards: list[dict[int, int]] = [{} for _ in range(gpus)]
+        self.mps_per_gpu = mps_per_gpu
+        split = min(max(mig_gpus, 0), gpus) if mig_layout else 0
+        whole = gpus - split
+        self.gpu_owner: list[int | None] = [None] * whole
+        self.gpu_shards: list[dict[int, int]] = [{} for _ in range(whole)]
+        self.slices: tuple[tuple[MigProfile, int], ...] = tuple(
+            (p, whole + i) for i, p in enumerate(list(mig_layout) * split)
+        )
+        self.slice_owner: list[int | None] = [None] * len(self.slices)
 
     def free_gpus(self) -> list[int]:
         return [

@@ -20,7 +20,13 @@ from slurmgpu.sim.slurm import SimJob, SimSlurm
 
 DEVICE_MEMORY_MIB = 32_768.0  # the simulated GPUs: V100-32GB-like, as in Pollux's testbed
 
-_Key = tuple[int, float, tuple[tuple[int, tuple[int, ...]], ...], tuple[int, int, int] | None]
+_Key = tuple[
+    int,
+    float,
+    tuple[tuple[int, tuple[int, ...]], ...],
+    tuple[int, int, int] | None,
+    tuple[int, int] | None,
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +44,14 @@ class _Inputs:
 class LazyUsage(Mapping[int, JobUsage]):
     """Running jobs' usage by job id, each record built on its first read."""
 
-    __slots__ = ("_at", "_built", "_inputs")
+    __slots__ = ("_at", "_built", "_device_mib", "_inputs")
 
-    def __init__(self, inputs: dict[int, _Inputs], at: datetime) -> None:
+    def __init__(
+        self, inputs: dict[int, _Inputs], at: datetime, device_mib: float = DEVICE_MEMORY_MIB
+    ) -> None:
         self._inputs = inputs
         self._at = at
+        self._device_mib = device_mib
         self._built: dict[int, JobUsage] = {}
 
     def __getitem__(self, job_id: int) -> JobUsage:
@@ -58,7 +67,7 @@ class LazyUsage(Mapping[int, JobUsage]):
                 mean_util_pct=i.util,
                 max_util_pct=i.util,
                 max_memory_mib=i.memory_mib,
-                memory_total_mib=DEVICE_MEMORY_MIB,
+                memory_total_mib=self._device_mib,
                 trailing_idle=i.idle_for,
                 never_busy=i.idle,
                 last_sample_at=self._at,
@@ -81,9 +90,12 @@ class LazyUsage(Mapping[int, JobUsage]):
 class UsageModel:
     """Usage of ``sim``'s running jobs, sampled every ``sample_interval_s``."""
 
-    def __init__(self, sim: SimSlurm, sample_interval_s: float) -> None:
+    def __init__(
+        self, sim: SimSlurm, sample_interval_s: float, device_mib: float = DEVICE_MEMORY_MIB
+    ) -> None:
         self.sim = sim
         self.sample_interval_s = sample_interval_s
+        self.device_mib = device_mib
         # job id -> (the placement it was worked out for, its GPUs by node name)
         self._where: dict[int, tuple[_Key, tuple[tuple[str, int], ...]]] = {}
 
@@ -93,6 +105,7 @@ class UsageModel:
             job.start_s,
             tuple(job.alloc),
             job.shard_alloc,
+            job.mig_alloc,
         )
         cached = self._where.get(job.job_id)
         if cached is not None and cached[0] == key:
@@ -105,6 +118,10 @@ class UsageModel:
         elif job.shard_alloc is not None:
             # A shard job's per-process samples are on the one GPU its shards are on.
             where = ((self.sim.job_record(job).nodes[0], job.shard_alloc[1]),)
+        elif job.mig_alloc is not None:
+            # a MIG slice is a GPU of its own to Slurm (its index after the whole GPUs)
+            gpu = self.sim.job_record(job).gpu_allocations[0].gpu_indices[0]
+            where = ((self.sim.job_record(job).nodes[0], gpu),)
         else:
             where = ()
         self._where[job.job_id] = (key, where)
@@ -127,12 +144,14 @@ class UsageModel:
         live: set[int] = set()
         for job in running:
             live.add(job.job_id)
-            if not job.alloc and job.shard_alloc is None:
+            if not job.alloc and job.shard_alloc is None and job.mig_alloc is None:
                 continue
             util = job.model.util_pct
             if not job.alloc and job.shard_alloc is not None:
                 summed = demand[(job.shard_alloc[0], job.shard_alloc[1])]
                 util *= min(1.0, 100.0 / max(summed, 1e-9))
+            elif job.mig_alloc is not None:
+                util *= job.speed  # its slice caps it: at most the slice's SM share
             samples = max(1, int((now - job.start_s) // self.sample_interval_s))
             # A job whose GPUs compute nothing has been idle since it started.
             idle = job.model.util_pct <= 0
@@ -142,4 +161,4 @@ class UsageModel:
             )
         if len(self._where) > 2 * len(live) + 64:  # forget jobs that stopped running
             self._where = {j: v for j, v in self._where.items() if j in live}
-        return LazyUsage(inputs, sim.at(now))
+        return LazyUsage(inputs, sim.at(now), self.device_mib)

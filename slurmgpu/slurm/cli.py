@@ -283,6 +283,18 @@ class CliSlurmClient:
             self._version = release
         return jobs
 
+    def job(self, job_id: int) -> Job | None:
+        """One job as squeue shows it, None when Slurm lists no such job. ``--jobs`` has
+        the controller send that job only (22.05's ``--json`` ignores the filter and
+        sends them all, so the listing is filtered here too). A job the controller has
+        forgotten may also come back as a :class:`SlurmError` (squeue's "Invalid job id
+        specified"), depending on the release."""
+        argv = ["squeue", "--json", "--all", f"--jobs={job_id}"]
+        if self.all_states:
+            argv.append("--states=all")
+        jobs, _release = decode_squeue(self._listing(argv))  # not the poller's memo
+        return next((j for j in jobs if j.job_id == job_id), None)
+
     def nodes(self) -> list[Node]:
         # --Node: on 23.11+ one "sinfo" record per node and partition (22.05 ignores it).
         return decode_sinfo(self._listing(["sinfo", "--json", "--Node"]))

@@ -33,6 +33,7 @@ NEEDS: dict[str, Path | None] = {
     "observe": None,
     "policy": None,
     "report": None,
+    "sharing_sim": DATA / "lucid" / "colocate_info.csv",
     "sim_pollux": DATA / "pollux" / "profiles",
     "sim_hetero": DATA / "pollux" / "profiles",
     "speedup_fit": DATA / "pollux" / "profiles",

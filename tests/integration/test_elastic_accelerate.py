@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,8 @@ pytest.importorskip("torch", reason="torch is not installed (pip install torch==
 pytest.importorskip("accelerate", reason="pip install 'slurmgpu[huggingface]'")
 
 import torch
+
+from tests.elastic_piece import jsonl, run_piece
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "accelerate_elastic.py"
@@ -73,64 +73,17 @@ def _command(tmp: Path, out: str, world: int, step_time: float) -> list[str]:
     ]
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _last_step(path: Path) -> int:
-    return max((d["step"] for d in _lines(path) if "step" in d), default=0)
-
-
-def _ack(tmp: Path) -> dict[str, Any] | None:
-    path = tmp / "state" / JOB / "ack.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def _piece(tmp: Path, world: int, signal_after: int | None) -> dict[str, Any]:
-    """One run under ``sgpu launch``; with ``signal_after``, SIGUSR2 to the launcher once the
-    training log shows that step, then (after the ack) the requeue's SIGTERM."""
-    log = tmp / "run.train.jsonl"
-    before = len(_lines(log))
-    acks_before = (_ack(tmp) or {}).get("acks", 0)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "slurmgpu", "launch", "--", *_command(tmp, "run", world, 0.25)],
+    """One run of the example under ``sgpu launch`` (tests/elastic_piece.py)."""
+    return run_piece(
         cwd=tmp,
+        command=_command(tmp, "run", world, 0.25),
         env=_env(tmp, JOB),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        log=tmp / "run.train.jsonl",
+        job=JOB,
+        world=world,
+        signal_after=signal_after,
     )
-    info: dict[str, Any] = {"world": world}
-    try:
-        if signal_after is not None:
-            deadline = time.monotonic() + 240
-            while _last_step(log) < signal_after:
-                assert proc.poll() is None, proc.communicate()[0].decode()[-4000:]
-                assert time.monotonic() < deadline, "no training progress"
-                time.sleep(0.05)
-            info["signalled_after"] = _last_step(log)
-            proc.send_signal(signal.SIGUSR2)
-            while (ack := _ack(tmp)) is None or ack["acks"] == acks_before:
-                assert proc.poll() is None, proc.communicate()[0].decode()[-4000:]
-                assert time.monotonic() < deadline, "no acknowledgement"
-                time.sleep(0.05)
-            info["ack"] = ack
-            time.sleep(0.5)  # the run holds: no step after the checkpoint
-            info["steps_while_held"] = _last_step(log)
-            proc.send_signal(signal.SIGTERM)  # what the daemon's requeue sends
-        output = proc.communicate(timeout=300)[0].decode()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert "Traceback" not in output.split("sgpu launch: stop_signal")[0], output[-4000:]
-    assert "ChildFailedError" not in output, output[-4000:]
-    if signal_after is None:
-        assert proc.returncode == 0, output[-4000:]
-    else:
-        assert "why=the training processes have exited" in output, output[-4000:]
-    info["log"] = _lines(log)[before:]
-    return info
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +142,7 @@ def test_global_step_continues_and_the_global_batch_is_kept(runs: dict[str, Any]
 
 def _indices(path: Path) -> dict[int, list[int]]:
     by_step: dict[int, list[int]] = {}
-    for rec in _lines(path):
+    for rec in jsonl(path):
         by_step.setdefault(rec["step"], []).extend(rec["idx"])
     return by_step
 
@@ -209,7 +162,7 @@ def test_every_sample_exactly_once_per_epoch_across_the_pieces(runs: dict[str, A
 
 def test_losses_and_weights_match_the_uninterrupted_run(runs: dict[str, Any]) -> None:
     tmp = runs["tmp"]
-    ref = {d["step"]: d for d in _lines(tmp / "ref.train.jsonl") if "loss" in d}
+    ref = {d["step"]: d for d in jsonl(tmp / "ref.train.jsonl") if "loss" in d}
     resumed = [d for p in runs["pieces"] for d in p["log"] if "loss" in d]
     assert len(resumed) == STEPS
     for rec in resumed:

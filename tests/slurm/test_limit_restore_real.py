@@ -47,6 +47,14 @@ def _rightsize_rows(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
     return [r for r in reversed(rows) if r["policy"] == "rightsize"]
 
 
+def _settled(t: Telemetry, job_id: int, kind: str) -> dict[str, Any] | None:
+    """The job's rightsize row of ``kind`` once its outcome is no longer ``pending``."""
+    return next(
+        (r for r in _rightsize_rows(t, job_id) if r["kind"] == kind and r["outcome"] != "pending"),
+        None,
+    )
+
+
 @pytest.mark.release
 def test_a_job_rightsized_too_short_times_out_and_comes_back_with_its_old_limit(
     slurm_cluster: LabCluster, tmp_path: Path
@@ -81,15 +89,14 @@ def test_a_job_rightsized_too_short_times_out_and_comes_back_with_its_old_limit(
             )
 
         wait_for("the rightsize update of the held job", lowered, timeout_s=90)
+        # an audit row is written "pending" before Slurm is asked and settled after it
+        wait_for("the update's audit row to settle", lambda: _settled(t, job, "update"), 30)
         (update,) = [r for r in _rightsize_rows(t, job) if r["kind"] == "update"]
         assert update["outcome"] == "done" and update["fields"]["TimeLimit"] == "00:01:00"
         subprocess.run(["scontrol", "release", str(job)], check=True, timeout=30)
 
-        def restored() -> dict[str, Any] | None:
-            return next((r for r in _rightsize_rows(t, job) if r["kind"] == "requeue"), None)
-
         # killed at 1 min (slurmctld checks limits every 30 s), then requeued
-        row = wait_for("the restore of the timed-out job", restored, timeout_s=240)
+        row = wait_for("the restore of the timed-out job", lambda: _settled(t, job, "requeue"), 240)
         assert row["outcome"] == "done", row
         assert row["fields"]["TimeLimit"] == "10:00:00"
         assert row["numbers"]["time_limit_s"] == 60

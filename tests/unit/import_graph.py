@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 
 import slurmgpu
+from tests.source_tree import parsed
 
 PACKAGE = Path(slurmgpu.__file__).parent
 
@@ -64,7 +65,7 @@ def imported_names(name: str, path: Path, *, type_checking: bool = True) -> set[
             elif isinstance(node, ast.ClassDef):
                 visit(node.body)  # a class body runs at import time
 
-    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    visit(parsed(path).body)
     return names
 
 

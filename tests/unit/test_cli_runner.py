@@ -117,6 +117,30 @@ def test_jobs_runs_one_squeue_json_listing(golden: str) -> None:
     assert call.timeout == 7 and call.env["SLURM_CONF"] == "/etc/lab/slurm.conf"
 
 
+@pytest.mark.parametrize(
+    "golden",
+    ["slurm-22.05/squeue.json", "slurm-24.11/mixed_squeue.json", "slurm-26.05/mixed_squeue.json"],
+)
+def test_job_asks_for_one_job_and_keeps_only_it(golden: str) -> None:
+    # 22.05's --json ignores --jobs and sends every job: the client filters too
+    data = (GOLDEN / golden).read_bytes()
+    expected, _ = decode_squeue(data)
+    wanted = expected[-1]
+    client, runner = client_with(ok(data), ok(data))
+    job = client.job(wanted.job_id)
+    assert job is not None and job.job_id == wanted.job_id and job.nodes == wanted.nodes
+    (call,) = runner.calls
+    assert call.argv == ["squeue", "--json", "--all", f"--jobs={wanted.job_id}", "--states=all"]
+    assert client.job(max(j.job_id for j in expected) + 1) is None
+
+
+def test_a_job_slurm_refuses_to_list_is_an_error() -> None:
+    failed = CommandResult(1, b"", b"slurm_load_jobs error: Invalid job id specified\n")
+    client, _runner = client_with(failed)
+    with pytest.raises(SlurmError):
+        client.job(99)
+
+
 def test_listing_options_shape_the_argv() -> None:
     data = (GOLDEN / "slurm-26.05" / "mixed_squeue.v0.0.42.json").read_bytes()
     client, runner = client_with(

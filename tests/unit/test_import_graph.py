@@ -17,6 +17,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
+from tests.source_tree import parsed
 from tests.unit.import_graph import (
     LAYERS,
     LEAF_LAYER,
@@ -226,7 +227,7 @@ def _top_level_units() -> set[str]:
 def _every_import(path: Path, package: str) -> list[tuple[str, int]]:
     """(dotted module, line) of every import in the file, wherever it stands."""
     out: list[tuple[str, int]] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             out.extend((alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

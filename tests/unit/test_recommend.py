@@ -209,6 +209,8 @@ def test_defaults() -> None:
     )
 
 
+# slow tier: 60 generations of thousands of rows against a busy reader, ~3 s
+@pytest.mark.slow
 def test_a_concurrent_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     """Replace both files many times, with sizes from one row to thousands, while another
     thread reads them as fast as it can: every read parses whole (JSON and strict TSV)."""

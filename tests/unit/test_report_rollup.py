@@ -95,6 +95,8 @@ def _day(moment: datetime) -> int:
     return int(moment.timestamp()) // 86400
 
 
+# slow tier: hundreds of jobs through every rollup on SQLite, 3-5 s each
+@pytest.mark.slow
 def test_rollups_and_partial_days_give_the_figures_of_the_jobs(engine: Engine) -> None:
     report_store.fill(engine)
     r = _both(engine, SINCE, UNTIL)
@@ -123,6 +125,8 @@ def test_rollups_and_partial_days_give_the_figures_of_the_jobs(engine: Engine) -
     assert [j.job_id for j in slow.wasters[0].worst] == EXPECTED["alice_worst"]  # read the jobs
 
 
+# slow tier: hundreds of jobs through every rollup on SQLite, 3-5 s each
+@pytest.mark.slow
 def test_every_change_to_a_finished_job_or_its_summary_is_seen(engine: Engine) -> None:
     report_store.fill(engine)
     base = _both(engine, SINCE, UNTIL).totals

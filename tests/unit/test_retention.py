@@ -92,6 +92,8 @@ def url(store_url: str) -> str:
     return store_url
 
 
+# slow tier: thousands of samples pruned and summed on SQLite, 2-4 s each
+@pytest.mark.slow
 @pytest.mark.parametrize(("seed", "max_samples"), [(1, DEFAULT_MAX_SAMPLES), (2, 1)])
 def test_pruning_keeps_every_usage_figure(url: str, seed: int, max_samples: int) -> None:
     """Also when each hour is rolled up node by node (``max_samples=1``: one write

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import slurmgpu
+from tests.source_tree import parsed
 
 PACKAGE = Path(slurmgpu.__file__).parent
 OPTION_PREFIXES = ("--gpus=", "--gres=", "--mem=", "--time=", "--signal=", "--nodes=")
@@ -43,7 +44,11 @@ def _docstrings(tree: ast.Module) -> set[int]:
 def option_literals(source: str) -> list[tuple[int, str]]:
     """(line, text) of each literal in ``source`` that starts like an sbatch option: a
     plain string, or the text an f-string starts with. Docstrings are left out."""
-    tree = ast.parse(source)
+    return literals_in(ast.parse(source))
+
+
+def literals_in(tree: ast.Module) -> list[tuple[int, str]]:
+    """:func:`option_literals` of a parsed module."""
     skip = _docstrings(tree)
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -92,7 +97,7 @@ def test_no_module_outside_slurm_builds_sbatch_options() -> None:
         rel = path.relative_to(PACKAGE)
         if rel.parts[0] == "slurm":
             continue
-        for line, text in option_literals(path.read_text(encoding="utf-8")):
+        for line, text in literals_in(parsed(path)):
             found.append(f"slurmgpu/{rel}:{line}: {text!r}")
     assert found == [], (
         "sbatch options built outside slurmgpu/slurm/ (use slurmgpu.slurm.sbatch):\n"

@@ -32,6 +32,7 @@ from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.store.usage import UsageStore
 from slurmgpu.wire import AuthError, Caller, hmac_header, node_token
+from tests.source_tree import parsed, python_files, source
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "slurmgpu"
@@ -278,7 +279,7 @@ _MIGRATIONS = PACKAGE / "store" / "migrations" / "versions"
 
 
 def _python_files() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if _MIGRATIONS not in p.parents)
+    return [p for p in python_files("slurmgpu") if _MIGRATIONS not in p.parents]
 
 
 _SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|PRAGMA|CREATE|DROP|ALTER)\b", re.I)
@@ -326,8 +327,13 @@ def _is_built(node: ast.AST) -> bool:
 
 def sql_built_from_strings(source: str) -> list[int]:
     """Lines where SQL text is assembled from values instead of bound parameters."""
+    return sql_built_in(ast.parse(source))
+
+
+def sql_built_in(tree: ast.Module) -> list[int]:
+    """:func:`sql_built_from_strings` of a parsed module."""
     bad: list[int] = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if _is_built(node) and _SQL_SHAPE.search(_literal_text(node)):
             bad.append(getattr(node, "lineno", 0))
         if isinstance(node, ast.Call):
@@ -364,7 +370,7 @@ def test_sql_goes_only_through_bound_parameters() -> None:
     found = {
         str(p.relative_to(REPO)): lines
         for p in _python_files()
-        if (lines := sql_built_from_strings(p.read_text()))
+        if (lines := sql_built_in(parsed(p)))
     }
     assert found == {}, f"SQL assembled from strings (use bound parameters): {found}"
 
@@ -379,7 +385,7 @@ def test_no_command_runs_through_a_shell_and_nothing_changes_its_uid() -> None:
     banned_attrs = {"system", "popen", "setuid", "seteuid", "setreuid", "setresuid", "execl"}
     found: list[str] = []
     for path in _python_files():
-        for call in _calls(ast.parse(path.read_text())):
+        for call in _calls(parsed(path)):
             where = f"{path.relative_to(REPO)}:{call.lineno}"
             for kw in call.keywords:
                 if kw.arg == "shell" and not (
@@ -396,7 +402,7 @@ def test_no_command_runs_through_a_shell_and_nothing_changes_its_uid() -> None:
                 if isinstance(first, ast.Constant | ast.JoinedStr):
                     found.append(f"{where} command given as one string")
     for path in _python_files():
-        text = path.read_text()
+        text = source(path)
         if re.search(r"[\"']sudo[\"']|[\"']su[\"']|runuser", text):
             found.append(f"{path.relative_to(REPO)} names sudo/su/runuser")
     assert found == []

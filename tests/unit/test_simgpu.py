@@ -282,6 +282,8 @@ def test_idle_after_pattern_drops_util_to_zero_and_keeps_memory(
         _stop(load)
 
 
+# slow tier: waits on a real fakeload process growing its memory for 3 s
+@pytest.mark.slow
 def test_mem_growth_pattern_grows_memory_up_to_the_cap(gres_conf: Path, state_dir: Path) -> None:
     probe = SimulatedGpuProbe("gpu1", gres_conf, None, state_dir)
     load = start_fakeload(

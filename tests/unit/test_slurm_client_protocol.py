@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from slurmgpu.slurm.client import AccountingClient, FullSignalClient, SlurmClient
+from tests.source_tree import parsed, python_files, source
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOLS = (SlurmClient, FullSignalClient, AccountingClient)
@@ -48,8 +49,8 @@ def _is_slurm(node: ast.expr) -> bool:
 def calls_on_slurm() -> dict[str, list[str]]:
     """Method name -> where slurmgpu/ calls it on a Slurm client."""
     found: dict[str, list[str]] = {}
-    for path in sorted((ROOT / "slurmgpu").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for path in python_files("slurmgpu"):
+        for node in ast.walk(parsed(path)):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
@@ -79,8 +80,11 @@ def implementations() -> list[tuple[str, Path]]:
     """(class name, file) of every class that defines both ``jobs`` and ``nodes``."""
     out = []
     for top in ("slurmgpu", "tests", "bench"):
-        for path in sorted((ROOT / top).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for path in python_files(top):
+            text = source(path)
+            if "def jobs(" not in text or "def nodes(" not in text:
+                continue  # cheap: a class defining both names needs both in its file
+            for node in ast.walk(parsed(path)):
                 if not isinstance(node, ast.ClassDef):
                     continue
                 defined = {b.name for b in node.body if isinstance(b, ast.FunctionDef)}

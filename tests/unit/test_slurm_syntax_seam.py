@@ -31,6 +31,7 @@ from slurmgpu.intent import (
     StartSoon,
 )
 from slurmgpu.slurm.update import UPDATE_FIELDS, update_fields
+from tests.source_tree import parsed
 
 PACKAGE = Path(__file__).resolve().parents[2] / "slurmgpu"
 SEAM = PACKAGE / "slurm"
@@ -66,7 +67,7 @@ def slurm_field_literals(package: Path, fields: frozenset[str]) -> list[str]:
     for path in sorted(package.rglob("*.py")):
         if (package / "slurm") in path.parents:
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        tree = parsed(path)
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
                 continue

@@ -372,6 +372,8 @@ def full_disk_daemon(tmp_path: Path) -> Iterator[tuple[Daemon, store_damage.Tmpf
             d.usage.engine.dispose()
 
 
+# slow tier: mounts a tiny file system and runs a daemon on it, ~6 s
+@pytest.mark.slow
 @needs_mounts
 def test_healthz_answers_503_store_full_while_writes_fail_and_200_after(
     full_disk_daemon: tuple[Daemon, store_damage.Tmpfs, str],

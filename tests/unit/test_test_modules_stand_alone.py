@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.source_tree import parsed
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -21,7 +23,7 @@ def _is_test_module(dotted: str) -> bool:
 def imports_of_test_modules(path: Path) -> list[str]:
     """``path:line module`` for each import in ``path`` of a test module."""
     found: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom):
             names = [node.module or ""]
             if node.module is None or node.level:  # ``from . import test_x``
