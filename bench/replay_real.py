@@ -32,6 +32,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -48,6 +49,7 @@ from slurmgpu.lab.replay import (  # noqa: E402
     toml_text,
 )
 from slurmgpu.sim import metrics  # noqa: E402
+from slurmgpu.sim.costs import CostError, cost_set  # noqa: E402
 from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
 from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
 from slurmgpu.sim.profiles import load_profiles  # noqa: E402
@@ -58,6 +60,7 @@ from slurmgpu.sim.replayplan import (  # noqa: E402
     plan_replay,
     policy_sections,
     render,
+    replay_options,
     replayed_trace,
     summarise,
 )
@@ -89,16 +92,66 @@ def plan(
     )
 
 
-def simulated(trace: list[TraceJob], args: argparse.Namespace, policy_set: str) -> dict[str, float]:
-    """The simulator on the replayed jobs (trace time, its own costs and 60 s cycle: 1 s
-    of the replay at C = 60), its figures divided by C: wall seconds like the replay's."""
-    r = metrics.summarise(simulate(trace, ClusterShape(args.nodes, 4), policy_set))
+def simulated(
+    trace: list[TraceJob], args: argparse.Namespace, policy_set: str, costs: str | None = None
+) -> dict[str, float]:
+    """The simulator on the replayed jobs (trace time, its 60 s cycle: 1 s of the replay
+    at C = 60), its figures divided by C: wall seconds like the replay's. Its costs: the
+    cost set ``costs`` (default ``--costs``) measured in wall seconds, and the executor's
+    pacing, both times C (sim.replayplan.replay_options); ``"unscaled"``: the bare
+    simulator as before 2026-12-07 (the legacy costs in trace time, as if they
+    compressed)."""
+    name = costs or args.costs
+    options = None if name == "unscaled" else replay_options(cost_set(name), args.compression)
+    r = metrics.summarise(simulate(trace, ClusterShape(args.nodes, 4), policy_set, options))
     c = args.compression
     return {
         "avg_jct_s": r.avg_jct_s / c,
         "p99_jct_s": r.p99_jct_s / c,
         "makespan_s": r.makespan_s / c,
     }
+
+
+def from_json(args: argparse.Namespace) -> int:
+    """The simulator side of a saved run, recomputed: its slice planned again from its
+    parameters, each set simulated bare (as the run did) and with ``--costs`` x C, both
+    against the run's real figures."""
+    try:
+        doc = json.loads(args.from_json.read_text())
+        params = doc["params"]
+        real = {**doc.get("baseline", {}), **doc["figures"]}
+        for key in ("first", "window", "max_run", "seed", "nodes"):
+            setattr(args, key, params[key])
+        args.trace, args.profiles = Path(params["trace"]), Path(params["profiles"])
+        args.compression = float(params["compression"])
+        sets = [s for s in params["sets"].split(",") if s in real and "avg_jct_s" in real[s]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"replay_real: cannot use {args.from_json}: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{args.from_json.name}: {doc.get('at', '?')}, C = {args.compression:g}; simulator / "
+        f"real, bare (as the run) and with {args.costs} x C (costs and the executor's pacing)"
+    )
+    print("\n".join(cost_set(args.costs).lines()) if args.costs != "unscaled" else "")
+    print(f"{'set':<10} {'costs':<16} {'avg JCT':>8} {'p99':>6} {'makespan':>8}")
+    figures: dict[str, dict[str, dict[str, float]]] = {}
+    for policy_set in sets:
+        trace, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
+        replayed = replayed_trace(trace, jobs, args.compression)
+        figures[policy_set] = {}
+        for name in ("unscaled", args.costs):
+            sim = simulated(replayed, args, policy_set, name)
+            ratios = {k: sim[k] / real[policy_set][k] for k in sim}
+            figures[policy_set][name] = ratios
+            print(
+                f"{policy_set:<10} {name:<16} {ratios['avg_jct_s']:>8.2f} "
+                f"{ratios['p99_jct_s']:>6.2f} {ratios['makespan_s']:>8.2f}"
+            )
+    for name in ("unscaled", args.costs):
+        off = [abs(figures[s][name][k] - 1) for s in figures for k in figures[s][name]]
+        if off:
+            print(f"{name}: mean |sim / real - 1| {statistics.mean(off):.3f}, worst {max(off):.3f}")
+    return 0
 
 
 def main() -> int:
@@ -117,6 +170,18 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1200.0, help="wall s per set at most")
     p.add_argument("--no-sim", action="store_true", help="no simulator run to compare")
     p.add_argument(
+        "--costs",
+        default="replay-stand-in",
+        help="the simulator's cost set (sim.costs; 'unscaled': the bare simulator as before)",
+    )
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="RUN.json",
+        help="no lab: the simulator side only, on the slice of a saved run (its --json-out), "
+        "beside that run's real figures, unscaled and with --costs",
+    )
+    p.add_argument(
         "--running-lab",
         action="store_true",
         help="replay on the site lab SLURM_CONF points at (--nodes of it) instead of one's own",
@@ -125,6 +190,13 @@ def main() -> int:
     p.add_argument("--slurmd-port-base", type=int, default=17401)
     add_arguments(p, "8 jobs, the slurm set only")
     args = p.parse_args()
+    if args.costs != "unscaled":
+        try:
+            cost_set(args.costs)
+        except CostError as exc:
+            p.error(str(exc))
+    if args.from_json is not None:
+        return from_json(args)
     if args.smoke:
         args.first, args.sets = 8, "slurm"
     if not args.trace.is_file():
@@ -227,7 +299,12 @@ def main() -> int:
         )
     sims = {name: res["sim"] for name, res in results.items() if "sim" in res}
     if sims:
-        print("\nsimulator / real (same jobs, sizes and limits; simulator in trace time / C)")
+        print(
+            "\nsimulator / real (same jobs, sizes and limits; simulator in trace time / C, "
+            f"costs {args.costs}" + (" x C)" if args.costs != "unscaled" else ")")
+        )
+        if args.costs != "unscaled":
+            print("\n".join(cost_set(args.costs).lines()))
         print("set        avg JCT sim  ratio   p99 sim  ratio  makespan sim  ratio")
     for name, sim in sims.items():
         real = results[name]["summary"]
@@ -239,6 +316,9 @@ def main() -> int:
         print(f"{name:<10} " + "  ".join(cells))
     run.figures = {name: res["summary"] for name, res in results.items() if name != "slurm"}
     run.figures["simulator"] = sims
+    run.figures["simulator_costs"] = (
+        cost_set(args.costs).as_dict() if args.costs != "unscaled" else "unscaled"
+    )
     run.figures["jobs"] = {name: res["jobs"] for name, res in results.items()}
     if isinstance(base, dict):
         run.baseline = {"slurm": base}

@@ -19,7 +19,15 @@ of one run).
 
     .venv/bin/python bench/sim_pollux.py [--seeds 1-5] [--loads 1.0,2.0] [--workers 2]
     [--sets slurm,...] [--pollux-seeds 1] [--pollux-search 20x10]
-    [--philly-set slurm] [--philly-cluster 100x8] [--skip-philly]
+    [--costs slurm-22.05-lab,legacy] [--philly-set slurm] [--philly-cluster 100x8]
+    [--skip-philly]
+
+``--costs``: the simulator's costs (sim.costs; the measured default, or ``legacy`` to
+reproduce figures from before 2026-12-07); several, comma-separated: the matrix runs
+once per cost set (``pollux-30s`` once: its costs are the artifact's), each set's tables
+and verdicts printed under its costs and where they come from, then how far each policy
+set's mean avg JCT moved from the first cost set's. ``pollux-slurm`` pays the cost set
+(sim.pollux.RestartCosts.of_costs).
 """
 
 from __future__ import annotations
@@ -39,13 +47,15 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
+from slurmgpu.sim.costs import COST_SETS, CostError, cost_set
+from slurmgpu.sim.costs import DEFAULT as DEFAULT_COSTS
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import POLICY_SETS
 from slurmgpu.sim.pollux import PolluxSearch, RestartCosts, simulate_pollux
 from slurmgpu.sim.profiles import ThroughputProfile, load_profiles
 from slurmgpu.sim.published import PUBLISHED, published_for
-from slurmgpu.sim.run import ClusterShape, simulate
+from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux"
 SETS = (
@@ -60,7 +70,7 @@ SETS = (
     "pollux-30s",
     "pollux-slurm",
 )
-POLLUX = {"pollux-30s": RestartCosts.pollux(), "pollux-slurm": RestartCosts.slurm()}
+POLLUX = ("pollux-30s", "pollux-slurm")
 BASELINES = ("tiresias", "qssf", "slurm")
 COMPONENTS = ("rightsize", "colocate", "las", "malleable")  # what `all` is made of
 WORKLOADS = (1, 2, 3, 4, 5, 7)
@@ -92,17 +102,25 @@ def _trace(path: str, seed: int, limit: int | None) -> list:  # type: ignore[typ
 
 
 def _one(
-    path: str, seed: int, policy_set: str, limit: int | None = None, search: str = "20x10"
+    path: str,
+    seed: int,
+    policy_set: str,
+    limit: int | None = None,
+    search: str = "20x10",
+    costs_name: str = DEFAULT_COSTS,
 ) -> tuple[dict[str, float], float]:
     cpu = time.process_time()
+    costs = cost_set(costs_name)
     if policy_set in POLLUX:
         pop, _, gens = search.partition("x")
         opts = PolluxSearch(population=int(pop), generations=int(gens), seed=seed)
-        figures = simulate_pollux(
-            _trace(path, seed, limit), costs=POLLUX[policy_set], search=opts
-        ).figures()
+        restart = (
+            RestartCosts.pollux() if policy_set == "pollux-30s" else RestartCosts.of_costs(costs)
+        )
+        figures = simulate_pollux(_trace(path, seed, limit), costs=restart, search=opts).figures()
         return {k: float(figures[k]) for k in FIGURES}, time.process_time() - cpu
-    r = summarise(simulate(_trace(path, seed, limit), ClusterShape(16, 4), policy_set))
+    options = SimOptions.of_costs(costs)
+    r = summarise(simulate(_trace(path, seed, limit), ClusterShape(16, 4), policy_set, options))
     d = r.as_dict()
     return {k: float(d[k]) for k in FIGURES}, time.process_time() - cpu
 
@@ -135,12 +153,24 @@ def main() -> int:
         default="20x10",
         help="the Pollux search's population x generations (the artifact: 100x100)",
     )
+    ap.add_argument(
+        "--costs",
+        default=DEFAULT_COSTS,
+        help="cost sets to run the matrix with, comma-separated, the first the reference "
+        f"(sim.costs: {', '.join(COST_SETS)}); several: a table of each set's moves",
+    )
     ap.add_argument("--philly-set", default="slurm")
     ap.add_argument("--philly-cluster", default="100x8")
     ap.add_argument("--skip-philly", action="store_true")
     add_arguments(ap, "workload 1, first 40 jobs, seed 1, load 1.0, sets slurm/all/tiresias")
     args = ap.parse_args()
     run = BenchRun.from_args("sim_pollux", args)
+    try:
+        costs = [cost_set(c.strip()) for c in args.costs.split(",") if c.strip()]
+    except CostError as exc:
+        ap.error(str(exc))
+    if not costs:
+        ap.error("--costs names no cost set")
     if not (args.data / "profiles").is_dir():
         print(f"skipped: no Pollux data under {args.data}")
         run.figures = {"skipped": f"no Pollux data under {args.data}"}
@@ -167,14 +197,17 @@ def main() -> int:
                 for s in sets:
                     if s in POLLUX and seed not in pollux_seeds:
                         continue
-                    tasks.append((load, n, seed, s, str(folder / f"workload-{n}.csv")))
+                    # pollux-30s pays the artifact's costs whatever the set: run once
+                    for c in costs[:1] if s == "pollux-30s" else costs:
+                        path = str(folder / f"workload-{n}.csv")
+                        tasks.append((load, n, seed, s, path, c.name))
     # Longest first (Pollux, the heavier load, then the sets that run policies), so two
     # workers do not end with one long run left on one of them.
     tasks.sort(key=lambda t: (t[3] not in POLLUX, -t[0], not POLICY_SETS.get(t[3])))
-    # results[load][set][(workload, seed)] = figures
-    results: dict[float, dict[str, dict[tuple[int, int], dict[str, float]]]] = defaultdict(
-        lambda: defaultdict(dict)
-    )
+    # results[costs][load][set][(workload, seed)] = figures
+    results: dict[str, dict[float, dict[str, dict[tuple[int, int], dict[str, float]]]]] = {
+        c.name: defaultdict(lambda: defaultdict(dict)) for c in costs
+    }
     cpu: list[float] = []
     wall0 = time.perf_counter()
     with (
@@ -189,44 +222,63 @@ def main() -> int:
     ):
         job = bar.add_task("matrix", total=len(tasks))
         futures = {
-            pool.submit(_one, path, seed, s, limit, args.pollux_search): (load, n, seed, s)
-            for load, n, seed, s, path in tasks
+            pool.submit(_one, path, seed, s, limit, args.pollux_search, cname): (
+                load,
+                n,
+                seed,
+                s,
+                cname,
+            )
+            for load, n, seed, s, path, cname in tasks
         }
         for fut in as_completed(futures):
-            load, n, seed, s = futures[fut]
+            load, n, seed, s, cname = futures[fut]
             figures, seconds = fut.result()
-            results[load][s][(n, seed)] = figures
+            for name in [x.name for x in costs] if s == "pollux-30s" else [cname]:
+                results[name][load][s][(n, seed)] = figures
             cpu.append(seconds)
             bar.advance(job)
     wall = time.perf_counter() - wall0
     verdicts: list[str] = []
-    means: dict[str, dict[str, float]] = {}
+    by_costs: dict[str, dict[str, dict[str, float]]] = {}
     best_of: dict[str, dict[str, float]] = {}
-    for load in loads:
-        if load not in results:
-            continue
-        avg, best = _table(load, results[load], sets, seeds, verdicts)
-        means[f"{load:g}"] = avg
-        if best:
-            best_of[f"{load:g}"] = {best: avg[best]}
+    for c in costs:
+        print(f"\n=== costs {c.label} ===")
+        print("\n".join(c.lines()))
+        means: dict[str, dict[str, float]] = {}
+        for load in loads:
+            if load not in results[c.name]:
+                continue
+            mine: list[str] = []
+            avg, best = _table(load, results[c.name][load], sets, seeds, mine)
+            verdicts.extend(f"[{c.name}] {v}" if len(costs) > 1 else v for v in mine)
+            means[f"{load:g}"] = avg
+            if best and c is costs[0]:
+                best_of[f"{load:g}"] = {best: avg[best]}
+        by_costs[c.name] = means
+    if len(costs) > 1:
+        _moves(by_costs, [c.name for c in costs], sets)
     print("\ntargets (issues 20 and 34; benchmark, not unit test):")
     for v in verdicts:
         print(f"  {v}")
     print(
         f"\nspeed: {len(tasks)} simulations ({len(workloads)} workloads x {len(sets)} sets x "
-        f"{len(seeds)} seeds x {len(loads)} loads) in {wall:.1f} s wall on "
+        f"{len(seeds)} seeds x {len(loads)} loads x {len(costs)} cost sets) in {wall:.1f} s "
+        "wall on "
         f"{args.workers} worker(s) "
         f"(target < 90 s on 2 cores); one run: median {statistics.median(cpu):.2f} s CPU, "
         f"total {sum(cpu):.1f} s CPU"
     )
     run.baseline = {"best_baseline_mean_avg_jct_s": best_of}
     run.figures = {
-        "mean_avg_jct_s": means,
+        "costs": costs[0].as_dict(),
+        "mean_avg_jct_s": by_costs[costs[0].name],
+        "mean_avg_jct_s_by_costs": by_costs,
         "verdicts": verdicts,
         "matrix_wall_s": wall,
         "run_cpu_median_s": statistics.median(cpu) if cpu else math.nan,
     }
-    if not args.smoke:
+    if not args.smoke and len(costs) == 1:
         run.target("matrix_wall_s", wall, "< 90", wall < 90)
     if args.smoke or args.skip_philly or not (args.data / "philly.csv").exists():
         run.write(args.json_out)
@@ -234,6 +286,25 @@ def main() -> int:
     _philly(args, run)
     run.write(args.json_out)
     return 0
+
+
+def _moves(
+    by_costs: dict[str, dict[str, dict[str, float]]], names: Sequence[str], sets: Sequence[str]
+) -> None:
+    """Each set's mean avg JCT per cost set, and how far it moved from the first set's."""
+    ref = names[0]
+    for load in by_costs[ref]:
+        print(f"\nload {load}: mean avg JCT (s) per cost set, moved from {ref}")
+        print(f"{'set':>12} " + " ".join(f"{n:>18}" for n in names))
+        for s in sets:
+            base = by_costs[ref][load].get(s)
+            if base is None:
+                continue
+            cells = [f"{base:>18,.0f}"]
+            for n in names[1:]:
+                v = by_costs[n].get(load, {}).get(s, math.nan)
+                cells.append(f"{v:>9,.0f} ({(v / base - 1) * 100:>+5.1f}%)")
+            print(f"{s:>12} " + " ".join(cells))
 
 
 def _table(
@@ -405,10 +476,12 @@ def _philly(args: argparse.Namespace, run: BenchRun) -> None:
     load_cpu = time.process_time() - t0
     cluster = ClusterShape.parse(args.philly_cluster)
     t1 = time.process_time()
-    r = summarise(simulate(trace, cluster, args.philly_set))
+    costs = cost_set(args.costs.split(",")[0].strip())  # the reference cost set
+    r = summarise(simulate(trace, cluster, args.philly_set, SimOptions.of_costs(costs)))
     sim_cpu = time.process_time() - t1
     print(
-        f"speed: Philly {len(trace):,} jobs, set {args.philly_set}, {args.philly_cluster}: "
+        f"speed: Philly {len(trace):,} jobs, set {args.philly_set}, {args.philly_cluster}, "
+        f"costs {costs.label}: "
         f"load {load_cpu:.1f} s + simulate {sim_cpu:.1f} s CPU "
         f"({time.perf_counter() - w0:.1f} s wall; target < 300 s); "
         f"avg JCT {r.avg_jct_s:,.0f} s, alloc util {r.allocated_util_pct:.1f} %"

@@ -5,8 +5,12 @@ table (docs/simulator.md); with ``--sharing none,shards,mps,mig`` every set once
 the cluster's GPUs are shared (``sim.sharing``), and a table comparing the modes. Needs
 no Slurm, no database and no GPU.
 
-Exit codes: 0 compared; 1 a trace or profile that cannot be read (the message names the
-file and line); 2 bad option (cluster shape, load, unknown policy set).
+Exit codes: 0 compared; 1 a trace, profile or cost file that cannot be read (the message
+names the file and line); 2 bad option (cluster shape, load, unknown policy or cost set).
+
+The costs it charges (checkpoint, start-up, requeue, per-job fixed costs) are a cost set
+of ``slurmgpu.sim.costs`` (``--costs``: the measured default, ``legacy``, ... or a TOML
+file); it prints the set and where each cost comes from, and the JSON carries them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from rich.progress import (
 )
 
 from slurmgpu.cli.context import fail
+from slurmgpu.sim.costs import COST_SETS, CostError, CostSet, cost_set, parse_costs
+from slurmgpu.sim.costs import DEFAULT as DEFAULT_COSTS
 from slurmgpu.sim.loaders import FORMATS, TraceError, detect_format, load_trace
 from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interference, solo_profiles
 from slurmgpu.sim.metrics import TypeUse, ci95, mean_summary, summarise, type_use
@@ -50,7 +56,7 @@ from slurmgpu.sim.sharing import (
     parse_sharing,
 )
 from slurmgpu.sim.sharingreport import SharingRow, narrowed, sharing_doc, sharing_table
-from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel
+from slurmgpu.sim.slurm import InterferenceModel
 from slurmgpu.slurm.client import SlurmError
 
 DEFAULT_POLICIES = "slurm,rightsize,colocate,malleable,all"
@@ -141,9 +147,20 @@ def _write(target: str, text: str, console: Console) -> None:
     "--profiles", type=click.Path(path_type=Path, file_okay=False), help="Pollux profiles dir."
 )
 @click.option("--shards-per-gpu", type=int, default=4, show_default=True)
-@click.option("--requeue-delay", type=float, default=121.0, show_default=True, help="Seconds.")
-@click.option("--checkpoint", "checkpoint_s", type=float, default=20.0, show_default=True)
-@click.option("--startup", "startup_s", type=float, default=30.0, show_default=True)
+@click.option(
+    "--costs",
+    "costs_text",
+    default=DEFAULT_COSTS,
+    show_default=True,
+    metavar="NAME|FILE.toml",
+    help="The simulator's costs: a cost set (" + ", ".join(COST_SETS) + ") or a TOML file "
+    "of costs (docs/simulator.md); printed with where each comes from.",
+)
+@click.option("--requeue-delay", type=float, help="Seconds; replaces the cost set's requeue_delay.")
+@click.option(
+    "--checkpoint", "checkpoint_s", type=float, help="Seconds; replaces the set's checkpoint."
+)
+@click.option("--startup", "startup_s", type=float, help="Seconds; replaces the set's startup.")
 @click.option("--period", "period_s", type=float, default=60.0, show_default=True)
 @click.option("--no-interference", is_flag=True, help="Co-located jobs run at full speed.")
 @click.option(
@@ -178,9 +195,10 @@ def simulate_command(
     fmt: str | None,
     profiles: Path | None,
     shards_per_gpu: int,
-    requeue_delay: float,
-    checkpoint_s: float,
-    startup_s: float,
+    costs_text: str,
+    requeue_delay: float | None,
+    checkpoint_s: float | None,
+    startup_s: float | None,
     period_s: float,
     no_interference: bool,
     sharing_text: str | None,
@@ -200,8 +218,19 @@ def simulate_command(
         fail(str(exc), 2)
     if not (load > 0):
         fail(f"--load must be a number > 0, not {load}", 2)
-    if period_s <= 0 or requeue_delay < 0 or checkpoint_s < 0 or startup_s < 0:
-        fail("--period must be > 0 and the delays >= 0", 2)
+    if period_s <= 0:
+        fail(f"--period must be > 0, not {period_s}", 2)
+    costs = _costs(costs_text)
+    for key, value, option in (
+        ("requeue_delay", requeue_delay, "--requeue-delay"),
+        ("checkpoint", checkpoint_s, "--checkpoint"),
+        ("startup", startup_s, "--startup"),
+    ):
+        if value is not None:
+            try:
+                costs = costs.with_cost(key, value, f"the {option} option")
+            except CostError as exc:
+                fail(str(exc), 2)
     seeds = [seed]
     if seeds_text:
         try:
@@ -271,13 +300,9 @@ def simulate_command(
         except LucidError as exc:
             fail(str(exc))
         slowdown_source = "Lucid's measured pair speeds (the model where a pair was not measured)"
-    options = SimOptions(
-        period_s=period_s,
-        requeue_delay_s=requeue_delay,
-        runtime=ElasticRuntime(checkpoint_s=checkpoint_s, startup_s=startup_s),
-        interference=interference,
-    )
+    options = SimOptions.of_costs(costs, period_s=period_s, interference=interference)
     comparison = Comparison(trace.name, cluster_text, load, seeds[0], seeds=tuple(seeds))
+    comparison.costs = costs.as_dict()
     m = _WORKLOAD_RE.search(trace.name)
     # The artifact's workloads-2.0/ files are its load 2.0; --load scales either further.
     native = 2.0 if trace.resolve().parent.name == "workloads-2.0" else 1.0
@@ -368,6 +393,29 @@ def simulate_command(
             console.print(sharing_table(sharing_rows, title))
         for note in comparison.notes:
             console.print(f"[dim]{note}[/dim]")
+    for line in costs.lines():  # which costs, from where (on stderr with '-' outputs)
+        console.print(line, markup=False, highlight=False)
+
+
+def _costs(text: str) -> CostSet:
+    """A cost set by name, or read from a TOML file; one line and exit 2 (a name that is
+    no set) or 1 (a file that cannot be read or used) otherwise."""
+    if text in COST_SETS:
+        return cost_set(text)
+    path = Path(text)
+    if path.suffix != ".toml" and not path.exists():
+        try:
+            return cost_set(text)
+        except CostError as exc:
+            fail(str(exc), 2)
+    try:
+        data = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read cost file {text}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        return parse_costs(data, str(path))
+    except CostError as exc:
+        fail(str(exc))
 
 
 def _type_note(name: str, uses: list[dict[str, TypeUse]]) -> str:

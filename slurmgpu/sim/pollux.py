@@ -55,6 +55,7 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
+from slurmgpu.sim.costs import CostSet
 from slurmgpu.sim.metrics import percentile, rho_values
 from slurmgpu.sim.profiles import Application, ThroughputProfile
 from slurmgpu.sim.progress import ElasticRuntime
@@ -107,6 +108,19 @@ class RestartCosts:
         executor's fast path (hold, update, release: 3 s) and start-up on every change."""
         rt = runtime or ElasticRuntime()
         return cls("pollux-slurm", rt.startup_s, rt.checkpoint_s + executor_s + rt.startup_s)
+
+    @classmethod
+    def of_costs(cls, costs: CostSet) -> RestartCosts:
+        """What our sets pay on Slurm with a cost set (sim.costs): a first start pays the
+        submission delay and the first start-up; every change the checkpoint, the resize
+        fast path as measured (stop, requeue delay, scheduling) and the start-up. The
+        ``legacy`` set keeps :meth:`slurm`'s model (start-up on a first start, a 3-s
+        executor), so its figures are reproduced."""
+        if costs.name == "legacy":
+            return cls.slurm(costs.runtime(), costs.fast_path_s)
+        first = costs.submit_delay.seconds + costs.first_startup.seconds
+        restart = costs.checkpoint.seconds + costs.fast_path_s + costs.startup.seconds
+        return cls("pollux-slurm", first, restart)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,11 +28,15 @@ TypeSpeed = Callable[["SimJob", str], float]
 
 @dataclass(frozen=True, slots=True)
 class ElasticRuntime:
-    """The user-side runtime's costs: checkpoint on a signal, start-up on every restart."""
+    """The user-side runtime's costs: checkpoint on a signal, start-up on every restart,
+    start-up on a job's first run (``first_startup_s``: no checkpoint to load, but the
+    process, its imports and its rendezvous). The defaults are the ``legacy`` cost set's
+    (sim.costs: the tools start from the measured ``sim.costs.DEFAULT``)."""
 
     checkpoint_s: float = 20.0
     startup_s: float = 30.0
     reform_s: float = 10.0  # a shrink in place: the steps restarted on the kept nodes
+    first_startup_s: float = 0.0
 
 
 class ProgressModel(EventQueue):

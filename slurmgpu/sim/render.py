@@ -55,6 +55,7 @@ class Comparison:
     seeds: tuple[int, ...] = ()  # more than one: results are means over these seeds
     avg_jct_ci_s: dict[str, float] = field(default_factory=dict)  # set -> 95 % half-width
     notes: list[str] = field(default_factory=list)
+    costs: Mapping[str, object] = field(default_factory=dict)  # the cost set, as_dict()
     # ``--sharing``: sim.sharingreport.sharing_doc's rows (JSON only; none: no key)
     sharing: list[dict[str, object]] = field(default_factory=list)
 
@@ -128,6 +129,7 @@ def _doc(c: Comparison) -> dict[str, object]:
         "results": [r.as_dict() for r in c.results],
         "published_avg_jct_s": dict(c.published),
         "notes": list(c.notes),
+        "costs": dict(c.costs),
     }
     if c.sharing:
         doc["sharing"] = list(c.sharing)

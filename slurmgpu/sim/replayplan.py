@@ -13,6 +13,11 @@ time (a job's ``min_interval`` between resizes, the engine's cooldown, LAS's que
 in GPU-hours and its minimum run time), is divided by ``C`` (:func:`policy_sections`), so
 the daemon paces the compressed jobs as it would the real ones.
 
+The simulator's side of the comparison runs in trace time, so what does not compress
+is charged to it C times over (:func:`replay_options`): a cost set measured in wall
+seconds (sim.costs; ``replay-stand-in`` is the replay's own) times C, and the resize
+executor's pacing (its one-second observations, its release delay) times C.
+
 The outcome side (:class:`JobOutcome`, :func:`summarise`, :func:`render`) turns what the
 replay observed per job into the figures the simulator reports: average and p99 JCT,
 makespan, GPU-hours, resizes and preemptions.
@@ -25,7 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from slurmgpu.cycle.resize import ResizeSettings
+from slurmgpu.sim.costs import CostSet
 from slurmgpu.sim.metrics import percentile
+from slurmgpu.sim.run import SimOptions
 from slurmgpu.sim.workload import MalleableRange, TraceJob, packed
 
 __all__ = [
@@ -37,6 +45,7 @@ __all__ = [
     "plan_replay",
     "policy_sections",
     "render",
+    "replay_options",
     "replayed_trace",
     "summarise",
 ]
@@ -158,6 +167,22 @@ def replayed_trace(
         )
         for j in jobs
     ]
+
+
+def replay_options(costs: CostSet, compression: float) -> SimOptions:
+    """The simulator's options for holding it to a replay compressed by ``compression``:
+    ``costs`` (wall seconds, as measured) and the resize executor's pacing (wall seconds
+    in the replay's daemon) both times C, in the simulator's trace time."""
+    if not compression > 0 or not math.isfinite(compression):
+        raise ReplayError(f"the compression factor must be a number > 0, not {compression!r}")
+    pace = ResizeSettings()
+    resize = replace(
+        pace,
+        cycle_interval=pace.cycle_interval * compression,
+        release_delay=pace.release_delay * compression,
+        release_after=pace.release_after * compression,
+    )
+    return SimOptions.of_costs(costs.scaled(compression), resize=resize)
 
 
 def _user(name: str, users: Sequence[str], seen: dict[str, str]) -> str:

@@ -39,6 +39,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from slurmgpu.actuate.execute import execute_action
 from slurmgpu.cycle.core import MalleableView, PolicyCycle
@@ -58,6 +59,7 @@ from slurmgpu.policy.base import (
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
 from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
+from slurmgpu.sim.costs import CostSet
 from slurmgpu.sim.gputypes import speed_factor
 from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, build_engine
 from slurmgpu.sim.resizes import SimResizes
@@ -257,12 +259,19 @@ class ClusterShape:
 
 @dataclass(frozen=True, slots=True)
 class SimOptions:
-    """How the simulated site behaves (Slurm's costs, the daemon's cycle)."""
+    """How the simulated site behaves (Slurm's costs, the daemon's cycle).
+
+    The costs (``requeue_delay_s``, ``submit_delay_s``, ``runtime``) default to the
+    ``legacy`` cost set's, on which the unit tests pin the simulator's mechanics; the
+    tools (``sgpu simulate``, the benches) build their options from a named cost set,
+    the measured ``sim.costs.DEFAULT`` unless told otherwise: :meth:`of_costs`.
+    """
 
     period_s: float = 60.0
     quiet_period_s: float = 600.0
     requeue_delay_s: float = 121.0
     runtime: ElasticRuntime = field(default_factory=ElasticRuntime)
+    submit_delay_s: float = 0.0  # a submission -> the first pass that may start it
     # How the daemon's resize executor (cycle.resize, run here as in the daemon)
     # paces a resize or preemption: its fast path by default (StartTime=now+1 with the
     # update, the release release_delay later, one observation per cycle_interval while
@@ -284,6 +293,16 @@ class SimOptions:
     sample_interval_s: float = 30.0  # the agents' sampling period (GpuStat.samples)
     # The release SimSlurm answers as (what it lets an update change: sim.slurm)
     slurm_version: str = "22.05.8"
+
+    @classmethod
+    def of_costs(cls, costs: CostSet, **others: Any) -> SimOptions:
+        """Options charging ``costs`` (a cost set of sim.costs), the rest as given."""
+        return cls(
+            requeue_delay_s=costs.requeue_delay.seconds,
+            submit_delay_s=costs.submit_delay.seconds,
+            runtime=costs.runtime(),
+            **others,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +395,7 @@ class _Runner:
             shape.gpus_per_node,
             shards_per_gpu=shape.shards_per_gpu,
             requeue_delay_s=options.requeue_delay_s,
+            submit_delay_s=options.submit_delay_s,
             runtime=options.runtime,
             interference=options.interference,
             node_types=shape.node_types(),

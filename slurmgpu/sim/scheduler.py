@@ -114,7 +114,7 @@ class SchedulerModel(ProgressModel):
                 kind=kind,
             )
         )
-        startup = self.runtime.startup_s if job.restarts else 0.0
+        startup = self.runtime.startup_s if job.restarts else self.runtime.first_startup_s
         job.base_work = min(job.base_work, job.model.work)
         job.busy_from = self.now + startup
         job.rate = 0.0

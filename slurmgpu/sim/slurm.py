@@ -22,6 +22,8 @@ What it models, and how faithfully:
   an untyped job goes anywhere, spanning types if it must. ``type_speed(job, type)``
   scales its speed on a type (a job over several types runs at its slowest one, as
   synchronous data-parallel training does); without it every type runs alike.
+- **Submission**: a job is considered by the scheduler ``submit_delay_s`` after its
+  submission (0 by default; the measured cost sets of sim.costs give the lab's).
 - **MPS and MIG** (``mps_per_gpu``; ``mig_gpus`` and ``mig_layout``, sim.sharing): every
   whole GPU also serves ``gres/mps`` (a GPU is whole-allocated or shared by MPS jobs, as
   with shards; a cluster has shards or MPS, not both), and the last ``mig_gpus`` GPUs of
@@ -49,7 +51,8 @@ What it models, and how faithfully:
   from the update); a GPU change to a running job is refused as by slurmctld.
 - **Signals** go to the job's elastic runtime (:class:`ElasticRuntime`): on ``USR2``
   or ``TERM`` it pauses, writes a checkpoint in ``checkpoint_s`` and acknowledges
-  (:meth:`SimSlurm.checkpointed_at`); a restarted run spends ``startup_s`` loading it.
+  (:meth:`SimSlurm.checkpointed_at`); a restarted run spends ``startup_s`` loading it, a
+  first run ``first_startup_s`` starting (sim.costs: the cost sets).
 - **Co-location**: jobs sharing a GPU slow each other as ``interference`` predicts (a
   callable ``(util_a, mem_a, util_b, mem_b) -> (slow_a, slow_b)``; slowdowns >= 1,
   values below 1 are read as relative speeds); without one they run at full speed. A
@@ -135,6 +138,7 @@ class SimSlurm(SchedulerModel):
         node_types: Sequence[str] | None = None,
         type_speed: TypeSpeed | None = None,
         node_gpus: Sequence[int] | None = None,
+        submit_delay_s: float = 0.0,
         mps_per_gpu: int = 0,
         mig_gpus: int = 0,
         mig_layout: Sequence[MigProfile] = (),
@@ -172,6 +176,7 @@ class SimSlurm(SchedulerModel):
         self.gpus_per_node = max(sizes)
         self.shards_per_gpu = shards_per_gpu
         self.requeue_delay_s = requeue_delay_s
+        self.submit_delay_s = submit_delay_s
         self.runtime = runtime or ElasticRuntime()
         self.priority = priority
         self.interference = interference
@@ -268,6 +273,9 @@ class SimSlurm(SchedulerModel):
         for task in tasks:
             self.all_jobs[task.job_id] = task
             self._pending[task.job_id] = task
+            if self.submit_delay_s > 0:  # no pass starts it before then
+                task.eligible_s = self.now + self.submit_delay_s
+                self._push(task.eligible_s, self._ELIGIBLE, task)
             self._changed(task)
         self._dirty = True
         return first
@@ -598,6 +606,10 @@ class SimSlurm(SchedulerModel):
         self._rates_for([job])
         self._dirty = True
 
+    def _fresh(self, job: SimJob) -> bool:
+        """Waiting out ``submit_delay_s`` (not a begin time: squeue's reason is None)."""
+        return job.restarts == 0 and job.eligible_s == job.submit_s + self.submit_delay_s
+
     def _meta_record(self, array_job_id: int) -> Job:
         tasks = [t for t in self._arrays[array_job_id] if t.state is JobState.PENDING]
         ids = [t.array_task_id for t in tasks if t.array_task_id is not None]
@@ -621,8 +633,10 @@ class SimSlurm(SchedulerModel):
         if state is JobState.PENDING:
             if job.held:
                 reason = "JobHeldAdmin"
-            elif job.eligible_s > self.now:
+            elif job.eligible_s > self.now and not self._fresh(job):
                 reason = "BeginTime"
+            elif job.eligible_s > self.now:
+                reason = "None"  # submitted, not yet seen by a scheduling pass
             else:
                 reason = "Priority"
             if job.restarts:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from slurmgpu.sim.costs import DEFAULT, cost_set
 from slurmgpu.sim.fromstore import StoredJobLike, priors, savings, to_trace
 from slurmgpu.sim.metrics import RunSummary, summarise
 from slurmgpu.sim.policysets import known_sets
@@ -97,7 +98,9 @@ def compare(
             f"means over {seeds} seeds (seeds draw the missing time limits and the "
             "simulator's random choices); ± is half the range of GPU-hours returned"
         )
-    options = SimOptions(record_decisions=True, history=priors(runs))
+    costs = cost_set(DEFAULT)  # the measured costs, as sgpu simulate's default
+    notes.append(f"costs: {costs.label} ({costs.about}; sgpu simulate --help lists the sets)")
+    options = SimOptions.of_costs(costs, record_decisions=True, history=priors(runs))
     order = ["slurm", *(p for p in policies if p != "slurm")]
     results: dict[str, list[RunSummary]] = {name: [] for name in order}
     touched: dict[str, list[int]] = {name: [] for name in order}
