@@ -121,8 +121,7 @@ class Daemon:
         cycle = build_policy_cycle(settings, store, slurm) if policies else None
         # Jobs that ran into a limit the daemon lowered go back with the one they had.
         restore = LimitRestore(cycle.actuator, cycle.audit) if cycle is not None else None
-        # Rightsized jobs a site limit stops for ever get their request back.
-        undo = RightsizeUndo(cycle.actuator, cycle.audit) if cycle is not None else None
+        undo: RightsizeUndo | None = None
         self.metrics = metrics = DaemonMetrics(
             store.engine,
             store.cluster,
@@ -175,14 +174,16 @@ class Daemon:
                     "limit they had (since the daemon started).",
                     lambda: float(restore.restored),
                 )
-            if undo is not None:
-                metrics.watch(
-                    "sgpu_rightsize_undos",
-                    "Pending jobs that waited with a site limit reason they never leave "
-                    "(QOSMin..., BadConstraints...) after rightsizing, given their request "
-                    "back (since the daemon started).",
-                    lambda: float(undo.undone),
-                )
+            # Rightsized jobs a site limit stops for ever get their request back, and
+            # their key is not lowered that way again.
+            undo = undone = RightsizeUndo(cycle.actuator, cycle.audit, rightsize)
+            metrics.watch(
+                "sgpu_rightsize_undos",
+                "Pending jobs that waited with a site limit reason they never leave "
+                "(QOSMin..., BadConstraints...) after rightsizing, given their request "
+                "back (since the daemon started).",
+                lambda: float(undone.undone),
+            )
             if rightsize is not None:
                 metrics.watch(
                     "sgpu_rightsize_backlog_jobs",

@@ -58,6 +58,10 @@ suppresses it for jobs not in ``PolicySnapshot.opted_in``. A job whose comment c
 for each field, the current and proposed value, plus the history count, key level and
 quantile.
 
+A key (user, name, partition) one of whose jobs waited for ever on a site minimum after
+its lowering (the daemon gave it its request back, :mod:`slurmgpu.policy.rightsize_undo`)
+gets none of the fields that reason blames lowered again (:meth:`RightsizePolicy.hold_back`).
+
 A job's verdict (its action, or none) is kept while its request, opt-in, sibling floor and
 user's history stay the same, so a cycle judges only what changed. At most
 ``max_judged_per_cycle`` jobs are judged in one cycle (a first cycle on a deep queue, or a
@@ -395,12 +399,25 @@ class RightsizePolicy:
         # no verdict yet, or one from their user's history before it changed.
         self.backlog = 0
         self._keep = 1.0 - s.min_change_fraction
+        # (user, name, partition) -> fields not to lower for its jobs (hold_back)
+        self._held_back: dict[tuple[str, str, str], frozenset[str]] = {}
         rules = self.sizing
         self._seconds = _Seconds(
             rules.time_headroom,
             rules.min_time_limit.total_seconds(),
             rules.time_round.total_seconds(),
         )
+
+    def hold_back(self, user: str, name: str, partition: str, fields: frozenset[str]) -> None:
+        """Lower none of ``fields`` (``time_limit``, ``memory``, ``cpus``, ``gpus``) of the
+        jobs of (``user``, ``name``, ``partition``) from now on: a job of theirs lowered so
+        waited for ever on a site minimum (:mod:`slurmgpu.policy.rightsize_undo`). Every
+        verdict is judged again (a rare event)."""
+        key = (user, name, partition)
+        merged = self._held_back.get(key, frozenset()) | fields
+        if merged != self._held_back.get(key):
+            self._held_back[key] = merged
+            self._memo = {}
 
     def priors(self, history: Sequence[HistoryRecord]) -> Priors:
         """Return priors for ``history``, reusing them when it is the same object.
@@ -642,6 +659,16 @@ class RightsizePolicy:
         k = d.k  # the key's figures (run times aside: those are d's)
         keep = self._keep  # a change must leave at most this share of the request
         nodes = job.node_count if job.node_count > 1 else 1
+        held = self._held_back.get((job.user, job.name, job.partition)) if self._held_back else None
+        if held:
+            if "time_limit" in held:
+                time_s = None
+            k = msgspec.structs.replace(
+                k,
+                memory_mib=None if "memory" in held else k.memory_mib,
+                cpus_needed=None if "cpus" in held else k.cpus_needed,
+                gpus_used=None if "gpus" in held else k.gpus_used,
+            )
 
         # Decide every field with plain numbers first: most jobs change nothing. A value
         # is proposed when proposed <= keep * current (and below it), i.e. it shrinks

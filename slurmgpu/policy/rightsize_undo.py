@@ -16,9 +16,11 @@ executed rightsize update gets back the request it had before the daemon's first
 lowering of each field (the audit's ``*_current`` numbers, :class:`RightsizeChanges`),
 with ``sgpu:norightsize`` added to its comment so rightsizing leaves it alone from then
 on. Once per job: a job undone already (or whose reason predates any lowering and stays
-after the undo) is not touched again; an undo Slurm refuses is audited ``failed`` with
-Slurm's words and tried at most :data:`MAX_UNDO_TRIES` times. A field whose value before
-the lowering was unknown (``UNLIMITED`` time) is not given back.
+after the undo) is not touched again. Other jobs of its user, name and partition are not
+lowered that way again either: the daemon tells the policy which fields the reason
+blames (:func:`blamed_fields`, ``RightsizePolicy.hold_back``). An undo Slurm refuses is
+audited ``failed`` with Slurm's words and tried at most :data:`MAX_UNDO_TRIES` times. A
+field whose value before the lowering was unknown (``UNLIMITED`` time) is not given back.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ from slurmgpu.policy.base import Action, slurm_job_ref
 from slurmgpu.tokens import NORIGHTSIZE, add_to_comment, rightsize_opted_out
 
 __all__ = [
+    "FIELDS",
     "MAX_UNDO_TRIES",
     "RIGHTSIZE_UNDO_ALERT",
     "STUCK_REASON_PREFIXES",
     "RightsizeChanges",
+    "blamed_fields",
     "stuck_by_limit",
     "undo_action",
 ]
@@ -64,6 +68,32 @@ STUCK_REASON_PREFIXES = (
     "PartitionConfig",
     "BadConstraints",
 )
+
+
+# The fields rightsizing lowers, as RightsizePolicy.hold_back names them.
+FIELDS = frozenset({"time_limit", "memory", "cpus", "gpus"})
+
+# What a reason says was lowered too far: the CPU, memory or GPU minimum of a QOS or an
+# association; anything else (BadConstraints: a GPU minimum on 22.05, or a node that
+# cannot hold the shape; a partition's limit) blames every field.
+_BLAMES = (
+    (("QOSMinCpu", "AssocMinCpu"), frozenset({"cpus"})),
+    (("QOSMinMem", "AssocMinMem"), frozenset({"memory"})),
+    (("QOSMinGRES", "AssocMinGRES"), frozenset({"gpus"})),
+)
+
+
+def blamed_fields(reason: str) -> frozenset[str]:
+    """The fields rightsizing must not lower again for a key whose job waited with
+    ``reason`` after being lowered.
+
+    >>> sorted(blamed_fields("QOSMinMemory")), sorted(blamed_fields("BadConstraints"))
+    (['memory'], ['cpus', 'gpus', 'memory', 'time_limit'])
+    """
+    for prefixes, fields in _BLAMES:
+        if reason.startswith(prefixes):
+            return fields
+    return FIELDS
 
 
 def stuck_by_limit(reason: str) -> bool:
@@ -108,7 +138,12 @@ def undo_action(job: Job, changes: RightsizeChanges | None) -> Action | None:
     if job.state is not JobState.PENDING or not stuck_by_limit(job.reason):
         return None
     intents: list[Intent] = []
-    numbers: dict[str, float | int | str | None] = {"reason": job.reason}
+    # name and partition: the key the daemon holds rightsizing back for (hold_back)
+    numbers: dict[str, float | int | str | None] = {
+        "reason": job.reason,
+        "name": job.name,
+        "partition": job.partition,
+    }
     back: list[str] = []
     if changes.time_limit_s is not None:
         seconds = math.ceil(changes.time_limit_s)

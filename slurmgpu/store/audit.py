@@ -333,6 +333,33 @@ class AuditStore:
             raise StoreError(f"could not read rightsize changes: {one_line(exc)}") from exc
         return {k: v for k, v in out.items() if v.lowered}
 
+    def rightsize_undos(self) -> list[tuple[str, str, str, str]]:
+        """(user, name, partition, reason) of every rightsize undo Slurm took
+        (:mod:`slurmgpu.policy.rightsize_undo`), oldest first."""
+        a = schema.actions
+        stmt = (
+            select(a.c.user, a.c.numbers)
+            .where(
+                and_(
+                    a.c.cluster == self.cluster,
+                    a.c.alert == RIGHTSIZE_UNDO_ALERT,
+                    a.c.outcome == "done",
+                )
+            )
+            .order_by(a.c.id)
+        )
+        out: list[tuple[str, str, str, str]] = []
+        try:
+            with self.engine.connect() as conn:
+                for user, numbers in conn.execute(stmt):
+                    n = numbers or {}
+                    name, partition, reason = n.get("name"), n.get("partition"), n.get("reason")
+                    if isinstance(name, str) and isinstance(partition, str):
+                        out.append((user, name, partition, str(reason or "")))
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not read rightsize undos: {one_line(exc)}") from exc
+        return out
+
     # -- reading the audit -------------------------------------------------------
 
     def latest_by_job(self, job_ids: Sequence[int]) -> dict[int, AuditRecord]:

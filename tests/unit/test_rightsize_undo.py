@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from slurmgpu.actuate.actuator import Actuator
 from slurmgpu.config import Settings
 from slurmgpu.daemon.app import Daemon
 from slurmgpu.daemon.lease import DaemonLease
+from slurmgpu.daemon.rightsize_undo import RightsizeUndo
 from slurmgpu.intent import (
     SetComment,
     SetCpus,
@@ -23,9 +25,12 @@ from slurmgpu.intent import (
 )
 from slurmgpu.model import Job, JobState, Node
 from slurmgpu.policy.base import Action, Decision, Mode
+from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.rightsize_undo import (
+    FIELDS,
     MAX_UNDO_TRIES,
     RightsizeChanges,
+    blamed_fields,
     stuck_by_limit,
     undo_action,
 )
@@ -34,7 +39,7 @@ from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.audit import AuditStore
 from slurmgpu.tokens import rightsize_opted_out
 from tests.fakes import FakeSlurm
-from tests.unit.policy_builders import pending_job
+from tests.unit.policy_builders import HOUR, MIN, pending_job, record, snapshot
 
 NODES = [Node("gpu1", "idle", gpus=4, partitions=("gpu",), address="127.0.0.1")]
 # rightsized from 64 GiB, 48 CPUs, 4 GPUs a node, 8 h
@@ -224,4 +229,50 @@ def test_an_undo_slurm_refuses_is_audited_failed_and_tried_a_bounded_number_of_t
         assert {j.job_id: j for j in slurm.jobs()}[100] == job
     finally:
         lease.release()
+        store.engine.dispose()
+
+
+def test_a_key_undone_is_not_lowered_that_way_again() -> None:
+    history = [record(run_time=MIN * 50, gpus_used=1, mean_cpu_pct=100.0) for _ in range(3)]
+    job = pending_job(time_limit=8 * HOUR, cpus=96, gpus_per_node=4)
+    snap = snapshot([job], history=history)
+    policy = RightsizePolicy()
+
+    def fields() -> set[type]:
+        return {type(i) for a in policy.propose(snap) for i in a.intents}
+
+    every = {SetTimeLimit, SetMemoryPerNode, SetGpus, SetCpus, SetCpusPerNode}
+    assert fields() == every
+    policy.hold_back("alice", "train", "gpu", blamed_fields("QOSMinMemory"))
+    assert fields() == every - {SetMemoryPerNode}  # judged again, not from the memo
+    policy.hold_back("alice", "train", "gpu", blamed_fields("QOSMinCpuNotSatisfied"))
+    assert fields() == {SetTimeLimit, SetGpus}
+    policy.hold_back("bob", "train", "gpu", FIELDS)  # another key: no change here
+    assert fields() == {SetTimeLimit, SetGpus}
+    policy.hold_back("alice", "train", "gpu", blamed_fields("BadConstraints"))
+    assert policy.propose(snap) == []
+
+
+def test_a_restarted_daemon_holds_back_what_earlier_undos_blamed(tmp_path: Path) -> None:
+    job = lowered(reason="QOSMinMemory")
+    slurm = FakeSlurm([job], NODES)
+    daemon, store, lease = _daemon(tmp_path, slurm)
+    try:
+        _rightsized(store, job)
+        daemon.run_once()
+        assert len(slurm.updates) == 1  # the undo
+    finally:
+        lease.release()
+    # the next daemon's policy: told at its first cycle, before it proposes anything
+    history = [record(run_time=MIN * 50, gpus_used=1, mean_cpu_pct=100.0) for _ in range(3)]
+    fresh = pending_job(200, time_limit=8 * HOUR, cpus=96, gpus_per_node=4)
+    policy = RightsizePolicy()
+    audit = AuditStore(store.engine, store.cluster)
+    undo = RightsizeUndo(Actuator(slurm, audit), audit, policy)
+    try:
+        assert undo.after_cycle([fresh], datetime.now(UTC)) == []
+        (action,) = policy.propose(snapshot([fresh], history=history))
+        assert not any(isinstance(i, SetMemoryPerNode) for i in action.intents)
+        assert any(isinstance(i, SetCpus) for i in action.intents)
+    finally:
         store.engine.dispose()
