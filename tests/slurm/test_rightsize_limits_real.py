@@ -7,7 +7,8 @@ at ``MinTRESPerJob=mem=2048`` the daemon's ``MinMemoryNode`` below it is taken (
 and the job, released, waits with ``QOSMinMemory`` for ever (22.05; the same for
 ``cpu=``: ``QOSMinCpuNotSatisfied``, and ``gres/gpu=``: ``BadConstraints``). The daemon's
 next cycle gives it back the request it had (memory and time limit), audited, with
-``sgpu:norightsize`` so it is not lowered again, and the job runs.
+``sgpu:norightsize`` so it is not lowered again, and the job runs; the next job of the
+same user and name gets its time limit lowered, not its memory.
 
 The past runs are real jobs of the user; their memory peaks (which agents would sample)
 are written into the daemon's store by the test, as the summaries of those jobs. In the
@@ -137,6 +138,13 @@ def test_a_rightsize_below_the_qos_minimum_is_undone_and_the_job_runs(
     undo = rows[1]
     assert "QOSMinMemory" in undo.reason and undo.numbers["reason"] == "QOSMinMemory"
     assert undo.fields["MinMemoryNode"] == "3500", undo.fields
-    # not lowered again
+    # not lowered again, nor is the next job of its key below the minimum: its time limit
+    # only (QOSMinMemory blames the memory)
+    second = sbatch_as(
+        OWNER, "--hold", "-J", NAME, "--mem=3500M", "-t", "30",
+        "--comment", "sgpu:rightsize", "--wrap", "sleep 2",
+    )  # fmt: skip
     site_work.daemon_once(config=ENFORCE)
     assert len(_rightsize_rows(site_work, job)) == 2
+    kept = job_fields(second)
+    assert kept["MinMemoryNode"] == "3500M" and kept["TimeLimit"] == "00:15:00", kept
