@@ -26,7 +26,9 @@ in the site's :class:`~slurmgpu.policy.sizing.SizingRules`):
   limit is sized from k times the run time, the most k GPUs in any placement take
   under diminishing returns: a limit the job cannot hit (numbers:
   ``time_bound_gpus``); a per-node request runs in the shape its history did. A job
-  with no limit (``UNLIMITED``) gets one. Only from runs of the job's own script or name unless
+  with no limit (``UNLIMITED``) gets one. Never below the job's ``--time-min``
+  (Slurm refuses it: "Invalid time-min specification"). Only from runs of the job's own
+  script or name unless
   ``time_from_other_jobs``: the user's other jobs say little about this one's run time,
   and a limit too short is a killed run (on Pollux workloads 1, 2 and 4, 66 of the 71
   timeouts after rightsizing came from the ``user+partition`` level). Never from a key
@@ -152,6 +154,7 @@ def _same_request(a: Job, b: Job) -> bool:
         and a.name == b.name
         and a.partition == b.partition
         and a.time_limit == b.time_limit
+        and a.time_min == b.time_min
         and a.memory_mib == b.memory_mib
         and a.node_count == b.node_count
         and a.cpus == b.cpus
@@ -674,6 +677,9 @@ class RightsizePolicy:
         # is proposed when proposed <= keep * current (and below it), i.e. it shrinks
         # the request by at least min_change_fraction.
         new_time: int | None = None
+        if time_s is not None and job.time_min is not None:
+            # Slurm refuses a limit below the job's --time-min
+            time_s = max(time_s, math.ceil(job.time_min.total_seconds()))
         if time_s is not None:
             limit = job.time_limit
             if limit is None:
