@@ -78,7 +78,7 @@ from __future__ import annotations
 import enum
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -410,6 +410,11 @@ class RightsizePolicy:
             rules.min_time_limit.total_seconds(),
             rules.time_round.total_seconds(),
         )
+
+    @property
+    def held_back(self) -> Mapping[tuple[str, str, str], frozenset[str]]:
+        """(user, name, partition) -> the fields :meth:`hold_back` keeps from lowering."""
+        return self._held_back
 
     def hold_back(self, user: str, name: str, partition: str, fields: frozenset[str]) -> None:
         """Lower none of ``fields`` (``time_limit``, ``memory``, ``cpus``, ``gpus``) of the

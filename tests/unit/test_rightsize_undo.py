@@ -25,6 +25,7 @@ from slurmgpu.intent import (
 )
 from slurmgpu.model import Job, JobState, Node
 from slurmgpu.policy.base import Action, Decision, Mode
+from slurmgpu.policy.recommend import recommendations
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.rightsize_undo import (
     FIELDS,
@@ -34,6 +35,7 @@ from slurmgpu.policy.rightsize_undo import (
     stuck_by_limit,
     undo_action,
 )
+from slurmgpu.policy.settings import RightsizeSettings
 from slurmgpu.slurm.client import SlurmCommandError
 from slurmgpu.store import JobStore, open_store
 from slurmgpu.store.audit import AuditStore
@@ -276,3 +278,19 @@ def test_a_restarted_daemon_holds_back_what_earlier_undos_blamed(tmp_path: Path)
         assert any(isinstance(i, SetCpus) for i in action.intents)
     finally:
         store.engine.dispose()
+
+
+def test_the_submit_time_export_leaves_out_what_an_undo_blamed() -> None:
+    """plugins/slurmgpu_submit.lua lowers new jobs from the export: a key held back is not
+    lowered there either, nor is the user's fallback (the QOS holds for all their jobs)."""
+    s = RightsizeSettings()
+    history = [record(run_time=MIN * 50, gpus_used=1, peak_memory_mib=1000.0) for _ in range(3)]
+    policy = RightsizePolicy(s)
+    priors = policy.priors(tuple(history))
+    by_key, fallback = recommendations(priors, s, policy.sizing, policy.held_back)
+    key = "alice|train|gpu"
+    assert by_key[key]["mem_mib"] is not None and fallback["alice"]["mem_mib"] is not None
+    policy.hold_back("alice", "train", "gpu", blamed_fields("QOSMinMemory"))
+    held, held_fallback = recommendations(priors, s, policy.sizing, policy.held_back)
+    assert held[key] == {**by_key[key], "mem_mib": None}
+    assert held_fallback["alice"] == {**fallback["alice"], "mem_mib": None}
