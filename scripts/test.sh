@@ -135,7 +135,7 @@ if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
       status=0
       .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py \
         tests/slurm/test_malleable_torch_real.py tests/slurm/test_malleable_multinode_real.py \
-        tests/slurm/test_limit_restore_real.py \
+        tests/slurm/test_limit_restore_real.py tests/slurm/test_rightsize_limits_real.py \
         tests/slurm/test_gres_usage_real.py tests/slurm/test_site_profile_real.py \
         tests/slurm/test_site_interplay_real.py tests/slurm/test_site_las_fairshare_real.py \
         tests/slurm/test_site_submission_real.py tests/slurm/test_site_las_floor_real.py \

@@ -121,6 +121,9 @@ class Job:
     command: str = ""
     exit_code: int | None = None
     batch: bool = True  # False for salloc/srun interactive allocations
+    # --time-min (None: none): Slurm refuses a time limit below it (22.05: "Invalid
+    # time-min specification"), so rightsizing never proposes one
+    time_min: timedelta | None = None
 
     @property
     def display_id(self) -> str:

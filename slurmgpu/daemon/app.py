@@ -29,6 +29,7 @@ from slurmgpu.daemon.node_directory import NodeDirectory
 from slurmgpu.daemon.observer import CycleResult, Observer
 from slurmgpu.daemon.placement import SnapshotPlacement
 from slurmgpu.daemon.policy_cycle import build_policy_cycle
+from slurmgpu.daemon.rightsize_undo import RightsizeUndo
 from slurmgpu.daemon.store_watch import StoreWatch
 from slurmgpu.daemon.summary import Summarizer
 from slurmgpu.listen_address import parse_listen
@@ -120,6 +121,7 @@ class Daemon:
         cycle = build_policy_cycle(settings, store, slurm) if policies else None
         # Jobs that ran into a limit the daemon lowered go back with the one they had.
         restore = LimitRestore(cycle.actuator, cycle.audit) if cycle is not None else None
+        undo: RightsizeUndo | None = None
         self.metrics = metrics = DaemonMetrics(
             store.engine,
             store.cluster,
@@ -172,6 +174,16 @@ class Daemon:
                     "limit they had (since the daemon started).",
                     lambda: float(restore.restored),
                 )
+            # Rightsized jobs a site limit stops for ever get their request back, and
+            # their key is not lowered that way again.
+            undo = undone = RightsizeUndo(cycle.actuator, cycle.audit, rightsize)
+            metrics.watch(
+                "sgpu_rightsize_undos",
+                "Pending jobs that waited with a site limit reason they never leave "
+                "(QOSMin..., BadConstraints...) after rightsizing, given their request "
+                "back (since the daemon started).",
+                lambda: float(undone.undone),
+            )
             if rightsize is not None:
                 metrics.watch(
                     "sgpu_rightsize_backlog_jobs",
@@ -201,6 +213,11 @@ class Daemon:
                     restore.after_cycle(result.snapshot.jobs, result.ended, result.at)
                 except Exception:  # a bug here must not cost the cycle its decisions
                     log.exception("restoring lowered time limits failed; the cycle goes on")
+            if undo is not None and lease.valid():
+                try:
+                    undo.after_cycle(result.snapshot.jobs, result.at)
+                except Exception:  # a bug here must not cost the cycle its decisions
+                    log.exception("undoing stuck rightsizes failed; the cycle goes on")
             # No lease (lapsed while the database refused writes, or taken over): no action.
             if cycle is not None and lease.valid():
                 cycle.run(result.snapshot, result.at)

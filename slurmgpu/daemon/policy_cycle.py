@@ -159,7 +159,10 @@ class PolicyCycle:
         if self.export is None or self.rightsize is None:
             return
         by_key, fallback = recommendations(
-            self.rightsize.priors(self._history), self.rightsize.settings, self.rightsize.sizing
+            self.rightsize.priors(self._history),
+            self.rightsize.settings,
+            self.rightsize.sizing,
+            self.rightsize.held_back,
         )
         try:
             result = self.export.write(by_key, fallback)

@@ -3,7 +3,7 @@ rightsizing, exported for ``plugins/job_submit.lua``. Pure: priors in, values ou
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from slurmgpu.policy.priors import Estimate, Priors
@@ -47,14 +47,24 @@ def advice(est: Estimate, s: RightsizeSettings, rules: SizingRules) -> dict[str,
     }
 
 
+# RightsizePolicy.hold_back's field names -> the export's columns
+_COLUMNS = {"time_limit": "time_limit_min", "memory": "mem_mib", "cpus": "cpus", "gpus": "gpus"}
+
+
 def recommendations(
-    priors: Priors, settings: RightsizeSettings, rules: SizingRules
+    priors: Priors,
+    settings: RightsizeSettings,
+    rules: SizingRules,
+    held_back: Mapping[tuple[str, str, str], frozenset[str]] | None = None,
 ) -> tuple[dict[str, dict[str, int | None]], dict[str, dict[str, int | None]]]:
     """(by "user|name|partition", fallback by user) for the export.
 
     The per-user fallback carries no time limit unless ``time_from_other_jobs``: as in
     RightsizePolicy, the user's other jobs never set a job's limit (one too short kills
-    the run).
+    the run). ``held_back`` (``RightsizePolicy.held_back``): fields rightsizing no longer
+    lowers for a key, one of whose jobs a site minimum stopped
+    (:mod:`slurmgpu.policy.rightsize_undo`); they are left out of that key's row and of
+    its user's fallback (the same QOS minimum holds for the user's other jobs).
     """
     by_key = {
         f"{user}|{name}|{partition}": advice(est, settings, rules)
@@ -62,6 +72,11 @@ def recommendations(
     }
     user_level = settings if settings.time_from_other_jobs else replace(settings, time_limit=False)
     fallback = {user: advice(est, user_level, rules) for user, est in priors.user_estimates()}
+    for (user, name, partition), fields in (held_back or {}).items():
+        for row in (by_key.get(f"{user}|{name}|{partition}"), fallback.get(user)):
+            if row is not None:
+                for f in fields:
+                    row[_COLUMNS[f]] = None
     return by_key, fallback
 
 

@@ -26,7 +26,9 @@ in the site's :class:`~slurmgpu.policy.sizing.SizingRules`):
   limit is sized from k times the run time, the most k GPUs in any placement take
   under diminishing returns: a limit the job cannot hit (numbers:
   ``time_bound_gpus``); a per-node request runs in the shape its history did. A job
-  with no limit (``UNLIMITED``) gets one. Only from runs of the job's own script or name unless
+  with no limit (``UNLIMITED``) gets one. Never below the job's ``--time-min``
+  (Slurm refuses it: "Invalid time-min specification"). Only from runs of the job's own
+  script or name unless
   ``time_from_other_jobs``: the user's other jobs say little about this one's run time,
   and a limit too short is a killed run (on Pollux workloads 1, 2 and 4, 66 of the 71
   timeouts after rightsizing came from the ``user+partition`` level). Never from a key
@@ -58,6 +60,10 @@ suppresses it for jobs not in ``PolicySnapshot.opted_in``. A job whose comment c
 for each field, the current and proposed value, plus the history count, key level and
 quantile.
 
+A key (user, name, partition) one of whose jobs waited for ever on a site minimum after
+its lowering (the daemon gave it its request back, :mod:`slurmgpu.policy.rightsize_undo`)
+gets none of the fields that reason blames lowered again (:meth:`RightsizePolicy.hold_back`).
+
 A job's verdict (its action, or none) is kept while its request, opt-in, sibling floor and
 user's history stay the same, so a cycle judges only what changed. At most
 ``max_judged_per_cycle`` jobs are judged in one cycle (a first cycle on a deep queue, or a
@@ -72,7 +78,7 @@ from __future__ import annotations
 import enum
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -148,6 +154,7 @@ def _same_request(a: Job, b: Job) -> bool:
         and a.name == b.name
         and a.partition == b.partition
         and a.time_limit == b.time_limit
+        and a.time_min == b.time_min
         and a.memory_mib == b.memory_mib
         and a.node_count == b.node_count
         and a.cpus == b.cpus
@@ -395,12 +402,30 @@ class RightsizePolicy:
         # no verdict yet, or one from their user's history before it changed.
         self.backlog = 0
         self._keep = 1.0 - s.min_change_fraction
+        # (user, name, partition) -> fields not to lower for its jobs (hold_back)
+        self._held_back: dict[tuple[str, str, str], frozenset[str]] = {}
         rules = self.sizing
         self._seconds = _Seconds(
             rules.time_headroom,
             rules.min_time_limit.total_seconds(),
             rules.time_round.total_seconds(),
         )
+
+    @property
+    def held_back(self) -> Mapping[tuple[str, str, str], frozenset[str]]:
+        """(user, name, partition) -> the fields :meth:`hold_back` keeps from lowering."""
+        return self._held_back
+
+    def hold_back(self, user: str, name: str, partition: str, fields: frozenset[str]) -> None:
+        """Lower none of ``fields`` (``time_limit``, ``memory``, ``cpus``, ``gpus``) of the
+        jobs of (``user``, ``name``, ``partition``) from now on: a job of theirs lowered so
+        waited for ever on a site minimum (:mod:`slurmgpu.policy.rightsize_undo`). Every
+        verdict is judged again (a rare event)."""
+        key = (user, name, partition)
+        merged = self._held_back.get(key, frozenset()) | fields
+        if merged != self._held_back.get(key):
+            self._held_back[key] = merged
+            self._memo = {}
 
     def priors(self, history: Sequence[HistoryRecord]) -> Priors:
         """Return priors for ``history``, reusing them when it is the same object.
@@ -642,11 +667,24 @@ class RightsizePolicy:
         k = d.k  # the key's figures (run times aside: those are d's)
         keep = self._keep  # a change must leave at most this share of the request
         nodes = job.node_count if job.node_count > 1 else 1
+        held = self._held_back.get((job.user, job.name, job.partition)) if self._held_back else None
+        if held:
+            if "time_limit" in held:
+                time_s = None
+            k = msgspec.structs.replace(
+                k,
+                memory_mib=None if "memory" in held else k.memory_mib,
+                cpus_needed=None if "cpus" in held else k.cpus_needed,
+                gpus_used=None if "gpus" in held else k.gpus_used,
+            )
 
         # Decide every field with plain numbers first: most jobs change nothing. A value
         # is proposed when proposed <= keep * current (and below it), i.e. it shrinks
         # the request by at least min_change_fraction.
         new_time: int | None = None
+        if time_s is not None and job.time_min is not None:
+            # Slurm refuses a limit below the job's --time-min
+            time_s = max(time_s, math.ceil(job.time_min.total_seconds()))
         if time_s is not None:
             limit = job.time_limit
             if limit is None:

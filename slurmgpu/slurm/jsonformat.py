@@ -168,6 +168,7 @@ class JobRecord(msgspec.Struct, gc=False):
     start_time: IntLike = None
     end_time: IntLike = None
     time_limit: IntLike = None
+    time_minimum: IntLike = None
     cpus: IntLike = None
     node_count: IntLike = None
     tasks: IntLike = None
@@ -948,6 +949,7 @@ def job_from_record(r: JobRecord, problems: _Problems | None = None) -> Job:
         command=_str(r.command),
         exit_code=_exit_code(r.exit_code, state),
         batch=True if r.batch_flag is None else bool(r.batch_flag),
+        time_min=_minutes(r.time_minimum),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +20,7 @@ from slurmgpu.cycle.guardrails import Taken
 from slurmgpu.intent import SetTimeLimit
 from slurmgpu.policy.base import ORDERING_ALERT, Decision, PriorAlert
 from slurmgpu.policy.limit_restore import LIMIT_RESTORE_ALERT, LimitChanges
+from slurmgpu.policy.rightsize_undo import RIGHTSIZE_UNDO_ALERT, RightsizeChanges
 from slurmgpu.slurm.update import audit_fields, field_name
 from slurmgpu.store import schema
 from slurmgpu.store.database import StoreError
@@ -293,6 +294,72 @@ class AuditStore:
             raise StoreError(f"could not read time limit changes: {one_line(exc)}") from exc
         return {k: v for k, v in out.items() if v.asked_s is not None}
 
+    def rightsize_changes(self, job_ids: Sequence[int]) -> dict[int, RightsizeChanges]:
+        """Job -> what its executed rightsize updates lowered: each field's value before
+        the first lowering (the action's ``*_current`` numbers) and whether the job was
+        undone since (:mod:`slurmgpu.policy.rightsize_undo`). Jobs never rightsized are
+        left out."""
+        a = schema.actions
+        out: dict[int, RightsizeChanges] = {}
+        ids = sorted(set(job_ids))
+        try:
+            with self.engine.connect() as conn:
+                for i in range(0, len(ids), 500):
+                    stmt = (
+                        select(a.c.job_id, a.c.alert, a.c.numbers, a.c.outcome)
+                        .where(
+                            and_(
+                                a.c.cluster == self.cluster,
+                                a.c.job_id.in_(ids[i : i + 500]),
+                                a.c.policy == "rightsize",
+                                a.c.kind == "update",
+                                a.c.outcome.in_(("done", "failed")),
+                            )
+                        )
+                        .order_by(a.c.id)
+                    )
+                    for job_id, alert, numbers, outcome in conn.execute(stmt):
+                        was = out.get(int(job_id), RightsizeChanges())
+                        if alert == RIGHTSIZE_UNDO_ALERT:
+                            was = (
+                                replace(was, undone=True)
+                                if outcome == "done"
+                                else replace(was, undo_failures=was.undo_failures + 1)
+                            )
+                        elif outcome == "done":
+                            was = _rightsize_change(was, numbers or {})
+                        out[int(job_id)] = was
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not read rightsize changes: {one_line(exc)}") from exc
+        return {k: v for k, v in out.items() if v.lowered}
+
+    def rightsize_undos(self) -> list[tuple[str, str, str, str]]:
+        """(user, name, partition, reason) of every rightsize undo Slurm took
+        (:mod:`slurmgpu.policy.rightsize_undo`), oldest first."""
+        a = schema.actions
+        stmt = (
+            select(a.c.user, a.c.numbers)
+            .where(
+                and_(
+                    a.c.cluster == self.cluster,
+                    a.c.alert == RIGHTSIZE_UNDO_ALERT,
+                    a.c.outcome == "done",
+                )
+            )
+            .order_by(a.c.id)
+        )
+        out: list[tuple[str, str, str, str]] = []
+        try:
+            with self.engine.connect() as conn:
+                for user, numbers in conn.execute(stmt):
+                    n = numbers or {}
+                    name, partition, reason = n.get("name"), n.get("partition"), n.get("reason")
+                    if isinstance(name, str) and isinstance(partition, str):
+                        out.append((user, name, partition, str(reason or "")))
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not read rightsize undos: {one_line(exc)}") from exc
+        return out
+
     # -- reading the audit -------------------------------------------------------
 
     def latest_by_job(self, job_ids: Sequence[int]) -> dict[int, AuditRecord]:
@@ -351,4 +418,37 @@ def _record(r: Any) -> AuditRecord:
         fields=dict(r["fields"] or {}),
         error=r["error"],
         caller_uid=r["caller_uid"],
+    )
+
+
+def _number(numbers: dict[str, Any], key: str) -> float | None:
+    value = numbers.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _rightsize_change(was: RightsizeChanges, numbers: dict[str, Any]) -> RightsizeChanges:
+    """``was`` with one more executed rightsize update: a field keeps the value it had
+    before its first lowering."""
+    time_s = was.time_limit_s
+    if time_s is None and "time_limit_proposed_s" in numbers:
+        time_s = _number(numbers, "time_limit_current_s")
+    memory = was.memory_per_node_mib
+    if memory is None and (m := _number(numbers, "memory_per_node_current_mib")) is not None:
+        memory = int(m)
+    cpus = was.cpus
+    if cpus is None and (c := _number(numbers, "cpus_current")) is not None:
+        cpus = int(c)
+    gpus, per_node = was.gpus, was.gpus_per_node
+    if gpus is None:
+        if (g := _number(numbers, "gpus_per_node_current")) is not None:
+            gpus, per_node = int(g), True
+        elif (g := _number(numbers, "gpus_current")) is not None:
+            gpus, per_node = int(g), False
+    return replace(
+        was,
+        time_limit_s=time_s,
+        memory_per_node_mib=memory,
+        cpus=cpus,
+        gpus=gpus,
+        gpus_per_node=per_node,
     )

@@ -777,3 +777,21 @@ def test_a_mig_slice_job_is_one_typed_gpu_on_the_slices_index(
     (job,), _ = decode_squeue(json.dumps(data).encode())
     assert (job.gpus.gpus, job.gpus.gpu_type) == (1, "1g.10gb")
     assert [a.gpu_indices for a in job.gpu_allocations] == [(2,)]
+
+
+@pytest.mark.parametrize(
+    ("golden", "minimum"),
+    [("22.05", 40), ("24.11", {"set": True, "infinite": False, "number": 40})],
+)
+def test_a_jobs_time_min_is_read(golden: str, minimum: object) -> None:
+    """``--time-min`` (``time_minimum``, minutes; 0: none): rightsizing never goes below
+    it, as Slurm refuses such a limit."""
+    directory = G2205 if golden == "22.05" else G2411
+    data = json.loads((directory / "squeue.json").read_bytes())
+    first = data["jobs"][0]
+    assert first["time_minimum"] in (0, {"set": True, "infinite": False, "number": 0})
+    plain = decode_squeue(json.dumps(data).encode())[0][0]
+    first["time_minimum"] = minimum
+    jobs, _ = decode_squeue(json.dumps(data).encode())
+    assert plain.time_min is None
+    assert jobs[0].job_id == first["job_id"] and jobs[0].time_min == timedelta(minutes=40)

@@ -775,3 +775,12 @@ def test_a_changed_request_beyond_the_budget_loses_its_old_verdict() -> None:
     got = policy.propose(snapshot(shorter, at=T0 + 2 * MIN, history=history))
     assert [a.job_id for a in got] == [101] and policy.backlog == 1
     assert got[0].numbers["time_limit_current_s"] == 12 * 3600
+
+
+def test_a_time_limit_never_goes_below_the_jobs_time_min() -> None:
+    """Slurm refuses it (22.05: "Invalid time-min specification ..." for a coordinator's
+    TimeLimit below the job's --time-min), and the action would fail every cycle."""
+    history = [record(run_time=MIN * m) for m in (50, 55, 60)]  # -> 80 min
+    job = pending_job(time_limit=8 * HOUR, time_min=2 * HOUR)
+    assert limit_of(only(propose([job], history, ONLY_TIME))) == limit("02:00:00")
+    assert propose([replace(job, time_min=7 * HOUR)], history, ONLY_TIME) == []
