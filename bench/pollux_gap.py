@@ -155,18 +155,23 @@ def _views(trace: Sequence[TraceJob], which: str, seed: int, search: str) -> dic
     return _pollux(trace, which, seed, search) if which in POLLUX else _ours(trace, which)
 
 
-def _occupancy(jobs: Iterable[JobView]) -> tuple[float, float]:
+Occupancy = tuple[float, float, float]
+
+
+def _occupancy(jobs: Iterable[JobView]) -> Occupancy:
     """(mean share of the cluster held over the makespan, GPU-hours idle while a job
-    waits), on a ``STEP_S`` grid."""
+    waits, of them while a job that never ran waits), on a ``STEP_S`` grid. The rest of
+    the idle time beside waiting jobs is beside restarting ones (a resize, a preemption)."""
     views = list(jobs)
     if not views:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     t0 = min(v.submit_s for v in views)
     t1 = max(v.end_s for v in views)
     n = math.ceil((t1 - t0) / STEP_S) + 1
     held = np.zeros(n + 1)
     active = np.zeros(n + 1)
     running = np.zeros(n + 1)
+    new = np.zeros(n + 1)  # submitted, not yet started
 
     def idx(t: float) -> int:
         return min(n, max(0, math.ceil((t - t0) / STEP_S)))
@@ -174,6 +179,8 @@ def _occupancy(jobs: Iterable[JobView]) -> tuple[float, float]:
     for v in views:
         active[idx(v.submit_s)] += 1
         active[idx(v.end_s)] -= 1
+        new[idx(v.submit_s)] += 1
+        new[idx(v.first_start_s if not math.isnan(v.first_start_s) else v.end_s)] -= 1
         for a, b, p in v.spans:
             held[idx(a)] += sum(p)
             held[idx(b)] -= sum(p)
@@ -183,7 +190,12 @@ def _occupancy(jobs: Iterable[JobView]) -> tuple[float, float]:
     waiting = (np.cumsum(active) - np.cumsum(running))[:n] > 0
     cap = NODES * PER_NODE
     idle = np.clip(cap - gpus, 0, None)
-    return float(gpus.mean() / cap), float(idle[waiting].sum() * STEP_S / 3600.0)
+    fresh = np.cumsum(new)[:n] > 0
+    return (
+        float(gpus.mean() / cap),
+        float(idle[waiting].sum() * STEP_S / 3600.0),
+        float(idle[fresh].sum() * STEP_S / 3600.0),
+    )
 
 
 def _size_class(gpus: int) -> str:
@@ -270,18 +282,16 @@ def _report(
     load: float,
     a: str,
     b: str,
-    rows: Sequence[tuple[int, int, list[Pair], tuple[float, float], tuple[float, float]]],
+    rows: Sequence[tuple[int, int, list[Pair], Occupancy, Occupancy]],
     pairs: Sequence[Pair],
 ) -> dict[str, float]:
     print(f"\nload {load:g}: {a} (A) against {b} (B), {len(pairs)} matched jobs")
     print(
         f"{'workload':>8} {'JCT A':>7} {'JCT B':>7} {'A/B':>5} {'queue A':>7} {'queue B':>7} "
         f"{'run A':>7} {'run B':>7} {'GPUh A':>6} {'GPUh B':>6} {'rst A':>5} {'rst B':>5} "
-        f"{'held A':>6} {'held B':>6} {'idleW A':>7} {'idleW B':>7}"
+        f"{'held A':>6} {'held B':>6} {'idleW A':>7} {'idleW B':>7} {'idleN A':>7} {'idleN B':>7}"
     )
-    by_w: dict[int, list[tuple[list[Pair], tuple[float, float], tuple[float, float]]]] = (
-        defaultdict(list)
-    )
+    by_w: dict[int, list[tuple[list[Pair], Occupancy, Occupancy]]] = defaultdict(list)
     for w, _seed, matched, occ_a, occ_b in rows:
         by_w[w].append((matched, occ_a, occ_b))
     for w, runs in sorted(by_w.items()):
@@ -299,12 +309,13 @@ def _report(
             f"{_mean(y.restarts for _, y, _ in ps):>5.2f} "
             f"{100 * _mean(o[0] for _, o, _ in runs):>5.0f}% "
             f"{100 * _mean(o[0] for _, _, o in runs):>5.0f}% "
-            f"{_mean(o[1] for _, o, _ in runs):>7,.1f} {_mean(o[1] for _, _, o in runs):>7,.1f}"
+            f"{_mean(o[1] for _, o, _ in runs):>7,.1f} {_mean(o[1] for _, _, o in runs):>7,.1f} "
+            f"{_mean(o[2] for _, o, _ in runs):>7,.1f} {_mean(o[2] for _, _, o in runs):>7,.1f}"
         )
     print(
         "  (queue: submission to first start; run: first start to end; GPUh: held per run; "
         "rst: restarts per job; held: mean share of the cluster held; idleW: GPU-hours idle "
-        "while a job waited, per run)"
+        "while a job waited, per run; idleN: of them while a job that never ran waited)"
     )
     total_diff = sum(x.jct - y.jct for x, y, _ in pairs)
     classes: dict[tuple[str, str], list[Pair]] = defaultdict(list)
