@@ -235,6 +235,8 @@ class PolluxJob:
     resizes: int = 0  # a change between two non-empty allocations
     preemptions: int = 0  # a running job left with none
     batches: list[int] = field(default_factory=list)
+    # every allocation change: (time, GPUs per node), () when it lost its GPUs
+    history: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
 
     @property
     def replicas(self) -> int:
@@ -546,4 +548,5 @@ def simulate_pollux(
             elif job.alloc:
                 job.preemptions += 1
             job.alloc = new
+            job.history.append((now, new))
     return PolluxResult(tuple(jobs), nodes, gpus_per_node, cost, opts)

@@ -35,6 +35,7 @@ NEEDS: dict[str, Path | None] = {
     "report": None,
     "sharing_sim": DATA / "lucid" / "colocate_info.csv",
     "sim_pollux": DATA / "pollux" / "profiles",
+    "pollux_gap": DATA / "pollux" / "profiles",
     "sim_hetero": DATA / "pollux" / "profiles",
     "speedup_fit": DATA / "pollux" / "profiles",
     "decode_records": None,

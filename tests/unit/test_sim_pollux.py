@@ -112,6 +112,15 @@ def test_a_run_finishes_every_job_and_counts_what_it_did() -> None:
         assert j.end_s - j.submit_s > j.app.progress / fastest
     assert f["resizes_per_job"] == sum(j.resizes for j in flat.jobs) / 2
     assert f["gpu_hours"] > 0
+    # its history holds every allocation change: a first start, then each resize and
+    # preemption, in time order, never past its end
+    for j in flat.jobs:
+        assert j.history and j.history[0][1]
+        assert len(j.history) == 1 + j.resizes + j.preemptions + sum(
+            1 for (_, a), (_, b) in zip(j.history, j.history[1:], strict=False) if not a and b
+        )
+        times = [t for t, _ in j.history]
+        assert times == sorted(times) and times[-1] < j.end_s
     # the job co-adapted its batch as it was given more GPUs
     assert len(flat.jobs[0].batches) > 1
     again = simulate_pollux(
