@@ -26,9 +26,10 @@ __all__ = ["DEFAULT_POLICIES", "FIDELITY", "MeteredJob", "Progress", "compare", 
 
 DEFAULT_POLICIES = ("rightsize", "colocate", "malleable", "all")
 FIDELITY = (
-    "simulator figures, not measurements: the simulator's fidelity against real Slurm "
-    "is not yet measured (issue 33); jobs replay at their real run time and asked-for "
-    "GPUs, with the util their summaries recorded"
+    "simulator figures, not measurements: against one real replay on Slurm 22.05 the "
+    "simulator's mean JCT was within 10 %, its p99 and makespan 11-28 % short "
+    "(docs/simulator.md); jobs replay at their real run time and asked-for GPUs, with "
+    "the util their summaries recorded"
 )
 
 # (policy set, jobs submitted so far over every seed of that set, jobs x seeds)

@@ -130,7 +130,7 @@ def test_whatif_json_gives_per_set_figures_and_rightsize_returns_gpu_hours(db: s
             assert key in figures
     right = doc["sets"]["rightsize"]
     assert right["gpu_hours_returned"] > 0 and right["jobs_touched"] > 0
-    assert any("issue 33" in n for n in doc["notes"])
+    assert any("simulator figures, not measurements" in n for n in doc["notes"])
     assert doc["measured_energy_kwh"] is None  # the test store has no metered energy
     assert any(n.startswith("1 of 11 jobs have no usage summary") for n in doc["notes"])
 
@@ -159,7 +159,7 @@ def test_whatif_table_says_what_it_is(db: str) -> None:
     )
     assert out.exit_code == 0, out.output
     assert "GPU-h returned" in out.output and "rightsize" in out.output
-    assert "not yet measured" in out.output
+    assert "simulator figures, not measurements" in out.output
 
 
 def test_an_empty_window_says_so_in_one_line(db: str) -> None:
@@ -200,7 +200,7 @@ def _check_section(section: str, expected: dict[str, Any]) -> None:
         assert cells[9] == f"{f['energy_saved_kwh']:,.1f}"
         assert cells[10] == str(f["jobs_touched"])
     notes = [html.unescape(n) for n in re.findall(r'<div class="note">(.*?)</div>', section)]
-    assert notes == expected["notes"] and "not yet measured (issue 33)" in notes[0]
+    assert notes == expected["notes"] and "simulator figures, not measurements" in notes[0]
 
 
 def test_the_html_whatif_section_renders_the_figures_from_the_store(db: str) -> None:
