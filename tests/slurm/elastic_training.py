@@ -56,8 +56,15 @@ def assert_continuous(log: Path) -> None:
     ):
         assert resumed == prev_last  # each run resumed where the previous one checkpointed
     losses = {int(r["step"]): float(r["loss"]) for r in read_jsonl(log) if "event" not in r}
+
+    def mean_from(first: int) -> float:
+        # one batch's loss is noisy (26.0 at step 1, 26.9 at step 44 after 11.1 at 43 in a
+        # run that had trained on): compare means over the next five steps
+        window = [losses[k] for k in range(first, first + 5) if k in losses]
+        return sum(window) / len(window)
+
     for _, _, resumed in runs[1:]:
-        assert losses[resumed + 1] < 0.8 * losses[1]  # trained on, not from scratch
+        assert mean_from(resumed + 1) < 0.8 * mean_from(1)  # trained on, not from scratch
 
 
 def fill_cluster(t: Telemetry) -> list[int]:
