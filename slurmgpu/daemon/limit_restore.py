@@ -11,23 +11,16 @@ Slurm lists them. Never raises.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from slurmgpu.actuate.actuator import ActuationResult, Actuator
+from slurmgpu.daemon.audited_rule import carry_out_rule
 from slurmgpu.model import Job, JobState
-from slurmgpu.policy.base import Decision, Mode
 from slurmgpu.policy.limit_restore import restore_action
 from slurmgpu.store.audit import AuditStore
-from slurmgpu.store.database import StoreError
-from slurmgpu.store.health import one_line
 
 __all__ = ["LimitRestore"]
-
-log = logging.getLogger("slurmgpu.daemon")
 
 
 class LimitRestore:
@@ -45,24 +38,13 @@ class LimitRestore:
         in this cycle (``ended``) where the rule says so; return the actuator's results."""
         ids = set(ended)
         timed_out = [j for j in jobs if j.job_id in ids and j.state is JobState.TIMEOUT]
-        if not timed_out:
-            return []
-        try:
-            changes = self.audit.limit_changes([j.job_id for j in timed_out])
-        except (StoreError, SQLAlchemyError) as exc:
-            log.warning(
-                "timed-out jobs %s not checked for a lowered limit: %s",
-                ", ".join(str(j.job_id) for j in timed_out),
-                one_line(exc),
-            )
-            return []
-        decisions = []
-        for job in timed_out:
-            action = restore_action(job, changes.get(job.job_id))
-            if action is not None:
-                decisions.append(Decision(action, Mode.ENFORCE, execute=True, notify=False))
-        if not decisions:
-            return []
-        results = self.actuator.carry_out(decisions, at)
+        results = carry_out_rule(
+            self.actuator,
+            timed_out,
+            self.audit.limit_changes,
+            restore_action,
+            at,
+            unread="timed-out jobs {ids} not checked for a lowered limit",
+        )
         self.restored += sum(1 for r in results if r.outcome == "done")
         return results

@@ -19,8 +19,8 @@ from datetime import datetime
 from sqlalchemy.exc import SQLAlchemyError
 
 from slurmgpu.actuate.actuator import ActuationResult, Actuator
+from slurmgpu.daemon.audited_rule import carry_out_rule
 from slurmgpu.model import Job, JobState
-from slurmgpu.policy.base import Decision, Mode
 from slurmgpu.policy.rightsize import RightsizePolicy
 from slurmgpu.policy.rightsize_undo import blamed_fields, stuck_by_limit, undo_action
 from slurmgpu.store.audit import AuditStore
@@ -63,25 +63,14 @@ class RightsizeUndo:
         with a reason they never leave, where the rule says so; return the results."""
         self._load()
         stuck = [j for j in jobs if j.state is JobState.PENDING and stuck_by_limit(j.reason)]
-        if not stuck:
-            return []
-        try:
-            changes = self.audit.rightsize_changes([j.job_id for j in stuck])
-        except (StoreError, SQLAlchemyError) as exc:
-            log.warning(
-                "stuck pending jobs %s not checked for a rightsize: %s",
-                ", ".join(str(j.job_id) for j in stuck),
-                one_line(exc),
-            )
-            return []
-        decisions = []
-        for job in stuck:
-            action = undo_action(job, changes.get(job.job_id))
-            if action is not None:
-                decisions.append(Decision(action, Mode.ENFORCE, execute=True, notify=False))
-        if not decisions:
-            return []
-        results = self.actuator.carry_out(decisions, at)
+        results = carry_out_rule(
+            self.actuator,
+            stuck,
+            self.audit.rightsize_changes,
+            undo_action,
+            at,
+            unread="stuck pending jobs {ids} not checked for a rightsize",
+        )
         for r in results:
             if r.outcome != "done":
                 continue
