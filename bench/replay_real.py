@@ -50,6 +50,7 @@ from slurmgpu.lab.replay import (  # noqa: E402
 )
 from slurmgpu.sim import metrics  # noqa: E402
 from slurmgpu.sim.costs import CostError, cost_set  # noqa: E402
+from slurmgpu.sim.fairshare import FairShareConfig  # noqa: E402
 from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
 from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
 from slurmgpu.sim.profiles import load_profiles  # noqa: E402
@@ -75,6 +76,22 @@ def runuser(user: str) -> list[str]:
     return ["runuser", "-u", user, "--"]
 
 
+def site_fairshare() -> FairShareConfig:
+    """The site lab's priority as the simulator models it (sim.fairshare), in wall
+    seconds: its accounts and users, ``root`` and the daemon's user under root, its
+    weights, and billing one per job (one CPU each, no ``TRESBillingWeights``)."""
+    return FairShareConfig(
+        accounts=dict(site.ACCOUNTS),
+        users={u.name: u.account for u in site.USERS},
+        root_users=("root", site.DAEMON_USER),
+        weight_fairshare=float(site.WEIGHT_FAIRSHARE),
+        base=float(site.BASE_PRIORITY + site.WEIGHT_QOS),
+        billing="job",
+        calc_period_s=float(site.CALC_PERIOD_S),
+        half_life_s=float(site.DECAY_HALF_LIFE_S),
+    )
+
+
 def plan(
     args: argparse.Namespace, policy_set: str, max_gpus: int
 ) -> tuple[list[TraceJob], list[ReplayJob]]:
@@ -93,7 +110,11 @@ def plan(
 
 
 def simulated(
-    trace: list[TraceJob], args: argparse.Namespace, policy_set: str, costs: str | None = None
+    trace: list[TraceJob],
+    args: argparse.Namespace,
+    policy_set: str,
+    costs: str | None = None,
+    per_job: dict[int, tuple[float, float, float]] | None = None,
 ) -> dict[str, float]:
     """The simulator on the replayed jobs (trace time, its 60 s cycle: 1 s of the replay
     at C = 60), its figures divided by C: wall seconds like the replay's. Its costs: the
@@ -102,9 +123,21 @@ def simulated(
     simulator as before 2026-12-07 (the legacy costs in trace time, as if they
     compressed)."""
     name = costs or args.costs
-    options = None if name == "unscaled" else replay_options(cost_set(name), args.compression)
-    r = metrics.summarise(simulate(trace, ClusterShape(args.nodes, 4), policy_set, options))
+    fairshare = None if args.fifo else site_fairshare()
+    options = (
+        None if name == "unscaled" else replay_options(cost_set(name), args.compression, fairshare)
+    )
+    run = simulate(trace, ClusterShape(args.nodes, 4), policy_set, options)
+    r = metrics.summarise(run)
     c = args.compression
+    if per_job is not None:  # trace line -> (submit, first start, end), wall seconds
+        t0 = min(j.submit_s for j in trace)
+        for job in run.jobs:
+            per_job[job.spec.line] = (
+                (job.submit_s - t0) / c,
+                (job.first_start_s - t0) / c,
+                (job.end_s - t0) / c,
+            )
     return {
         "avg_jct_s": r.avg_jct_s / c,
         "p99_jct_s": r.p99_jct_s / c,
@@ -135,12 +168,20 @@ def from_json(args: argparse.Namespace) -> int:
     print("\n".join(cost_set(args.costs).lines()) if args.costs != "unscaled" else "")
     print(f"{'set':<10} {'costs':<16} {'avg JCT':>8} {'p99':>6} {'makespan':>8}")
     figures: dict[str, dict[str, dict[str, float]]] = {}
+    lines: dict[str, dict[int, tuple[float, float, float]]] = {}
     for policy_set in sets:
         trace, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
         replayed = replayed_trace(trace, jobs, args.compression)
         figures[policy_set] = {}
         for name in ("unscaled", args.costs):
-            sim = simulated(replayed, args, policy_set, name)
+            per_job: dict[int, tuple[float, float, float]] = {}
+            sim = simulated(replayed, args, policy_set, name, per_job)
+            if name == args.costs:
+                lines[policy_set] = {
+                    i: per_job[trace[j.source].line]
+                    for i, j in enumerate(jobs)
+                    if trace[j.source].line in per_job
+                }
             ratios = {k: sim[k] / real[policy_set][k] for k in sim}
             figures[policy_set][name] = ratios
             print(
@@ -151,7 +192,36 @@ def from_json(args: argparse.Namespace) -> int:
         off = [abs(figures[s][name][k] - 1) for s in figures for k in figures[s][name]]
         if off:
             print(f"{name}: mean |sim / real - 1| {statistics.mean(off):.3f}, worst {max(off):.3f}")
+    if args.per_job:
+        for policy_set in sets:
+            print_per_job(policy_set, doc["figures"]["jobs"].get(policy_set, []), lines[policy_set])
     return 0
+
+
+def print_per_job(
+    policy_set: str, real_jobs: list[dict[str, object]], sim: dict[int, tuple[float, float, float]]
+) -> None:
+    """Each job's wait and JCT, real beside simulated (wall s), largest JCT gap first."""
+    rows = []
+    for r in real_jobs:
+        index = r.get("index")
+        if not isinstance(index, int) or index not in sim:
+            continue
+        sub, start, end = sim[index]
+        real_wait = float(str(r["started_s"])) - float(str(r["submitted_s"]))
+        real_jct = float(str(r["jct_s"]))
+        rows.append((end - sub - real_jct, index, r, start - sub, end - sub, real_wait, real_jct))
+    rows.sort(key=lambda row: -abs(row[0]))
+    print(f"\n== {policy_set}: per job, simulated - real (wall s), largest gap first")
+    print(
+        f"{'#':>3} {'name':<12} {'resz':>4} {'wait real':>9} {'sim':>6} {'JCT real':>8} "
+        f"{'sim':>7} {'gap':>7}"
+    )
+    for gap, index, r, wait, jct, real_wait, real_jct in rows:
+        print(
+            f"{index:>3} {r['name']!s:<12} {r['resizes']!s:>4} {real_wait:>9.1f} "
+            f"{wait:>6.1f} {real_jct:>8.1f} {jct:>7.1f} {gap:>+7.1f}"
+        )
 
 
 def main() -> int:
@@ -180,6 +250,22 @@ def main() -> int:
         metavar="RUN.json",
         help="no lab: the simulator side only, on the slice of a saved run (its --json-out), "
         "beside that run's real figures, unscaled and with --costs",
+    )
+    p.add_argument(
+        "--fifo",
+        action="store_true",
+        help="the simulator orders its queue by submission, not by the lab's fair share",
+    )
+    p.add_argument(
+        "--per-job",
+        action="store_true",
+        help="with --from-json: each job's wait and JCT, real beside simulated",
+    )
+    p.add_argument(
+        "--slurm-root",
+        type=Path,
+        default=None,
+        help="a Slurm chroot (scripts/slurm_chroot.sh) to run the lab's release from",
     )
     p.add_argument(
         "--running-lab",
@@ -231,11 +317,14 @@ def main() -> int:
             nodes=args.nodes,
             ctld_port=args.ctld_port,
             slurmd_port_base=args.slurmd_port_base,
+            slurm_root=str(args.slurm_root) if args.slurm_root else None,
             profile="site",
         )
         print(f"site lab: {args.nodes} nodes under {tmp}", flush=True)
         elapsed = lab.up(timeout_s=180)
         print(f"site lab idle after {elapsed:.1f} s", flush=True)
+        if args.slurm_root:  # the chroot's slurmd runs the jobs: they need this checkout
+            lab.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
         lab_env, gres_conf, bin_dir = lab.env(), lab.etc_dir / "gres.conf", lab.bin_dir
     nodes = [f"gpu{i}" for i in range(1, args.nodes + 1)]
     results: dict[str, dict[str, object]] = {}

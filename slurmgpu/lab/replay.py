@@ -20,7 +20,6 @@ simulator, so it takes them by their attributes, :class:`Submission`).
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import socket
@@ -85,6 +84,7 @@ class Submission(Protocol):
     def work(self) -> float: ...
     @property
     def time_limit_s(self) -> float: ...
+    def slurm_limit_s(self) -> float: ...
     def rates_text(self) -> str: ...
 
 
@@ -277,7 +277,7 @@ def user_submitter(
                 *("--malleable", f"{job.min_gpus}:{job.max_gpus}"),
                 *("--checkpoint-grace", checkpoint_grace, "--elastic-dir", str(elastic)),
             ]
-        limit = timedelta(minutes=max(1, math.ceil(job.time_limit_s / 60)))
+        limit = timedelta(seconds=job.slurm_limit_s())
         argv = [
             *python,
             *("-m", "slurmgpu", "submit", "--parsable", "-o", "/dev/null"),

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from slurmgpu.cycle.resize import ResizeSettings
 from slurmgpu.sim.costs import CostSet
+from slurmgpu.sim.fairshare import FairShareConfig
 from slurmgpu.sim.metrics import percentile
 from slurmgpu.sim.run import SimOptions
 from slurmgpu.sim.workload import MalleableRange, TraceJob, packed
@@ -74,6 +75,10 @@ class ReplayJob:
     time_limit_s: float
     run_s: float  # wall seconds at ``gpus`` with no resize: the profile's, compressed
     source: int = -1  # its position in the trace it was planned from
+
+    def slurm_limit_s(self) -> float:
+        """The time limit Slurm gets: ``time_limit_s`` up to whole minutes (``--time``)."""
+        return 60.0 * max(1, math.ceil(self.time_limit_s / 60))
 
     def rates_text(self) -> str:
         """``1:0.5,2:0.93,...``: the stand-in job's ``--rates``."""
@@ -160,19 +165,23 @@ def replayed_trace(
     return [
         replace(
             trace[j.source],
+            user=j.user,  # the site user it ran as (fair share, history keys)
             gpus=j.gpus,
             gpus_per_node=j.gpus,
             malleable=MalleableRange(j.min_gpus, j.max_gpus) if j.max_gpus > j.min_gpus else None,
-            time_limit_s=j.time_limit_s * compression,
+            time_limit_s=j.slurm_limit_s() * compression,  # what Slurm's backfill sees
         )
         for j in jobs
     ]
 
 
-def replay_options(costs: CostSet, compression: float) -> SimOptions:
+def replay_options(
+    costs: CostSet, compression: float, fairshare: FairShareConfig | None = None
+) -> SimOptions:
     """The simulator's options for holding it to a replay compressed by ``compression``:
     ``costs`` (wall seconds, as measured) and the resize executor's pacing (wall seconds
-    in the replay's daemon) both times C, in the simulator's trace time."""
+    in the replay's daemon) both times C, in the simulator's trace time; ``fairshare``:
+    the lab's priority (its periods in wall seconds: they are scaled by C here)."""
     if not compression > 0 or not math.isfinite(compression):
         raise ReplayError(f"the compression factor must be a number > 0, not {compression!r}")
     pace = ResizeSettings()
@@ -182,7 +191,13 @@ def replay_options(costs: CostSet, compression: float) -> SimOptions:
         release_delay=pace.release_delay * compression,
         release_after=pace.release_after * compression,
     )
-    return SimOptions.of_costs(costs.scaled(compression), resize=resize)
+    if fairshare is not None:
+        fairshare = replace(
+            fairshare,
+            calc_period_s=fairshare.calc_period_s * compression,
+            half_life_s=fairshare.half_life_s * compression,
+        )
+    return SimOptions.of_costs(costs.scaled(compression), resize=resize, fairshare=fairshare)
 
 
 def _user(name: str, users: Sequence[str], seen: dict[str, str]) -> str:

@@ -60,6 +60,7 @@ from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.priors import Priors
 from slurmgpu.sim.baselines import QssfPriority, tiresias_key, tiresias_preemptions
 from slurmgpu.sim.costs import CostSet
+from slurmgpu.sim.fairshare import FairShareConfig, FairTree
 from slurmgpu.sim.gputypes import speed_factor
 from slurmgpu.sim.policysets import BASELINES, BATCH_ADAPTIVE, SimPolicies, build_engine
 from slurmgpu.sim.resizes import SimResizes
@@ -293,6 +294,9 @@ class SimOptions:
     sample_interval_s: float = 30.0  # the agents' sampling period (GpuStat.samples)
     # The release SimSlurm answers as (what it lets an update change: sim.slurm)
     slurm_version: str = "22.05.8"
+    # The site's multifactor fair-share priority (sim.fairshare); None: priority/basic,
+    # submit order. The Tiresias and QSSF baselines keep their own order either way.
+    fairshare: FairShareConfig | None = None
 
     @classmethod
     def of_costs(cls, costs: CostSet, **others: Any) -> SimOptions:
@@ -416,6 +420,8 @@ class _Runner:
         elif policy_set == "qssf":
             self.qssf = QssfPriority(self.sim)
             self.sim.priority = self.qssf
+        elif options.fairshare is not None:
+            self.sim.priority = FairTree(self.sim, options.fairshare)
         self.next_arrival = 0
         self.history_records: list[HistoryRecord] = list(options.history)
         self.history_tuple: tuple[HistoryRecord, ...] = options.history

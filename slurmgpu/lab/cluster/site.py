@@ -131,16 +131,20 @@ DBD_PRIVATE_DATA = PRIVATE_DATA
 # largest Nice with the default one queue limit (1 x nice_step = 100000), which keeps
 # fair share deciding inside LAS's worse queue (docs/policies.md, "With fair share").
 BASE_PRIORITY = 100000
+WEIGHT_FAIRSHARE = 100000
+WEIGHT_QOS = 10000  # x the QOS's priority over the largest (normal: 100 of 100)
+CALC_PERIOD_S = 60  # PriorityCalcPeriod=1 (minutes)
+DECAY_HALF_LIFE_S = 86400  # PriorityDecayHalfLife=1-0
 
 
 def policy_lines() -> list[str]:
     """slurm.conf lines of the site policy: priority, preemption, enforcement, privacy."""
     return [
         "PriorityType=priority/multifactor",
-        "PriorityDecayHalfLife=1-0",
-        "PriorityCalcPeriod=1",
-        "PriorityWeightFairshare=100000",
-        "PriorityWeightQOS=10000",
+        f"PriorityDecayHalfLife={DECAY_HALF_LIFE_S // 86400}-0",
+        f"PriorityCalcPeriod={CALC_PERIOD_S // 60}",
+        f"PriorityWeightFairshare={WEIGHT_FAIRSHARE}",
+        f"PriorityWeightQOS={WEIGHT_QOS}",
         "PriorityWeightAge=1000",
         "PriorityWeightJobSize=0",
         f"PriorityWeightPartition={BASE_PRIORITY}",

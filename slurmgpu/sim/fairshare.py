@@ -1,0 +1,212 @@
+"""Slurm's ``priority/multifactor`` with Fair Tree, as SimSlurm's queue order.
+
+Without it SimSlurm orders pending jobs by submission (``priority/basic``). A site that
+weighs fair share (the site lab does: ``slurmgpu.lab.cluster.site``) starts jobs in a
+different order, and a replay held against it must too (issue 33). What is modelled,
+from Slurm's ``priority_multifactor.c`` and ``fair_tree.c`` and checked against the
+22.05 site lab's ``sshare -l`` and ``squeue %Q``:
+
+* **Usage.** Each association's raw usage grows by its jobs' billing x seconds run
+  (``billing``: 1 per job, what ``CR_Core_Memory`` with no ``TRESBillingWeights`` bills a
+  one-CPU job; or per GPU), and decays by ``2^(-period / half_life)`` every calculation
+  period. An account's usage is its users'.
+* **Level fair share** of an association: its shares over its siblings' (NormShares)
+  divided by its usage over its siblings' (EffectvUsage); no usage is infinitely
+  deserving.
+* **Fair Tree ranking.** Siblings are visited in decreasing level fair share, depth
+  first; each user in turn takes the next rank, counted down from the number of users,
+  and users tied on level fair share at the same level share the rank (the next one
+  skips). A user's factor is rank / users. Users that are direct children of ``root``
+  (``root`` itself, the daemon's user) count like any user.
+* **Priority** = ``base + weight x factor + qos - nice``, floored at 1; recomputed once
+  per calculation period (``PriorityCalcPeriod``), which is also when a pending job's
+  priority changes; a new job gets the factors of the last calculation.
+
+Age (``PriorityWeightAge`` over ``PriorityMaxAge``, 7 days by default) and job size are
+left out: the site's weights make them negligible or zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slurmgpu.sim.slurm import SimSlurm
+    from slurmgpu.sim.state import SimJob
+
+__all__ = ["FairShareConfig", "FairTree", "fair_tree_factors"]
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareConfig:
+    """A site's accounts and priority weights, in the simulator's (trace) seconds.
+
+    ``accounts``: account -> RawShares (children of ``root``); ``users``: user -> its
+    account; ``root_users``: users directly under ``root`` (each with 1 share) that run no
+    jobs in the trace but take a rank. A job whose user is not listed belongs to an
+    account named after the user, with ``default_shares``.
+    """
+
+    accounts: Mapping[str, int]
+    users: Mapping[str, str]
+    root_users: tuple[str, ...] = ()
+    weight_fairshare: float = 100000.0
+    base: float = 0.0  # PriorityWeightPartition x the partition's factor, and the QOS term
+    billing: str = "job"  # "job": one per job (one CPU each); "gpu": one per GPU
+    calc_period_s: float = 300.0  # PriorityCalcPeriod (Slurm's default: 5 minutes)
+    half_life_s: float = 7 * 86400.0  # PriorityDecayHalfLife (default 7 days)
+    default_shares: int = 1
+    user_shares: Mapping[str, int] = field(default_factory=dict)  # default 1 each
+
+    def __post_init__(self) -> None:
+        if not self.calc_period_s > 0 or not math.isfinite(self.calc_period_s):
+            raise ValueError(f"calc_period_s must be > 0, not {self.calc_period_s}")
+        if not self.half_life_s > 0:
+            raise ValueError(f"half_life_s must be > 0, not {self.half_life_s}")
+        if self.billing not in ("job", "gpu"):
+            raise ValueError(f"billing must be 'job' or 'gpu', not {self.billing!r}")
+        for account, shares in self.accounts.items():
+            if shares < 0:
+                raise ValueError(f"account {account}: shares must be >= 0, not {shares}")
+
+
+def _level_fs(shares: float, total_shares: float, usage: float, total_usage: float) -> float:
+    norm_shares = shares / total_shares if total_shares > 0 else 0.0
+    if usage <= 0 or total_usage <= 0:
+        return math.inf
+    return norm_shares / (usage / total_usage)
+
+
+def fair_tree_factors(
+    accounts: Mapping[str, int],
+    account_users: Mapping[str, Iterable[tuple[str, int]]],
+    root_users: Iterable[str],
+    usage: Mapping[str, float],
+) -> dict[str, float]:
+    """Each user's Fair Tree fair-share factor (0 < f <= 1). ``account_users``: account
+    -> (user, shares); ``usage``: user -> raw (decayed) usage."""
+    # root's children: the accounts and the users directly under root (1 share each)
+    root_users = list(root_users)
+    acct_usage = {a: sum(usage.get(u, 0.0) for u, _ in account_users.get(a, ())) for a in accounts}
+    root_children: list[tuple[str, bool, float, float]] = [
+        (a, True, float(s), acct_usage[a]) for a, s in accounts.items()
+    ]
+    root_children += [(u, False, 1.0, usage.get(u, 0.0)) for u in root_users]
+    total_users = sum(len(list(account_users.get(a, ()))) for a in accounts) + len(root_users)
+    factors: dict[str, float] = {}
+    rank = total_users
+
+    def visit(children: list[tuple[str, bool, float, float]]) -> None:
+        nonlocal rank
+        total_s = sum(c[2] for c in children)
+        total_u = sum(c[3] for c in children)
+        scored = sorted(
+            (
+                (_level_fs(s, total_s, u, total_u), name, is_acct)
+                for name, is_acct, s, u in children
+            ),
+            key=lambda t: (-t[0], t[1]),
+        )
+        i = 0
+        while i < len(scored):
+            level = scored[i][0]
+            tied = [t for t in scored[i:] if t[0] == level]
+            users = [name for _, name, is_acct in tied if not is_acct]
+            for name in users:  # tied users at one level share a rank
+                factors[name] = rank / total_users if total_users else 0.0
+            rank -= len(users)
+            for _, name, is_acct in tied:
+                if is_acct:
+                    visit(
+                        [
+                            (u, False, float(s), usage.get(u, 0.0))
+                            for u, s in account_users.get(name, ())
+                        ]
+                    )
+            i += len(tied)
+
+    visit(root_children)
+    return factors
+
+
+class FairTree:
+    """SimSlurm's priority key under ``config``: lower sorts first, so the key is the
+    negated priority. Usage is read off the jobs' runs in SimSlurm at each period."""
+
+    def __init__(self, sim: SimSlurm, config: FairShareConfig) -> None:
+        self.sim = sim
+        self.config = config
+        self.usage: dict[str, float] = {}
+        self.factors: dict[str, float] = {}
+        self._account_of: dict[str, str] = dict(config.users)
+        self._accounts: dict[str, int] = dict(config.accounts)
+        self._members: dict[str, list[tuple[str, int]]] = {a: [] for a in config.accounts}
+        for user, account in config.users.items():
+            self._accounts.setdefault(account, config.default_shares)
+            self._members.setdefault(account, []).append((user, config.user_shares.get(user, 1)))
+        self._tick: float | None = None  # the last calculation's time
+        self._decay = 0.5 ** (config.calc_period_s / config.half_life_s)
+        self._recalc()
+
+    def _user(self, job: SimJob) -> str:
+        user = job.user
+        if user not in self._account_of:
+            account = job.account or user
+            self._account_of[user] = account
+            self._accounts.setdefault(account, self.config.default_shares)
+            self._members.setdefault(account, []).append((user, 1))
+            self._recalc()
+        return user
+
+    def _recalc(self) -> None:
+        self.factors = fair_tree_factors(
+            self._accounts, self._members, self.config.root_users, self.usage
+        )
+
+    def _billing(self, run_gpus: float) -> float:
+        return 1.0 if self.config.billing == "job" else run_gpus
+
+    def _advance(self, now: float) -> None:
+        period = self.config.calc_period_s
+        if self._tick is None:
+            self._tick = now
+            return
+        while self._tick + period <= now:
+            lo, hi = self._tick, self._tick + period
+            added: dict[str, float] = {}
+            for job in self._touched(lo):
+                for run in job.runs:
+                    end = run.end_s if not math.isnan(run.end_s) else hi
+                    overlap = min(end, hi) - max(run.start_s, lo)
+                    if overlap > 0:
+                        user = self._user(job)
+                        added[user] = added.get(user, 0.0) + self._billing(run.gpus) * overlap
+            for user in set(self.usage) | set(added):
+                self.usage[user] = self.usage.get(user, 0.0) * self._decay + added.get(user, 0.0)
+            self._tick = hi
+            self._recalc()
+
+    def _touched(self, since: float) -> Iterable[SimJob]:
+        """Jobs that may have run after ``since``: running, requeued or ended since."""
+        for job in self.sim.running():
+            yield job
+        for job in self.sim.pending():  # requeued: a run that ended after ``since``
+            if job.runs and job.runs[-1].end_s > since:
+                yield job
+        for job in reversed(self.sim.finished):  # in end order: stop at the first before
+            if job.end_s <= since:
+                break
+            yield job
+
+    def priority(self, job: SimJob, now: float) -> float:
+        """The job's priority now, as ``squeue %Q`` would show it."""
+        self._advance(now)
+        user = self._user(job)
+        value = self.config.base + self.config.weight_fairshare * self.factors.get(user, 0.0)
+        return max(1.0, value - job.nice)
+
+    def __call__(self, job: SimJob, now: float) -> tuple[float, ...]:
+        return (-self.priority(job, now),)

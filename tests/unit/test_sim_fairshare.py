@@ -1,0 +1,159 @@
+"""Slurm's Fair Tree priority in SimSlurm (sim.fairshare), checked against what the 22.05
+site lab's ``sshare -l`` printed and on small traces worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slurmgpu.sim.fairshare import FairShareConfig, FairTree, fair_tree_factors
+from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
+from slurmgpu.sim.slurm import SimSlurm
+from slurmgpu.sim.workload import RigidJob, TraceJob
+
+ACCOUNTS = {"physics": 50, "biology": 30, "chemistry": 20}
+MEMBERS = {
+    "physics": [("sgpu-u1", 1), ("sgpu-u2", 1), ("sgpu-u3", 1)],
+    "biology": [("sgpu-u4", 1), ("sgpu-u5", 1), ("sgpu-u6", 1)],
+    "chemistry": [("sgpu-u7", 1), ("sgpu-u8", 1)],
+}
+
+
+def test_fair_tree_factors_match_the_site_labs_sshare() -> None:
+    # 22.05 site lab, two minutes into a replay: sshare -l's NormUsage per user and the
+    # FairShare column it printed beside them (10 users: root and sgpu-daemon under root)
+    usage = {"sgpu-u1": 0.3221, "sgpu-u2": 0.2548, "sgpu-u5": 0.2596, "sgpu-u7": 0.0096}
+    usage["sgpu-u8"] = 0.1538
+    factors = fair_tree_factors(ACCOUNTS, MEMBERS, ["root", "sgpu-daemon"], usage)
+    assert factors == pytest.approx(
+        {
+            "root": 1.0,
+            "sgpu-daemon": 1.0,
+            "sgpu-u7": 0.8,
+            "sgpu-u8": 0.7,
+            "sgpu-u4": 0.6,  # tied with u6 (no usage): one rank, the next one skipped
+            "sgpu-u6": 0.6,
+            "sgpu-u5": 0.4,
+            "sgpu-u3": 0.3,
+            "sgpu-u2": 0.2,
+            "sgpu-u1": 0.1,
+        }
+    )
+
+
+def test_an_account_over_its_share_ranks_all_its_users_below() -> None:
+    # physics used little but has 50 shares; chemistry used the same with 20: every
+    # physics user outranks every chemistry user, however light, as Fair Tree does
+    usage = {"sgpu-u1": 10.0, "sgpu-u7": 10.0}
+    factors = fair_tree_factors(ACCOUNTS, MEMBERS, [], usage)
+    physics = [factors[u] for u, _ in MEMBERS["physics"]]
+    chemistry = [factors[u] for u, _ in MEMBERS["chemistry"]]
+    assert min(physics) > max(chemistry)
+    assert all(0 < f <= 1 for f in factors.values())
+
+
+def job(name: str, user: str, run_s: float, at: float, gpus: int = 1) -> TraceJob:
+    return TraceJob(
+        submit_s=at,
+        name=name,
+        user=user,
+        model=RigidJob(run_s, gpus),
+        gpus=gpus,
+        time_limit_s=2 * run_s,
+    )
+
+
+CONFIG = FairShareConfig(
+    accounts={"a": 1, "b": 1}, users={"heavy": "a", "light": "b"}, calc_period_s=60.0
+)
+
+
+def test_the_light_users_job_starts_first_after_a_calculation() -> None:
+    # one GPU. heavy runs 600 s from t=0; at t=100 heavy and then light queue a job
+    # each. Submit order would start heavy's; fair share has charged heavy's usage by
+    # then (calculated each 60 s), so light's goes first.
+    sim = SimSlurm(1, 1)
+    sim.priority = FairTree(sim, CONFIG)
+    sim.submit_job(job("h0", "heavy", 600, 0))
+    sim.submit_job(job("h1", "heavy", 100, 100))
+    sim.submit_job(job("l1", "light", 100, 101))
+    sim.run_until(10_000)
+    starts = {j.name: j.first_start_s for j in sim.all_jobs.values()}
+    assert starts["h0"] == 0
+    assert starts["l1"] == 600
+    assert starts["h1"] == 700
+
+
+def test_without_fair_share_submit_order_decides() -> None:
+    sim = SimSlurm(1, 1)
+    sim.submit_job(job("h0", "heavy", 600, 0))
+    sim.submit_job(job("h1", "heavy", 100, 100))
+    sim.submit_job(job("l1", "light", 100, 101))
+    sim.run_until(10_000)
+    starts = {j.name: j.first_start_s for j in sim.all_jobs.values()}
+    assert (starts["h1"], starts["l1"]) == (600, 700)
+
+
+def test_usage_is_charged_only_at_a_calculation() -> None:
+    # the same, but the second jobs come before the first calculation (period 1,000 s):
+    # no usage yet, both users tie, and submit order breaks the tie
+    config = FairShareConfig(
+        accounts={"a": 1, "b": 1}, users={"heavy": "a", "light": "b"}, calc_period_s=1000.0
+    )
+    sim = SimSlurm(1, 1)
+    tree = FairTree(sim, config)
+    sim.priority = tree
+    sim.submit_job(job("h0", "heavy", 600, 0))
+    sim.submit_job(job("h1", "heavy", 100, 100))
+    sim.submit_job(job("l1", "light", 100, 101))
+    sim.run_until(10_000)
+    starts = {j.name: j.first_start_s for j in sim.all_jobs.values()}
+    assert (starts["h1"], starts["l1"]) == (600, 700)
+    assert tree.usage == {}  # no pass has needed a priority since t=700
+    h1 = next(j for j in sim.all_jobs.values() if j.name == "h1")
+    tree.priority(h1, 1500.0)  # one calculation (t=1000): what ran up to then
+    assert tree.usage == pytest.approx({"heavy": 700.0, "light": 100.0})
+    tree.priority(h1, 2500.0)  # the next one decays it: nothing ran since
+    decay = 0.5 ** (1000 / config.half_life_s)
+    assert tree.usage == pytest.approx({"heavy": 700 * decay, "light": 100 * decay})
+
+
+def test_nice_lowers_a_fair_share_priority_and_is_floored_at_one() -> None:
+    sim = SimSlurm(1, 1)
+    tree = FairTree(sim, FairShareConfig(accounts={"a": 1}, users={"u": "a"}, base=100.0))
+    sim.submit_job(job("x", "u", 10, 0))
+    x = next(iter(sim.all_jobs.values()))
+    assert tree.priority(x, 0.0) == pytest.approx(100.0 + 100000.0)
+    x.nice = 10**9
+    assert tree.priority(x, 0.0) == 1.0
+
+
+def test_simulate_takes_the_sites_fair_share_from_its_options() -> None:
+    trace = [
+        job("h0", "heavy", 600, 0),
+        job("h1", "heavy", 100, 100),
+        job("l1", "light", 100, 101),
+    ]
+    shape = ClusterShape(1, 1)
+    fifo = simulate(trace, shape, "slurm", SimOptions())
+    fair = simulate(trace, shape, "slurm", SimOptions(fairshare=CONFIG))
+    start = {j.name: j.first_start_s for j in fair.jobs}
+    assert start["l1"] < start["h1"]
+    assert {j.name: j.first_start_s for j in fifo.jobs}["h1"] < 700
+    assert not math.isnan(start["h1"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"calc_period_s": 0.0}, "calc_period_s"),
+        ({"half_life_s": -1.0}, "half_life_s"),
+        ({"billing": "tres"}, "billing"),
+        ({"accounts": {"a": -1}}, "shares"),
+    ],
+)
+def test_a_bad_config_is_refused_in_one_line(kwargs: dict[str, object], message: str) -> None:
+    base: dict[str, object] = {"accounts": {"a": 1}, "users": {}}
+    with pytest.raises(ValueError, match=message):
+        FairShareConfig(**{**base, **kwargs})  # type: ignore[arg-type]
