@@ -33,8 +33,11 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
+import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +77,35 @@ DATA = ROOT.parent / "shared" / "data" / "pollux"
 def runuser(user: str) -> list[str]:
     """How the bench (root) becomes a site user to submit as them."""
     return ["runuser", "-u", user, "--"]
+
+
+def chroot_users(lab: LabCluster, shared: Path) -> tuple[list[str], dict[str, str]]:
+    """A site user's interpreter and environment in a Slurm chroot lab, whose commands run
+    inside the chroot (a user may not chroot; root enters it and its ``runuser`` drops to
+    the user): a copy of the system Python in ``shared``, bound into the chroot with its
+    standard library, this checkout and the venv's site-packages (as the release tests do:
+    tests/slurm/site_users.py)."""
+    system = Path(site_python()[0]).resolve()
+    out = subprocess.run(
+        [str(system), "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    stdlib = Path(out.stdout.strip())
+    copy = shared / "python" / system.name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(system, copy)
+    copy.parent.chmod(0o755)
+    purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
+    lab.share(stdlib, purelib, ROOT, copy.parent)
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONHOME": str(stdlib.parents[1]),
+        "PYTHONPATH": f"{ROOT}:{purelib}",
+    }
+    return [str(copy)], env
 
 
 def site_fairshare() -> FairShareConfig:
@@ -305,12 +337,15 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sgpu-bench-replay-", dir="/tmp"))
     tmp.chmod(0o755)
     lab: LabCluster | None = None
+    as_user: Callable[[str], list[str]] = runuser
+    users_env: dict[str, str] = {}
     if args.running_lab:  # the site lab SLURM_CONF points at (a test's), host Slurm
         conf = Path(os.environ.get("SLURM_CONF", ""))
         if not conf.is_file():
             p.error("--running-lab needs SLURM_CONF set to a running site lab's slurm.conf")
         lab_env = {"SLURM_CONF": str(conf)}
         gres_conf, bin_dir = conf.parent / "gres.conf", None
+        work_root = tmp
     else:
         lab = LabCluster(
             tmp / "lab",
@@ -323,9 +358,12 @@ def main() -> int:
         print(f"site lab: {args.nodes} nodes under {tmp}", flush=True)
         elapsed = lab.up(timeout_s=180)
         print(f"site lab idle after {elapsed:.1f} s", flush=True)
-        if args.slurm_root:  # the chroot's slurmd runs the jobs: they need this checkout
-            lab.share(ROOT, Path(sys.prefix), Path(sys.base_prefix))
+        if lab.chroot is not None:  # the users' commands and jobs run inside the chroot
+            python, users_env = chroot_users(lab, lab.root / "python")
+            chroot = str(args.slurm_root)
+            as_user = lambda user: ["chroot", chroot, *runuser(user)]  # noqa: E731
         lab_env, gres_conf, bin_dir = lab.env(), lab.etc_dir / "gres.conf", lab.bin_dir
+        work_root = lab.root  # what a chroot lab's jobs see at the same path
     nodes = [f"gpu{i}" for i in range(1, args.nodes + 1)]
     results: dict[str, dict[str, object]] = {}
     failed: list[str] = []
@@ -342,7 +380,7 @@ def main() -> int:
             try:
                 observed = replay_on_lab(
                     jobs,
-                    work=tmp / f"replay-{policy_set}",
+                    work=work_root / f"replay-{policy_set}",
                     nodes=nodes,
                     gres_conf=gres_conf,
                     lab_env=lab_env,
@@ -350,7 +388,8 @@ def main() -> int:
                     python=python,
                     checkout=ROOT,
                     bin_dir=bin_dir,
-                    as_user=runuser,
+                    as_user=as_user,
+                    user_env_extra=users_env,
                     timeout_s=args.timeout,
                     progress=lambda line: print(f"  {line}", flush=True),
                 )

@@ -565,13 +565,15 @@ def replay_on_lab(
     timeout_s: float,
     bin_dir: Path | None = None,
     as_user: Callable[[str], Sequence[str]] | None = None,
+    user_env_extra: Mapping[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[Observed]:
     """``jobs`` through the lab whose environment is ``lab_env`` under the daemon with
     ``policy_toml``: submitted as their users at their times, watched to the end (or to
     ``timeout_s``), their resize transactions read from the daemon's store. Every job
     left on the lab is cancelled before this returns. ``bin_dir``: a Slurm chroot's
-    client commands' wrappers; ``as_user``: :func:`user_submitter`'s."""
+    client commands' wrappers; ``as_user``: :func:`user_submitter`'s; ``user_env_extra``:
+    replaces or adds to the users' environment (:func:`user_env`; a chroot's ``PATH``)."""
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o1777)  # the users' jobs write their logs here
     slurm = CliSlurmClient(
@@ -583,7 +585,8 @@ def replay_on_lab(
     with daemon_stack(
         work, nodes=nodes, gres_conf=gres_conf, policy_toml=policy_toml, env=env
     ) as s:
-        submit = user_submitter(python, user_env(env, checkout, s.sim_dir), work, as_user=as_user)
+        users_env = {**user_env(env, checkout, s.sim_dir), **(user_env_extra or {})}
+        submit = user_submitter(python, users_env, work, as_user=as_user)
         try:
             observed = Replayer(submit, slurm, progress=progress).run(jobs, timeout_s)
         finally:
