@@ -146,7 +146,7 @@ def simulated(
     args: argparse.Namespace,
     policy_set: str,
     costs: str | None = None,
-    per_job: dict[int, tuple[float, float, float]] | None = None,
+    per_job: dict[int, tuple[float, ...]] | None = None,
 ) -> dict[str, float]:
     """The simulator on the replayed jobs (trace time, its 60 s cycle: 1 s of the replay
     at C = 60), its figures divided by C: wall seconds like the replay's. Its costs: the
@@ -162,13 +162,14 @@ def simulated(
     run = simulate(trace, ClusterShape(args.nodes, 4), policy_set, options)
     r = metrics.summarise(run)
     c = args.compression
-    if per_job is not None:  # trace line -> (submit, first start, end), wall seconds
+    if per_job is not None:  # trace line -> (submit, first start, end, restarts), wall s
         t0 = min(j.submit_s for j in trace)
         for job in run.jobs:
             per_job[job.spec.line] = (
                 (job.submit_s - t0) / c,
                 (job.first_start_s - t0) / c,
                 (job.end_s - t0) / c,
+                float(job.restarts),
             )
     return {
         "avg_jct_s": r.avg_jct_s / c,
@@ -200,13 +201,13 @@ def from_json(args: argparse.Namespace) -> int:
     print("\n".join(cost_set(args.costs).lines()) if args.costs != "unscaled" else "")
     print(f"{'set':<10} {'costs':<16} {'avg JCT':>8} {'p99':>6} {'makespan':>8}")
     figures: dict[str, dict[str, dict[str, float]]] = {}
-    lines: dict[str, dict[int, tuple[float, float, float]]] = {}
+    lines: dict[str, dict[int, tuple[float, ...]]] = {}
     for policy_set in sets:
         trace, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
         replayed = replayed_trace(trace, jobs, args.compression)
         figures[policy_set] = {}
         for name in ("unscaled", args.costs):
-            per_job: dict[int, tuple[float, float, float]] = {}
+            per_job: dict[int, tuple[float, ...]] = {}
             sim = simulated(replayed, args, policy_set, name, per_job)
             if name == args.costs:
                 lines[policy_set] = {
@@ -231,7 +232,7 @@ def from_json(args: argparse.Namespace) -> int:
 
 
 def print_per_job(
-    policy_set: str, real_jobs: list[dict[str, object]], sim: dict[int, tuple[float, float, float]]
+    policy_set: str, real_jobs: list[dict[str, object]], sim: dict[int, tuple[float, ...]]
 ) -> None:
     """Each job's wait and JCT, real beside simulated (wall s), largest JCT gap first."""
     rows = []
@@ -239,20 +240,22 @@ def print_per_job(
         index = r.get("index")
         if not isinstance(index, int) or index not in sim:
             continue
-        sub, start, end = sim[index]
+        sub, start, end, restarts = sim[index]
         real_wait = float(str(r["started_s"])) - float(str(r["submitted_s"]))
         real_jct = float(str(r["jct_s"]))
-        rows.append((end - sub - real_jct, index, r, start - sub, end - sub, real_wait, real_jct))
+        rows.append(
+            (end - sub - real_jct, index, r, start - sub, end - sub, real_wait, real_jct, restarts)
+        )
     rows.sort(key=lambda row: -abs(row[0]))
     print(f"\n== {policy_set}: per job, simulated - real (wall s), largest gap first")
     print(
-        f"{'#':>3} {'name':<12} {'resz':>4} {'wait real':>9} {'sim':>6} {'JCT real':>8} "
-        f"{'sim':>7} {'gap':>7}"
+        f"{'#':>3} {'name':<12} {'user':<8} {'resz':>4} {'sim':>3} {'wait real':>9} {'sim':>6} "
+        f"{'JCT real':>8} {'sim':>7} {'gap':>7}"
     )
-    for gap, index, r, wait, jct, real_wait, real_jct in rows:
+    for gap, index, r, wait, jct, real_wait, real_jct, restarts in rows:
         print(
-            f"{index:>3} {r['name']!s:<12} {r['resizes']!s:>4} {real_wait:>9.1f} "
-            f"{wait:>6.1f} {real_jct:>8.1f} {jct:>7.1f} {gap:>+7.1f}"
+            f"{index:>3} {r['name']!s:<12} {r['user']!s:<8} {r['resizes']!s:>4} {restarts:>3.0f} "
+            f"{real_wait:>9.1f} {wait:>6.1f} {real_jct:>8.1f} {jct:>7.1f} {gap:>+7.1f}"
         )
 
 
