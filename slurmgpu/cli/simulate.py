@@ -34,6 +34,7 @@ from rich.progress import (
 from slurmgpu.cli.context import fail
 from slurmgpu.sim.costs import COST_SETS, CostError, CostSet, cost_set, parse_costs
 from slurmgpu.sim.costs import DEFAULT as DEFAULT_COSTS
+from slurmgpu.sim.fairshare import FairShareConfig, FairShareError, parse_fairshare
 from slurmgpu.sim.loaders import FORMATS, TraceError, detect_format, load_trace
 from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interference, solo_profiles
 from slurmgpu.sim.metrics import TypeUse, ci95, mean_summary, summarise, type_use
@@ -182,6 +183,13 @@ def _write(target: str, text: str, console: Console) -> None:
     type=int,
     help="--sharing mig: GPUs split per node (default: half of a node's, at least 1).",
 )
+@click.option(
+    "--fairshare",
+    "fairshare_path",
+    type=click.Path(path_type=Path),
+    help="Order the queue by the site's fair share (Slurm's multifactor, Fair Tree): a TOML "
+    "file of its accounts, users and weights (docs/simulator.md). Default: submit order.",
+)
 @click.option("--json", "json_out", metavar="PATH", help="Write JSON ('-': stdout).")
 @click.option("--csv", "csv_out", metavar="PATH", help="Write CSV ('-': stdout).")
 @click.option("--html", "html_out", metavar="PATH", help="Write a self-contained HTML page.")
@@ -204,6 +212,7 @@ def simulate_command(
     sharing_text: str | None,
     mig_layout: str,
     mig_gpus: int | None,
+    fairshare_path: Path | None,
     json_out: str | None,
     csv_out: str | None,
     html_out: str | None,
@@ -300,9 +309,19 @@ def simulate_command(
         except LucidError as exc:
             fail(str(exc))
         slowdown_source = "Lucid's measured pair speeds (the model where a pair was not measured)"
-    options = SimOptions.of_costs(costs, period_s=period_s, interference=interference)
+    fairshare = _fairshare(fairshare_path) if fairshare_path is not None else None
+    options = SimOptions.of_costs(
+        costs, period_s=period_s, interference=interference, fairshare=fairshare
+    )
     comparison = Comparison(trace.name, cluster_text, load, seeds[0], seeds=tuple(seeds))
     comparison.costs = costs.as_dict()
+    if fairshare is not None:
+        comparison.notes.append(
+            f"queue order: fair share from {fairshare_path} ({len(fairshare.accounts)} "
+            f"accounts, {len(fairshare.users)} users; calculated every "
+            f"{fairshare.calc_period_s:g} s, half-life {fairshare.half_life_s:g} s); "
+            "Tiresias and QSSF keep their own"
+        )
     m = _WORKLOAD_RE.search(trace.name)
     # The artifact's workloads-2.0/ files are its load 2.0; --load scales either further.
     native = 2.0 if trace.resolve().parent.name == "workloads-2.0" else 1.0
@@ -395,6 +414,18 @@ def simulate_command(
             console.print(f"[dim]{note}[/dim]")
     for line in costs.lines():  # which costs, from where (on stderr with '-' outputs)
         console.print(line, markup=False, highlight=False)
+
+
+def _fairshare(path: Path) -> FairShareConfig:
+    """The site's fair share read from ``path``; one line and exit 1 otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read fair-share file {path}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        return parse_fairshare(text, str(path))
+    except FairShareError as exc:
+        fail(str(exc))
 
 
 def _costs(text: str) -> CostSet:

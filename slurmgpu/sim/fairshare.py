@@ -29,6 +29,7 @@ left out: the site's weights make them negligible or zero.
 from __future__ import annotations
 
 import math
+import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,7 +38,11 @@ if TYPE_CHECKING:
     from slurmgpu.sim.slurm import SimSlurm
     from slurmgpu.sim.state import SimJob
 
-__all__ = ["FairShareConfig", "FairTree", "fair_tree_factors"]
+__all__ = ["FairShareConfig", "FairShareError", "FairTree", "fair_tree_factors", "parse_fairshare"]
+
+
+class FairShareError(ValueError):
+    """A fair-share description that cannot be used; one line naming where and what."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,3 +215,70 @@ class FairTree:
 
     def __call__(self, job: SimJob, now: float) -> tuple[float, ...]:
         return (-self.priority(job, now),)
+
+
+_NUMBERS = {
+    "calc_period": "calc_period_s",
+    "half_life": "half_life_s",
+    "weight": "weight_fairshare",
+    "base": "base",
+}
+
+
+def parse_fairshare(text: str, origin: str) -> FairShareConfig:
+    """A site's fair share from TOML ``text`` (``origin``: the file, for messages)::
+
+        calc_period = 300        # PriorityCalcPeriod, seconds (default 300)
+        half_life = 604800       # PriorityDecayHalfLife, seconds (default 7 days)
+        weight = 100000          # PriorityWeightFairshare
+        base = 0                 # what every job adds (partition, QOS terms)
+        billing = "job"          # "job" (one CPU per job) or "gpu"
+        root_users = ["root"]    # users directly under root
+        [accounts]               # sacctmgr's fairshare= of each account under root
+        physics = 50
+        [users]                  # user -> account; a user not listed is an account of
+        alice = "physics"        # its own (its job's account, if the trace names one)
+
+    Raises FairShareError with one line naming the file and what is wrong.
+    """
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise FairShareError(f"{origin}: not TOML: {exc}") from None
+    known = {*_NUMBERS, "billing", "root_users", "accounts", "users"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise FairShareError(
+            f"{origin}: unknown key {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    accounts = doc.get("accounts", {})
+    users = doc.get("users", {})
+    root_users = doc.get("root_users", [])
+    if not isinstance(accounts, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in accounts.values()
+    ):
+        raise FairShareError(f"{origin}: [accounts] must map account names to integer shares")
+    if not isinstance(users, dict) or not all(isinstance(v, str) for v in users.values()):
+        raise FairShareError(f"{origin}: [users] must map user names to account names")
+    if not isinstance(root_users, list) or not all(isinstance(u, str) for u in root_users):
+        raise FairShareError(f"{origin}: root_users must be a list of user names")
+    numbers: dict[str, float] = {}
+    for key, field_name in _NUMBERS.items():
+        if key in doc:
+            value = doc[key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise FairShareError(f"{origin}: {key} must be a number, not {value!r}")
+            numbers[field_name] = float(value)
+    billing = doc.get("billing", "job")
+    if not isinstance(billing, str):
+        raise FairShareError(f'{origin}: billing must be "job" or "gpu", not {billing!r}')
+    try:
+        return FairShareConfig(
+            accounts=accounts,
+            users=users,
+            root_users=tuple(root_users),
+            billing=billing,
+            **numbers,  # type: ignore[arg-type]
+        )
+    except ValueError as exc:
+        raise FairShareError(f"{origin}: {exc}") from None

@@ -3,11 +3,21 @@ site lab's ``sshare -l`` printed and on small traces worked out by hand."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from slurmgpu.sim.fairshare import FairShareConfig, FairTree, fair_tree_factors
+from slurmgpu.cli.main import main
+from slurmgpu.sim.fairshare import (
+    FairShareConfig,
+    FairShareError,
+    FairTree,
+    fair_tree_factors,
+    parse_fairshare,
+)
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.slurm import SimSlurm
 from slurmgpu.sim.workload import RigidJob, TraceJob
@@ -157,3 +167,100 @@ def test_a_bad_config_is_refused_in_one_line(kwargs: dict[str, object], message:
     base: dict[str, object] = {"accounts": {"a": 1}, "users": {}}
     with pytest.raises(ValueError, match=message):
         FairShareConfig(**{**base, **kwargs})  # type: ignore[arg-type]
+
+
+# ---- a site's fair share from a file, and sgpu simulate --fairshare
+
+SITE = """
+calc_period = 60
+half_life = 86400
+weight = 1000
+base = 10
+billing = "gpu"
+root_users = ["root"]
+[accounts]
+a = 2
+b = 1
+[users]
+heavy = "a"
+light = "b"
+"""
+
+
+def test_parse_fairshare_reads_every_setting() -> None:
+    config = parse_fairshare(SITE, "site.toml")
+    assert config.accounts == {"a": 2, "b": 1}
+    assert config.users == {"heavy": "a", "light": "b"}
+    assert config.root_users == ("root",)
+    assert (config.calc_period_s, config.half_life_s) == (60.0, 86400.0)
+    assert (config.weight_fairshare, config.base, config.billing) == (1000.0, 10.0, "gpu")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("calc_period = [", "site.toml: not TOML"),
+        ("priority = 3", "site.toml: unknown key priority"),
+        ("weight = 'x'", "site.toml: weight must be a number"),
+        ("[accounts]\na = 'many'", "site.toml: [accounts] must map"),
+        ("[users]\nu = 3", "site.toml: [users] must map"),
+        ("root_users = 'root'", "site.toml: root_users must be a list"),
+        ("calc_period = 0", "site.toml: calc_period_s must be > 0"),
+        ("billing = 'tres'", "site.toml: billing must be"),
+    ],
+)
+def test_parse_fairshare_refuses_a_bad_file_in_one_line(text: str, message: str) -> None:
+    with pytest.raises(FairShareError, match=message.replace("[", r"\[")) as info:
+        parse_fairshare(text, "site.toml")
+    assert "\n" not in str(info.value)
+
+
+def test_sgpu_simulate_orders_its_queue_by_the_sites_fair_share(tmp_path: Path) -> None:
+    # one GPU; heavy's 600 s job first, then heavy and light queue one each: with fair
+    # share (calculated each 60 s) light's starts first, and the table says why
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "submit_s,duration_s,gpus,user\n0,600,1,heavy\n100,100,1,heavy\n101,100,1,light\n"
+    )
+    site = tmp_path / "site.toml"
+    site.write_text(SITE)
+    runs = {}
+    for extra in ([], ["--fairshare", str(site)]):
+        out = tmp_path / "cmp.json"
+        result = CliRunner().invoke(
+            main,
+            [
+                "simulate",
+                str(trace),
+                "--cluster",
+                "1x1",
+                "--policies",
+                "slurm",
+                "--costs",
+                "legacy",
+                "--json",
+                str(out),
+                *extra,
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        runs[bool(extra)] = json.loads(out.read_text())["results"][0]["avg_jct_s"]
+        assert ("queue order: fair share from" in result.output) is bool(extra)
+    # submit order: 600, 600 - 100 + 100 = 600, 700 - 101 + 100 = 699; fair share swaps
+    # the last two: light 600 - 101 + 100 = 599, heavy 800 - 100 = 700
+    assert runs[False] == pytest.approx((600 + 600 + 699) / 3)
+    assert runs[True] == pytest.approx((600 + 599 + 700) / 3)
+
+
+def test_sgpu_simulate_refuses_a_bad_fair_share_file_in_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_s,duration_s,gpus\n0,60,1\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("weight = 'x'\n")
+    result = CliRunner().invoke(main, ["simulate", str(trace), "--fairshare", str(bad)])
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0 and "weight must be a number" in result.output
+    result = CliRunner().invoke(
+        main, ["simulate", str(trace), "--fairshare", str(tmp_path / "no.toml")]
+    )
+    assert result.exit_code == 1 and "cannot read fair-share file" in result.output
