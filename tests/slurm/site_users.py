@@ -129,6 +129,25 @@ def user_python(lab: LabCluster, work: Path) -> list[str]:
     return [str(copy)]
 
 
+def chroot_user_env() -> dict[str, str]:
+    """What a site user's command needs inside a Slurm chroot (:func:`user_python`'s copy
+    of the interpreter): the chroot's ``PATH``, ``PYTHONHOME`` at the host's standard
+    library (bound in), this checkout and the venv's site-packages importable."""
+    return {
+        "PATH": _CHROOT_PATH,
+        "PYTHONHOME": str(_system_stdlib().parents[1]),
+        "PYTHONPATH": f"{ROOT}:{_purelib()}",
+    }
+
+
+def chroot_argv(user: str) -> list[str]:
+    """The prefix that runs a command as ``user`` inside the Slurm chroot (root enters
+    it, the chroot's ``runuser`` drops to the user)."""
+    chroot = slurm_chroot()
+    assert chroot is not None, "not a chroot lab"
+    return ["chroot", chroot, "runuser", "-u", user, "--"]
+
+
 def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a site user's command: this cluster's SLURM_CONF and PATH, and
     slurmgpu importable by :func:`user_python` (in a chroot lab, whose copy of the
@@ -150,11 +169,9 @@ def user_argv(
     """``argv`` as ``user`` and its environment; in a chroot lab inside the chroot (a user
     may not chroot, so the chroot's ``runuser`` drops to the user there, with the
     chroot's PATH)."""
-    chroot = slurm_chroot()
-    prefix = ["runuser", "-u", user, "--"]
-    if chroot is not None:
-        return ["chroot", chroot, *prefix, *argv], {**env, "PATH": _CHROOT_PATH}
-    return [*prefix, *argv], env
+    if slurm_chroot() is not None:
+        return [*chroot_argv(user), *argv], {**env, "PATH": _CHROOT_PATH}
+    return ["runuser", "-u", user, "--", *argv], env
 
 
 def as_user(

@@ -12,8 +12,12 @@ slurmgpu.elastic. The bound is loose and honest: every job submitted and complet
 work, no job ran faster than its profile allows on its largest size, every resize the
 daemon began is closed, the figures are recorded, and no process logged a traceback.
 
-On a Slurm chroot (``SGPU_TEST_SLURM_ROOT``: 24.11, 26.05) the jobs are root's: the site
-users cannot run this checkout's Python inside the chroot (tests/slurm/site_users.py).
+On a Slurm chroot (``SGPU_TEST_SLURM_ROOT``: 24.11, 26.05) the users' commands and jobs
+run inside the chroot with a copy of the system Python (tests/slurm/site_users.py), as
+the bench does. The simulator then runs the same jobs (sim.replayplan: the stand-in's
+costs and the lab's fair share, times the compression) and its average JCT must be
+within a loose factor of the replay's: a check that the two have not drifted apart, not
+the fidelity table (bench/replay_real.py, docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ import pytest
 from slurmgpu.cycle.resize import CLOSED
 from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages, site
 from slurmgpu.lab.replay import ReplayLabError, replay_on_lab, site_python, toml_text
+from slurmgpu.sim import metrics
+from slurmgpu.sim.costs import cost_set
+from slurmgpu.sim.fairshare import FairShareConfig
 from slurmgpu.sim.loaders import load_pollux
 from slurmgpu.sim.profiles import load_profiles
 from slurmgpu.sim.replayplan import (
@@ -40,9 +47,13 @@ from slurmgpu.sim.replayplan import (
     plan_replay,
     policy_sections,
     render,
+    replay_options,
+    replayed_trace,
     summarise,
 )
-from slurmgpu.sim.workload import elastic_batch
+from slurmgpu.sim.run import ClusterShape, simulate
+from slurmgpu.sim.workload import TraceJob, elastic_batch
+from tests.slurm.site_users import chroot_argv, chroot_user_env, user_python
 from tests.tier_guard import skip_missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +63,9 @@ COMPRESSION = 60.0
 FIRST = 30  # of the trace; the jobs over MAX_RUN_S at their size are left out
 MAX_RUN_S = 120.0
 REPLAY_TIMEOUT_S = 480.0
+# simulator / real average JCT: a loose bound (per-run noise is ~15 %; the bench's
+# table holds the simulator to +-10 % on a 63-job slice)
+SIM_RATIO = (0.6, 1.5)
 
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 _OFFSET = 10 * int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0
@@ -99,11 +113,11 @@ def runuser(user: str) -> list[str]:
     return ["runuser", "-u", user, "--"]
 
 
-def planned(policy_set: str) -> list[ReplayJob]:
+def planned(policy_set: str) -> tuple[list[TraceJob], list[ReplayJob]]:
     trace = load_pollux(TRACE.read_text(), str(TRACE), load_profiles(DATA / "profiles"))
     if policy_set == "malleable":
         trace = elastic_batch(trace)  # as the simulator runs the set
-    return plan_replay(
+    return trace, plan_replay(
         trace,
         compression=COMPRESSION,
         users=[u.name for u in site.USERS],
@@ -121,16 +135,22 @@ def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
 ) -> None:
     lab = replay_lab
     chroot = os.environ.get("SGPU_TEST_SLURM_ROOT") or None
+    work = lab.root / "replay-malleable"  # inside the lab root: seen in a chroot too
+    extra_env: dict[str, str] = {}
     if chroot is None:
         try:
             python = site_python()
         except ReplayLabError as exc:
             pytest.skip(f"the site users cannot run slurmgpu: {exc}")
+        as_user = runuser
     else:
-        python = [sys.executable]
-    jobs = planned("malleable")
+        shared = lab.root / "users-python"
+        shared.mkdir()
+        python = user_python(lab, shared)  # skips, saying why, where it cannot
+        extra_env = chroot_user_env()
+        as_user = chroot_argv
+    trace, jobs = planned("malleable")
     assert 20 <= len(jobs) <= 40, len(jobs)
-    work = lab.root / "replay-malleable"  # inside the lab root: seen in a chroot too
     observed = replay_on_lab(
         jobs,
         work=work,
@@ -142,7 +162,8 @@ def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
         checkout=ROOT,
         timeout_s=REPLAY_TIMEOUT_S,
         bin_dir=lab.bin_dir,
-        as_user=runuser if chroot is None else None,
+        as_user=as_user,
+        user_env_extra=extra_env,
         progress=lambda line: print(f"replay: {line}", file=sys.stderr),
     )
     rows = outcomes(observed)
@@ -176,6 +197,34 @@ def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
     for name in ("daemon.log", *(f"agent-{n}.log" for n in lab.node_names)):
         assert "Traceback" not in (work / name).read_text(), name
     assert summary.avg_jct_s > 0 and summary.makespan_s >= summary.p99_jct_s > 0
+    # every job as its site user
+    assert [o.user for o in rows] == [j.user for j in jobs]
+
+    # the simulator on the same jobs, with the stand-in's costs and the lab's fair share
+    options = replay_options(cost_set("replay-stand-in"), COMPRESSION, lab_fairshare())
+    run = simulate(
+        replayed_trace(trace, jobs, COMPRESSION), ClusterShape(4, 4), "malleable", options
+    )
+    sim_avg = metrics.summarise(run).avg_jct_s / COMPRESSION
+    ratio = sim_avg / summary.avg_jct_s
+    print(
+        f"simulator / real avg JCT: {sim_avg:.1f} / {summary.avg_jct_s:.1f} s = {ratio:.2f}",
+        file=sys.stderr,
+    )
+    assert SIM_RATIO[0] <= ratio <= SIM_RATIO[1], (sim_avg, summary.avg_jct_s)
+
+
+def lab_fairshare() -> FairShareConfig:
+    """The site lab's priority, as bench/replay_real.py gives it to the simulator."""
+    return FairShareConfig(
+        accounts=dict(site.ACCOUNTS),
+        users={u.name: u.account for u in site.USERS},
+        root_users=("root", site.DAEMON_USER),
+        weight_fairshare=float(site.WEIGHT_FAIRSHARE),
+        base=float(site.BASE_PRIORITY + site.WEIGHT_QOS),
+        calc_period_s=float(site.CALC_PERIOD_S),
+        half_life_s=float(site.DECAY_HALF_LIFE_S),
+    )
 
 
 def test_the_replay_bench_runs_at_smoke_size_on_the_lab(
