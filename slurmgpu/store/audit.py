@@ -258,6 +258,38 @@ class AuditStore:
                 for j, u, p, at in conn.execute(stmt)
             ]
 
+    def _actions_of(
+        self,
+        job_ids: Sequence[int],
+        columns: tuple[ColumnElement[Any], ...],
+        condition: ColumnElement[bool],
+        *,
+        what: str,
+    ) -> list[tuple[Any, ...]]:
+        """``columns`` of this cluster's actions on ``job_ids`` that meet ``condition``, in
+        the order they were written (500 ids a query); StoreError naming ``what``."""
+        a = schema.actions
+        ids = sorted(set(job_ids))
+        rows: list[tuple[Any, ...]] = []
+        try:
+            with self.engine.connect() as conn:
+                for i in range(0, len(ids), 500):
+                    stmt = (
+                        select(*columns)
+                        .where(
+                            and_(
+                                a.c.cluster == self.cluster,
+                                a.c.job_id.in_(ids[i : i + 500]),
+                                condition,
+                            )
+                        )
+                        .order_by(a.c.id)
+                    )
+                    rows.extend(tuple(row) for row in conn.execute(stmt))
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not read {what}: {one_line(exc)}") from exc
+        return rows
+
     def limit_changes(self, job_ids: Sequence[int]) -> dict[int, LimitChanges]:
         """Job -> what the daemon did to its time limit (executed decisions only): the
         limit it had before the first change (a rightsize's ``time_limit_current_s``, a
@@ -265,33 +297,22 @@ class AuditStore:
         timeout (:mod:`slurmgpu.policy.limit_restore`). Jobs never changed are left out."""
         a = schema.actions
         out: dict[int, LimitChanges] = {}
-        ids = sorted(set(job_ids))
-        try:
-            with self.engine.connect() as conn:
-                for i in range(0, len(ids), 500):
-                    stmt = (
-                        select(a.c.job_id, a.c.alert, a.c.numbers, a.c.fields)
-                        .where(
-                            and_(
-                                a.c.cluster == self.cluster,
-                                a.c.job_id.in_(ids[i : i + 500]),
-                                a.c.outcome == "done",
-                            )
-                        )
-                        .order_by(a.c.id)
-                    )
-                    for job_id, alert, numbers, fields in conn.execute(stmt):
-                        was = out.get(int(job_id), LimitChanges())
-                        if alert == LIMIT_RESTORE_ALERT:
-                            was = LimitChanges(was.asked_s, was.restores + 1)
-                        elif was.asked_s is None and _TIME_LIMIT in (fields or {}):
-                            n = numbers or {}
-                            asked = n.get("time_limit_current_s", n.get("time_limit_was_s"))
-                            if isinstance(asked, int | float):
-                                was = LimitChanges(float(asked), was.restores)
-                        out[int(job_id)] = was
-        except SQLAlchemyError as exc:
-            raise StoreError(f"could not read time limit changes: {one_line(exc)}") from exc
+        rows = self._actions_of(
+            job_ids,
+            (a.c.job_id, a.c.alert, a.c.numbers, a.c.fields),
+            a.c.outcome == "done",
+            what="time limit changes",
+        )
+        for job_id, alert, numbers, fields in rows:
+            was = out.get(int(job_id), LimitChanges())
+            if alert == LIMIT_RESTORE_ALERT:
+                was = LimitChanges(was.asked_s, was.restores + 1)
+            elif was.asked_s is None and _TIME_LIMIT in (fields or {}):
+                n = numbers or {}
+                asked = n.get("time_limit_current_s", n.get("time_limit_was_s"))
+                if isinstance(asked, int | float):
+                    was = LimitChanges(float(asked), was.restores)
+            out[int(job_id)] = was
         return {k: v for k, v in out.items() if v.asked_s is not None}
 
     def rightsize_changes(self, job_ids: Sequence[int]) -> dict[int, RightsizeChanges]:
@@ -301,36 +322,27 @@ class AuditStore:
         left out."""
         a = schema.actions
         out: dict[int, RightsizeChanges] = {}
-        ids = sorted(set(job_ids))
-        try:
-            with self.engine.connect() as conn:
-                for i in range(0, len(ids), 500):
-                    stmt = (
-                        select(a.c.job_id, a.c.alert, a.c.numbers, a.c.outcome)
-                        .where(
-                            and_(
-                                a.c.cluster == self.cluster,
-                                a.c.job_id.in_(ids[i : i + 500]),
-                                a.c.policy == "rightsize",
-                                a.c.kind == "update",
-                                a.c.outcome.in_(("done", "failed")),
-                            )
-                        )
-                        .order_by(a.c.id)
-                    )
-                    for job_id, alert, numbers, outcome in conn.execute(stmt):
-                        was = out.get(int(job_id), RightsizeChanges())
-                        if alert == RIGHTSIZE_UNDO_ALERT:
-                            was = (
-                                replace(was, undone=True)
-                                if outcome == "done"
-                                else replace(was, undo_failures=was.undo_failures + 1)
-                            )
-                        elif outcome == "done":
-                            was = _rightsize_change(was, numbers or {})
-                        out[int(job_id)] = was
-        except SQLAlchemyError as exc:
-            raise StoreError(f"could not read rightsize changes: {one_line(exc)}") from exc
+        rows = self._actions_of(
+            job_ids,
+            (a.c.job_id, a.c.alert, a.c.numbers, a.c.outcome),
+            and_(
+                a.c.policy == "rightsize",
+                a.c.kind == "update",
+                a.c.outcome.in_(("done", "failed")),
+            ),
+            what="rightsize changes",
+        )
+        for job_id, alert, numbers, outcome in rows:
+            was = out.get(int(job_id), RightsizeChanges())
+            if alert == RIGHTSIZE_UNDO_ALERT:
+                was = (
+                    replace(was, undone=True)
+                    if outcome == "done"
+                    else replace(was, undo_failures=was.undo_failures + 1)
+                )
+            elif outcome == "done":
+                was = _rightsize_change(was, numbers or {})
+            out[int(job_id)] = was
         return {k: v for k, v in out.items() if v.lowered}
 
     def rightsize_undos(self) -> list[tuple[str, str, str, str]]:
