@@ -39,14 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
-from slurmgpu.sim.lucid import (
-    LucidWorkload,
-    load_lucid_pairs,
-    lucid_workload,
-    measured_interference,
-    model_interference,
-    solo_profiles,
-)
+from slurmgpu.sim.lucid import LucidWorkload, lucid_setup, lucid_workload
 from slurmgpu.sim.metrics import RunSummary, summarise
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 
@@ -103,13 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench/colocate_sim: {path} is absent; nothing to measure", file=sys.stderr)
         return 1
     shape = ClusterShape.parse(args.cluster, 4)
-    pairs = load_lucid_pairs(path)
-    profiles = solo_profiles(pairs)
-    slowdown = (
-        measured_interference(pairs, profiles)
-        if args.slowdown == "measured"
-        else model_interference()
-    )
+    profiles, slowdown = lucid_setup(path, args.slowdown)
     options = SimOptions(interference=slowdown, record_decisions=True)
     loads = _floats(args.loads)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

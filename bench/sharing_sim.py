@@ -36,14 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
-from slurmgpu.sim.lucid import (
-    LucidWorkload,
-    load_lucid_pairs,
-    lucid_workload,
-    measured_interference,
-    model_interference,
-    solo_profiles,
-)
+from slurmgpu.sim.lucid import LucidWorkload, lucid_setup, lucid_workload
 from slurmgpu.sim.metrics import RunSummary, summarise
 from slurmgpu.sim.policysets import SimPolicies
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
@@ -121,13 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench/sharing_sim: {path} is absent; nothing to measure", file=sys.stderr)
         return 1
     base = ClusterShape.parse(args.cluster, 4)
-    pairs = load_lucid_pairs(path)
-    profiles = solo_profiles(pairs)
-    slowdown = (
-        measured_interference(pairs, profiles)
-        if args.slowdown == "measured"
-        else model_interference()
-    )
+    profiles, slowdown = lucid_setup(path, args.slowdown)
     options = SimOptions(interference=slowdown)
     loads = [float(x) for x in args.loads.split(",") if x.strip()]
     seeds = _ints(args.seeds)

@@ -36,7 +36,7 @@ from slurmgpu.sim.costs import COST_SETS, CostError, CostSet, cost_set, parse_co
 from slurmgpu.sim.costs import DEFAULT as DEFAULT_COSTS
 from slurmgpu.sim.fairshare import FairShareConfig, FairShareError, parse_fairshare
 from slurmgpu.sim.loaders import FORMATS, TraceError, detect_format, load_trace
-from slurmgpu.sim.lucid import LucidError, load_lucid_pairs, measured_interference, solo_profiles
+from slurmgpu.sim.lucid import LucidError, lucid_setup
 from slurmgpu.sim.metrics import TypeUse, ci95, mean_summary, summarise, type_use
 from slurmgpu.sim.policysets import SimPolicies, known_sets
 from slurmgpu.sim.profiles import ProfileError, ThroughputProfile, load_profiles
@@ -304,8 +304,7 @@ def simulate_command(
     if interference is not None and _is_lucid(trace, fmt):
         # A workload drawn from Lucid's pairs: sharers slow each other as Lucid measured.
         try:
-            pairs = load_lucid_pairs(trace)
-            interference = measured_interference(pairs, solo_profiles(pairs))
+            _, interference = lucid_setup(trace)
         except LucidError as exc:
             fail(str(exc))
         slowdown_source = "Lucid's measured pair speeds (the model where a pair was not measured)"

@@ -61,6 +61,7 @@ __all__ = [
     "SoloProfile",
     "config_name",
     "load_lucid_pairs",
+    "lucid_setup",
     "lucid_workload",
     "measured_interference",
     "model_interference",
@@ -353,3 +354,19 @@ def measured_interference(
         return fallback(ua, ma, ub, mb)
 
     return pair
+
+
+def lucid_setup(
+    path: Path, slowdown: str = "measured"
+) -> tuple[dict[Config, SoloProfile], Interference]:
+    """Lucid's pairs at ``path`` (colocate_info.csv) as a workload's solo profiles and
+    SimSlurm's slowdown of sharers: its measured pair speeds (``"measured"``) or the
+    policy's interference model (``"model"``). LucidError if the file cannot be used."""
+    if slowdown not in ("measured", "model"):
+        raise LucidError(f"slowdown must be 'measured' or 'model', not {slowdown!r}")
+    pairs = load_lucid_pairs(path)
+    profiles = solo_profiles(pairs)
+    interference = (
+        measured_interference(pairs, profiles) if slowdown == "measured" else model_interference()
+    )
+    return profiles, interference
