@@ -53,7 +53,7 @@ from slurmgpu.lab.replay import (  # noqa: E402
 )
 from slurmgpu.sim import metrics  # noqa: E402
 from slurmgpu.sim.costs import CostError, cost_set  # noqa: E402
-from slurmgpu.sim.fairshare import FairShareConfig  # noqa: E402
+from slurmgpu.sim.fairshare import FairShareConfig, parse_fairshare  # noqa: E402
 from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
 from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
 from slurmgpu.sim.profiles import load_profiles  # noqa: E402
@@ -110,18 +110,8 @@ def chroot_users(lab: LabCluster, shared: Path) -> tuple[list[str], dict[str, st
 
 def site_fairshare() -> FairShareConfig:
     """The site lab's priority as the simulator models it (sim.fairshare), in wall
-    seconds: its accounts and users, ``root`` and the daemon's user under root, its
-    weights, and billing one per job (one CPU each, no ``TRESBillingWeights``)."""
-    return FairShareConfig(
-        accounts=dict(site.ACCOUNTS),
-        users={u.name: u.account for u in site.USERS},
-        root_users=("root", site.DAEMON_USER),
-        weight_fairshare=float(site.WEIGHT_FAIRSHARE),
-        base=float(site.BASE_PRIORITY + site.WEIGHT_QOS),
-        billing="job",
-        calc_period_s=float(site.CALC_PERIOD_S),
-        half_life_s=float(site.DECAY_HALF_LIFE_S),
-    )
+    seconds (lab.cluster.site.fairshare_toml)."""
+    return parse_fairshare(site.fairshare_toml(), "the site lab")
 
 
 def plan(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages, s
 from slurmgpu.lab.replay import ReplayLabError, replay_on_lab, site_python, toml_text
 from slurmgpu.sim import metrics
 from slurmgpu.sim.costs import cost_set
-from slurmgpu.sim.fairshare import FairShareConfig
+from slurmgpu.sim.fairshare import FairShareConfig, parse_fairshare
 from slurmgpu.sim.loaders import load_pollux
 from slurmgpu.sim.profiles import load_profiles
 from slurmgpu.sim.replayplan import (
@@ -216,49 +215,4 @@ def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
 
 def lab_fairshare() -> FairShareConfig:
     """The site lab's priority, as bench/replay_real.py gives it to the simulator."""
-    return FairShareConfig(
-        accounts=dict(site.ACCOUNTS),
-        users={u.name: u.account for u in site.USERS},
-        root_users=("root", site.DAEMON_USER),
-        weight_fairshare=float(site.WEIGHT_FAIRSHARE),
-        base=float(site.BASE_PRIORITY + site.WEIGHT_QOS),
-        calc_period_s=float(site.CALC_PERIOD_S),
-        half_life_s=float(site.DECAY_HALF_LIFE_S),
-    )
-
-
-def test_the_replay_bench_runs_at_smoke_size_on_the_lab(
-    replay_lab: LabCluster, tmp_path: Path
-) -> None:
-    """bench/replay_real.py --smoke (8 jobs, the slurm set, and the simulator on them) on
-    this lab, so the bench that prints the full table does not rot (tests/bench/ runs
-    every other bench's smoke)."""
-    if os.environ.get("SGPU_TEST_SLURM_ROOT"):
-        pytest.skip("the bench submits as the site users, who cannot run it in a chroot")
-    try:
-        site_python()
-    except ReplayLabError as exc:
-        pytest.skip(f"the site users cannot run slurmgpu: {exc}")
-    out = tmp_path / "records"
-    out.mkdir()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "replay_real.py"),
-            *("--smoke", "--running-lab", "--nodes", "4", "--json-out", str(out)),
-        ],
-        env={**os.environ, **replay_lab.env(), "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    print(proc.stdout[-3000:], file=sys.stderr)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
-    base = record["baseline"]["slurm"]
-    assert base["jobs"] == base["finished"] == 8
-    assert base["avg_jct_s"] > 0 and base["makespan_s"] > 0
-    assert record["figures"]["simulator"]["slurm"]["avg_jct_s"] > 0
-    assert "simulator / real" in proc.stdout
+    return parse_fairshare(site.fairshare_toml(), "the site lab")

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurmgpu.cli.main import main
+from slurmgpu.lab.cluster import site
 from slurmgpu.sim.fairshare import (
     FairShareConfig,
     FairShareError,
@@ -79,17 +80,23 @@ CONFIG = FairShareConfig(
 )
 
 
+def run_three(sim: SimSlurm) -> dict[str, float]:
+    """heavy runs 600 s from t=0; at t=100 heavy and then light queue 100 s each: when
+    each started."""
+    sim.submit_job(job("h0", "heavy", 600, 0))
+    sim.submit_job(job("h1", "heavy", 100, 100))
+    sim.submit_job(job("l1", "light", 100, 101))
+    sim.run_until(10_000)
+    return {j.name: j.first_start_s for j in sim.all_jobs.values()}
+
+
 def test_the_light_users_job_starts_first_after_a_calculation() -> None:
     # one GPU. heavy runs 600 s from t=0; at t=100 heavy and then light queue a job
     # each. Submit order would start heavy's; fair share has charged heavy's usage by
     # then (calculated each 60 s), so light's goes first.
     sim = SimSlurm(1, 1)
     sim.priority = FairTree(sim, CONFIG)
-    sim.submit_job(job("h0", "heavy", 600, 0))
-    sim.submit_job(job("h1", "heavy", 100, 100))
-    sim.submit_job(job("l1", "light", 100, 101))
-    sim.run_until(10_000)
-    starts = {j.name: j.first_start_s for j in sim.all_jobs.values()}
+    starts = run_three(sim)
     assert starts["h0"] == 0
     assert starts["l1"] == 600
     assert starts["h1"] == 700
@@ -97,11 +104,7 @@ def test_the_light_users_job_starts_first_after_a_calculation() -> None:
 
 def test_without_fair_share_submit_order_decides() -> None:
     sim = SimSlurm(1, 1)
-    sim.submit_job(job("h0", "heavy", 600, 0))
-    sim.submit_job(job("h1", "heavy", 100, 100))
-    sim.submit_job(job("l1", "light", 100, 101))
-    sim.run_until(10_000)
-    starts = {j.name: j.first_start_s for j in sim.all_jobs.values()}
+    starts = run_three(sim)
     assert (starts["h1"], starts["l1"]) == (600, 700)
 
 
@@ -114,11 +117,7 @@ def test_usage_is_charged_only_at_a_calculation() -> None:
     sim = SimSlurm(1, 1)
     tree = FairTree(sim, config)
     sim.priority = tree
-    sim.submit_job(job("h0", "heavy", 600, 0))
-    sim.submit_job(job("h1", "heavy", 100, 100))
-    sim.submit_job(job("l1", "light", 100, 101))
-    sim.run_until(10_000)
-    starts = {j.name: j.first_start_s for j in sim.all_jobs.values()}
+    starts = run_three(sim)
     assert (starts["h1"], starts["l1"]) == (600, 700)
     assert tree.usage == {}  # no pass has needed a priority since t=700
     h1 = next(j for j in sim.all_jobs.values() if j.name == "h1")
@@ -185,6 +184,16 @@ b = 1
 heavy = "a"
 light = "b"
 """
+
+
+def test_the_site_labs_fair_share_is_what_its_slurm_conf_and_sacctmgr_set() -> None:
+    config = parse_fairshare(site.fairshare_toml(), "the site lab")
+    assert config.accounts == site.ACCOUNTS
+    assert config.users == {u.name: u.account for u in site.USERS}
+    assert config.calc_period_s == 60 and config.half_life_s == 86400
+    assert f"PriorityWeightFairshare={config.weight_fairshare:g}" in site.policy_lines()
+    # every job's partition and QOS terms (PriorityWeightPartition x 1, QOS x 1)
+    assert config.base == site.BASE_PRIORITY + site.WEIGHT_QOS
 
 
 def test_parse_fairshare_reads_every_setting() -> None:

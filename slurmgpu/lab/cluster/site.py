@@ -155,6 +155,27 @@ def policy_lines() -> list[str]:
     ]
 
 
+def fairshare_toml() -> str:
+    """The site's priority as ``sgpu simulate --fairshare`` reads it (sim/fairshare.py),
+    in wall seconds: its accounts and users, ``root`` and the daemon's user under root,
+    the weights of :func:`policy_lines` (every job has the partition's and the ``normal``
+    QOS's terms) and billing one per job (one CPU each, no ``TRESBillingWeights``)."""
+    lines = [
+        "# the site lab's priority/multifactor (slurmgpu/lab/cluster/site.py)",
+        f"calc_period = {CALC_PERIOD_S}",
+        f"half_life = {DECAY_HALF_LIFE_S}",
+        f"weight = {WEIGHT_FAIRSHARE}",
+        f"base = {BASE_PRIORITY + WEIGHT_QOS}",
+        'billing = "job"',
+        f'root_users = ["root", "{DAEMON_USER}"]',
+        "[accounts]",
+        *(f"{account} = {shares}" for account, shares in ACCOUNTS.items()),
+        "[users]",
+        *(f'"{user.name}" = "{user.account}"' for user in USERS),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def partition_lines(node_range: str, nodes: int) -> list[str]:
     """``gpu`` over every node (the default) and ``debug`` over the first nodes."""
     debug = "gpu1" if min(DEBUG_NODES, nodes) == 1 else f"gpu[1-{min(DEBUG_NODES, nodes)}]"
