@@ -131,6 +131,11 @@ if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
       export SGPU_TEST_SITE_SLURMD_PORT_BASE=$((${SGPU_TEST_SITE_SLURMD_PORT_BASE:-17300} + shift_by))
       export SGPU_TEST_SHARING_CTLD_PORT=$((${SGPU_TEST_SHARING_CTLD_PORT:-7200} + shift_by))
       export SGPU_TEST_SHARING_SLURMD_PORT_BASE=$((${SGPU_TEST_SHARING_SLURMD_PORT_BASE:-17600} + shift_by))
+      export SGPU_TEST_REPLAY_CTLD_PORT=$((${SGPU_TEST_REPLAY_CTLD_PORT:-7120} + shift_by))
+      export SGPU_TEST_REPLAY_SLURMD_PORT_BASE=$((${SGPU_TEST_REPLAY_SLURMD_PORT_BASE:-17620} + shift_by))
+      # the small trace replay (issue 33 item 5) on 22.05 (slurm tier) and 26.05 (here)
+      replay=()
+      [ "$suite" = sid ] && replay=(tests/slurm/test_replay_real.py)
       start=$SECONDS
       status=0
       .venv/bin/pytest -q -p no:xdist -m release tests/slurm/test_release_smoke.py \
@@ -139,7 +144,7 @@ if [ "${SGPU_SKIP_RELEASES:-0}" != 1 ]; then
         tests/slurm/test_gres_usage_real.py tests/slurm/test_site_profile_real.py \
         tests/slurm/test_site_interplay_real.py tests/slurm/test_site_las_fairshare_real.py \
         tests/slurm/test_site_submission_real.py tests/slurm/test_site_las_floor_real.py \
-        || status=$?
+        ${replay[@]+"${replay[@]}"} || status=$?
       echo "== release $suite ($version): $((SECONDS - start)) s"
       exit "$status"
     ) >"$log" 2>&1 &
