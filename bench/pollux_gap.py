@@ -19,6 +19,11 @@ The baseline is the Pollux run on the same jobs in the same process; ``--set`` a
 
     .venv/bin/python bench/pollux_gap.py [--seeds 1-5] [--loads 1.0,2.0]
     [--workloads 1,2,3,4,5,7] [--set all] [--against pollux-slurm] [--pollux-search 20x10]
+    [--costs slurm-22.05-lab]
+
+``--costs``: the simulator's cost set (sim.costs; the measured default, or ``legacy``
+for the figures recorded before 2026-12-07), charged to our set as ``SimOptions`` and to
+``pollux-slurm`` as its restart costs, as bench/sim_pollux.py does.
 """
 
 from __future__ import annotations
@@ -36,14 +41,16 @@ from pathlib import Path
 import numpy as np
 
 from slurmgpu.lab.benchrun import BenchRun, add_arguments
+from slurmgpu.sim.costs import COST_SETS, CostError, CostSet, cost_set
+from slurmgpu.sim.costs import DEFAULT as DEFAULT_COSTS
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.pollux import PolluxSearch, RestartCosts, simulate_pollux
 from slurmgpu.sim.profiles import load_profiles
-from slurmgpu.sim.run import ClusterShape, simulate
+from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.workload import ProfiledJob, TraceJob
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux"
-POLLUX = {"pollux-30s": RestartCosts.pollux(), "pollux-slurm": RestartCosts.slurm()}
+POLLUX = ("pollux-30s", "pollux-slurm")
 NODES, PER_NODE = 16, 4
 STEP_S = 60.0  # the grid the cluster's occupancy is sampled on
 SIZES = ((1, 1), (2, 4), (5, 8), (9, 64))
@@ -94,8 +101,8 @@ class JobView:
         return sum((b - a) * sum(1 for g in p if g) for a, b, p in self.spans) / held
 
 
-def _ours(trace: Sequence[TraceJob], policy_set: str) -> dict[int, JobView]:
-    run = simulate(trace, ClusterShape(NODES, PER_NODE), policy_set)
+def _ours(trace: Sequence[TraceJob], policy_set: str, costs: CostSet) -> dict[int, JobView]:
+    run = simulate(trace, ClusterShape(NODES, PER_NODE), policy_set, SimOptions.of_costs(costs))
     out: dict[int, JobView] = {}
     for j in run.jobs:
         spans = tuple(
@@ -122,10 +129,13 @@ def _ours(trace: Sequence[TraceJob], policy_set: str) -> dict[int, JobView]:
     return out
 
 
-def _pollux(trace: Sequence[TraceJob], label: str, seed: int, search: str) -> dict[int, JobView]:
+def _pollux(
+    trace: Sequence[TraceJob], label: str, seed: int, search: str, costs: CostSet
+) -> dict[int, JobView]:
     pop, _, gens = search.partition("x")
     opts = PolluxSearch(population=int(pop), generations=int(gens), seed=seed)
-    res = simulate_pollux(trace, costs=POLLUX[label], search=opts)
+    restart = RestartCosts.pollux() if label == "pollux-30s" else RestartCosts.of_costs(costs)
+    res = simulate_pollux(trace, costs=restart, search=opts)
     out: dict[int, JobView] = {}
     for tj, j in zip(trace, res.jobs, strict=True):
         spans: list[tuple[float, float, tuple[int, ...]]] = []
@@ -151,8 +161,12 @@ def _pollux(trace: Sequence[TraceJob], label: str, seed: int, search: str) -> di
     return out
 
 
-def _views(trace: Sequence[TraceJob], which: str, seed: int, search: str) -> dict[int, JobView]:
-    return _pollux(trace, which, seed, search) if which in POLLUX else _ours(trace, which)
+def _views(
+    trace: Sequence[TraceJob], which: str, seed: int, search: str, costs: CostSet
+) -> dict[int, JobView]:
+    if which in POLLUX:
+        return _pollux(trace, which, seed, search, costs)
+    return _ours(trace, which, costs)
 
 
 Occupancy = tuple[float, float, float]
@@ -234,8 +248,17 @@ def main() -> int:
     ap.add_argument("--set", dest="ours", default="all")
     ap.add_argument("--against", default="pollux-slurm")
     ap.add_argument("--pollux-search", default="20x10")
+    ap.add_argument(
+        "--costs",
+        default=DEFAULT_COSTS,
+        help=f"the simulator's cost set (sim.costs: {', '.join(COST_SETS)})",
+    )
     add_arguments(ap, "workload 1, first 40 jobs, seed 1, load 1.0")
     args = ap.parse_args()
+    try:
+        costs = cost_set(args.costs)
+    except CostError as exc:
+        ap.error(str(exc))
     run = BenchRun.from_args("pollux_gap", args)
     if not (args.data / "profiles").is_dir():
         print(f"skipped: no Pollux data under {args.data}")
@@ -248,6 +271,7 @@ def main() -> int:
     workloads = [1] if args.smoke else [int(x) for x in args.workloads.split(",")]
     limit = 40 if args.smoke else None
     a, b = args.ours, args.against
+    print(f"costs: {costs.label}")
     cpu0 = time.process_time()
     figures: dict[str, dict[str, float]] = {}
     for load in loads:
@@ -258,8 +282,8 @@ def main() -> int:
             for seed in seeds:
                 trace = load_trace(folder / f"workload-{w}.csv", profiles, seed=seed)
                 trace = trace[:limit] if limit is not None else trace
-                ours = _views(trace, a, seed, args.pollux_search)
-                theirs = _views(trace, b, seed, args.pollux_search)
+                ours = _views(trace, a, seed, args.pollux_search, costs)
+                theirs = _views(trace, b, seed, args.pollux_search, costs)
                 matched = [(ours[t.line], theirs[t.line], t) for t in trace]
                 matched = [m for m in matched if not (math.isnan(m[0].end_s + m[1].end_s))]
                 pairs.extend(matched)
@@ -273,7 +297,7 @@ def main() -> int:
         f"{cpu:.1f} s CPU"
     )
     run.figures = {"by_load": figures, "cpu_s": cpu}
-    run.baseline = {"against": b}
+    run.baseline = {"against": b, "costs": costs.name}
     run.write(args.json_out)
     return 0
 

@@ -341,7 +341,8 @@ def build_policy_cycle(settings: Settings, store: JobStore, slurm: SlurmClient) 
         (MalleablePolicy(p.malleable), p.malleable.mode),
     ]
     if p.las.enabled:  # the site's opt-in ([policy.las] enabled = true)
-        policies.append((AttainedServicePolicy(p.las), p.las.mode))
+        expands = p.malleable.mode is Mode.ENFORCE and p.malleable.expand
+        policies.append((AttainedServicePolicy(p.las, malleable_expands=expands), p.las.mode))
         check_las_priority(p.las, slurm)  # warns once, at start, where Nice hits the floor
     # the engine's pipeline order is the registry's, the simulator's too
     engine = PolicyEngine(in_pipeline_order(policies), p.engine)

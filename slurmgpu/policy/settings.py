@@ -636,9 +636,16 @@ class AttainedServiceSettings:
       100,000), so within a queue the site's own priority (FIFO, fair share) decides.
     - ``preempt`` (true): a pending job of a better queue that does not fit may take the
       GPUs of running opted-in jobs of worse queues (checkpoint, requeue, back in line).
+    - ``shrink`` (true): the GPUs are first sought by shrinking malleable victims (each
+      no lower than its ``min_gpus``, the limit raised for the slower size; it keeps
+      running and its place), whole preemption only when shrinks cannot free enough;
+      ``restart_time`` (30 s) is the checkpoint + start-up the raised limit allows for.
+    - ``grow_back`` (unset: automatic): whether this policy gives a job it shrank its
+      GPUs back once nobody waits for them. Unset, it does unless the malleable policy
+      enforces expansion (that one grows shrunk jobs back itself, pricing each growth).
     - Churn guardrails: ``min_runtime`` (15 min) a job keeps its GPUs after it starts
-      before it may be preempted; ``max_preemptions_per_cycle`` (4);
-      ``min_wait`` (2 min) a job waits before it may preempt anyone.
+      before it may be preempted or shrunk; ``max_preemptions_per_cycle`` (4, shrinks
+      included); ``min_wait`` (2 min) a job waits before it may preempt anyone.
     """
 
     enabled: bool = False
@@ -649,6 +656,9 @@ class AttainedServiceSettings:
     min_runtime: timedelta = timedelta(minutes=15)
     max_preemptions_per_cycle: int = 4
     min_wait: timedelta = timedelta(minutes=2)
+    shrink: bool = True
+    restart_time: timedelta = timedelta(seconds=30)
+    grow_back: bool | None = None
 
     @classmethod
     def from_mapping(
@@ -677,6 +687,9 @@ class AttainedServiceSettings:
             min_runtime=t.duration("min_runtime", timedelta(minutes=15)),
             max_preemptions_per_cycle=t.integer("max_preemptions_per_cycle", 4),
             min_wait=t.duration("min_wait", timedelta(minutes=2)),
+            shrink=t.boolean("shrink", True),
+            restart_time=t.duration("restart_time", timedelta(seconds=30)),
+            grow_back=t.boolean("grow_back", False) if "grow_back" in t.raw else None,
         )
         if (len(s.queue_limits) + 1) * s.nice_step > 2_000_000_000:
             raise t.fail("nice_step", "times the number of queues must stay below 2e9")

@@ -134,6 +134,15 @@ def _las(s: SimPolicies) -> Policy:
     return AttainedServicePolicy(s.las or AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE))
 
 
+def _las_beside_malleable(s: SimPolicies) -> Policy:
+    # as the daemon builds it beside an enforcing malleable policy (daemon/policy_cycle.py)
+    expands = s.malleable.expand if s.malleable is not None else True
+    return AttainedServicePolicy(
+        s.las or AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE),
+        malleable_expands=expands,
+    )
+
+
 Builder = Callable[[SimPolicies], Policy]
 # Each stage of the pipeline (policy.registry), as the sets build it.
 STAGE_BUILDERS: dict[str, Builder] = {
@@ -150,7 +159,10 @@ POLICY_SETS: dict[str, tuple[Builder, ...]] = {
     "malleable": (_malleable,),
     "malleable-types": (_malleable_types,),
     "las": (_las,),
-    "all": tuple(STAGE_BUILDERS[name] for name in stage_names()),  # every stage
+    # every stage; LAS knows the malleable policy runs beside it
+    "all": tuple(
+        _las_beside_malleable if name == "las" else STAGE_BUILDERS[name] for name in stage_names()
+    ),
 }
 
 

@@ -17,18 +17,25 @@ def sbatch(t: Telemetry, *args: str) -> int:
     return SLURM.submit(["-o", "/dev/null", *args], env=t.env)
 
 
-def trainer(t: Telemetry, log: Path, *extra: str) -> int:
+def trainer(
+    t: Telemetry,
+    log: Path,
+    *extra: str,
+    gpus: int = 4,
+    malleable: str = "2:4",
+    name: str = "elastic",
+) -> int:
     return t.submit(
         *extra,
         "--malleable",
-        "2:4",
+        malleable,
         "--checkpoint-grace",
         "30s",
         "--elastic-dir",
         str(t.tmp / "state"),
-        "--gres=gpu:4",
+        f"--gres=gpu:{gpus}",
         "-J",
-        "elastic",
+        name,
         "--wrap",
         f"{sys.executable} {EXAMPLE} --steps 100000 --step-time 0.2 --sim-util 80 "
         f"--sim-dir {t.sim_dir} --log {log}",

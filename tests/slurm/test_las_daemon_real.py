@@ -10,6 +10,11 @@ resize transaction at its own size (checkpoint signal, requeue held, update with
 ``Nice``, release), the newcomer starts on its GPUs, and the first waits with its queue's
 nice. Once the newcomer is gone the first resumes where it checkpointed, no step lost or
 repeated.
+
+When the newcomer needs no more than the first can give above its minimum, the first is
+*shrunk* instead (the same transaction, to the smaller size, no ``Nice``) and keeps
+training beside it; once the newcomer is gone LAS gives it its GPUs back (the malleable
+policy only observes here, so LAS grows the jobs it shrank itself).
 """
 
 from __future__ import annotations
@@ -89,4 +94,40 @@ def test_the_daemon_preempts_a_long_running_job_for_a_new_one_and_it_resumes(
             ),
         )
         assert [(g, r) for g, r, _ in starts(first_log)] == [(4, 0), (4, 1)]
+        assert_continuous(first_log)
+
+
+@pytest.mark.slow
+def test_the_daemon_shrinks_a_malleable_long_job_for_a_new_one_and_grows_it_back(
+    slurm_cluster: LabCluster, tmp_path: Path
+) -> None:
+    first_log = tmp_path / "first.jsonl"
+    second_log = tmp_path / "second.jsonl"
+    with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
+        first = trainer(t, first_log)  # --malleable 2:4 on 4 GPUs: it can give 2
+        wait_for("the first training at 4 GPUs", lambda: running_job(first, 4))
+        wait_for("40 steps", lambda: len(steps(first_log)) >= 40)
+        fill_cluster(t)
+        second = trainer(t, second_log, gpus=2, malleable="1:2", name="newcomer")
+
+        wait_for("the second training running", lambda: running_job(second, 2), timeout_s=90)
+        wait_for("the first training on 2 GPUs beside it", lambda: running_job(first, 2))
+        (shrink,) = [a for a in las_actions(t, first) if a["kind"] == "resize"]
+        assert shrink["outcome"] == "done"
+        assert shrink["numbers"]["shrink"] == 1 and shrink["numbers"]["for_job"] == second
+        assert (shrink["numbers"]["from_gpus"], shrink["numbers"]["to_gpus"]) == (4, 2)
+        assert "Nice" not in shrink["fields"] and "preempt" not in shrink["fields"]
+        assert [a for a in las_actions(t, second) if a["kind"] == "resize"] == []
+
+        SLURM.cancel(second)
+        wait_for("the first training back at 4 GPUs", lambda: running_job(first, 4), timeout_s=90)
+        wait_for(
+            "steps after it grew back",
+            lambda: (
+                len(starts(first_log)) == 3 and steps(first_log)[-1] > starts(first_log)[-1][2] + 3
+            ),
+        )
+        grow = [a for a in las_actions(t, first) if a["kind"] == "resize"][-1]
+        assert grow["numbers"]["grow_back"] == 1 and grow["outcome"] == "done"
+        assert [(g, r) for g, r, _ in starts(first_log)] == [(4, 0), (2, 1), (4, 2)]
         assert_continuous(first_log)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -10,7 +11,7 @@ import pytest
 
 from slurmgpu.cycle.guardrails import GuardrailRecords, GuardrailView
 from slurmgpu.intent import Preempt, SetGpus, SetNice, SetTimeLimit
-from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec, Node
+from slurmgpu.model import ClusterSnapshot, GpuRequest, Job, JobState, MalleableSpec, Node
 from slurmgpu.policy.base import (
     ORDERING_ALERT,
     Action,
@@ -147,10 +148,54 @@ def test_at_most_max_preemptions_per_cycle() -> None:
     assert len(acts) == 1 and acts[0].job_id == 2  # the later submitted of the two
 
 
+def _spread_job(job_id: int, *, used_on_gpu2: int = 4) -> Job:
+    # --gpus=N (per job), placed over two nodes; 5 h on them: queue 2 of (1, 16)
+    layout = {"gpu1": (0, 1, 2, 3), "gpu2": tuple(range(used_on_gpu2))}
+    n = 4 + used_on_gpu2
+    job = running_job(job_id, gpus=layout, started=5 * HOUR)
+    return replace(job, gpus=GpuRequest(gpus=n, per_job=n, sources=("tres_per_job",)))
+
+
+def test_a_malleable_victim_is_shrunk_by_what_is_lacking_and_keeps_its_place() -> None:
+    las = AttainedServicePolicy(SETTINGS)
+    hog = _spread_job(1)
+    waiting = pending_job(2, gpus_per_node=4, submit_time=T0 - 10 * MIN)
+    [a] = las.propose(snap([hog, waiting]))
+    assert a.kind == "resize" and a.job_id == 1 and not is_preempt(a)
+    assert resize_sizes(a) == (8, 4) and a.numbers["for_job"] == 2
+    # no Nice: it restarts at once on the GPUs it kept, not behind the better queues
+    assert not any(isinstance(i, SetNice) for i in a.intents)
+    # its limit raised for half the speed (linear, the most it slows): 19 h left -> 2 x 1.1
+    [limit] = [i for i in a.intents if isinstance(i, SetTimeLimit)]
+    assert limit.seconds == 60 * math.ceil((19 * 3600 * 2 * 1.1 + 30) / 60)
+    # one GPU free already: three are lacking, three are given
+    las2 = AttainedServicePolicy(SETTINGS)
+    [b] = las2.propose(snap([_spread_job(1, used_on_gpu2=3), waiting]))
+    assert resize_sizes(b) == (7, 4)
+
+
+def test_a_victim_that_cannot_give_enough_is_preempted_whole() -> None:
+    las = AttainedServicePolicy(SETTINGS)
+    hog = _spread_job(1)
+    waiting = pending_job(2, gpus_per_node=4, submit_time=T0 - 10 * MIN)
+    s = snap([hog, waiting])
+    floor = replace(s, malleable={1: MalleableSpec(1, 6, 8), 2: MalleableSpec(2, 1, 8)})
+    [a] = las.propose(floor)  # 2 GPUs above its minimum, 4 lacking
+    assert is_preempt(a) and resize_sizes(a) == (8, 8)
+    off = AttainedServicePolicy(replace(SETTINGS, shrink=False))
+    [b] = off.propose(s)
+    assert is_preempt(b) and b.intents == (SetNice(2 * SETTINGS.nice_step), Preempt(8))
+
+
 def test_settings_from_config_table() -> None:
     s = AttainedServiceSettings.from_mapping({"enabled": True, "queue_limits": [2, 8]})
     assert s.enabled and s.queue_limits == (2.0, 8.0)
     assert AttainedServiceSettings().enabled is False  # off unless the site opts in
+    assert s.shrink is True and s.restart_time == timedelta(seconds=30)
+    off = AttainedServiceSettings.from_mapping({"shrink": False, "restart_time": "2m"})
+    assert off.shrink is False and off.restart_time == timedelta(minutes=2)
+    assert s.grow_back is None  # automatic: whether the malleable policy expands
+    assert AttainedServiceSettings.from_mapping({"grow_back": False}).grow_back is False
     with pytest.raises(PolicyConfigError, match="queue_limits"):
         AttainedServiceSettings.from_mapping({"queue_limits": [8, 2]})
     with pytest.raises(PolicyConfigError, match="bogus"):

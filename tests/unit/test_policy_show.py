@@ -49,6 +49,9 @@ memory_margin = "1GiB"
 mode = "enforce"
 min_gain = 0.3
 
+[policy.las]
+grow_back = true
+
 [notify]
 enabled = true
 username = "slurmgpu"

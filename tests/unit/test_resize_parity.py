@@ -248,13 +248,40 @@ def test_las_preemption_takes_the_same_path_in_the_daemon_and_the_simulator(
         _malleable("long", 0, 4, 4 * 3600, 1, "long"),
         _malleable("short", 1800, 2, 600, 1, "s"),
     ]
-    las = AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE, queue_limits=(1.0,))
+    las = AttainedServiceSettings(
+        enabled=True, mode=Mode.ENFORCE, queue_limits=(1.0,), shrink=False
+    )
     options = SimOptions(policies=SimPolicies(las=las))
     decisions, phases = _compare(tmp_path, trace, ClusterShape(1, 4), "las", options)
     preempts = [d for d in decisions if d.action.kind == "resize" and d.execute]
     assert preempts, "the scenario must preempt for the check to mean much"
     assert phases and all(p[2] == "running" for p in phases), phases
     assert any("Nice" in str(p[4]) for p in phases), phases  # the held job's queue
+
+
+def test_las_shrink_and_grow_back_take_the_same_path_in_the_daemon_and_the_simulator(
+    tmp_path: Path,
+) -> None:
+    # the long job (malleable 1:4) gives the short one its 2 GPUs and keeps running on
+    # 2; once the short one is gone, LAS (no malleable policy beside it) grows it back
+    trace = [
+        _malleable("long", 0, 4, 4 * 3600, 1, "long"),
+        _malleable("short", 1800, 2, 600, 1, "s"),
+    ]
+    las = AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE, queue_limits=(1.0,))
+    options = SimOptions(policies=SimPolicies(las=las))
+    decisions, phases = _compare(tmp_path, trace, ClusterShape(1, 4), "las", options)
+    sizes = [
+        (d.action.numbers["from_gpus"], d.action.numbers["to_gpus"])
+        for d in decisions
+        if d.action.kind == "resize" and d.execute
+    ]
+    assert sizes == [(4, 2), (2, 4)], sizes
+    assert [(p[0], p[2]) for p in phases] == [(1, "running"), (1, "running")], phases
+    shrink, grow = phases
+    assert "gpu:2" in str(shrink[4]) and "TimeLimit" in str(shrink[4])  # raised for 2 GPUs
+    assert "Nice" not in str(shrink[4])  # it keeps its place
+    assert "gpu:4" in str(grow[4])
 
 
 def test_co_location_decides_the_same_intents_in_the_daemon_and_the_simulator(

@@ -55,8 +55,11 @@ def test_las_preempts_a_long_job_for_a_short_one_through_the_resize_transaction(
     trace = [_job(0, 4, 4 * 3600, "long"), _job(1800, 2, 600, "short")]
     shape = ClusterShape(1, 4)
     plain = simulate(trace, shape, "slurm")
-    # one queue limit at 1 GPU-h: the long job has had 2 GPU-h when the short one comes
-    settings = AttainedServiceSettings(enabled=True, mode=Mode.ENFORCE, queue_limits=(1.0,))
+    # one queue limit at 1 GPU-h: the long job has had 2 GPU-h when the short one comes;
+    # shrink off: the long job is preempted whole
+    settings = AttainedServiceSettings(
+        enabled=True, mode=Mode.ENFORCE, queue_limits=(1.0,), shrink=False
+    )
     options = SimOptions(policies=SimPolicies(las=settings))
     las = simulate(trace, shape, "las", options)
     jct = {r.policy_set: {j.name: j.end_s - j.origin_s for j in r.jobs} for r in (plain, las)}
@@ -69,6 +72,34 @@ def test_las_preempts_a_long_job_for_a_short_one_through_the_resize_transaction(
     assert all(j.state is JobState.COMPLETED for j in las.jobs)
 
 
+def test_las_shrinks_a_malleable_long_job_instead_and_it_keeps_running() -> None:
+    trace = [_job(0, 4, 4 * 3600, "long"), _job(1800, 2, 600, "short")]
+    shape = ClusterShape(1, 4)
+    runs = {}
+    for shrink in (False, True):
+        settings = AttainedServiceSettings(
+            enabled=True, mode=Mode.ENFORCE, queue_limits=(1.0,), shrink=shrink
+        )
+        runs[shrink] = simulate(trace, shape, "las", SimOptions(policies=SimPolicies(las=settings)))
+    run = runs[True]
+    jobs = {j.name: j for j in run.jobs}
+    long, short = jobs["long"], jobs["short"]
+    assert run.preemptions == 0 and run.resizes >= 1
+    # the short job overtakes the long one all the same
+    assert short.end_s - short.origin_s < 1800
+    # the long one never stopped for long: its first run ended where its 2-GPU run
+    # began, and once the short job was done (and min_runtime after its restart) the
+    # policy gave it its 4 GPUs back: no job waited for them
+    gpu_runs = [r for r in long.runs if r.kind == "gpu"]
+    assert [r.gpus for r in gpu_runs] == [4, 2, 4]
+    assert gpu_runs[1].start_s - gpu_runs[0].end_s < 60
+    assert gpu_runs[2].start_s >= max(short.end_s, gpu_runs[1].start_s + 15 * 60)
+    assert all(j.state is JobState.COMPLETED for j in run.jobs)
+    # preempted whole, it held nothing while the short job ran
+    whole = [r for r in {j.name: j for j in runs[False].jobs}["long"].runs if r.kind == "gpu"]
+    assert [r.gpus for r in whole] == [4, 4] and whole[1].start_s >= short.end_s
+
+
 def test_the_daemon_runs_las_only_when_the_site_enables_it(store: JobStore) -> None:
     off = build_policy_cycle(parse_settings(""), store, FakeSlurm())
     assert not any(isinstance(p, AttainedServicePolicy) for p, _ in off.engine.policies)
@@ -77,8 +108,34 @@ def test_the_daemon_runs_las_only_when_the_site_enables_it(store: JobStore) -> N
     )
     las = [(p, m) for p, m in on.engine.policies if isinstance(p, AttainedServicePolicy)]
     assert len(las) == 1 and las[0][1] == "enforce"
-    # the simulator's full set runs the same class
-    assert AttainedServicePolicy in {type(b(SimPolicies())) for b in POLICY_SETS["all"]}
+    # the malleable policy only advises here: LAS grows the jobs it shrank back itself
+    assert isinstance(las[0][0], AttainedServicePolicy) and las[0][0].grows_back
+    beside = build_policy_cycle(
+        parse_settings(
+            '[policy.las]\nenabled = true\nmode = "enforce"\n[policy.malleable]\nmode = "enforce"\n'
+        ),
+        store,
+        FakeSlurm(),
+    )
+    [lp] = [p for p, _ in beside.engine.policies if isinstance(p, AttainedServicePolicy)]
+    assert not lp.grows_back  # the malleable policy expands, pricing each growth
+    forced = build_policy_cycle(
+        parse_settings(
+            '[policy.las]\nenabled = true\ngrow_back = true\n[policy.malleable]\nmode = "enforce"\n'
+        ),
+        store,
+        FakeSlurm(),
+    )
+    [fp] = [p for p, _ in forced.engine.policies if isinstance(p, AttainedServicePolicy)]
+    assert fp.grows_back  # the site's word wins
+    # the simulator's full set runs the same class, built as beside malleable; alone, the
+    # las set's grows back
+    [sim_las] = [
+        p for b in POLICY_SETS["all"] if isinstance(p := b(SimPolicies()), AttainedServicePolicy)
+    ]
+    assert not sim_las.grows_back
+    [alone] = [b(SimPolicies()) for b in POLICY_SETS["las"]]
+    assert isinstance(alone, AttainedServicePolicy) and alone.grows_back
 
 
 @needs_data
@@ -104,7 +161,9 @@ def test_sgpu_simulate_over_seeds_reports_means_ci_and_the_new_figures(tmp_path:
     assert doc["seeds"] == [1, 2]
     assert set(doc["avg_jct_ci95_s"]) == {"slurm", "las"}
     las = next(r for r in doc["results"] if r["policy_set"] == "las")
-    assert las["preemptions_per_job"] > 0 and las["rho_max"] >= 1.0
+    # the long jobs LAS moves out of the way: shrunk (malleable) or preempted whole
+    moved = las["preemptions_per_job"] + las["resizes_per_job"]
+    assert moved > 0 and las["rho_max"] >= 1.0
     assert 0.0 <= las["rho_over_pct"] <= 100.0
     bad = CliRunner().invoke(
         main, ["simulate", str(DATA / "workloads" / "workload-1.csv"), "--seeds", "x"]
