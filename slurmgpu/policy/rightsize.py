@@ -42,13 +42,14 @@ in the site's :class:`~slurmgpu.policy.sizing.SizingRules`):
   ``ceil(cpu_headroom * the most cores a past run used on average)``,
   ``target_cores_per_gpu`` (12) per GPU, one per task and one per node. Never when a past
   run kept >= 90 % of its cores busy (its demand is unknown).
-- GPUs: the most GPUs any past run kept busy (at least 1), when at least
-  ``min_history`` runs had GPU samples and none of them asked for fewer GPUs than this
-  job: ``SetGpus`` per node for ``--gpus-per-node`` / ``--gres`` requests, per job for
-  ``--gpus`` (of the job's GPU type; ``slurmgpu.slurm.update`` spells it for the
-  release); ``--gpus-per-task`` and shard requests are left alone. Slurm's per-node
-  request replaces the job's whole per-node TRES string: the actuator must keep any
-  other GRES the job asked for.
+- GPUs: the most GPUs any past run kept busy (at least 1), when at least ``min_history``
+  runs *of the job's own script or name* had GPU samples (the user's other programs say
+  nothing of this one's: ``sizing.own_history``) and none of them asked for fewer GPUs than
+  this job: ``SetGpus`` per node for ``--gpus-per-node`` / ``--gres`` requests, per job for
+  ``--gpus`` (of the job's GPU type; ``slurmgpu.slurm.update`` spells it for the release);
+  ``--gpus-per-task`` and shard requests are left alone. Slurm's per-node request replaces
+  the job's whole per-node TRES string: the actuator must keep any other GRES the job asked
+  for.
 
 A field is proposed only when it shrinks the request by at least
 ``min_change_fraction`` (20 %); no field ever grows. Whether the action runs is the

@@ -234,6 +234,12 @@ class KeySizes(NamedTuple):
     gpus: int | None
 
 
+def own_history(est: Estimate) -> bool:
+    """Whether a history key's runs are the job's own: its level names its script or its
+    name (not the user's other jobs, ``user+partition`` / ``user``)."""
+    return "script" in est.level or "name" in est.level
+
+
 def limit_from_history(est: Estimate, from_other_jobs: bool = False) -> bool:
     """Whether a history key's run times may set a time limit: runs of the job's own
     script or name (its level names one), or any key when ``from_other_jobs``
@@ -241,8 +247,7 @@ def limit_from_history(est: Estimate, from_other_jobs: bool = False) -> bool:
     time); and no run of them restarted (``Estimate.restarted_runs``): a resized,
     preempted or requeued job's run time is its last run's, which may be a fraction of
     what it needed (a limit too short is a killed run)."""
-    own = from_other_jobs or "script" in est.level or "name" in est.level
-    return own and not est.restarted_runs
+    return (from_other_jobs or own_history(est)) and not est.restarted_runs
 
 
 def key_sizes(
@@ -262,7 +267,10 @@ def key_sizes(
     run without a per-node figure counts with its total (only errs high), never total /
     nodes (an uneven job would starve its busiest node). Cores: none when a run kept >= 90 %
     of its cores busy (its demand is unknown). GPUs: only from ``min_history`` runs with
-    GPU samples.
+    GPU samples of the job's own script or name (:func:`own_history`): how many GPUs
+    the user's other programs kept busy says nothing of this one's (on the trace replay,
+    a 4-GPU yolov3 was cut to 1 GPU from its user's ncf and cifar10 runs, and ran 4x
+    longer).
     """
     peak = est.peak_node_memory_mib
     memory_size = None
@@ -272,6 +280,11 @@ def key_sizes(
     if cpus and est.max_cpu_pct is not None and not est.cpu_saturated:
         cores = rules.cores(est.max_cpu_pct / 100.0)
     gpu_count = None
-    if gpus and est.gpus_used is not None and est.gpus_used_samples >= min_history:
+    if (
+        gpus
+        and est.gpus_used is not None
+        and est.gpus_used_samples >= min_history
+        and own_history(est)
+    ):
         gpu_count = gpus_needed(est.gpus_used)
     return KeySizes(memory_size, cores, gpu_count)

@@ -233,6 +233,18 @@ def test_gpus_shrink_to_the_most_any_run_used() -> None:
     assert a.numbers["gpus_current"] == 4 and a.numbers["gpus_proposed"] == 2
 
 
+def test_gpus_come_only_from_runs_of_the_jobs_own_name_or_script() -> None:
+    # the user's other program kept one of 4 GPUs busy three times: that says nothing
+    # of this one (the trace replay: a 4-GPU yolov3 cut to 1 GPU from its user's ncf
+    # runs ran 4x longer); the same runs under its own name do
+    rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
+    others = [record(name="ncf", gpus_requested=4, gpus_used=1)] * 3
+    assert propose([pending_job(name="yolov3", gpus_per_node=4)], others, rs) == []
+    own = [record(name="yolov3", gpus_requested=4, gpus_used=1)] * 3
+    a = only(propose([pending_job(name="yolov3", gpus_per_node=4)], own, rs))
+    assert a.intents == (SetGpus(1),)
+
+
 def test_multi_node_gpus_shrink_per_node() -> None:
     rs = RightsizeSettings(time_limit=False, memory=False, cpus=False)
     history = [record(gpus_requested=8, gpus_used=3)] * 3
