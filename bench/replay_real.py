@@ -282,6 +282,12 @@ def main() -> int:
         help="the simulator orders its queue by submission, not by the lab's fair share",
     )
     p.add_argument(
+        "--one-lab",
+        action="store_true",
+        help="one lab for every set (faster; each set then inherits the earlier sets' "
+        "history and fair-share usage, which the simulator's runs do not have)",
+    )
+    p.add_argument(
         "--per-job",
         action="store_true",
         help="with --from-json: each job's wait and JCT, real beside simulated",
@@ -339,29 +345,43 @@ def main() -> int:
         lab_env = {"SLURM_CONF": str(conf)}
         gres_conf, bin_dir = conf.parent / "gres.conf", None
         work_root = tmp
-    else:
-        lab = LabCluster(
-            tmp / "lab",
+    else:  # set by bring_up
+        lab_env, gres_conf, bin_dir, work_root = {}, tmp, None, tmp
+
+    def bring_up(name: str) -> LabCluster:
+        """A fresh site lab under ``tmp/name``: its own slurmdbd, so no set inherits the
+        history (rightsizing) or the fair-share usage of the sets before it, as each of
+        the simulator's runs starts empty."""
+        nonlocal lab_env, gres_conf, bin_dir, work_root, python, users_env, as_user
+        fresh = LabCluster(
+            tmp / name,
             nodes=args.nodes,
             ctld_port=args.ctld_port,
             slurmd_port_base=args.slurmd_port_base,
             slurm_root=str(args.slurm_root) if args.slurm_root else None,
             profile="site",
         )
-        print(f"site lab: {args.nodes} nodes under {tmp}", flush=True)
-        elapsed = lab.up(timeout_s=180)
+        print(f"site lab: {args.nodes} nodes under {tmp / name}", flush=True)
+        elapsed = fresh.up(timeout_s=180)
         print(f"site lab idle after {elapsed:.1f} s", flush=True)
-        if lab.chroot is not None:  # the users' commands and jobs run inside the chroot
-            python, users_env = chroot_users(lab, lab.root / "python")
+        if fresh.chroot is not None:  # the users' commands and jobs run inside the chroot
+            python, users_env = chroot_users(fresh, fresh.root / "python")
             chroot = str(args.slurm_root)
             as_user = lambda user: ["chroot", chroot, *runuser(user)]  # noqa: E731
-        lab_env, gres_conf, bin_dir = lab.env(), lab.etc_dir / "gres.conf", lab.bin_dir
-        work_root = lab.root  # what a chroot lab's jobs see at the same path
+        lab_env, gres_conf, bin_dir = fresh.env(), fresh.etc_dir / "gres.conf", fresh.bin_dir
+        work_root = fresh.root  # what a chroot lab's jobs see at the same path
+        return fresh
+
     nodes = [f"gpu{i}" for i in range(1, args.nodes + 1)]
     results: dict[str, dict[str, object]] = {}
     failed: list[str] = []
     try:
         for policy_set in sets:
+            if not args.running_lab and (lab is None or not args.one_lab):
+                if lab is not None:
+                    lab.down(cancel_jobs=True)
+                    lab = None
+                lab = bring_up(f"lab-{policy_set}")
             trace, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
             print(
                 f"\n== set {policy_set}: {len(jobs)} jobs over {jobs[-1].at_s:.0f} s "
