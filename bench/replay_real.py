@@ -35,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +66,8 @@ from slurmgpu.sim.replayplan import (  # noqa: E402
     replayed_trace,
     summarise,
 )
-from slurmgpu.sim.run import ClusterShape, simulate  # noqa: E402
+from slurmgpu.sim.run import ClusterShape, SimOptions, simulate  # noqa: E402
+from slurmgpu.sim.slurmsched import SlurmScheduling  # noqa: E402
 from slurmgpu.sim.workload import TraceJob, elastic_batch  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "pollux"
@@ -90,6 +92,13 @@ def site_fairshare() -> FairShareConfig:
         calc_period_s=float(site.CALC_PERIOD_S),
         half_life_s=float(site.DECAY_HALF_LIFE_S),
     )
+
+
+def lab_scheduling(compression: float) -> SlurmScheduling:
+    """The site lab's scheduler as the simulator models it (sim.slurmsched): its
+    slurm.conf sets no SchedulerParameters, so Slurm's defaults, in wall seconds, times
+    the compression factor (the simulator runs in trace time)."""
+    return SlurmScheduling().scaled(compression)
 
 
 def plan(
@@ -121,12 +130,16 @@ def simulated(
     cost set ``costs`` (default ``--costs``) measured in wall seconds, and the executor's
     pacing, both times C (sim.replayplan.replay_options); ``"unscaled"``: the bare
     simulator as before 2026-12-07 (the legacy costs in trace time, as if they
-    compressed)."""
+    compressed). Its scheduler: Slurm's main and backfill passes with the lab's
+    (default) SchedulerParameters, their periods times C (``--easy``: one EASY pass at
+    every change, as before)."""
     name = costs or args.costs
     fairshare = None if args.fifo else site_fairshare()
-    options = (
-        None if name == "unscaled" else replay_options(cost_set(name), args.compression, fairshare)
-    )
+    options: SimOptions | None = None
+    if name != "unscaled":
+        options = replay_options(cost_set(name), args.compression, fairshare)
+        if not args.easy:
+            options = replace(options, scheduling=lab_scheduling(args.compression))
     run = simulate(trace, ClusterShape(args.nodes, 4), policy_set, options)
     r = metrics.summarise(run)
     c = args.compression
@@ -255,6 +268,12 @@ def main() -> int:
         "--fifo",
         action="store_true",
         help="the simulator orders its queue by submission, not by the lab's fair share",
+    )
+    p.add_argument(
+        "--easy",
+        action="store_true",
+        help="the simulator runs one EASY-backfill pass at every change, not Slurm's main "
+        "and conservative backfill passes at the lab's periods",
     )
     p.add_argument(
         "--per-job",
