@@ -53,6 +53,29 @@ def test_an_account_over_its_share_ranks_all_its_users_below() -> None:
     assert all(0 < f <= 1 for f in factors.values())
 
 
+def test_with_no_usage_every_user_ties() -> None:
+    # fair_tree.c: root's users and the accounts all have infinite level fair share; the
+    # first user under an account tied with its previous sibling keeps the rank, so all
+    # share the top one (the 22.05 lab started its first jobs in submit order)
+    factors = fair_tree_factors(ACCOUNTS, MEMBERS, ["root", "sgpu-daemon"], {})
+    assert set(factors.values()) == {1.0}
+
+
+def test_a_user_under_a_tied_account_keeps_the_previous_rank() -> None:
+    # a and b tie (equal shares, equal usage). Under a: a2 (no usage) ranks 3, a1 2.
+    # b is tied with a, so b1, its first user, keeps rank 2; none is merged (Slurm's
+    # _count_tied_accounts stops at the first account).
+    members = {"a": [("a1", 1), ("a2", 1)], "b": [("b1", 1)]}
+    factors = fair_tree_factors({"a": 1, "b": 1}, members, [], {"a1": 1.0, "b1": 1.0})
+    assert factors == pytest.approx({"a2": 1.0, "a1": 2 / 3, "b1": 2 / 3})
+
+
+def test_an_account_without_shares_ranks_last_even_unused() -> None:
+    members = {"a": [("a1", 1)], "z": [("z1", 1)]}
+    factors = fair_tree_factors({"a": 1, "z": 0}, members, [], {"a1": 5.0})
+    assert factors == pytest.approx({"a1": 1.0, "z1": 0.5})
+
+
 def job(name: str, user: str, run_s: float, at: float, gpus: int = 1) -> TraceJob:
     return TraceJob(
         submit_s=at,
