@@ -226,6 +226,13 @@ def print_per_job(
         rows.append((end - sub - real_jct, index, r, start - sub, end - sub, real_wait, real_jct))
     rows.sort(key=lambda row: -abs(row[0]))
     print(f"\n== {policy_set}: per job, simulated - real (wall s), largest gap first")
+    if rows:
+        waits = [abs(w - rw) for _, _, _, w, _, rw, _ in rows]
+        print(
+            f"mean |wait gap| {statistics.mean(waits):.1f} s, "
+            f"median {statistics.median(waits):.1f}; "
+            f"start order agreement (Kendall tau) {_start_order_tau(real_jobs, sim):.2f}"
+        )
     print(
         f"{'#':>3} {'name':<12} {'resz':>4} {'wait real':>9} {'sim':>6} {'JCT real':>8} "
         f"{'sim':>7} {'gap':>7}"
@@ -235,6 +242,26 @@ def print_per_job(
             f"{index:>3} {r['name']!s:<12} {r['resizes']!s:>4} {real_wait:>9.1f} "
             f"{wait:>6.1f} {real_jct:>8.1f} {jct:>7.1f} {gap:>+7.1f}"
         )
+
+
+def _start_order_tau(
+    real_jobs: list[dict[str, object]], sim: dict[int, tuple[float, float, float]]
+) -> float:
+    """Kendall's tau between the real and the simulated start times of the same jobs
+    (1: every pair starts in the same order; pairs tied in either count as neither)."""
+    starts = [
+        (float(str(r["started_s"])), sim[i][1])
+        for r in real_jobs
+        if isinstance(i := r.get("index"), int) and i in sim
+    ]
+    agree = disagree = 0
+    for a in range(len(starts)):
+        for b in range(a + 1, len(starts)):
+            d = (starts[a][0] - starts[b][0]) * (starts[a][1] - starts[b][1])
+            agree += d > 0
+            disagree += d < 0
+    pairs = len(starts) * (len(starts) - 1) // 2
+    return (agree - disagree) / pairs if pairs else math.nan
 
 
 def main() -> int:
