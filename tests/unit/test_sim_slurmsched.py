@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
+from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.slurm import SimSlurm
 from slurmgpu.sim.slurmsched import NodePlans, SlurmScheduling
 from slurmgpu.sim.workload import RigidJob, TraceJob
@@ -65,6 +67,21 @@ def test_bf_max_job_test_stops_the_pass_before_the_job_that_fits() -> None:
     sim = one_node(SlurmScheduling(100.0, 10.0, 1, sched_interval_s=10_000.0))
     sim.run_until(5000)
     assert starts(sim) == {"R": 0, "B": 500, "C": 500}
+
+
+def test_simulate_takes_slurms_passes_from_its_options() -> None:
+    # the one-node case through the runner: C starts at the backfill pass (100) with the
+    # option, at once (10) without it
+    trace = [
+        replace(job("R", 3, 500, 1000), submit_s=0.0),
+        replace(job("B", 2, 100, 100), submit_s=10.0),
+        replace(job("C", 1, 100, 100), submit_s=10.0),
+    ]
+    shape = ClusterShape(1, 4)
+    slurm = simulate(trace, shape, "slurm", SimOptions(scheduling=SCHED))
+    easy = simulate(trace, shape, "slurm", SimOptions())
+    assert {j.name: j.first_start_s for j in slurm.jobs}["C"] == 100
+    assert {j.name: j.first_start_s for j in easy.jobs}["C"] == 10
 
 
 def two_nodes(scheduling: SlurmScheduling | None) -> SimSlurm:
