@@ -30,8 +30,11 @@ every ``PriorityCalcPeriod`` counts as a change), array-task limits on plans
 (``bf_max_job_array_resv``), and any plan for a shard, MPS or MIG job that cannot start
 now (such a job starts when it fits and its node is not planned for; it plans nothing).
 Submission and begin-time latencies are the cost sets' (``submit_delay``,
-``requeue_delay``: measured submit -> start and requeue -> start, which include waiting
-for a pass), so a job becoming eligible triggers a main pass here.
+``requeue_delay``: measured arrival -> start and requeue -> start, which include the
+user's ``sbatch`` and the wait for a pass: ``batch_sched_delay`` and the background
+thread's one-second tick after a submission, the next backfill or full pass after a
+begin time), so a job becoming eligible triggers a main pass here; modelling those
+waits as well would count them twice.
 """
 
 from __future__ import annotations
