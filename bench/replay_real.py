@@ -35,7 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -453,6 +453,9 @@ def main() -> int:
     run.figures["simulator"] = sims
     run.figures["simulator_costs"] = (
         cost_set(args.costs).as_dict() if args.costs != "unscaled" else "unscaled"
+    )
+    run.figures["simulator_scheduling"] = (
+        "easy" if args.easy else asdict(lab_scheduling(args.compression))
     )
     run.figures["jobs"] = {name: res["jobs"] for name, res in results.items()}
     if isinstance(base, dict):
