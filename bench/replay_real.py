@@ -101,6 +101,18 @@ def lab_scheduling(compression: float) -> SlurmScheduling:
     return SlurmScheduling().scaled(compression)
 
 
+def scheduler_line(args: argparse.Namespace) -> str:
+    """One line: the order and the scheduler the simulator side runs."""
+    order = "submit order" if args.fifo else "the lab's Fair Tree"
+    if args.easy:
+        return f"{order}, one EASY-backfill pass at every change"
+    s = lab_scheduling(args.compression)
+    return (
+        f"{order}, Slurm's main pass at every change and backfill every "
+        f"{s.bf_interval_s:g} s (resolution {s.bf_resolution_s:g} s, trace time)"
+    )
+
+
 def plan(
     args: argparse.Namespace, policy_set: str, max_gpus: int
 ) -> tuple[list[TraceJob], list[ReplayJob]]:
@@ -179,6 +191,7 @@ def from_json(args: argparse.Namespace) -> int:
         f"real, bare (as the run) and with {args.costs} x C (costs and the executor's pacing)"
     )
     print("\n".join(cost_set(args.costs).lines()) if args.costs != "unscaled" else "")
+    print(f"with {args.costs}: {scheduler_line(args)}")
     print(f"{'set':<10} {'costs':<16} {'avg JCT':>8} {'p99':>6} {'makespan':>8}")
     figures: dict[str, dict[str, dict[str, float]]] = {}
     lines: dict[str, dict[int, tuple[float, float, float]]] = {}
