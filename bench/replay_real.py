@@ -32,10 +32,12 @@ import json
 import math
 import os
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
 from dataclasses import asdict, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +58,7 @@ from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
 from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
 from slurmgpu.sim.profiles import load_profiles  # noqa: E402
 from slurmgpu.sim.replayplan import (  # noqa: E402
+    JobOutcome,
     ReplayError,
     ReplayJob,
     outcomes,
@@ -224,6 +227,73 @@ def from_json(args: argparse.Namespace) -> int:
     return 0
 
 
+def rebuild(args: argparse.Namespace) -> int:
+    """A record of one set for ``--from-json`` out of a kept replay directory (a run that
+    stopped before writing its own): each job's Slurm start and end (whole seconds) from
+    the daemon's store (``state.db``), its plan index from its stand-in log
+    (``job-INDEX.jsonl``, which names its job id), its arrival from the replay plan of
+    this command's parameters; the replay's start is put at the least-delayed
+    submission (Slurm's submit time - the plan's arrival)."""
+    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    if len(sets) != 1 or args.json_out is None:
+        print("replay_real: --rebuild-from needs one set (--sets) and --json-out", file=sys.stderr)
+        return 2
+    policy_set, src = sets[0], args.rebuild_from
+    try:
+        _, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
+        index_of: dict[int, int] = {}
+        for log in src.glob("job-*.jsonl"):
+            with log.open() as fh:
+                first = json.loads(fh.readline())
+            index_of[int(first["job_id"])] = int(log.stem.split("-", 1)[1])
+        with sqlite3.connect(f"file:{src / 'state.db'}?mode=ro", uri=True) as db:
+            listed = db.execute(
+                "select job_id, name, user, submit_time, start_time, end_time, state, "
+                "restart_count from jobs"
+            ).fetchall()
+    except (OSError, ValueError, KeyError, sqlite3.Error, TraceError, ReplayError) as exc:
+        print(f"replay_real: cannot rebuild from {src}: {exc}", file=sys.stderr)
+        return 2
+
+    def at(text: str | None) -> float | None:
+        return None if not text else datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+    rows = {index_of[r[0]]: r for r in listed if r[0] in index_of and index_of[r[0]] < len(jobs)}
+    if not rows:
+        print(f"replay_real: no job of {src} matches the plan", file=sys.stderr)
+        return 2
+    t0 = min(float(at(r[3]) or math.inf) - jobs[i].at_s for i, r in rows.items())
+    outs = []
+    for i, (_, name, user, _, start, end, state, restarts) in sorted(rows.items()):
+        s0, e0 = at(start), at(end)
+        outs.append(
+            JobOutcome(
+                i,
+                None,
+                name,
+                user,
+                jobs[i].at_s,
+                None if s0 is None else s0 - t0,
+                None if e0 is None else e0 - t0,
+                state,
+                0.0,
+                int(restarts or 0),
+                0,
+                0,
+            )
+        )
+    summary = summarise(outs)
+    run = BenchRun.from_args("replay_real", args)
+    run.figures = {
+        policy_set: summary.as_dict(),
+        "jobs": {policy_set: [o.as_dict() for o in outs]},
+        "rebuilt_from": str(src),
+    }
+    run.write(args.json_out)
+    print(f"{len(outs)} jobs of {policy_set} rebuilt from {src}: {summary.as_dict()}")
+    return 0
+
+
 def print_per_job(
     policy_set: str, real_jobs: list[dict[str, object]], sim: dict[int, tuple[float, float, float]]
 ) -> None:
@@ -321,6 +391,14 @@ def main() -> int:
         help="with --from-json: each job's wait and JCT, real beside simulated",
     )
     p.add_argument(
+        "--rebuild-from",
+        type=Path,
+        metavar="REPLAY_DIR",
+        help="no lab: a record for --from-json out of a kept replay directory of one set "
+        "(--sets NAME; the daemon's state.db and the jobs' job-N.jsonl), with this "
+        "command's --first/--compression/... as the run's",
+    )
+    p.add_argument(
         "--slurm-root",
         type=Path,
         default=None,
@@ -342,6 +420,8 @@ def main() -> int:
             p.error(str(exc))
     if args.from_json is not None:
         return from_json(args)
+    if args.rebuild_from is not None:
+        return rebuild(args)
     if args.smoke:
         args.first, args.sets = 8, "slurm"
     if not args.trace.is_file():
