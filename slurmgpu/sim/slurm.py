@@ -70,7 +70,8 @@ Pure: no I/O and no wall clock.
 
 One module per idea: sim.clock (virtual time, the event heap), sim.state (jobs and
 nodes), sim.progress (speed and work: when a run ends), sim.scheduler (FIFO + EASY
-backfill, placement, starting and stopping runs) and this one, the SlurmClient face
+backfill or Slurm's own passes, sim.slurmsched; placement, starting and stopping runs)
+and this one, the SlurmClient face
 (submission, squeue/sinfo records, scontrol's updates, signals, requeue, hold/release).
 """
 
