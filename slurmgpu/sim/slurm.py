@@ -281,6 +281,8 @@ class SimSlurm(SchedulerModel):
             tasks[0].resubmits = resume.resubmits + 1
             resume.superseded = True
         for task in tasks:
+            if self.scheduling is not None:
+                task.time_limit_s = self.scheduling.limit(task.time_limit_s)
             self.all_jobs[task.job_id] = task
             self._pending[task.job_id] = task
             if self.submit_delay_s > 0:  # no pass starts it before then
@@ -488,6 +490,8 @@ class SimSlurm(SchedulerModel):
                 if intent.seconds is not None and intent.seconds < 0:
                     raise SlurmCommandError(f"Invalid time limit {intent.seconds} s")
                 job.time_limit_s = None if intent.seconds is None else float(intent.seconds)
+                if self.scheduling is not None:
+                    job.time_limit_s = self.scheduling.limit(job.time_limit_s)
                 if job.state is JobState.RUNNING:
                     self._set_limit_event(job)
             elif isinstance(intent, SetNice):

@@ -10,6 +10,8 @@ Checked against Slurm 22.05's sources (the same logic through 26.05):
   the background thread runs it once ``batch_sched_delay``, 3 s, passed since its last),
   and over the whole queue every ``sched_interval`` (60 s, controller.c). The backfill's
   plans do not bind it.
+- **Time limits** are whole minutes (``time_str2mins`` rounds seconds up), whether
+  given at submission or by an update.
 - **Backfill** (``_attempt_backfill()`` in src/plugins/sched/backfill/backfill.c): every
   ``bf_interval`` (30 s) after the previous pass ended, each pending job in priority
   order (at most ``bf_max_job_test``, 500) gets the earliest start at which it fits --
@@ -58,6 +60,9 @@ class SlurmScheduling:
     bf_window_s: float = 86400.0
     sched_interval_s: float = 60.0  # the main scheduler's full pass
     bf_poll_s: float = 1.0  # the backfill thread's short sleep while a pass is not due
+    # Slurm keeps a time limit in whole minutes: one given in seconds (sbatch --time,
+    # scontrol update TimeLimit=HH:MM:SS) is rounded up (parse_time.c, time_str2mins)
+    limit_unit_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("bf_interval_s", "bf_resolution_s", "bf_window_s", "sched_interval_s"):
@@ -66,6 +71,8 @@ class SlurmScheduling:
                 raise ValueError(f"{name} must be a number > 0, not {value!r}")
         if self.bf_max_job_test < 1:
             raise ValueError(f"bf_max_job_test must be >= 1, not {self.bf_max_job_test}")
+        if not self.limit_unit_s > 0 or not math.isfinite(self.limit_unit_s):
+            raise ValueError(f"limit_unit_s must be a number > 0, not {self.limit_unit_s!r}")
         if not self.bf_poll_s > 0:
             raise ValueError(f"bf_poll_s must be > 0, not {self.bf_poll_s!r}")
 
@@ -81,7 +88,15 @@ class SlurmScheduling:
             bf_window_s=self.bf_window_s * factor,
             sched_interval_s=self.sched_interval_s * factor,
             bf_poll_s=self.bf_poll_s * factor,
+            limit_unit_s=self.limit_unit_s * factor,
         )
+
+    def limit(self, seconds: float | None) -> float | None:
+        """A time limit as Slurm keeps it: rounded up to whole ``limit_unit_s``."""
+        if seconds is None or not math.isfinite(seconds):
+            return seconds
+        unit = self.limit_unit_s
+        return math.ceil(seconds / unit - 1e-9) * unit
 
     def next_backfill(self, last_s: float, now: float) -> float:
         """When the backfill thread next runs a pass, work being due at ``now``: once

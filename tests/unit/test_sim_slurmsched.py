@@ -7,13 +7,17 @@ from dataclasses import replace
 
 import pytest
 
+from slurmgpu.intent import SetTimeLimit
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.slurm import SimSlurm
 from slurmgpu.sim.slurmsched import NodePlans, SlurmScheduling
 from slurmgpu.sim.workload import RigidJob, TraceJob
 
-# backfill every 100 s, plans in 10 s steps; the periodic full main pass far away
-SCHED = SlurmScheduling(bf_interval_s=100.0, bf_resolution_s=10.0, sched_interval_s=10_000.0)
+# backfill every 100 s, plans in 10 s steps; the periodic full main pass far away; limits
+# to the second
+SCHED = SlurmScheduling(
+    bf_interval_s=100.0, bf_resolution_s=10.0, sched_interval_s=10_000.0, limit_unit_s=1.0
+)
 
 
 def job(name: str, gpus: int, run_s: float, limit_s: float) -> TraceJob:
@@ -64,7 +68,7 @@ def test_a_job_below_a_blocked_one_starts_at_the_next_backfill_pass() -> None:
 
 def test_bf_max_job_test_stops_the_pass_before_the_job_that_fits() -> None:
     # One job tested per pass: B, which cannot start; C waits for R's end with it.
-    sim = one_node(SlurmScheduling(100.0, 10.0, 1, sched_interval_s=10_000.0))
+    sim = one_node(replace(SCHED, bf_max_job_test=1))
     sim.run_until(5000)
     assert starts(sim) == {"R": 0, "B": 500, "C": 500}
 
@@ -127,6 +131,20 @@ def test_a_plan_holds_its_whole_node() -> None:
     assert starts(sim) == {"R": 0, "A": 1000, "B": 1100, "D": 100}
 
 
+def test_time_limits_are_whole_minutes_as_slurm_keeps_them() -> None:
+    # time_str2mins rounds seconds up, at submission and in an update
+    sim = SimSlurm(1, 4, scheduling=SlurmScheduling())
+    jid = sim.submit_job(job("R", 4, 500, 61))
+    assert sim.job(jid).time_limit_s == 120
+    sim.update_job(jid, (SetTimeLimit(seconds=90),))
+    assert sim.job(jid).time_limit_s == 120
+    sim.update_job(jid, (SetTimeLimit(seconds=None),))
+    assert sim.job(jid).time_limit_s is None
+    assert SlurmScheduling().scaled(60).limit(61.0) == 3600
+    easy = SimSlurm(1, 4)
+    assert easy.job(easy.submit_job(job("R", 4, 500, 61))).time_limit_s == 61
+
+
 def test_plans_round_down_to_the_resolution() -> None:
     plans = NodePlans(60.0)
     assert plans.add(125.0, 250.0, frozenset({1})) == (120.0, 240.0)
@@ -154,6 +172,7 @@ def test_the_backfill_thread_polls_once_its_interval_passed() -> None:
         ({"bf_resolution_s": math.nan}, "bf_resolution_s must be a number > 0"),
         ({"bf_max_job_test": 0}, "bf_max_job_test must be >= 1"),
         ({"bf_poll_s": -1.0}, "bf_poll_s must be > 0"),
+        ({"limit_unit_s": math.inf}, "limit_unit_s must be a number > 0"),
     ],
 )
 def test_bad_parameters_are_refused_in_one_line(kwargs: dict[str, float], message: str) -> None:
