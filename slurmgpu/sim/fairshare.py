@@ -62,6 +62,9 @@ class FairShareConfig:
     half_life_s: float = 7 * 86400.0  # PriorityDecayHalfLife (default 7 days)
     default_shares: int = 1
     user_shares: Mapping[str, int] = field(default_factory=dict)  # default 1 each
+    # raw usage each user starts with (seconds x billing): what earlier work left in the
+    # site's database (a replay's earlier sets ran on the same lab)
+    usage: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.calc_period_s > 0 or not math.isfinite(self.calc_period_s):
@@ -70,6 +73,8 @@ class FairShareConfig:
             raise ValueError(f"half_life_s must be > 0, not {self.half_life_s}")
         if self.billing not in ("job", "gpu"):
             raise ValueError(f"billing must be 'job' or 'gpu', not {self.billing!r}")
+        if any(not u >= 0 or not math.isfinite(u) for u in self.usage.values()):
+            raise ValueError("usage must be numbers >= 0")
         for account, shares in self.accounts.items():
             if shares < 0:
                 raise ValueError(f"account {account}: shares must be >= 0, not {shares}")
@@ -149,7 +154,7 @@ class FairTree:
     def __init__(self, sim: SimSlurm, config: FairShareConfig) -> None:
         self.sim = sim
         self.config = config
-        self.usage: dict[str, float] = {}
+        self.usage: dict[str, float] = dict(config.usage)
         self.factors: dict[str, float] = {}
         self._account_of: dict[str, str] = dict(config.users)
         self._accounts: dict[str, int] = dict(config.accounts)

@@ -4,6 +4,7 @@ site lab's ``sshare -l`` printed and on small traces worked out by hand."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -118,6 +119,24 @@ def test_without_fair_share_submit_order_decides() -> None:
     assert (starts["h1"], starts["l1"]) == (600, 700)
 
 
+def test_usage_left_by_earlier_work_counts_from_the_start() -> None:
+    # one GPU held until 100 by h0; at 1 h1 then l1 queue; no calculation before then
+    # (period 1,000 s). Without earlier usage they tie and h1 goes first; with heavy's
+    # earlier usage in the site's database, l1 does.
+    def starts(usage: dict[str, float]) -> dict[str, float]:
+        sim = SimSlurm(1, 1)
+        sim.priority = FairTree(sim, replace(CONFIG, calc_period_s=1000.0, usage=usage))
+        sim.submit_job(job("h0", "heavy", 100, 0))
+        sim.run_until(1)
+        for name, user in (("h1", "heavy"), ("l1", "light")):
+            sim.submit_job(job(name, user, 100, 1))
+        sim.run_until(10_000)
+        return {j.name: j.first_start_s for j in sim.all_jobs.values()}
+
+    assert starts({})["h1"] == 100
+    assert starts({"heavy": 500.0})["l1"] == 100
+
+
 def test_usage_is_charged_only_at_a_calculation() -> None:
     # the same, but the second jobs come before the first calculation (period 1,000 s):
     # no usage yet, both users tie, and submit order breaks the tie
@@ -174,6 +193,7 @@ def test_simulate_takes_the_sites_fair_share_from_its_options() -> None:
         ({"half_life_s": -1.0}, "half_life_s"),
         ({"billing": "tres"}, "billing"),
         ({"accounts": {"a": -1}}, "shares"),
+        ({"usage": {"u": -5.0}}, "usage must be numbers >= 0"),
     ],
 )
 def test_a_bad_config_is_refused_in_one_line(kwargs: dict[str, object], message: str) -> None:
