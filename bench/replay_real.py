@@ -36,6 +36,7 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,11 +82,13 @@ def runuser(user: str) -> list[str]:
     return ["runuser", "-u", user, "--"]
 
 
-def site_fairshare() -> FairShareConfig:
+def site_fairshare(usage: Mapping[str, float] | None = None) -> FairShareConfig:
     """The site lab's priority as the simulator models it (sim.fairshare), in wall
     seconds: its accounts and users, ``root`` and the daemon's user under root, its
-    weights, and billing one per job (one CPU each, no ``TRESBillingWeights``)."""
+    weights, and billing one per job (one CPU each, no ``TRESBillingWeights``);
+    ``usage``: what earlier sets left (:func:`earlier_usage`)."""
     return FairShareConfig(
+        usage=dict(usage or {}),
         accounts=dict(site.ACCOUNTS),
         users={u.name: u.account for u in site.USERS},
         root_users=("root", site.DAEMON_USER),
@@ -95,6 +98,27 @@ def site_fairshare() -> FairShareConfig:
         calc_period_s=float(site.CALC_PERIOD_S),
         half_life_s=float(site.DECAY_HALF_LIFE_S),
     )
+
+
+def earlier_usage(
+    jobs_by_set: Mapping[str, Sequence[Mapping[str, object]]],
+    order: Sequence[str],
+    policy_set: str,
+    compression: float,
+) -> dict[str, float]:
+    """What the sets replayed before ``policy_set`` on the same lab left in its fair
+    share: per user, the seconds its jobs ran (first start to end; billing one per job),
+    times C (the simulator's trace seconds). The decay over the minutes between sets
+    (half-life a day: under 1 %) is left out."""
+    usage: dict[str, float] = {}
+    for name in order:
+        if name == policy_set:
+            break
+        for r in jobs_by_set.get(name, ()):
+            start, end, user = r.get("started_s"), r.get("ended_s"), r.get("user")
+            if isinstance(start, int | float) and isinstance(end, int | float) and end > start:
+                usage[str(user)] = usage.get(str(user), 0.0) + (end - start) * compression
+    return usage
 
 
 def lab_scheduling(compression: float) -> SlurmScheduling:
@@ -139,6 +163,7 @@ def simulated(
     policy_set: str,
     costs: str | None = None,
     per_job: dict[int, tuple[float, float, float]] | None = None,
+    usage: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """The simulator on the replayed jobs (trace time, its 60 s cycle: 1 s of the replay
     at C = 60), its figures divided by C: wall seconds like the replay's. Its costs: the
@@ -147,9 +172,9 @@ def simulated(
     simulator as before 2026-12-07 (the legacy costs in trace time, as if they
     compressed). Its scheduler: Slurm's main and backfill passes with the lab's
     (default) SchedulerParameters, their periods times C (``--easy``: one EASY pass at
-    every change, as before)."""
+    every change, as before). ``usage``: the fair share the lab's earlier sets left."""
     name = costs or args.costs
-    fairshare = None if args.fifo else site_fairshare()
+    fairshare = None if args.fifo else site_fairshare(None if args.fresh_usage else usage)
     options: SimOptions | None = None
     if name != "unscaled":
         options = replay_options(cost_set(name), args.compression, fairshare)
@@ -204,7 +229,13 @@ def from_json(args: argparse.Namespace) -> int:
         figures[policy_set] = {}
         for name in ("unscaled", args.costs):
             per_job: dict[int, tuple[float, float, float]] = {}
-            sim = simulated(replayed, args, policy_set, name, per_job)
+            usage = earlier_usage(
+                doc["figures"].get("jobs", {}),
+                params["sets"].split(","),
+                policy_set,
+                args.compression,
+            )
+            sim = simulated(replayed, args, policy_set, name, per_job, usage)
             if name == args.costs:
                 lines[policy_set] = {
                     i: per_job[trace[j.source].line]
@@ -228,40 +259,58 @@ def from_json(args: argparse.Namespace) -> int:
 
 
 def rebuild(args: argparse.Namespace) -> int:
-    """A record of one set for ``--from-json`` out of a kept replay directory (a run that
-    stopped before writing its own): each job's Slurm start and end (whole seconds) from
-    the daemon's store (``state.db``), its plan index from its stand-in log
-    (``job-INDEX.jsonl``, which names its job id), its arrival from the replay plan of
-    this command's parameters; the replay's start is put at the least-delayed
-    submission (Slurm's submit time - the plan's arrival)."""
+    """A record for ``--from-json`` out of kept replay directories (a run that stopped
+    before writing its own): ``--rebuild-from`` holds ``replay-SET`` for each set of
+    ``--sets``, in the order they ran (or is the one set's directory). Per set, each
+    job's Slurm start and end (whole seconds) from the daemon's store (``state.db``),
+    its plan index from its stand-in log (``job-INDEX.jsonl``, which names its job id),
+    its arrival from the replay plan of this command's parameters; the set's start is
+    put at the least-delayed submission (Slurm's submit time - the plan's arrival)."""
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
-    if len(sets) != 1 or args.json_out is None:
-        print("replay_real: --rebuild-from needs one set (--sets) and --json-out", file=sys.stderr)
+    if not sets or args.json_out is None:
+        print("replay_real: --rebuild-from needs --sets and --json-out", file=sys.stderr)
         return 2
-    policy_set, src = sets[0], args.rebuild_from
-    try:
-        _, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
-        index_of: dict[int, int] = {}
-        for log in src.glob("job-*.jsonl"):
-            with log.open() as fh:
-                first = json.loads(fh.readline())
-            index_of[int(first["job_id"])] = int(log.stem.split("-", 1)[1])
-        with sqlite3.connect(f"file:{src / 'state.db'}?mode=ro", uri=True) as db:
-            listed = db.execute(
-                "select job_id, name, user, submit_time, start_time, end_time, state, "
-                "restart_count from jobs"
-            ).fetchall()
-    except (OSError, ValueError, KeyError, sqlite3.Error, TraceError, ReplayError) as exc:
-        print(f"replay_real: cannot rebuild from {src}: {exc}", file=sys.stderr)
-        return 2
+    figures: dict[str, object] = {"rebuilt_from": str(args.rebuild_from)}
+    jobs_by_set: dict[str, list[dict[str, object]]] = {}
+    for policy_set in sets:
+        src = args.rebuild_from / f"replay-{policy_set}"
+        if len(sets) == 1 and not src.is_dir():
+            src = args.rebuild_from
+        try:
+            outs = _rebuilt_set(args, policy_set, src)
+        except (OSError, ValueError, KeyError, sqlite3.Error, TraceError, ReplayError) as exc:
+            print(f"replay_real: cannot rebuild {policy_set} from {src}: {exc}", file=sys.stderr)
+            return 2
+        summary = summarise(outs)
+        figures[policy_set] = summary.as_dict()
+        jobs_by_set[policy_set] = [o.as_dict() for o in outs]
+        print(f"{len(outs)} jobs of {policy_set} rebuilt from {src}: {summary.as_dict()}")
+    figures["jobs"] = jobs_by_set
+    run = BenchRun.from_args("replay_real", args)
+    run.figures = figures
+    run.write(args.json_out)
+    return 0
+
+
+def _rebuilt_set(args: argparse.Namespace, policy_set: str, src: Path) -> list[JobOutcome]:
+    _, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
+    index_of: dict[int, int] = {}
+    for log in src.glob("job-*.jsonl"):
+        with log.open() as fh:
+            first = json.loads(fh.readline())
+        index_of[int(first["job_id"])] = int(log.stem.split("-", 1)[1])
+    with sqlite3.connect(f"file:{src / 'state.db'}?mode=ro", uri=True) as db:
+        listed = db.execute(
+            "select job_id, name, user, submit_time, start_time, end_time, state, "
+            "restart_count from jobs"
+        ).fetchall()
 
     def at(text: str | None) -> float | None:
         return None if not text else datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
     rows = {index_of[r[0]]: r for r in listed if r[0] in index_of and index_of[r[0]] < len(jobs)}
     if not rows:
-        print(f"replay_real: no job of {src} matches the plan", file=sys.stderr)
-        return 2
+        raise ValueError("no job there matches the plan")
     t0 = min(float(at(r[3]) or math.inf) - jobs[i].at_s for i, r in rows.items())
     outs = []
     for i, (_, name, user, _, start, end, state, restarts) in sorted(rows.items()):
@@ -282,16 +331,7 @@ def rebuild(args: argparse.Namespace) -> int:
                 0,
             )
         )
-    summary = summarise(outs)
-    run = BenchRun.from_args("replay_real", args)
-    run.figures = {
-        policy_set: summary.as_dict(),
-        "jobs": {policy_set: [o.as_dict() for o in outs]},
-        "rebuilt_from": str(src),
-    }
-    run.write(args.json_out)
-    print(f"{len(outs)} jobs of {policy_set} rebuilt from {src}: {summary.as_dict()}")
-    return 0
+    return outs
 
 
 def print_per_job(
@@ -378,6 +418,12 @@ def main() -> int:
         "--fifo",
         action="store_true",
         help="the simulator orders its queue by submission, not by the lab's fair share",
+    )
+    p.add_argument(
+        "--fresh-usage",
+        action="store_true",
+        help="the simulator starts every set from no fair-share usage, not from what the "
+        "sets replayed before it on the same lab left",
     )
     p.add_argument(
         "--easy",
@@ -505,8 +551,12 @@ def main() -> int:
                 "jobs": [r.as_dict() for r in rows],
             }
             if not args.no_sim:
+                earlier = {n: r["jobs"] for n, r in results.items() if n != policy_set}
                 results[policy_set]["sim"] = simulated(
-                    replayed_trace(trace, jobs, args.compression), args, policy_set
+                    replayed_trace(trace, jobs, args.compression),
+                    args,
+                    policy_set,
+                    usage=earlier_usage(earlier, sets, policy_set, args.compression),  # type: ignore[arg-type]
                 )
     finally:
         if lab is not None:
