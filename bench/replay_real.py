@@ -32,12 +32,15 @@ import json
 import math
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +61,7 @@ from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
 from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
 from slurmgpu.sim.profiles import load_profiles  # noqa: E402
 from slurmgpu.sim.replayplan import (  # noqa: E402
+    JobOutcome,
     ReplayError,
     ReplayJob,
     outcomes,
@@ -68,7 +72,8 @@ from slurmgpu.sim.replayplan import (  # noqa: E402
     replayed_trace,
     summarise,
 )
-from slurmgpu.sim.run import ClusterShape, simulate  # noqa: E402
+from slurmgpu.sim.run import ClusterShape, SimOptions, simulate  # noqa: E402
+from slurmgpu.sim.slurmsched import SlurmScheduling  # noqa: E402
 from slurmgpu.sim.workload import TraceJob, elastic_batch  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "pollux"
@@ -108,10 +113,52 @@ def chroot_users(lab: LabCluster, shared: Path) -> tuple[list[str], dict[str, st
     return [str(copy)], env
 
 
-def site_fairshare() -> FairShareConfig:
+def site_fairshare(usage: Mapping[str, float] | None = None) -> FairShareConfig:
     """The site lab's priority as the simulator models it (sim.fairshare), in wall
-    seconds (lab.cluster.site.fairshare_toml)."""
-    return parse_fairshare(site.fairshare_toml(), "the site lab")
+    seconds (lab.cluster.site.fairshare_toml); ``usage``: what earlier sets on the same
+    lab left (:func:`earlier_usage`, ``--one-lab`` only)."""
+    config = parse_fairshare(site.fairshare_toml(), "the site lab")
+    return replace(config, usage=dict(usage or {}))
+
+
+def earlier_usage(
+    jobs_by_set: Mapping[str, Sequence[Mapping[str, object]]],
+    order: Sequence[str],
+    policy_set: str,
+    compression: float,
+) -> dict[str, float]:
+    """What the sets replayed before ``policy_set`` on the same lab left in its fair
+    share: per user, the seconds its jobs ran (first start to end; billing one per job),
+    times C (the simulator's trace seconds). The decay over the minutes between sets
+    (half-life a day: under 1 %) is left out."""
+    usage: dict[str, float] = {}
+    for name in order:
+        if name == policy_set:
+            break
+        for r in jobs_by_set.get(name, ()):
+            start, end, user = r.get("started_s"), r.get("ended_s"), r.get("user")
+            if isinstance(start, int | float) and isinstance(end, int | float) and end > start:
+                usage[str(user)] = usage.get(str(user), 0.0) + (end - start) * compression
+    return usage
+
+
+def lab_scheduling(compression: float) -> SlurmScheduling:
+    """The site lab's scheduler as the simulator models it (sim.slurmsched): its
+    slurm.conf sets no SchedulerParameters, so Slurm's defaults, in wall seconds, times
+    the compression factor (the simulator runs in trace time)."""
+    return SlurmScheduling().scaled(compression)
+
+
+def scheduler_line(args: argparse.Namespace) -> str:
+    """One line: the order and the scheduler the simulator side runs."""
+    order = "submit order" if args.fifo else "the lab's Fair Tree"
+    if args.easy:
+        return f"{order}, one EASY-backfill pass at every change"
+    s = lab_scheduling(args.compression)
+    return (
+        f"{order}, Slurm's main pass at every change and backfill every "
+        f"{s.bf_interval_s:g} s (resolution {s.bf_resolution_s:g} s, trace time)"
+    )
 
 
 def plan(
@@ -137,18 +184,23 @@ def simulated(
     policy_set: str,
     costs: str | None = None,
     per_job: dict[int, tuple[float, ...]] | None = None,
+    usage: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """The simulator on the replayed jobs (trace time, its 60 s cycle: 1 s of the replay
     at C = 60), its figures divided by C: wall seconds like the replay's. Its costs: the
     cost set ``costs`` (default ``--costs``) measured in wall seconds, and the executor's
     pacing, both times C (sim.replayplan.replay_options); ``"unscaled"``: the bare
     simulator as before 2026-12-07 (the legacy costs in trace time, as if they
-    compressed)."""
+    compressed). Its scheduler: Slurm's main and backfill passes with the lab's
+    (default) SchedulerParameters, their periods times C (``--easy``: one EASY pass at
+    every change, as before). ``usage``: the fair share the lab's earlier sets left."""
     name = costs or args.costs
-    fairshare = None if args.fifo else site_fairshare()
-    options = (
-        None if name == "unscaled" else replay_options(cost_set(name), args.compression, fairshare)
-    )
+    fairshare = None if args.fifo else site_fairshare(None if args.fresh_usage else usage)
+    options: SimOptions | None = None
+    if name != "unscaled":
+        options = replay_options(cost_set(name), args.compression, fairshare)
+        if not args.easy:
+            options = replace(options, scheduling=lab_scheduling(args.compression))
     run = simulate(trace, ClusterShape(args.nodes, 4), policy_set, options)
     r = metrics.summarise(run)
     c = args.compression
@@ -189,6 +241,7 @@ def from_json(args: argparse.Namespace) -> int:
         f"real, bare (as the run) and with {args.costs} x C (costs and the executor's pacing)"
     )
     print("\n".join(cost_set(args.costs).lines()) if args.costs != "unscaled" else "")
+    print(f"with {args.costs}: {scheduler_line(args)}")
     print(f"{'set':<10} {'costs':<16} {'avg JCT':>8} {'p99':>6} {'makespan':>8}")
     figures: dict[str, dict[str, dict[str, float]]] = {}
     lines: dict[str, dict[int, tuple[float, ...]]] = {}
@@ -198,7 +251,19 @@ def from_json(args: argparse.Namespace) -> int:
         figures[policy_set] = {}
         for name in ("unscaled", args.costs):
             per_job: dict[int, tuple[float, ...]] = {}
-            sim = simulated(replayed, args, policy_set, name, per_job)
+            # a run on one lab (all before 2026-12-07 05:24): each set began with the
+            # fair-share usage of the sets before it; a lab per set began with none
+            usage = (
+                earlier_usage(
+                    doc["figures"].get("jobs", {}),
+                    params["sets"].split(","),
+                    policy_set,
+                    args.compression,
+                )
+                if params.get("one_lab", True)
+                else {}
+            )
+            sim = simulated(replayed, args, policy_set, name, per_job, usage)
             if name == args.costs:
                 lines[policy_set] = {
                     i: per_job[trace[j.source].line]
@@ -221,6 +286,82 @@ def from_json(args: argparse.Namespace) -> int:
     return 0
 
 
+def rebuild(args: argparse.Namespace) -> int:
+    """A record for ``--from-json`` out of kept replay directories (a run that stopped
+    before writing its own): ``--rebuild-from`` holds ``replay-SET`` for each set of
+    ``--sets``, in the order they ran (or is the one set's directory). Per set, each
+    job's Slurm start and end (whole seconds) from the daemon's store (``state.db``),
+    its plan index from its stand-in log (``job-INDEX.jsonl``, which names its job id),
+    its arrival from the replay plan of this command's parameters; the set's start is
+    put at the least-delayed submission (Slurm's submit time - the plan's arrival)."""
+    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    if not sets or args.json_out is None:
+        print("replay_real: --rebuild-from needs --sets and --json-out", file=sys.stderr)
+        return 2
+    figures: dict[str, object] = {"rebuilt_from": str(args.rebuild_from)}
+    jobs_by_set: dict[str, list[dict[str, object]]] = {}
+    for policy_set in sets:
+        src = args.rebuild_from / f"replay-{policy_set}"
+        if len(sets) == 1 and not src.is_dir():
+            src = args.rebuild_from
+        try:
+            outs = _rebuilt_set(args, policy_set, src)
+        except (OSError, ValueError, KeyError, sqlite3.Error, TraceError, ReplayError) as exc:
+            print(f"replay_real: cannot rebuild {policy_set} from {src}: {exc}", file=sys.stderr)
+            return 2
+        summary = summarise(outs)
+        figures[policy_set] = summary.as_dict()
+        jobs_by_set[policy_set] = [o.as_dict() for o in outs]
+        print(f"{len(outs)} jobs of {policy_set} rebuilt from {src}: {summary.as_dict()}")
+    figures["jobs"] = jobs_by_set
+    run = BenchRun.from_args("replay_real", args)
+    run.figures = figures
+    run.write(args.json_out)
+    return 0
+
+
+def _rebuilt_set(args: argparse.Namespace, policy_set: str, src: Path) -> list[JobOutcome]:
+    _, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
+    index_of: dict[int, int] = {}
+    for log in src.glob("job-*.jsonl"):
+        with log.open() as fh:
+            first = json.loads(fh.readline())
+        index_of[int(first["job_id"])] = int(log.stem.split("-", 1)[1])
+    with sqlite3.connect(f"file:{src / 'state.db'}?mode=ro", uri=True) as db:
+        listed = db.execute(
+            "select job_id, name, user, submit_time, start_time, end_time, state, "
+            "restart_count from jobs"
+        ).fetchall()
+
+    def at(text: str | None) -> float | None:
+        return None if not text else datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+    rows = {index_of[r[0]]: r for r in listed if r[0] in index_of and index_of[r[0]] < len(jobs)}
+    if not rows:
+        raise ValueError("no job there matches the plan")
+    t0 = min(float(at(r[3]) or math.inf) - jobs[i].at_s for i, r in rows.items())
+    outs = []
+    for i, (_, name, user, _, start, end, state, restarts) in sorted(rows.items()):
+        s0, e0 = at(start), at(end)
+        outs.append(
+            JobOutcome(
+                i,
+                None,
+                name,
+                user,
+                jobs[i].at_s,
+                None if s0 is None else s0 - t0,
+                None if e0 is None else e0 - t0,
+                state,
+                0.0,
+                int(restarts or 0),
+                0,
+                0,
+            )
+        )
+    return outs
+
+
 def print_per_job(
     policy_set: str, real_jobs: list[dict[str, object]], sim: dict[int, tuple[float, ...]]
 ) -> None:
@@ -238,6 +379,13 @@ def print_per_job(
         )
     rows.sort(key=lambda row: -abs(row[0]))
     print(f"\n== {policy_set}: per job, simulated - real (wall s), largest gap first")
+    if rows:
+        waits = [abs(w - rw) for _, _, _, w, _, rw, _, _ in rows]
+        print(
+            f"mean |wait gap| {statistics.mean(waits):.1f} s, "
+            f"median {statistics.median(waits):.1f}; "
+            f"start order agreement (Kendall tau) {_start_order_tau(real_jobs, sim):.2f}"
+        )
     print(
         f"{'#':>3} {'name':<12} {'user':<8} {'resz':>4} {'sim':>3} {'wait real':>9} {'sim':>6} "
         f"{'JCT real':>8} {'sim':>7} {'gap':>7}"
@@ -247,6 +395,26 @@ def print_per_job(
             f"{index:>3} {r['name']!s:<12} {r['user']!s:<8} {r['resizes']!s:>4} {restarts:>3.0f} "
             f"{real_wait:>9.1f} {wait:>6.1f} {real_jct:>8.1f} {jct:>7.1f} {gap:>+7.1f}"
         )
+
+
+def _start_order_tau(
+    real_jobs: list[dict[str, object]], sim: dict[int, tuple[float, ...]]
+) -> float:
+    """Kendall's tau between the real and the simulated start times of the same jobs
+    (1: every pair starts in the same order; pairs tied in either count as neither)."""
+    starts = [
+        (float(str(r["started_s"])), sim[i][1])
+        for r in real_jobs
+        if isinstance(i := r.get("index"), int) and i in sim
+    ]
+    agree = disagree = 0
+    for a in range(len(starts)):
+        for b in range(a + 1, len(starts)):
+            d = (starts[a][0] - starts[b][0]) * (starts[a][1] - starts[b][1])
+            agree += d > 0
+            disagree += d < 0
+    pairs = len(starts) * (len(starts) - 1) // 2
+    return (agree - disagree) / pairs if pairs else math.nan
 
 
 def main() -> int:
@@ -285,12 +453,33 @@ def main() -> int:
         "--one-lab",
         action="store_true",
         help="one lab for every set (faster; each set then inherits the earlier sets' "
-        "history and fair-share usage, which the simulator's runs do not have)",
+        "history and fair-share usage; the simulator starts from that usage, not the "
+        "history)",
+    )
+    p.add_argument(
+        "--fresh-usage",
+        action="store_true",
+        help="the simulator starts every set from no fair-share usage, not from what the "
+        "sets replayed before it on the same lab left",
+    )
+    p.add_argument(
+        "--easy",
+        action="store_true",
+        help="the simulator runs one EASY-backfill pass at every change, not Slurm's main "
+        "and conservative backfill passes at the lab's periods",
     )
     p.add_argument(
         "--per-job",
         action="store_true",
         help="with --from-json: each job's wait and JCT, real beside simulated",
+    )
+    p.add_argument(
+        "--rebuild-from",
+        type=Path,
+        metavar="REPLAY_DIR",
+        help="no lab: a record for --from-json out of a kept replay directory of one set "
+        "(--sets NAME; the daemon's state.db and the jobs' job-N.jsonl), with this "
+        "command's --first/--compression/... as the run's",
     )
     p.add_argument(
         "--slurm-root",
@@ -314,6 +503,8 @@ def main() -> int:
             p.error(str(exc))
     if args.from_json is not None:
         return from_json(args)
+    if args.rebuild_from is not None:
+        return rebuild(args)
     if args.smoke:
         args.first, args.sets = 8, "slurm"
     if not args.trace.is_file():
@@ -418,8 +609,15 @@ def main() -> int:
                 "jobs": [r.as_dict() for r in rows],
             }
             if not args.no_sim:
+                earlier = {n: r["jobs"] for n, r in results.items() if n != policy_set}
+                shared_lab = args.one_lab or args.running_lab  # usage left by earlier sets
                 results[policy_set]["sim"] = simulated(
-                    replayed_trace(trace, jobs, args.compression), args, policy_set
+                    replayed_trace(trace, jobs, args.compression),
+                    args,
+                    policy_set,
+                    usage=earlier_usage(earlier, sets, policy_set, args.compression)  # type: ignore[arg-type]
+                    if shared_lab
+                    else None,
                 )
     finally:
         if lab is not None:
@@ -459,6 +657,9 @@ def main() -> int:
     run.figures["simulator"] = sims
     run.figures["simulator_costs"] = (
         cost_set(args.costs).as_dict() if args.costs != "unscaled" else "unscaled"
+    )
+    run.figures["simulator_scheduling"] = (
+        "easy" if args.easy else asdict(lab_scheduling(args.compression))
     )
     run.figures["jobs"] = {name: res["jobs"] for name, res in results.items()}
     if isinstance(base, dict):

@@ -13,11 +13,13 @@ from Slurm's ``priority_multifactor.c`` and ``fair_tree.c`` and checked against 
 * **Level fair share** of an association: its shares over its siblings' (NormShares)
   divided by its usage over its siblings' (EffectvUsage); no usage is infinitely
   deserving.
-* **Fair Tree ranking.** Siblings are visited in decreasing level fair share, depth
-  first; each user in turn takes the next rank, counted down from the number of users,
-  and users tied on level fair share at the same level share the rank (the next one
-  skips). A user's factor is rank / users. Users that are direct children of ``root``
-  (``root`` itself, the daemon's user) count like any user.
+* **Fair Tree ranking.** Siblings are visited in decreasing level fair share (users
+  before accounts on a tie), depth first; each user in turn takes the next rank,
+  counted down from the number of users; a user tied with its previous sibling shares
+  its rank (the next one skips), and so does the first user under an account tied with
+  its previous sibling (``_calc_tree_fs``' ``account_tied``): with no usage anywhere
+  every user ties at 1.0. A user's factor is rank / users. Users that are direct
+  children of ``root`` (``root`` itself, the daemon's user) count like any user.
 * **Priority** = ``base + weight x factor + qos - nice``, floored at 1; recomputed once
   per calculation period (``PriorityCalcPeriod``), which is also when a pending job's
   priority changes; a new job gets the factors of the last calculation.
@@ -65,6 +67,9 @@ class FairShareConfig:
     half_life_s: float = 7 * 86400.0  # PriorityDecayHalfLife (default 7 days)
     default_shares: int = 1
     user_shares: Mapping[str, int] = field(default_factory=dict)  # default 1 each
+    # raw usage each user starts with (seconds x billing): what earlier work left in the
+    # site's database (a replay's earlier sets ran on the same lab)
+    usage: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.calc_period_s > 0 or not math.isfinite(self.calc_period_s):
@@ -73,6 +78,8 @@ class FairShareConfig:
             raise ValueError(f"half_life_s must be > 0, not {self.half_life_s}")
         if self.billing not in ("job", "gpu"):
             raise ValueError(f"billing must be 'job' or 'gpu', not {self.billing!r}")
+        if any(not u >= 0 or not math.isfinite(u) for u in self.usage.values()):
+            raise ValueError("usage must be numbers >= 0")
         for account, shares in self.accounts.items():
             if shares < 0:
                 raise ValueError(f"account {account}: shares must be >= 0, not {shares}")
@@ -80,6 +87,8 @@ class FairShareConfig:
 
 def _level_fs(shares: float, total_shares: float, usage: float, total_usage: float) -> float:
     norm_shares = shares / total_shares if total_shares > 0 else 0.0
+    if norm_shares <= 0:
+        return 0.0  # no shares: the lowest level fair share, whatever the usage
     if usage <= 0 or total_usage <= 0:
         return math.inf
     return norm_shares / (usage / total_usage)
@@ -102,10 +111,16 @@ def fair_tree_factors(
     root_children += [(u, False, 1.0, usage.get(u, 0.0)) for u in root_users]
     total_users = sum(len(list(account_users.get(a, ()))) for a in accounts) + len(root_users)
     factors: dict[str, float] = {}
-    rank = total_users
+    rank = rnt = total_users  # the current rank; the rank were there no ties
 
-    def visit(children: list[tuple[str, bool, float, float]]) -> None:
-        nonlocal rank
+    def visit(children: list[tuple[str, bool, float, float]], account_tied: bool) -> None:
+        # fair_tree.c's _calc_tree_fs: siblings by level fair share, users before
+        # accounts on a tie; a user tied with the previous sibling (or first below an
+        # account tied with its previous sibling) keeps the current rank, else takes the
+        # rank it would have without ties. Tied accounts are visited one after another:
+        # _count_tied_accounts stops at the first account, so none is merged (22.05
+        # through 26.05).
+        nonlocal rank, rnt
         total_s = sum(c[2] for c in children)
         total_u = sum(c[3] for c in children)
         scored = sorted(
@@ -113,27 +128,27 @@ def fair_tree_factors(
                 (_level_fs(s, total_s, u, total_u), name, is_acct)
                 for name, is_acct, s, u in children
             ),
-            key=lambda t: (-t[0], t[1]),
+            key=lambda t: (-t[0], t[2], t[1]),
         )
-        i = 0
-        while i < len(scored):
-            level = scored[i][0]
-            tied = [t for t in scored[i:] if t[0] == level]
-            users = [name for _, name, is_acct in tied if not is_acct]
-            for name in users:  # tied users at one level share a rank
+        prev: float | None = None
+        for i, (level, name, is_acct) in enumerate(scored):
+            tied = True if i == 0 and account_tied else prev == level
+            if not is_acct:
+                if not tied:
+                    rank = rnt
                 factors[name] = rank / total_users if total_users else 0.0
-            rank -= len(users)
-            for _, name, is_acct in tied:
-                if is_acct:
-                    visit(
-                        [
-                            (u, False, float(s), usage.get(u, 0.0))
-                            for u, s in account_users.get(name, ())
-                        ]
-                    )
-            i += len(tied)
+                rnt -= 1
+            else:
+                visit(
+                    [
+                        (u, False, float(s), usage.get(u, 0.0))
+                        for u, s in account_users.get(name, ())
+                    ],
+                    tied,
+                )
+            prev = level
 
-    visit(root_children)
+    visit(root_children, False)
     return factors
 
 
@@ -144,7 +159,7 @@ class FairTree:
     def __init__(self, sim: SimSlurm, config: FairShareConfig) -> None:
         self.sim = sim
         self.config = config
-        self.usage: dict[str, float] = {}
+        self.usage: dict[str, float] = dict(config.usage)
         self.factors: dict[str, float] = {}
         self._account_of: dict[str, str] = dict(config.users)
         self._accounts: dict[str, int] = dict(config.accounts)

@@ -72,6 +72,7 @@ from slurmgpu.sim.sharing import (
     parse_mig_layout,
 )
 from slurmgpu.sim.slurm import ElasticRuntime, InterferenceModel, SimJob, SimSlurm
+from slurmgpu.sim.slurmsched import SlurmScheduling
 from slurmgpu.sim.usage import DEVICE_MEMORY_MIB, LazyUsage, UsageModel
 from slurmgpu.sim.workload import ProfiledJob, TraceJob, elastic_batch, packed
 from slurmgpu.slurm.client import SlurmError
@@ -297,6 +298,9 @@ class SimOptions:
     # The site's multifactor fair-share priority (sim.fairshare); None: priority/basic,
     # submit order. The Tiresias and QSSF baselines keep their own order either way.
     fairshare: FairShareConfig | None = None
+    # Slurm's own passes (sim.slurmsched: a strict-order main scheduler and conservative
+    # backfill every bf_interval); None: one EASY-backfill pass at every change.
+    scheduling: SlurmScheduling | None = None
 
     @classmethod
     def of_costs(cls, costs: CostSet, **others: Any) -> SimOptions:
@@ -411,6 +415,7 @@ class _Runner:
             mig_layout=parse_mig_layout(shape.mig_layout, shape.device_memory_mib)
             if shape.mig_gpus
             else (),
+            scheduling=options.scheduling,
         )
         self.shape = shape
         self.engine: PolicyEngine = engine or build_engine(policy_set, options.policies)

@@ -7,16 +7,23 @@ time limits*; later jobs start now only if they fit and either end by that time 
 the reserved GPUs alone. At most ``bf_max_job_test`` jobs are tried per pass. Also here:
 placement (best fit, typed nodes, shards and MPS shares, MIG slices), starting and
 stopping runs, and what a job's END, LIMIT, ELIGIBLE and CHECKPOINT events do.
+
+With ``scheduling`` (a :class:`~slurmgpu.sim.slurmsched.SlurmScheduling`) the passes are
+Slurm's own instead: a main pass in strict priority order on every change, a full one
+every ``sched_interval_s``, and a conservative backfill pass every ``bf_interval_s``
+(sim.slurmsched says what each does and what is left out).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 
 from slurmgpu.model import JobState, Node
 from slurmgpu.policy.slices import MIG_COMPUTE_SLICES, MigProfile
 from slurmgpu.sim.progress import ElasticRuntime, ProgressModel
+from slurmgpu.sim.slurmsched import NodePlans, SlurmScheduling
 from slurmgpu.sim.state import JobRun, SimJob
 
 __all__ = ["PriorityKey", "SchedulerModel"]
@@ -35,6 +42,10 @@ class SchedulerModel(ProgressModel):
     runtime: ElasticRuntime
     priority: PriorityKey | None
     bf_max_job_test: int
+    scheduling: SlurmScheduling | None  # Slurm's main + conservative backfill passes
+    _bf_last: float  # when the last backfill pass ran
+    _bf_at: float  # when the next backfill pass is due (inf: none armed)
+    _main_at: float  # when the next full main pass is due (inf: none armed)
     kill_wait_s: float
     _free_counts: list[int]  # whole GPUs free, per node
     _node_objs: list[Node | None]  # each node's listing, None once a job took or left it
@@ -287,6 +298,11 @@ class SchedulerModel(ProgressModel):
         return None
 
     def _schedule(self) -> None:
+        if self.scheduling is not None:
+            self._dirty = False
+            self._main_pass()
+            self._arm_timers()
+            return
         self._dirty = False
         free = self._free()
         if not any(free) and not self._shares:
@@ -366,3 +382,137 @@ class SchedulerModel(ProgressModel):
             alloc.append((n, gpus))
             free[n] -= count
         self._start(job, alloc, None)
+
+    # ---- Slurm's own passes (scheduling is set; sim.slurmsched)
+
+    def _waiting(self) -> bool:
+        return any(not j.held for j in self._pending.values())
+
+    def _arm_timers(self) -> None:
+        """Arm the backfill pass and the periodic full main pass while jobs wait."""
+        sched = self.scheduling
+        if sched is None or not self._waiting():
+            return
+        if not math.isfinite(self._bf_at):
+            self._bf_at = sched.next_backfill(self._bf_last, self.now)
+            self.call_at(self._bf_at, self._backfill_tick)
+        if not math.isfinite(self._main_at):
+            period = sched.sched_interval_s
+            self._main_at = (math.floor(self.now / period) + 1) * period
+            self.call_at(self._main_at, self._main_tick)
+
+    def _backfill_tick(self) -> None:
+        self._bf_at = math.inf
+        if self._waiting():
+            self._backfill_pass()
+            self._bf_last = self.now
+        self._arm_timers()
+
+    def _main_tick(self) -> None:
+        self._main_at = math.inf
+        if self._waiting():
+            self._main_pass()
+        self._arm_timers()
+
+    def _main_pass(self) -> None:
+        """Slurm's main scheduler: strict priority order; the first job that cannot
+        start stops the pass (the rest of its partition waits, reason Priority)."""
+        free = self._free()
+        for job in self._eligible():
+            if job.gpu_type is not None and job.gpu_type in self.mig_profiles:
+                slot = self._fit_mig(job)
+                if slot is None:
+                    return
+                self._start(job, [], None, slot)
+                continue
+            if job.shards or job.mps:
+                place = self._fit_shard(job)
+                if place is None:
+                    return
+                fresh = not self._nodes[place[0]].gpu_shards[place[1]]
+                self._start(job, [], place)
+                if fresh:
+                    free[place[0]] -= 1
+                continue
+            fit = self._fit(job, free)
+            if fit is None:
+                return
+            self._start_whole(job, fit, free)
+
+    def _releases(self) -> list[tuple[float, list[tuple[int, int]]]]:
+        """Each running job's end by its time limit and the whole GPUs it frees then."""
+        out: list[tuple[float, list[tuple[int, int]]]] = []
+        for end, jid in self._by_limit:
+            if not math.isfinite(end):
+                break
+            other = self._running[jid]
+            freed = [(n, len(gpus)) for n, gpus in other.alloc]
+            if other.shard_alloc is not None:
+                n, g, _ = other.shard_alloc
+                if len(self._nodes[n].gpu_shards[g]) == 1:
+                    freed.append((n, 1))
+            out.append((end, freed))
+        return out
+
+    def _backfill_pass(self) -> None:
+        """sched/backfill's pass: every waiting job, in priority order, starts now if it
+        fits on nodes no earlier job's plan holds during its run, else plans its nodes
+        from its earliest such start (conservative backfill, whole-node plans)."""
+        sched = self.scheduling
+        assert sched is not None
+        now = self.now
+        horizon = now + sched.bf_window_s
+        plans = NodePlans(sched.bf_resolution_s)
+        free = self._free()
+        releases = self._releases()
+        for tested, job in enumerate(self._eligible()):
+            if tested >= sched.bf_max_job_test:
+                break
+            limit = job.time_limit_s if job.time_limit_s is not None else math.inf
+            if (job.gpu_type is not None and job.gpu_type in self.mig_profiles) or (
+                job.shards or job.mps
+            ):
+                self._backfill_share(job, plans.blocked(now, now + limit), free)
+                continue
+            times = {now}
+            times.update(e for e, _ in releases if now < e <= horizon)
+            times.update(e for e in plans.ends() if now < e <= horizon)
+            avail = list(free)
+            k = 0
+            start = math.nan
+            fit: list[tuple[int, int]] | None = None
+            for t in sorted(times):
+                while k < len(releases) and releases[k][0] <= t:
+                    for n, c in releases[k][1]:
+                        avail[n] += c
+                    k += 1
+                blocked = plans.blocked(t, t + limit)
+                vec = [0 if i in blocked else f for i, f in enumerate(avail)]
+                fit = self._fit(job, vec)
+                if fit is not None:
+                    start = t
+                    break
+            if fit is None:
+                continue  # beyond the window: no plan
+            if start == now:
+                self._start_whole(job, fit, free)
+                if math.isfinite(limit):
+                    bisect.insort(releases, (now + limit, fit))
+            else:
+                plans.add(start, start + limit, frozenset(n for n, _ in fit))
+
+    def _backfill_share(self, job: SimJob, blocked: set[int], free: list[int]) -> None:
+        """A shard, MPS or MIG job in a backfill pass: starts now where it fits on a node
+        no plan holds during its run; plans nothing otherwise."""
+        if job.gpu_type is not None and job.gpu_type in self.mig_profiles:
+            slot = self._fit_mig(job)
+            if slot is not None and slot[0] not in blocked:
+                self._start(job, [], None, slot)
+            return
+        place = self._fit_shard(job)
+        if place is None or place[0] in blocked:
+            return
+        fresh = not self._nodes[place[0]].gpu_shards[place[1]]
+        self._start(job, [], place)
+        if fresh:
+            free[place[0]] -= 1

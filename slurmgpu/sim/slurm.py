@@ -11,7 +11,11 @@ What it models, and how faithfully:
   limits* (EASY backfill, as Slurm's backfill uses limits, never real run times); later
   jobs start now only if they fit and either end by that time or leave the reserved GPUs
   alone. At most ``bf_max_job_test`` (500, Slurm's default) jobs are tried per pass.
-  One pass runs at every instant something changes.
+  One pass runs at every instant something changes. With ``scheduling``
+  (sim.slurmsched.SlurmScheduling, opt-in) Slurm's own passes instead: a main pass in
+  strict priority order at every change and every ``sched_interval_s``, and a
+  conservative backfill pass (a whole-node plan for every waiting job) every
+  ``bf_interval_s``.
 - **Nodes**: ``nodes`` alike of ``gpus_per_node`` GPUs, or each of its own size
   (``node_gpus``: a site of 8-GPU and 4-GPU nodes); placement is the same either way.
 - **Placement**: ``--gpus=N`` best fit on one node when it fits, else the nodes with the
@@ -66,7 +70,8 @@ Pure: no I/O and no wall clock.
 
 One module per idea: sim.clock (virtual time, the event heap), sim.state (jobs and
 nodes), sim.progress (speed and work: when a run ends), sim.scheduler (FIFO + EASY
-backfill, placement, starting and stopping runs) and this one, the SlurmClient face
+backfill or Slurm's own passes, sim.slurmsched; placement, starting and stopping runs)
+and this one, the SlurmClient face
 (submission, squeue/sinfo records, scontrol's updates, signals, requeue, hold/release).
 """
 
@@ -99,6 +104,7 @@ from slurmgpu.policy.slices import MigProfile, converts_request
 from slurmgpu.sim.clock import EPOCH
 from slurmgpu.sim.progress import ElasticRuntime, InterferenceModel, TypeSpeed
 from slurmgpu.sim.scheduler import PriorityKey, SchedulerModel
+from slurmgpu.sim.slurmsched import SlurmScheduling
 from slurmgpu.sim.state import JobRun, SimJob, SimNode
 from slurmgpu.sim.workload import TraceJob
 from slurmgpu.slurm.client import SlurmCommandError
@@ -142,6 +148,7 @@ class SimSlurm(SchedulerModel):
         mps_per_gpu: int = 0,
         mig_gpus: int = 0,
         mig_layout: Sequence[MigProfile] = (),
+        scheduling: SlurmScheduling | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("a cluster needs at least one node with one GPU")
@@ -181,6 +188,9 @@ class SimSlurm(SchedulerModel):
         self.priority = priority
         self.interference = interference
         self.bf_max_job_test = bf_max_job_test
+        self.scheduling = scheduling
+        self._bf_last = 0.0
+        self._bf_at = self._main_at = math.inf
         self.min_job_age_s = min_job_age_s
         self.kill_wait_s = kill_wait_s
         self.slurm_version = slurm_version
@@ -271,6 +281,8 @@ class SimSlurm(SchedulerModel):
             tasks[0].resubmits = resume.resubmits + 1
             resume.superseded = True
         for task in tasks:
+            if self.scheduling is not None:
+                task.time_limit_s = self.scheduling.limit(task.time_limit_s)
             self.all_jobs[task.job_id] = task
             self._pending[task.job_id] = task
             if self.submit_delay_s > 0:  # no pass starts it before then
@@ -478,6 +490,8 @@ class SimSlurm(SchedulerModel):
                 if intent.seconds is not None and intent.seconds < 0:
                     raise SlurmCommandError(f"Invalid time limit {intent.seconds} s")
                 job.time_limit_s = None if intent.seconds is None else float(intent.seconds)
+                if self.scheduling is not None:
+                    job.time_limit_s = self.scheduling.limit(job.time_limit_s)
                 if job.state is JobState.RUNNING:
                     self._set_limit_event(job)
             elif isinstance(intent, SetNice):

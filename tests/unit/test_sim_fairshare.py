@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,29 @@ def test_an_account_over_its_share_ranks_all_its_users_below() -> None:
     assert all(0 < f <= 1 for f in factors.values())
 
 
+def test_with_no_usage_every_user_ties() -> None:
+    # fair_tree.c: root's users and the accounts all have infinite level fair share; the
+    # first user under an account tied with its previous sibling keeps the rank, so all
+    # share the top one (the 22.05 lab started its first jobs in submit order)
+    factors = fair_tree_factors(ACCOUNTS, MEMBERS, ["root", "sgpu-daemon"], {})
+    assert set(factors.values()) == {1.0}
+
+
+def test_a_user_under_a_tied_account_keeps_the_previous_rank() -> None:
+    # a and b tie (equal shares, equal usage). Under a: a2 (no usage) ranks 3, a1 2.
+    # b is tied with a, so b1, its first user, keeps rank 2; none is merged (Slurm's
+    # _count_tied_accounts stops at the first account).
+    members = {"a": [("a1", 1), ("a2", 1)], "b": [("b1", 1)]}
+    factors = fair_tree_factors({"a": 1, "b": 1}, members, [], {"a1": 1.0, "b1": 1.0})
+    assert factors == pytest.approx({"a2": 1.0, "a1": 2 / 3, "b1": 2 / 3})
+
+
+def test_an_account_without_shares_ranks_last_even_unused() -> None:
+    members = {"a": [("a1", 1)], "z": [("z1", 1)]}
+    factors = fair_tree_factors({"a": 1, "z": 0}, members, [], {"a1": 5.0})
+    assert factors == pytest.approx({"a1": 1.0, "z1": 0.5})
+
+
 def job(name: str, user: str, run_s: float, at: float, gpus: int = 1) -> TraceJob:
     return TraceJob(
         submit_s=at,
@@ -106,6 +130,24 @@ def test_without_fair_share_submit_order_decides() -> None:
     sim = SimSlurm(1, 1)
     starts = run_three(sim)
     assert (starts["h1"], starts["l1"]) == (600, 700)
+
+
+def test_usage_left_by_earlier_work_counts_from_the_start() -> None:
+    # one GPU held until 100 by h0; at 1 h1 then l1 queue; no calculation before then
+    # (period 1,000 s). Without earlier usage they tie and h1 goes first; with heavy's
+    # earlier usage in the site's database, l1 does.
+    def starts(usage: dict[str, float]) -> dict[str, float]:
+        sim = SimSlurm(1, 1)
+        sim.priority = FairTree(sim, replace(CONFIG, calc_period_s=1000.0, usage=usage))
+        sim.submit_job(job("h0", "heavy", 100, 0))
+        sim.run_until(1)
+        for name, user in (("h1", "heavy"), ("l1", "light")):
+            sim.submit_job(job(name, user, 100, 1))
+        sim.run_until(10_000)
+        return {j.name: j.first_start_s for j in sim.all_jobs.values()}
+
+    assert starts({})["h1"] == 100
+    assert starts({"heavy": 500.0})["l1"] == 100
 
 
 def test_usage_is_charged_only_at_a_calculation() -> None:
@@ -160,6 +202,7 @@ def test_simulate_takes_the_sites_fair_share_from_its_options() -> None:
         ({"half_life_s": -1.0}, "half_life_s"),
         ({"billing": "tres"}, "billing"),
         ({"accounts": {"a": -1}}, "shares"),
+        ({"usage": {"u": -5.0}}, "usage must be numbers >= 0"),
     ],
 )
 def test_a_bad_config_is_refused_in_one_line(kwargs: dict[str, object], message: str) -> None:
