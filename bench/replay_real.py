@@ -50,6 +50,7 @@ from slurmgpu.lab.benchrun import BenchRun, add_arguments  # noqa: E402
 from slurmgpu.lab.cluster import LabCluster, site  # noqa: E402
 from slurmgpu.lab.replay import (  # noqa: E402
     ReplayLabError,
+    first_calculation_s,
     replay_on_lab,
     site_python,
     toml_text,
@@ -185,6 +186,7 @@ def simulated(
     costs: str | None = None,
     per_job: dict[int, tuple[float, ...]] | None = None,
     usage: Mapping[str, float] | None = None,
+    first_calc: float | None = None,
 ) -> dict[str, float]:
     """The simulator on the replayed jobs (trace time, its 60 s cycle: 1 s of the replay
     at C = 60), its figures divided by C: wall seconds like the replay's. Its costs: the
@@ -193,12 +195,18 @@ def simulated(
     simulator as before 2026-12-07 (the legacy costs in trace time, as if they
     compressed). Its scheduler: Slurm's main and backfill passes with the lab's
     (default) SchedulerParameters, their periods times C (``--easy``: one EASY pass at
-    every change, as before). ``usage``: the fair share the lab's earlier sets left."""
+    every change, as before). ``usage``: the fair share the lab's earlier sets left;
+    ``first_calc``: wall seconds from the replay's start to the lab's first fair-share
+    calculation (:func:`first_calculation_s`; None: a period after the first job)."""
     name = costs or args.costs
     fairshare = None if args.fifo else site_fairshare(None if args.fresh_usage else usage)
     options: SimOptions | None = None
     if name != "unscaled":
         options = replay_options(cost_set(name), args.compression, fairshare)
+        if options.fairshare is not None and first_calc is not None:
+            t0 = min(j.submit_s for j in trace)  # the replay's start, in trace time
+            at = replace(options.fairshare, first_calc_s=t0 + first_calc * args.compression)
+            options = replace(options, fairshare=at)
         if not args.easy:
             options = replace(options, scheduling=lab_scheduling(args.compression))
     run = simulate(trace, ClusterShape(args.nodes, 4), policy_set, options)
@@ -245,6 +253,20 @@ def from_json(args: argparse.Namespace) -> int:
     print(f"{'set':<10} {'costs':<16} {'avg JCT':>8} {'p99':>6} {'makespan':>8}")
     figures: dict[str, dict[str, dict[str, float]]] = {}
     lines: dict[str, dict[int, tuple[float, ...]]] = {}
+    calc_at: dict[str, float] = dict(doc["figures"].get("first_calc_s", {}))
+    if args.labs is not None:  # the run's kept labs: their slurmctld logs
+        for policy_set in sets:
+            log = args.labs / f"lab-{policy_set}" / "log" / "slurmctld.log"
+            found = (
+                first_calculation_s(log.read_text(), site.CALC_PERIOD_S) if log.is_file() else None
+            )
+            if found is not None:
+                calc_at[policy_set] = found
+    if calc_at:
+        print(
+            "first fair-share calculation (s after the replay's start): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in calc_at.items())
+        )
     for policy_set in sets:
         trace, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
         replayed = replayed_trace(trace, jobs, args.compression)
@@ -263,7 +285,9 @@ def from_json(args: argparse.Namespace) -> int:
                 if params.get("one_lab", True)
                 else {}
             )
-            sim = simulated(replayed, args, policy_set, name, per_job, usage)
+            sim = simulated(
+                replayed, args, policy_set, name, per_job, usage, calc_at.get(policy_set)
+            )
             if name == args.costs:
                 lines[policy_set] = {
                     i: per_job[trace[j.source].line]
@@ -450,6 +474,13 @@ def main() -> int:
         help="the simulator orders its queue by submission, not by the lab's fair share",
     )
     p.add_argument(
+        "--labs",
+        type=Path,
+        metavar="DIR",
+        help="with --from-json: the run's kept labs (DIR/lab-SET), whose slurmctld logs "
+        "say when each lab's fair-share calculations fell",
+    )
+    p.add_argument(
         "--one-lab",
         action="store_true",
         help="one lab for every set (faster; each set then inherits the earlier sets' "
@@ -564,6 +595,7 @@ def main() -> int:
         return fresh
 
     nodes = [f"gpu{i}" for i in range(1, args.nodes + 1)]
+    calc_at: dict[str, float] = {}  # set -> its lab's first fair-share calculation, s
     results: dict[str, dict[str, object]] = {}
     failed: list[str] = []
     try:
@@ -608,6 +640,15 @@ def main() -> int:
                 "summary": summary.as_dict(),
                 "jobs": [r.as_dict() for r in rows],
             }
+            if lab is not None:  # when this lab's fair-share calculations fell
+                log = lab.root / "log" / "slurmctld.log"
+                found = (
+                    first_calculation_s(log.read_text(errors="replace"), site.CALC_PERIOD_S)
+                    if log.is_file()
+                    else None
+                )
+                if found is not None:
+                    calc_at[policy_set] = found
             if not args.no_sim:
                 earlier = {n: r["jobs"] for n, r in results.items() if n != policy_set}
                 shared_lab = args.one_lab or args.running_lab  # usage left by earlier sets
@@ -618,6 +659,7 @@ def main() -> int:
                     usage=earlier_usage(earlier, sets, policy_set, args.compression)  # type: ignore[arg-type]
                     if shared_lab
                     else None,
+                    first_calc=None if args.one_lab else calc_at.get(policy_set),
                 )
     finally:
         if lab is not None:
@@ -662,6 +704,7 @@ def main() -> int:
         "easy" if args.easy else asdict(lab_scheduling(args.compression))
     )
     run.figures["jobs"] = {name: res["jobs"] for name, res in results.items()}
+    run.figures["first_calc_s"] = calc_at
     if isinstance(base, dict):
         run.baseline = {"slurm": base}
     for name, res in results.items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
@@ -51,6 +52,7 @@ __all__ = [
     "Submission",
     "TxSeen",
     "daemon_stack",
+    "first_calculation_s",
     "toml_text",
     "user_submitter",
 ]
@@ -89,6 +91,29 @@ class Submission(Protocol):
 
 
 TomlValue = str | int | float | bool | Sequence[float]
+
+
+_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] (.*)$")
+
+
+def first_calculation_s(ctld_log: str, period_s: float) -> float | None:
+    """Seconds from a replay's first submission to the first fair-share calculation after
+    it, read from the lab's slurmctld log: priority/multifactor's decay thread computes
+    every ``period_s`` (PriorityCalcPeriod) from its start (its ``_read_last_decay_ran``
+    line, else slurmctld's "started" line), whatever the jobs. None when the log has no
+    start or no submission."""
+    started: datetime | None = None
+    for line in ctld_log.splitlines():
+        m = _LOG_TIME.match(line)
+        if m is None:
+            continue
+        at, text = datetime.fromisoformat(m.group(1)), m.group(2)
+        if "_read_last_decay_ran" in text or (started is None and "started on cluster" in text):
+            started = at
+        elif "_slurm_rpc_submit_batch_job" in text and started is not None:
+            since = (at - started).total_seconds()
+            return period_s - since % period_s
+    return None
 
 
 def toml_text(sections: Mapping[str, Mapping[str, TomlValue]]) -> str:

@@ -70,6 +70,10 @@ class FairShareConfig:
     # raw usage each user starts with (seconds x billing): what earlier work left in the
     # site's database (a replay's earlier sets ran on the same lab)
     usage: Mapping[str, float] = field(default_factory=dict)
+    # when the first calculation falls (the simulator's clock): Slurm's decay thread runs
+    # every calc_period from slurmctld's start, whatever the jobs; None: one period after
+    # the first time a priority is asked for
+    first_calc_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.calc_period_s > 0 or not math.isfinite(self.calc_period_s):
@@ -192,8 +196,11 @@ class FairTree:
     def _advance(self, now: float) -> None:
         period = self.config.calc_period_s
         if self._tick is None:
-            self._tick = now
-            return
+            first = self.config.first_calc_s
+            if first is None:
+                self._tick = now
+                return
+            self._tick = first - period  # the previous calculation: nothing ran before it
         while self._tick + period <= now:
             lo, hi = self._tick, self._tick + period
             added: dict[str, float] = {}

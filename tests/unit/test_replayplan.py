@@ -12,7 +12,14 @@ from datetime import UTC, datetime
 import pytest
 
 from slurmgpu.config import parse_settings
-from slurmgpu.lab.replay import Observed, Replayer, Submission, TxSeen, toml_text
+from slurmgpu.lab.replay import (
+    Observed,
+    Replayer,
+    Submission,
+    TxSeen,
+    first_calculation_s,
+    toml_text,
+)
 from slurmgpu.lab.replayload import parse_rates, rate_at
 from slurmgpu.model import GpuRequest, Job, JobState, NodeGpuAllocation
 from slurmgpu.policy.settings import AttainedServiceSettings, MalleableSettings
@@ -293,3 +300,23 @@ def test_replayer_stops_at_its_deadline_and_reports_what_was_left() -> None:
     first, second = replayer.run([job, late], timeout_s=5)
     assert first.state == "unfinished" and [o.job_id for o in cancelled[0]] == [7]
     assert second.state == "not submitted" and second.job_id is None
+
+
+def test_first_calculation_is_read_off_the_labs_slurmctld_log() -> None:
+    # 22.05 site lab: the decay thread started at :57.169, the first job came at :02.072
+    # of the next minute; calculations every 60 s from the thread's start
+    log = "\n".join(
+        [
+            "[2026-12-07T05:23:56.164] slurmctld version 22.05.8 started on cluster lab",
+            "[2026-12-07T05:23:57.169] priority/multifactor: _read_last_decay_ran: No last "
+            "decay (/tmp/x/state/priority_last_decay_ran) to recover",
+            "a line without a time",
+            "[2026-12-07T05:24:02.072] _slurm_rpc_submit_batch_job: JobId=1 InitPrio=210000",
+        ]
+    )
+    assert first_calculation_s(log, 60.0) == pytest.approx(55.097)
+    # no decay line (another release's wording): slurmctld's start stands in
+    no_decay = "\n".join(line for line in log.splitlines() if "decay" not in line)
+    assert first_calculation_s(no_decay, 60.0) == pytest.approx(54.092)
+    assert first_calculation_s("[2026-12-07T05:23:56.164] started on cluster lab", 60) is None
+    assert first_calculation_s("", 60.0) is None

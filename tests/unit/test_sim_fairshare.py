@@ -316,3 +316,25 @@ def test_sgpu_simulate_refuses_a_bad_fair_share_file_in_one_line(tmp_path: Path)
         main, ["simulate", str(trace), "--fairshare", str(tmp_path / "no.toml")]
     )
     assert result.exit_code == 1 and "cannot read fair-share file" in result.output
+
+
+def test_the_first_calculation_can_fall_where_the_sites_did() -> None:
+    # heavy's 600 s job from t=0, then heavy and light queue at t=100: with the first
+    # calculation at t=50 (slurmctld started before the trace) heavy's 50 s are charged
+    # in time for the queue at t=600, so light's goes first; with none before t=600...
+    early = FairShareConfig(
+        accounts={"a": 1, "b": 1},
+        users={"heavy": "a", "light": "b"},
+        calc_period_s=1000.0,
+        first_calc_s=50.0,
+    )
+    sim = SimSlurm(1, 1)
+    sim.priority = FairTree(sim, early)
+    starts = run_three(sim)
+    assert (starts["l1"], starts["h1"]) == (600, 700)
+    # ... (the first a period after the first priority asked for: t=1,000) submit order
+    late = replace(early, first_calc_s=None)
+    sim = SimSlurm(1, 1)
+    sim.priority = FairTree(sim, late)
+    starts = run_three(sim)
+    assert (starts["h1"], starts["l1"]) == (600, 700)
