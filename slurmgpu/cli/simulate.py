@@ -58,6 +58,7 @@ from slurmgpu.sim.sharing import (
 )
 from slurmgpu.sim.sharingreport import SharingRow, narrowed, sharing_doc, sharing_table
 from slurmgpu.sim.slurm import InterferenceModel
+from slurmgpu.sim.slurmsched import SlurmScheduling
 from slurmgpu.slurm.client import SlurmError
 
 DEFAULT_POLICIES = "slurm,rightsize,colocate,malleable,all"
@@ -184,6 +185,14 @@ def _write(target: str, text: str, console: Console) -> None:
     help="--sharing mig: GPUs split per node (default: half of a node's, at least 1).",
 )
 @click.option(
+    "--scheduler",
+    type=click.Choice(["easy", "slurm"]),
+    default="easy",
+    show_default=True,
+    help="easy: one EASY-backfill pass at every change; slurm: sched/backfill's main pass "
+    "and conservative backfill every 30 s with Slurm's defaults (slower; docs/simulator.md).",
+)
+@click.option(
     "--fairshare",
     "fairshare_path",
     type=click.Path(path_type=Path),
@@ -212,6 +221,7 @@ def simulate_command(
     sharing_text: str | None,
     mig_layout: str,
     mig_gpus: int | None,
+    scheduler: str,
     fairshare_path: Path | None,
     json_out: str | None,
     csv_out: str | None,
@@ -310,10 +320,19 @@ def simulate_command(
         slowdown_source = "Lucid's measured pair speeds (the model where a pair was not measured)"
     fairshare = _fairshare(fairshare_path) if fairshare_path is not None else None
     options = SimOptions.of_costs(
-        costs, period_s=period_s, interference=interference, fairshare=fairshare
+        costs,
+        period_s=period_s,
+        interference=interference,
+        fairshare=fairshare,
+        scheduling=SlurmScheduling() if scheduler == "slurm" else None,
     )
     comparison = Comparison(trace.name, cluster_text, load, seeds[0], seeds=tuple(seeds))
     comparison.costs = costs.as_dict()
+    if scheduler == "slurm":
+        comparison.notes.append(
+            "scheduler: Slurm's main pass at every change and conservative backfill every "
+            "30 s (sched/backfill's defaults)"
+        )
     if fairshare is not None:
         comparison.notes.append(
             f"queue order: fair share from {fairshare_path} ({len(fairshare.accounts)} "

@@ -338,3 +338,37 @@ def test_the_first_calculation_can_fall_where_the_sites_did() -> None:
     sim.priority = FairTree(sim, late)
     starts = run_three(sim)
     assert (starts["h1"], starts["l1"]) == (600, 700)
+
+
+def test_sgpu_simulate_runs_slurms_own_passes_when_asked(tmp_path: Path) -> None:
+    # one 4-GPU node: a 4-GPU job blocked behind a running 2-GPU one; a short 1-GPU job
+    # that fits before it. EASY backfills it at once; Slurm's main pass stops at the
+    # blocked job, and only the next backfill pass (every 30 s) starts it
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "submit_s,duration_s,gpus,time_limit_s\n0,600,2,600\n10,600,4,600\n20,200,1,300\n"
+    )
+    waits = {}
+    for scheduler in ("easy", "slurm"):
+        out = tmp_path / f"{scheduler}.json"
+        result = CliRunner().invoke(
+            main,
+            [
+                "simulate",
+                str(trace),
+                "--cluster",
+                "1x4",
+                "--policies",
+                "slurm",
+                "--costs",
+                "legacy",
+                "--scheduler",
+                scheduler,
+                "--json",
+                str(out),
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        assert ("scheduler: Slurm's main pass" in result.output) is (scheduler == "slurm")
+        waits[scheduler] = json.loads(out.read_text())["results"][0]["avg_jct_s"]
+    assert waits["slurm"] > waits["easy"]
