@@ -40,7 +40,7 @@ import sysconfig
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +50,7 @@ from slurmgpu.lab.benchrun import BenchRun, add_arguments  # noqa: E402
 from slurmgpu.lab.cluster import LabCluster, site  # noqa: E402
 from slurmgpu.lab.replay import (  # noqa: E402
     ReplayLabError,
+    ctld_timeline,
     first_calculation_s,
     replay_on_lab,
     site_python,
@@ -57,7 +58,11 @@ from slurmgpu.lab.replay import (  # noqa: E402
 )
 from slurmgpu.sim import metrics  # noqa: E402
 from slurmgpu.sim.costs import CostError, cost_set  # noqa: E402
-from slurmgpu.sim.fairshare import FairShareConfig, parse_fairshare  # noqa: E402
+from slurmgpu.sim.fairshare import (  # noqa: E402
+    FairShareConfig,
+    fair_tree_factors,
+    parse_fairshare,
+)
 from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
 from slurmgpu.sim.policysets import BATCH_ADAPTIVE  # noqa: E402
 from slurmgpu.sim.profiles import load_profiles  # noqa: E402
@@ -262,6 +267,16 @@ def from_json(args: argparse.Namespace) -> int:
             )
             if found is not None:
                 calc_at[policy_set] = found
+    if args.labs is not None:
+        for policy_set in sets:
+            lab_dir = args.labs / f"lab-{policy_set}"
+            if (lab_dir / "log" / "slurmctld.log").is_file():
+                same, differ, notes = check_priorities(lab_dir, policy_set)
+                print(
+                    f"{policy_set}: {same} of {same + differ} initial priorities as Slurm's "
+                    "(the fair-share model on the lab's own runs)"
+                    + (": " + "; ".join(notes) if notes else "")
+                )
     if calc_at:
         print(
             "first fair-share calculation (s after the replay's start): "
@@ -384,6 +399,44 @@ def _rebuilt_set(args: argparse.Namespace, policy_set: str, src: Path) -> list[J
             )
         )
     return outs
+
+
+def check_priorities(lab_dir: Path, policy_set: str) -> tuple[int, int, list[str]]:
+    """The simulator's fair-share model held to what Slurm computed: each job's initial
+    priority in the lab's slurmctld log (``InitPrio``) against the model's (sim.fairshare)
+    fed the lab's own runs (the log's allocations and ends), its users (the daemon's
+    store) and its calculation times (every PriorityCalcPeriod from the decay thread's
+    start). Returns (as Slurm's, differing, the first differences)."""
+    timeline = ctld_timeline((lab_dir / "log" / "slurmctld.log").read_text(errors="replace"))
+    store = lab_dir / f"replay-{policy_set}" / "state.db"
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
+        users = {int(j): str(u) for j, u in db.execute("SELECT job_id, user FROM jobs")}
+    config = site_fairshare()
+    members: dict[str, list[tuple[str, int]]] = {}
+    for user, account in config.users.items():
+        members.setdefault(account, []).append((user, 1))
+    start = timeline.decay_start
+    same, differ, notes = 0, 0, list[str]()
+    for job_id, (at, prio) in sorted(timeline.submitted.items()):
+        if start is None or job_id not in users:
+            continue
+        ticks = int((at - start).total_seconds() // config.calc_period_s)
+        tick = start + timedelta(seconds=ticks * config.calc_period_s)
+        usage: dict[str, float] = {}
+        for other, runs in timeline.runs.items():
+            for begin, end in runs:
+                ran = ((min(end, tick) if end else tick) - begin).total_seconds()
+                if ran > 0 and other in users:
+                    usage[users[other]] = usage.get(users[other], 0.0) + ran
+        factors = fair_tree_factors(config.accounts, members, config.root_users, usage)
+        model = config.base + config.weight_fairshare * factors.get(users[job_id], 0.0)
+        if abs(model - prio) < 1:
+            same += 1
+        else:
+            differ += 1
+            if len(notes) < 5:
+                notes.append(f"job {job_id} ({users[job_id]}): Slurm {prio}, model {model:.0f}")
+    return same, differ, notes
 
 
 def print_per_job(

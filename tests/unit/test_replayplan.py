@@ -17,6 +17,7 @@ from slurmgpu.lab.replay import (
     Replayer,
     Submission,
     TxSeen,
+    ctld_timeline,
     first_calculation_s,
     toml_text,
 )
@@ -320,3 +321,26 @@ def test_first_calculation_is_read_off_the_labs_slurmctld_log() -> None:
     assert first_calculation_s(no_decay, 60.0) == pytest.approx(54.092)
     assert first_calculation_s("[2026-12-07T05:23:56.164] started on cluster lab", 60) is None
     assert first_calculation_s("", 60.0) is None
+
+
+def test_ctld_timeline_reads_submissions_priorities_and_runs() -> None:
+    log = "\n".join(
+        [
+            "[2026-12-07T05:23:47.508] slurmctld version 26.05.5 started on cluster lab(0)",
+            "[2026-12-07T05:23:53.757] _slurm_rpc_submit_batch_job: JobId=1 "
+            "SLUID=s541M97FAR8W00 InitPrio=210000 usec=1078",
+            "[2026-12-07T05:23:54.000] sched: Allocate JobId=1 NodeList=gpu1 #CPUs=1",
+            "[2026-12-07T05:24:10.000] _job_complete: JobId=1 WTERMSIG 15",
+            "[2026-12-07T05:24:10.001] _job_complete: JobId=1 done",
+            "[2026-12-07T05:24:26.901] sched/backfill: _start_job: Started JobId=1 in gpu on gpu2",
+            "[2026-12-07T05:24:30.000] _job_complete: JobId=1 done",
+            "[2026-12-07T05:24:31.000] sched: Allocate JobId=2 NodeList=gpu1 #CPUs=1",
+        ]
+    )
+    timeline = ctld_timeline(log)
+    assert timeline.decay_start == datetime(2026, 12, 7, 5, 23, 47, 508000)  # no decay line
+    assert timeline.submitted == {1: (datetime(2026, 12, 7, 5, 23, 53, 757000), 210000)}
+    (first, second) = timeline.runs[1]
+    assert first == (datetime(2026, 12, 7, 5, 23, 54), datetime(2026, 12, 7, 5, 24, 10, 1000))
+    assert second[1] == datetime(2026, 12, 7, 5, 24, 30)
+    assert timeline.runs[2] == [(datetime(2026, 12, 7, 5, 24, 31), None)]  # still running
