@@ -434,12 +434,17 @@ def simulate_command(
         console.print(line, markup=False, highlight=False)
 
 
+def _read(path: Path, what: str) -> str:
+    """The text of ``path`` (a ``what`` file); one line and exit 1 if it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read {what} file {path}: {getattr(exc, 'strerror', None) or exc}")
+
+
 def _fairshare(path: Path) -> FairShareConfig:
     """The site's fair share read from ``path``; one line and exit 1 otherwise."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(f"cannot read fair-share file {path}: {getattr(exc, 'strerror', None) or exc}")
+    text = _read(path, "fair-share")
     try:
         return parse_fairshare(text, str(path))
     except FairShareError as exc:
@@ -457,10 +462,7 @@ def _costs(text: str) -> CostSet:
             return cost_set(text)
         except CostError as exc:
             fail(str(exc), 2)
-    try:
-        data = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(f"cannot read cost file {text}: {getattr(exc, 'strerror', None) or exc}")
+    data = _read(path, "cost")
     try:
         return parse_costs(data, str(path))
     except CostError as exc:
