@@ -28,13 +28,20 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from slurmgpu.cycle.resize import CLOSED
 from slurmgpu.lab.cluster import LabCluster, LabClusterError, ensure_packages, site
-from slurmgpu.lab.replay import ReplayLabError, replay_on_lab, site_python, toml_text
+from slurmgpu.lab.replay import (
+    ReplayLabError,
+    first_calculation_s,
+    replay_on_lab,
+    site_python,
+    toml_text,
+)
 from slurmgpu.sim import metrics
 from slurmgpu.sim.costs import cost_set
 from slurmgpu.sim.fairshare import FairShareConfig, parse_fairshare
@@ -201,10 +208,15 @@ def test_a_small_pollux_replay_through_the_site_lab_finishes_every_job(
     assert [o.user for o in rows] == [j.user for j in jobs]
 
     # the simulator on the same jobs, with the stand-in's costs and the lab's fair share
-    options = replay_options(cost_set("replay-stand-in"), COMPRESSION, lab_fairshare())
-    run = simulate(
-        replayed_trace(trace, jobs, COMPRESSION), ClusterShape(4, 4), "malleable", options
-    )
+    replayed = replayed_trace(trace, jobs, COMPRESSION)
+    fairshare = lab_fairshare()
+    ctld_log = (lab.root / "log" / "slurmctld.log").read_text(errors="replace")
+    first = first_calculation_s(ctld_log, fairshare.calc_period_s)
+    if first is not None:  # the lab's fair-share calculations, in trace time
+        t0 = min(j.submit_s for j in replayed)
+        fairshare = replace(fairshare, first_calc_s=t0 + first * COMPRESSION)
+    options = replay_options(cost_set("replay-stand-in"), COMPRESSION, fairshare)
+    run = simulate(replayed, ClusterShape(4, 4), "malleable", options)
     sim_avg = metrics.summarise(run).avg_jct_s / COMPRESSION
     ratio = sim_avg / summary.avg_jct_s
     print(
