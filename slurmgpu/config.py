@@ -481,6 +481,9 @@ def _parse_resize(raw: dict[str, Any], text: str, path: Path | None) -> ResizeSe
         shrink_in_place=r.boolean("shrink_in_place", d.shrink_in_place),
         release_delay=r.duration("release_delay", d.release_delay),
         release_after=r.duration("release_after", d.release_after, minimum=timedelta(seconds=1)),
+        overtaken_after=r.duration(
+            "overtaken_after", d.overtaken_after, minimum=timedelta(seconds=1)
+        ),
         cycle_interval=r.duration(
             "cycle_interval", d.cycle_interval, minimum=timedelta(milliseconds=100)
         ),

@@ -16,7 +16,13 @@ from slurmgpu.plaintext import plain
 from slurmgpu.store.database import StoreError
 from slurmgpu.store.transactions import TransactionStore
 
-_STATE_STYLE = {"running": "green", "rolled_back": "yellow", "aborted": "yellow", "ended": "dim"}
+_STATE_STYLE = {
+    "running": "green",
+    "rolled_back": "yellow",
+    "aborted": "yellow",
+    "ended": "dim",
+    "overtaken": "yellow",
+}
 _PHASES = ("checkpoint", "stop", "requeue_delay", "scheduling", "total")
 
 

@@ -26,6 +26,12 @@ and the ways back, each leaving the job running or about to run, never held:
   ``BadConstraints``...: Slurm takes an update past a QOS limit or past what a node holds
   from an operator or coordinator) → its request goes back to the old size → ROLLED_BACK
   once it runs.
+- RELEASED, and still pending ``overtaken_after`` later: other jobs took the GPUs it was
+  released for (Slurm starts whatever comes first when its allocation frees, and a job
+  shrunk to fit beside others may no longer fit) → OVERTAKEN. The job stays pending at
+  the request the resize gave it, an ordinary malleable job again: the policies may
+  change it (start it at what fits, its queue's nice), which nothing may while a
+  transaction is open (``resize in flight``), so no transaction holds a job for hours.
 - Any state after the requeue: the job is released whatever else fails.
 
 **A user's own hold.** Slurm (22.05) shows the requeue's hold as ``JobHeldUser`` too,
@@ -103,6 +109,7 @@ __all__ = [
     "CLOSED",
     "KIND",
     "OPEN",
+    "OVERTAKEN",
     "ResizeError",
     "ResizeExecutor",
     "ResizeSettings",
@@ -125,8 +132,9 @@ ABORTED = "aborted"  # never requeued; the job kept running at its old size
 ROLLED_BACK = "rolled_back"  # requeued, update refused, running again at its old size
 ENDED = "ended"  # the job ended (or vanished) after the requeue, or was held again
 # after our release by its user or an admin (a hold slurmgpu never lifts)
+OVERTAKEN = "overtaken"  # released, still pending after ``overtaken_after``: others ran
 OPEN = (PLANNED, SIGNALED, CHECKPOINTED, HELD, UPDATED, RELEASED)
-CLOSED = (RUNNING, ABORTED, ROLLED_BACK, ENDED)
+CLOSED = (RUNNING, ABORTED, ROLLED_BACK, ENDED, OVERTAKEN)
 HELD_REASONS = ("job_requeued_in_held_state", "JobHeldAdmin", "JobHeldUser")
 # Pending reasons of a request the job will never run with: over a site limit (QOS,
 # association, partition) or more than the partition's nodes hold. Slurm takes such an
@@ -171,6 +179,9 @@ class ResizeSettings:
     - ``release_after`` (10 min): a job requeued held that Slurm still shows completing
       after this long is released anyway (at whatever size it has then), so a stuck
       epilog never leaves a job held.
+    - ``overtaken_after`` (10 min): a released job still pending this long was overtaken
+      (others took the GPUs it was released for): its transaction closes as OVERTAKEN
+      and the job is an ordinary pending job again (see the module docstring).
     - ``cycle_interval`` (1 s): how often the daemon observes while a resize is in
       flight (each step waits for the next observation).
     """
@@ -181,6 +192,7 @@ class ResizeSettings:
     shrink_in_place: bool = True
     release_delay: timedelta = timedelta(seconds=1.5)
     release_after: timedelta = timedelta(minutes=10)
+    overtaken_after: timedelta = timedelta(minutes=10)
     cycle_interval: timedelta = timedelta(seconds=1)
 
 
@@ -585,6 +597,7 @@ class ResizeExecutor:
                     row,
                     RELEASED,
                     at=at,
+                    deadline=self._overtaken_by(at),
                     payload={"rolled_back": True, **self._timeline(row, released=at)},
                     error="still completing after release_after; released as it was",
                 )
@@ -652,7 +665,17 @@ class ResizeExecutor:
             if job is not None and job.state is JobState.PENDING and _held(job):
                 raise
             log.info("resize %d: release of %s: %s (not held)", row.id, ref, exc)
-        return self.store.advance(row, RELEASED, at=at, payload=self._timeline(row, released=at))
+        return self.store.advance(
+            row,
+            RELEASED,
+            at=at,
+            deadline=self._overtaken_by(at),
+            payload=self._timeline(row, released=at),
+        )
+
+    def _overtaken_by(self, released: datetime) -> datetime:
+        """When a job released at ``released`` and not running yet was overtaken."""
+        return released + self.settings.overtaken_after
 
     def _shrunk(self, row: TransactionRow, job: Job | None, at: datetime) -> TransactionRow | None:
         """After a shrink in place: done once Slurm shows the job running on the kept
@@ -701,9 +724,21 @@ class ResizeExecutor:
             row,
             RELEASED,
             at=at,
+            deadline=self._overtaken_by(at),
             payload={"rolled_back": True, "limit_reason": job.reason},
             error=f"the new size never runs ({job.reason}); back to the old size",
         )
+
+    def _released_at(self, row: TransactionRow) -> datetime:
+        released = row.payload.get("t", {}).get("released")
+        return datetime.fromisoformat(released) if released else row.updated_at
+
+    def _overtaken_at(self, row: TransactionRow) -> datetime:
+        """The RELEASED row's deadline; a row written before it had one: its release's
+        time plus ``overtaken_after``."""
+        if row.deadline is not None:
+            return row.deadline
+        return self._overtaken_by(self._released_at(row))
 
     def _released(
         self, row: TransactionRow, job: Job | None, at: datetime
@@ -721,6 +756,16 @@ class ResizeExecutor:
         rolled_back = bool(row.payload.get("rolled_back"))
         if not rolled_back and _never_runs(job):
             return self._back_to_the_old_size(row, job, at)
+        if job.state is JobState.PENDING and at >= self._overtaken_at(row):
+            gpus = row.payload["from_gpus"] if rolled_back else row.payload["to_gpus"]
+            waited = int((at - self._released_at(row)).total_seconds())
+            return self._close(
+                row,
+                OVERTAKEN,
+                at,
+                f"overtaken: still pending {waited} s after the release at {gpus} GPUs "
+                f"({job.reason or 'no reason'}); an ordinary pending job again",
+            )
         if job.state is not JobState.RUNNING or "COMPLETING" in job.state_flags:
             return None
         want = row.payload["from_gpus"] if rolled_back else row.payload["to_gpus"]

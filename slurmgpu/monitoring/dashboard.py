@@ -313,11 +313,12 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                 (
                     Query(
                         f'sum by (state) (delta(sgpu_transactions{{{SEL}, kind="resize",'
-                        f' state=~"running|aborted|rolled_back|ended"}}[1h]))',
+                        f' state=~"running|aborted|rolled_back|ended|overtaken"}}[1h]))',
                         "{{state}}",
                     ),
                 ),
-                "running: at the new size; aborted / rolled_back: kept the old size.",
+                "running: at the new size; aborted / rolled_back: kept the old size; "
+                "overtaken: released, then still pending (others took its GPUs).",
             ),
         ),
     ),

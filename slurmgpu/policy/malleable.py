@@ -42,7 +42,13 @@ least ``min_remaining`` and never past its time limit.
    lowered to the largest that fits (an ``update`` with ``SetGpus``; it
    is grown later like any running job) when starting now beats waiting:
    ``W - run * (x(g) / x(g') - 1) >= min_gain * W``, ``run`` its history's median run
-   time, else its time limit, else ``min_remaining``. Tried before shrinking others for it.
+   time, else its time limit, else ``min_remaining``. A job that has run before (requeued
+   by a resize or a preemption) is priced on its own runs instead, as a running job is:
+   its history's median less the time it has run, or that time once it has outlived the
+   median (Lindy), at least ``min_remaining``, never past its limit: a job requeued after
+   an hour is not priced on a 48-hour limit. Its runs are counted from what this policy
+   saw (forgotten on a daemon restart, as the attained-service policy's).
+   Tried before shrinking others for it.
 4. **Expand** (while ``expand``): the free GPUs nobody will use -- less, while
    ``reserve_for_blocked``, what the oldest blocked job needs -- go to running
    malleable jobs whose GPUs are busy (``min_busy_util_pct``), each to its best size up
@@ -102,7 +108,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from slurmgpu.intent import Intent, SetGpus, SetTimeLimit
 from slurmgpu.model import Job, JobState, MalleableSpec, Node
@@ -339,6 +345,10 @@ class MalleablePolicy:
         # Jobs whose GPU type this policy chose (type_aware): the only typed jobs it may
         # move to another type. Forgotten on a restart: they then stay where they are.
         self._typed_here: set[int] = set()
+        # Seconds each job ran in runs that ended (requeued), and its current run as last
+        # seen (start, last seen): a pending job's own past, for its start smaller.
+        self._ran_s: dict[int, float] = {}
+        self._run_seen: dict[int, tuple[datetime, datetime]] = {}
 
     def priors(self, history: Sequence[HistoryRecord]) -> Priors:
         """Return median-run-time priors for ``history``, reused while it is the same object.
@@ -357,10 +367,32 @@ class MalleablePolicy:
             self._cached = (history, priors)
         return self._cached[1]
 
+    def _observe_runs(self, snapshot: PolicySnapshot) -> None:
+        """Bank the runs of malleable jobs that ended (requeued) since the last cycle."""
+        at = snapshot.at
+        live: set[int] = set()
+        for job in snapshot.cluster.jobs:
+            jid = job.job_id
+            if job.state.is_terminal or jid not in snapshot.malleable:
+                continue
+            live.add(jid)
+            seen = self._run_seen.get(jid)
+            running = job.state is JobState.RUNNING and job.start_time is not None
+            if seen is not None and (not running or job.start_time != seen[0]):
+                ran = max(0.0, (seen[1] - seen[0]).total_seconds())
+                self._ran_s[jid] = self._ran_s.get(jid, 0.0) + ran
+                del self._run_seen[jid]
+            if running and job.start_time is not None:
+                self._run_seen[jid] = (job.start_time, at)
+        for table in (self._ran_s, self._run_seen):
+            for gone in [j for j in table if j not in live]:
+                del table[gone]
+
     def propose(self, snapshot: PolicySnapshot) -> list[Action]:
         s = self.settings
         if not snapshot.malleable or not (s.shrink or s.expand or s.start_smaller):
             return []
+        self._observe_runs(snapshot)
         cost_s = self._cost_s(snapshot)
         free = _Free(snapshot.cluster.nodes)
         priors = self.priors(snapshot.history) if snapshot.history else None
@@ -674,7 +706,7 @@ class MalleablePolicy:
         if fitting == 0:
             return None
         wait_s = self._wait_s(job, cycle, plan)
-        run_s = self._run_estimate_s(job, cycle.priors)
+        run_s = self._pending_run_s(job, cycle.priors)
         if not math.isfinite(run_s):
             run_s = self.settings.min_remaining.total_seconds()
         slower = curve.throughput(want) / max(_TINY, curve.throughput(fitting) * ref_ratio)
@@ -922,6 +954,23 @@ class MalleablePolicy:
         if run_s < c.remaining_s:
             return run_s * max(0.0, slower - 1.0) + 2 * cost_s
         return c.remaining_s * max(0.0, slower - 1.0) + cost_s
+
+    def _pending_run_s(self, job: Job, priors: Priors | None) -> float:
+        """A waiting job's run time left: after runs of its own (it was requeued), as a
+        running job's (its history's median less what it ran, else what it ran, at least
+        ``min_remaining``, within its limit); before any, :meth:`_run_estimate_s`."""
+        ran = self._ran_s.get(job.job_id, 0.0)
+        if ran <= 0.0:
+            return self._run_estimate_s(job, priors)
+        rem = ran
+        if priors is not None:
+            est = priors.estimate(job)
+            if est is not None and est.run_time.total_seconds() > ran:
+                rem = est.run_time.total_seconds() - ran
+        rem = max(rem, self.settings.min_remaining.total_seconds())
+        if job.time_limit is not None:  # a requeued job's limit counts from its restart
+            rem = min(rem, job.time_limit.total_seconds())
+        return rem
 
     def _run_estimate_s(self, job: Job, priors: Priors | None) -> float:
         """A waiting job's run time: its history's median, else its time limit."""

@@ -190,6 +190,7 @@ def replay_options(
         cycle_interval=pace.cycle_interval * compression,
         release_delay=pace.release_delay * compression,
         release_after=pace.release_after * compression,
+        overtaken_after=pace.overtaken_after * compression,
     )
     if fairshare is not None:
         fairshare = replace(
@@ -385,7 +386,7 @@ class ObservedLike(Protocol):
 
 
 # Resize transactions that requeued the job (its restart count grew by one).
-_REQUEUED = ("running", "rolled_back", "ended")
+_REQUEUED = ("running", "rolled_back", "ended", "overtaken")
 
 
 def outcomes(observed: Sequence[ObservedLike]) -> list[JobOutcome]:

@@ -44,7 +44,8 @@ from typing import Any
 from slurmgpu.actuate.execute import execute_action
 from slurmgpu.cycle.core import MalleableView, PolicyCycle
 from slurmgpu.cycle.guardrails import GuardrailRecords
-from slurmgpu.cycle.resize import ResizeSettings
+from slurmgpu.cycle.resize import KIND as RESIZE_KIND
+from slurmgpu.cycle.resize import OVERTAKEN, ResizeSettings
 from slurmgpu.model import ClusterSnapshot, Job, JobState, MalleableSpec
 from slurmgpu.policy.base import (
     RESIZE,
@@ -351,6 +352,7 @@ class SimRun:
     preemptions: int = 0  # jobs checkpointed and requeued at their own size
     reorders: int = 0  # ordering updates (Nice) executed
     limit_restores: int = 0  # jobs requeued with the limit they asked for (a lowered one hit)
+    overtaken: int = 0  # resizes released, then still pending (cycle.resize.OVERTAKEN)
 
 
 def _history_record(sim: SimSlurm, job: SimJob) -> HistoryRecord:
@@ -773,6 +775,7 @@ class _Runner:
             self.preemptions,
             self.reorders,
             self.limit_restores,
+            len(self.resizer.transactions.in_states([RESIZE_KIND], (OVERTAKEN,))),
         )
 
 

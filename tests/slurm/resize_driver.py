@@ -1,7 +1,7 @@
 """The daemon's resize machinery as a separate process, so a test can SIGKILL it.
 
 ``python -m tests.slurm.resize_driver --db URL [--start JOB:FROM:TO] [--time-limit T]
-[--kill-after CALL]``
+[--kill-after CALL] [--overtaken-after SECONDS]``
 builds what ``sgpu daemon`` builds (CliSlurmClient, TransactionStore, AuditStore,
 MalleableActuator), recovers like a starting daemon, optionally starts a resize of a
 malleable job ``sgpu submit`` sent, then observes every 0.3 s and advances the
@@ -21,9 +21,10 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from slurmgpu.actuate.malleable import MalleableActuator
+from slurmgpu.cycle.resize import ResizeSettings
 from slurmgpu.daemon.malleable import MalleableDirectory
 from slurmgpu.intent import Intent, SetTimeLimit
 from slurmgpu.model import ClusterSnapshot
@@ -88,11 +89,15 @@ def main() -> int:
     p.add_argument("--pause-before")
     p.add_argument("--go", help="with --pause-before: the file that lets it go on")
     p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--overtaken-after", type=float, help="ResizeSettings.overtaken_after, s")
     args = p.parse_args()
     store = open_store(args.db)
     slurm = KillingSlurm(args.kill_after, args.pause_before, args.go)
     audit = AuditStore(store.engine)
-    actuator = MalleableActuator(slurm, TransactionStore(store.engine), audit)
+    settings = ResizeSettings()
+    if args.overtaken_after is not None:
+        settings = ResizeSettings(overtaken_after=timedelta(seconds=args.overtaken_after))
+    actuator = MalleableActuator(slurm, TransactionStore(store.engine), audit, settings)
     directory = MalleableDirectory(store)
     actuator.recover(datetime.now(UTC))
 

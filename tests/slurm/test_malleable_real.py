@@ -88,6 +88,33 @@ def test_a_malleable_job_shrinks_for_a_rigid_job_and_grows_back(lab: Lab) -> Non
     assert "test" in rows and "resize" in rows
 
 
+def test_a_shrunk_job_overtaken_while_requeued_is_an_ordinary_pending_job_again(
+    lab: Lab,
+) -> None:
+    """The requeue frees the job's whole node for a moment and Slurm starts the job
+    waiting first, a 4-GPU one: the job, released at 2 GPUs, waits behind it. Its
+    transaction closes as overtaken (here after 10 s, 10 min by default) instead of
+    holding the job, which stays pending at 2 GPUs, not held, and runs once GPUs free."""
+    job = lab.trainer("elastic", 4, 2, 4, 100000, "-t", "30")
+    wait_for("the malleable job at 4 GPUs", lambda: lab.running(job, 4))
+    wait_for("5 steps", lambda: len(lab.steps("elastic")) >= 5)
+    fillers = [lab.sbatch("--gres=gpu:4", "--wrap", "sleep 600") for _ in range(3)]
+    wait_for("the fillers running", lambda: all(lab.running(f) for f in fillers))
+    first = lab.sbatch("--gres=gpu:4", "-t", "5", "--wrap", "sleep 300")
+    wait_for("the 4-GPU job blocked", lambda: (j := lab.job(first)) and j.reason == "Resources")
+
+    out = lab.drive("--start", f"{job}:4:2", "--overtaken-after", "10")
+    assert "nothing in flight" in out
+    assert lab.running(first, 4) is not None, "the job first in line took the node"
+    waiting = lab.job(job)
+    assert waiting is not None and waiting.state is JobState.PENDING
+    assert waiting.gpus.gpus == 2 and "Held" not in waiting.reason, waiting
+    rows = lab.sgpu("resizes", "--job", str(job), "--json")
+    assert '"overtaken"' in rows and "overtaken: still pending" in rows, rows
+    lab.slurm.cancel(str(first))
+    wait_for("the job at 2 GPUs", lambda: lab.running(job, 2), timeout_s=90)
+
+
 def test_a_job_that_did_not_opt_in_is_never_signalled_held_or_updated(lab: Lab) -> None:
     marker = lab.tmp / "got-signal"
     script = lab.tmp / "rigid.sh"

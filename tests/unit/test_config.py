@@ -60,10 +60,13 @@ def test_resize_pacing_is_read_from_policy_resize() -> None:
         "[policy.resize]\n"
         'ack_timeout = "20s"\nrequeue_within = 0.25\nfast_start = false\n'
         'release_delay = "2s"\nrelease_after = "5m"\ncycle_interval = "500ms"\n'
+        'overtaken_after = "3m"\n'
     ).policy.resize
     assert s.ack_timeout == timedelta(seconds=20) and s.requeue_within == 0.25
     assert not s.fast_start and s.release_delay == timedelta(seconds=2)
     assert s.release_after == timedelta(minutes=5)
+    assert s.overtaken_after == timedelta(minutes=3)
+    assert default.overtaken_after == timedelta(minutes=10)
     assert s.cycle_interval == timedelta(milliseconds=500)
     assert (
         parse_settings('[policy.resize]\nack_timeout = "grace"\n').policy.resize.ack_timeout is None

@@ -402,6 +402,31 @@ def test_start_smaller_only_when_it_beats_waiting() -> None:
     assert off.propose(snap(short, malleable={3: (2, 4)})) == []
 
 
+def test_a_requeued_job_is_priced_on_its_own_runs_not_its_limit() -> None:
+    """Job 3 (malleable 2:4, 7-day limit) ran 1 h, was requeued, and waits while gpu1
+    has 2 GPUs free and the rest runs about 4 h more: started smaller, priced on the
+    hour it ran (as a running job's remaining time), not on its 7-day limit."""
+    week = timedelta(days=7)
+    later = T0 + 2 * MIN
+
+    def cycle_two() -> PolicySnapshot:
+        # 20 h into 24-hour limits: about 4 h left each
+        rigid_a = running_job(1, gpus=two("gpu1"), started=20 * HOUR, user="bob", at=later)
+        rigid_b = running_job(2, gpus=four("gpu2"), started=20 * HOUR, user="bob", at=later)
+        waiting = pending_job(3, user="carol", gpus_per_node=4, time_limit=week)
+        return snap([rigid_a, rigid_b, waiting], malleable={3: (2, 4)}, at=later)
+
+    # Never seen running: its limit prices the start smaller, and waiting wins.
+    assert MalleablePolicy().propose(cycle_two()) == []
+    policy = MalleablePolicy()
+    ran = running_job(3, gpus=four("gpu1"), started=HOUR, user="carol", time_limit=week)
+    other = running_job(2, gpus=four("gpu2"), started=HOUR, user="bob")
+    assert policy.propose(snap([ran, other], malleable={3: (2, 4)})) == []  # nothing free
+    (a,) = policy.propose(cycle_two())
+    assert (a.job_id, a.numbers["direction"], a.numbers["to_gpus"]) == (3, "start_smaller", 2)
+    assert a.intents[0] == SetGpus(2)
+
+
 def test_a_malleable_job_held_mid_resize_is_not_started_smaller() -> None:
     jobs = two_free_and_a_waiting_malleable_job(time_limit=timedelta(hours=1))
     assert MalleablePolicy().propose(snap(jobs, malleable={3: (2, 4)}, resizing=[3])) == []

@@ -327,3 +327,21 @@ def test_the_simulator_paces_resizes_by_the_daemons_settings(fast_start: bool) -
     assert first.state == "running"
     delay = durations(first)["requeue_delay"]
     assert delay == (2.0 if fast_start else options.requeue_delay_s)
+
+
+def test_a_shrunk_job_overtaken_while_requeued_closes_alike_in_the_daemon_and_the_simulator(
+    tmp_path: Path,
+) -> None:
+    # A (malleable 2:4) fills the node; C (rigid, 4 GPUs) waits first in line, then B
+    # (rigid, 2 GPUs) arrives and A is shrunk for it. Requeued, A frees the whole node
+    # for a moment and Slurm starts C, first by submission: A, released at 2 GPUs,
+    # waits behind it, and its transaction closes as overtaken instead of holding it.
+    trace = [
+        _malleable("A", 0, 4, 4 * 3600, 2, "alice"),
+        TraceJob(300, "C", "carol", RigidJob(3 * 3600, 4), gpus=4, time_limit_s=4 * 3600),
+        TraceJob(600, "B", "bob", RigidJob(1800, 2), gpus=2, time_limit_s=3600),
+    ]
+    _, phases = _compare(tmp_path, trace, ClusterShape(1, 4), "malleable", SimOptions())
+    assert [(p[0], p[2]) for p in phases][:1] == [(1, "overtaken")], phases
+    error = phases[0][3]
+    assert isinstance(error, str) and error.startswith("overtaken: still pending"), error

@@ -17,6 +17,7 @@ from sqlalchemy import event
 from slurmgpu.cycle.resize import (
     ABORTED,
     CLOSED,
+    OVERTAKEN,
     RELEASED,
     ROLLED_BACK,
     RUNNING,
@@ -192,6 +193,86 @@ def test_a_pending_job_waiting_for_resources_is_not_rolled_back(tmp_path: Path) 
     row = w.cycle()
     assert row.state == RELEASED and not row.payload.get("rolled_back")
     assert w.slurm.updates == [(JOB, (SetGpus(2), StartSoon(1)))]
+
+
+def _released_pending(w: World) -> TransactionRow:
+    """A shrink taken as far as RELEASED, the job then pending behind others."""
+    w.start()
+    w.ack()
+    w.cycle()
+    w.slurm.settle()
+    w.cycle()
+    row = w.cycle(2)
+    assert row.state == RELEASED
+    w.slurm.put(replace(w.slurm.job(JOB), reason="Priority"))
+    return row
+
+
+def test_a_released_job_still_pending_after_the_bound_is_closed_as_overtaken(
+    tmp_path: Path,
+) -> None:
+    """Others took the GPUs it was released for: the transaction does not hold the job
+    (every other change to it is refused while one is open) for hours."""
+    w = World(tmp_path)
+    released = _released_pending(w)
+    bound = ResizeSettings().overtaken_after
+    assert released.deadline == w.now + bound
+    w.now += bound - timedelta(seconds=2)
+    assert w.cycle().state == RELEASED  # one second before the bound: still in flight
+    row = w.cycle()
+    assert row.state == OVERTAKEN and OVERTAKEN in CLOSED
+    assert "overtaken: still pending 600 s after the release at 2 GPUs (Priority)" in (
+        row.error or ""
+    )
+    assert row.payload["t"]["closed"] == w.now.isoformat()
+    assert w.executor.open() == []
+    # Nothing more is asked of Slurm: the job keeps the request the resize gave it.
+    assert w.calls() == ["signal", "requeuehold", "update", "release"]
+    job = w.slurm.job(JOB)
+    assert job.state is JobState.PENDING and job.gpus.gpus == 2
+    # The job may be resized again: a new transaction starts once it runs.
+    w.slurm.schedule(w.now)
+    w.cycle()
+    assert w.slurm.job(JOB).state is JobState.RUNNING
+    assert w.start(to=3).state == SIGNALED
+
+
+def test_a_released_job_that_starts_within_the_bound_is_not_overtaken(tmp_path: Path) -> None:
+    w = World(tmp_path, grace_s=60)
+    w.executor = ResizeExecutor(
+        w.slurm, w.store, ResizeSettings(overtaken_after=timedelta(seconds=30))
+    )
+    _released_pending(w)
+    assert w.cycle(29).state == RELEASED
+    w.slurm.put(replace(w.slurm.job(JOB), reason=""))
+    w.slurm.schedule(w.now)
+    assert w.cycle().state == RUNNING
+
+
+def test_a_row_released_before_rows_had_a_deadline_is_overtaken_from_its_release(
+    tmp_path: Path,
+) -> None:
+    """A store written by an older daemon: RELEASED without a deadline."""
+    w = World(tmp_path)
+    row = _released_pending(w)
+    store = MemoryTransactions()
+    legacy = store.create(
+        row.job_id,
+        "resize",
+        RELEASED,
+        at=row.updated_at,
+        deadline=None,
+        payload=row.payload,
+        open_states=(),
+    )
+    assert legacy is not None and legacy.deadline is None
+    executor = ResizeExecutor(w.slurm, store)
+    w.now += ResizeSettings().overtaken_after - timedelta(seconds=1)
+    executor.advance(w.snapshot(), w.now)
+    assert store.recent(["resize"], limit=1)[0].state == RELEASED
+    w.now += timedelta(seconds=1)
+    executor.advance(w.snapshot(), w.now)
+    assert store.recent(["resize"], limit=1)[0].state == OVERTAKEN
 
 
 def test_a_job_that_did_not_opt_in_is_never_signalled(tmp_path: Path) -> None:
