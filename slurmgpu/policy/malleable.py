@@ -597,14 +597,25 @@ class MalleablePolicy:
         now = snapshot.at
         elapsed = (now - job.start_time).total_seconds() if job.start_time else 0.0
         elapsed = max(0.0, elapsed)
-        rem = elapsed
+        limit = job.time_limit
+        return self._left_after(
+            job, elapsed, priors, None if limit is None else limit.total_seconds() - elapsed
+        )
+
+    def _left_after(
+        self, job: Job, ran_s: float, priors: Priors | None, limit_left_s: float | None
+    ) -> float:
+        """A job's run time left after ``ran_s`` seconds: its history's median less what
+        it ran, else what it ran (Lindy), at least ``min_remaining``, at most what its
+        limit leaves (``limit_left_s``; None: no limit)."""
+        rem = ran_s
         if priors is not None:
             est = priors.estimate(job)
-            if est is not None and est.run_time.total_seconds() > elapsed:
-                rem = est.run_time.total_seconds() - elapsed
+            if est is not None and est.run_time.total_seconds() > ran_s:
+                rem = est.run_time.total_seconds() - ran_s
         rem = max(rem, self.settings.min_remaining.total_seconds())
-        if job.time_limit is not None:
-            rem = min(rem, max(0.0, job.time_limit.total_seconds() - elapsed))
+        if limit_left_s is not None:
+            rem = min(rem, max(0.0, limit_left_s))
         return rem
 
     def _candidate(self, job: Job, rem: float, snapshot: PolicySnapshot) -> _Running | None:
@@ -962,15 +973,8 @@ class MalleablePolicy:
         ran = self._ran_s.get(job.job_id, 0.0)
         if ran <= 0.0:
             return self._run_estimate_s(job, priors)
-        rem = ran
-        if priors is not None:
-            est = priors.estimate(job)
-            if est is not None and est.run_time.total_seconds() > ran:
-                rem = est.run_time.total_seconds() - ran
-        rem = max(rem, self.settings.min_remaining.total_seconds())
-        if job.time_limit is not None:  # a requeued job's limit counts from its restart
-            rem = min(rem, job.time_limit.total_seconds())
-        return rem
+        limit = job.time_limit  # a requeued job's limit counts from its restart
+        return self._left_after(job, ran, priors, None if limit is None else limit.total_seconds())
 
     def _run_estimate_s(self, job: Job, priors: Priors | None) -> float:
         """A waiting job's run time: its history's median, else its time limit."""
