@@ -37,6 +37,7 @@ NEEDS: dict[str, Path | None] = {
     "sim_pollux": DATA / "pollux" / "profiles",
     "pollux_gap": DATA / "pollux" / "profiles",
     "sim_hetero": DATA / "pollux" / "profiles",
+    "sim_scheduling": DATA / "pollux" / "profiles",
     "speedup_fit": DATA / "pollux" / "profiles",
     "decode_records": None,
     "energy_query": None,
