@@ -60,7 +60,6 @@ from slurmgpu.sim import metrics  # noqa: E402
 from slurmgpu.sim.costs import CostError, cost_set  # noqa: E402
 from slurmgpu.sim.fairshare import (  # noqa: E402
     FairShareConfig,
-    fair_tree_factors,
     parse_fairshare,
 )
 from slurmgpu.sim.loaders import TraceError, load_trace  # noqa: E402
@@ -412,9 +411,6 @@ def check_priorities(lab_dir: Path, policy_set: str) -> tuple[int, int, list[str
     with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
         users = {int(j): str(u) for j, u in db.execute("SELECT job_id, user FROM jobs")}
     config = site_fairshare()
-    members: dict[str, list[tuple[str, int]]] = {}
-    for user, account in config.users.items():
-        members.setdefault(account, []).append((user, 1))
     start = timeline.decay_start
     same, differ, notes = 0, 0, list[str]()
     for job_id, (at, prio) in sorted(timeline.submitted.items()):
@@ -428,7 +424,7 @@ def check_priorities(lab_dir: Path, policy_set: str) -> tuple[int, int, list[str
                 ran = ((min(end, tick) if end else tick) - begin).total_seconds()
                 if ran > 0 and other in users:
                     usage[users[other]] = usage.get(users[other], 0.0) + ran
-        factors = fair_tree_factors(config.accounts, members, config.root_users, usage)
+        factors = config.factors(usage)
         model = config.base + config.weight_fairshare * factors.get(users[job_id], 0.0)
         if abs(model - prio) < 1:
             same += 1

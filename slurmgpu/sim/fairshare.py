@@ -88,6 +88,21 @@ class FairShareConfig:
             if shares < 0:
                 raise ValueError(f"account {account}: shares must be >= 0, not {shares}")
 
+    def tree(self) -> tuple[dict[str, int], dict[str, list[tuple[str, int]]]]:
+        """Account -> shares (an account named only by a user: ``default_shares``) and
+        account -> its users with their shares: what :func:`fair_tree_factors` takes."""
+        accounts = dict(self.accounts)
+        members: dict[str, list[tuple[str, int]]] = {a: [] for a in self.accounts}
+        for user, account in self.users.items():
+            accounts.setdefault(account, self.default_shares)
+            members.setdefault(account, []).append((user, self.user_shares.get(user, 1)))
+        return accounts, members
+
+    def factors(self, usage: Mapping[str, float]) -> dict[str, float]:
+        """Each listed user's fair-share factor under ``usage`` (user -> raw usage)."""
+        accounts, members = self.tree()
+        return fair_tree_factors(accounts, members, self.root_users, usage)
+
 
 def _level_fs(shares: float, total_shares: float, usage: float, total_usage: float) -> float:
     norm_shares = shares / total_shares if total_shares > 0 else 0.0
@@ -166,11 +181,7 @@ class FairTree:
         self.usage: dict[str, float] = dict(config.usage)
         self.factors: dict[str, float] = {}
         self._account_of: dict[str, str] = dict(config.users)
-        self._accounts: dict[str, int] = dict(config.accounts)
-        self._members: dict[str, list[tuple[str, int]]] = {a: [] for a in config.accounts}
-        for user, account in config.users.items():
-            self._accounts.setdefault(account, config.default_shares)
-            self._members.setdefault(account, []).append((user, config.user_shares.get(user, 1)))
+        self._accounts, self._members = config.tree()
         self._tick: float | None = None  # the last calculation's time
         self._decay = 0.5 ** (config.calc_period_s / config.half_life_s)
         self._recalc()
