@@ -20,7 +20,6 @@ policy only observes here, so LAS grows the jobs it shrank itself).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +29,14 @@ from slurmgpu.model import Job, JobState
 from tests.configs import config_toml, observing
 from tests.polling import wait_for
 from tests.slurm.elastic_training import assert_continuous, fill_cluster, starts, steps, trainer
-from tests.slurm.harness import SLURM, Telemetry, listed_job, running_job, running_stack
+from tests.slurm.harness import (
+    SLURM,
+    Telemetry,
+    lab_dir,
+    listed_job,
+    running_job,
+    running_stack,
+)
 
 # Why not the site profile (tests/unit/test_slurm_tier_labs.py)
 DEFAULT_LAB = "fills the 4-node lab's 16 GPUs for the resize (16 nodes: 15 fillers, not 3)"
@@ -58,8 +64,9 @@ def las_actions(t: Telemetry, job_id: int) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_the_daemon_preempts_a_long_running_job_for_a_new_one_and_it_resumes(
-    slurm_cluster: LabCluster, tmp_path: Path
+    slurm_cluster: LabCluster,
 ) -> None:
+    tmp_path = lab_dir(slurm_cluster, "sgpu-las-")  # a chroot's jobs see it too
     first_log = tmp_path / "first.jsonl"
     second_log = tmp_path / "second.jsonl"
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:
@@ -99,8 +106,9 @@ def test_the_daemon_preempts_a_long_running_job_for_a_new_one_and_it_resumes(
 
 @pytest.mark.slow
 def test_the_daemon_shrinks_a_malleable_long_job_for_a_new_one_and_grows_it_back(
-    slurm_cluster: LabCluster, tmp_path: Path
+    slurm_cluster: LabCluster,
 ) -> None:
+    tmp_path = lab_dir(slurm_cluster, "sgpu-las-")  # a chroot's jobs see it too
     first_log = tmp_path / "first.jsonl"
     second_log = tmp_path / "second.jsonl"
     with running_stack(slurm_cluster, tmp_path, CONFIG) as t:

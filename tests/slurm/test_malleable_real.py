@@ -17,14 +17,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.model import Job, JobState
 from tests.polling import wait_for
-from tests.slurm.harness import EXAMPLE, Lab, driven_lab
+from tests.slurm.harness import EXAMPLE, Lab, driven_lab, lab_dir
 from tests.slurm.train_log import last_step_per_run
 
 # Why not the site profile (tests/unit/test_slurm_tier_labs.py)
@@ -32,8 +31,9 @@ DEFAULT_LAB = "fills the 4-node lab's 16 GPUs for the resize (16 nodes: 15 fille
 
 
 @pytest.fixture
-def lab(slurm_cluster: LabCluster, tmp_path: Path) -> Iterator[Lab]:
-    with driven_lab(tmp_path) as it:
+def lab(slurm_cluster: LabCluster) -> Iterator[Lab]:
+    # under the lab's root, the checkout and this Python shared: runs on a chroot too
+    with driven_lab(lab_dir(slurm_cluster, "sgpu-malleable-")) as it:
         yield it
 
 
