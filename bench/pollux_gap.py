@@ -44,7 +44,7 @@ from slurmgpu.lab.benchrun import BenchRun, add_arguments
 from slurmgpu.sim.costs import COST_SETS, CostError, CostSet, cost_set
 from slurmgpu.sim.costs import DEFAULT as DEFAULT_COSTS
 from slurmgpu.sim.loaders import load_trace
-from slurmgpu.sim.pollux import PolluxSearch, RestartCosts, simulate_pollux
+from slurmgpu.sim.pollux import POLLUX_BATCH_CEILINGS, PolluxSearch, RestartCosts, simulate_pollux
 from slurmgpu.sim.profiles import load_profiles
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
 from slurmgpu.sim.workload import ProfiledJob, TraceJob
@@ -101,8 +101,12 @@ class JobView:
         return sum((b - a) * sum(1 for g in p if g) for a, b, p in self.spans) / held
 
 
-def _ours(trace: Sequence[TraceJob], policy_set: str, costs: CostSet) -> dict[int, JobView]:
-    run = simulate(trace, ClusterShape(NODES, PER_NODE), policy_set, SimOptions.of_costs(costs))
+def _ours(
+    trace: Sequence[TraceJob], policy_set: str, costs: CostSet, ceiling: str
+) -> dict[int, JobView]:
+    ceilings = POLLUX_BATCH_CEILINGS if ceiling == "pollux" else ()
+    options = SimOptions.of_costs(costs, batch_ceilings=ceilings)
+    run = simulate(trace, ClusterShape(NODES, PER_NODE), policy_set, options)
     out: dict[int, JobView] = {}
     for j in run.jobs:
         spans = tuple(
@@ -162,11 +166,16 @@ def _pollux(
 
 
 def _views(
-    trace: Sequence[TraceJob], which: str, seed: int, search: str, costs: CostSet
+    trace: Sequence[TraceJob],
+    which: str,
+    seed: int,
+    search: str,
+    costs: CostSet,
+    ceiling: str = "submitted",
 ) -> dict[int, JobView]:
     if which in POLLUX:
         return _pollux(trace, which, seed, search, costs)
-    return _ours(trace, which, costs)
+    return _ours(trace, which, costs, ceiling)
 
 
 Occupancy = tuple[float, float, float]
@@ -253,6 +262,13 @@ def main() -> int:
         default=DEFAULT_COSTS,
         help=f"the simulator's cost set (sim.costs: {', '.join(COST_SETS)})",
     )
+    ap.add_argument(
+        "--batch-ceiling",
+        choices=("submitted", "pollux"),
+        default="submitted",
+        help="our batch-adaptive sets' upper batch limit: the batch each job was submitted "
+        "with (default), or the largest Pollux's artifact lets the application train at",
+    )
     add_arguments(ap, "workload 1, first 40 jobs, seed 1, load 1.0")
     args = ap.parse_args()
     try:
@@ -271,7 +287,7 @@ def main() -> int:
     workloads = [1] if args.smoke else [int(x) for x in args.workloads.split(",")]
     limit = 40 if args.smoke else None
     a, b = args.ours, args.against
-    print(f"costs: {costs.label}")
+    print(f"costs: {costs.label}; our batch-adaptive sets' batch ceiling: {args.batch_ceiling}")
     cpu0 = time.process_time()
     figures: dict[str, dict[str, float]] = {}
     for load in loads:
@@ -282,8 +298,8 @@ def main() -> int:
             for seed in seeds:
                 trace = load_trace(folder / f"workload-{w}.csv", profiles, seed=seed)
                 trace = trace[:limit] if limit is not None else trace
-                ours = _views(trace, a, seed, args.pollux_search, costs)
-                theirs = _views(trace, b, seed, args.pollux_search, costs)
+                ours = _views(trace, a, seed, args.pollux_search, costs, args.batch_ceiling)
+                theirs = _views(trace, b, seed, args.pollux_search, costs, args.batch_ceiling)
                 matched = [(ours[t.line], theirs[t.line], t) for t in trace]
                 matched = [m for m in matched if not (math.isnan(m[0].end_s + m[1].end_s))]
                 pairs.extend(matched)
@@ -297,7 +313,7 @@ def main() -> int:
         f"{cpu:.1f} s CPU"
     )
     run.figures = {"by_load": figures, "cpu_s": cpu}
-    run.baseline = {"against": b, "costs": costs.name}
+    run.baseline = {"against": b, "costs": costs.name, "batch_ceiling": args.batch_ceiling}
     run.write(args.json_out)
     return 0
 

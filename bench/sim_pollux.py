@@ -52,7 +52,13 @@ from slurmgpu.sim.costs import DEFAULT as DEFAULT_COSTS
 from slurmgpu.sim.loaders import load_trace
 from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.policysets import POLICY_SETS
-from slurmgpu.sim.pollux import PolluxSearch, RestartCosts, simulate_pollux
+from slurmgpu.sim.pollux import (
+    MAX_BATCH_SIZE,
+    POLLUX_BATCH_CEILINGS,
+    PolluxSearch,
+    RestartCosts,
+    simulate_pollux,
+)
 from slurmgpu.sim.profiles import ThroughputProfile, load_profiles
 from slurmgpu.sim.published import PUBLISHED, published_for
 from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
@@ -108,6 +114,7 @@ def _one(
     limit: int | None = None,
     search: str = "20x10",
     costs_name: str = DEFAULT_COSTS,
+    ceiling: str = "submitted",
 ) -> tuple[dict[str, float], float]:
     cpu = time.process_time()
     costs = cost_set(costs_name)
@@ -119,7 +126,8 @@ def _one(
         )
         figures = simulate_pollux(_trace(path, seed, limit), costs=restart, search=opts).figures()
         return {k: float(figures[k]) for k in FIGURES}, time.process_time() - cpu
-    options = SimOptions.of_costs(costs)
+    ceilings = POLLUX_BATCH_CEILINGS if ceiling == "pollux" else ()
+    options = SimOptions.of_costs(costs, batch_ceilings=ceilings)
     r = summarise(simulate(_trace(path, seed, limit), ClusterShape(16, 4), policy_set, options))
     d = r.as_dict()
     return {k: float(d[k]) for k in FIGURES}, time.process_time() - cpu
@@ -147,6 +155,13 @@ def main() -> int:
     ap.add_argument("--loads", default="1.0,2.0")
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument(
+        "--batch-ceiling",
+        choices=("submitted", "pollux"),
+        default="submitted",
+        help="the batch-adaptive sets' upper batch limit: the batch each job was submitted "
+        "with (default), or the largest Pollux's artifact lets the application train at",
+    )
     ap.add_argument("--pollux-seeds", default="1", help="seeds the Pollux baseline runs at")
     ap.add_argument(
         "--pollux-search",
@@ -222,7 +237,9 @@ def main() -> int:
     ):
         job = bar.add_task("matrix", total=len(tasks))
         futures = {
-            pool.submit(_one, path, seed, s, limit, args.pollux_search, cname): (
+            pool.submit(
+                _one, path, seed, s, limit, args.pollux_search, cname, args.batch_ceiling
+            ): (
                 load,
                 n,
                 seed,
@@ -245,6 +262,16 @@ def main() -> int:
     for c in costs:
         print(f"\n=== costs {c.label} ===")
         print("\n".join(c.lines()))
+        print(
+            "batch-adaptive sets' upper batch limit: "
+            + (
+                "the batch each job was submitted with"
+                if args.batch_ceiling == "submitted"
+                else "Pollux's per application (--batch-ceiling pollux: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(MAX_BATCH_SIZE.items()))
+                + ")"
+            )
+        )
         means: dict[str, dict[str, float]] = {}
         for load in loads:
             if load not in results[c.name]:
@@ -275,6 +302,7 @@ def main() -> int:
         "mean_avg_jct_s": by_costs[costs[0].name],
         "mean_avg_jct_s_by_costs": by_costs,
         "verdicts": verdicts,
+        "batch_ceiling": args.batch_ceiling,
         "matrix_wall_s": wall,
         "run_cpu_median_s": statistics.median(cpu) if cpu else math.nan,
     }

@@ -64,6 +64,7 @@ from slurmgpu.sim.workload import ProfiledJob, TraceJob
 __all__ = [
     "FIXED_BATCH",
     "MAX_BATCH_SIZE",
+    "POLLUX_BATCH_CEILINGS",
     "PolluxJob",
     "PolluxResult",
     "PolluxSearch",
@@ -85,6 +86,9 @@ MAX_BATCH_SIZE: dict[str, int] = {
     "yolov3": 512,
 }
 FIXED_BATCH: dict[str, int] = {"ncf": 32768}
+# As ``SimOptions.batch_ceilings``: our batch-adaptive sets' jobs declaring Pollux's limits
+# (the what-if of ``--batch-ceiling pollux`` in bench/sim_pollux.py and pollux_gap.py).
+POLLUX_BATCH_CEILINGS: tuple[tuple[str, int], ...] = tuple(sorted(MAX_BATCH_SIZE.items()))
 MAX_REPLICAS = 64  # "simulator can't handle more"
 _BATCH_POINTS = 10  # candidate batch sizes per replica count (geometric, B0..max)
 

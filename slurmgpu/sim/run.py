@@ -294,6 +294,9 @@ class SimOptions:
     # None: every pending job opted in to rightsizing; else the daemon's rule per job.
     opted_in: Callable[[Job], bool] | None = None
     sample_interval_s: float = 30.0  # the agents' sampling period (GpuStat.samples)
+    # The batch-adaptive sets' jobs declare these upper batch limits per application
+    # (sim.workload.elastic_batch); empty: the batch each job was submitted with.
+    batch_ceilings: tuple[tuple[str, int], ...] = ()
     # The release SimSlurm answers as (what it lets an update change: sim.slurm)
     slurm_version: str = "22.05.8"
     # The site's multifactor fair-share priority (sim.fairshare); None: priority/basic,
@@ -793,9 +796,10 @@ def simulate(
     ``engine`` replaces the set's engine (tests drive a test-only policy through the
     real engine this way). Raises ``KeyError`` for an unknown set.
     """
+    options = options or SimOptions()
     if policy_set in BATCH_ADAPTIVE:  # its jobs retune their batch (sim.workload)
-        trace = elastic_batch(trace)
-    return _Runner(trace, shape, policy_set, options or SimOptions(), progress, engine).run()
+        trace = elastic_batch(trace, dict(options.batch_ceilings) or None)
+    return _Runner(trace, shape, policy_set, options, progress, engine).run()
 
 
 def scale_load(trace: Sequence[TraceJob], load: float) -> list[TraceJob]:

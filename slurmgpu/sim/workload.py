@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Protocol
@@ -262,16 +262,25 @@ class TimeLimitModel:
         return float(max(min(self.max_limit_s, days), floor))
 
 
-def elastic_batch(trace: Sequence[TraceJob]) -> list[TraceJob]:
+def elastic_batch(
+    trace: Sequence[TraceJob], ceilings: Mapping[str, int] | None = None
+) -> list[TraceJob]:
     """``trace`` with its profiled jobs on the elastic runtime's batch-size adaptation
     (:meth:`ProfiledJob.adaptive`: from ``B0`` up to the batch each was submitted with);
     other jobs unchanged. The sets whose goodput allocator retunes batch sizes run this
-    (``slurmgpu.sim.policysets.BATCH_ADAPTIVE``); baselines keep the submitted batch."""
+    (``slurmgpu.sim.policysets.BATCH_ADAPTIVE``); baselines keep the submitted batch.
+
+    ``ceilings`` (application name -> batch): a job of that application declares that
+    batch as its upper limit instead (never below the batch it was submitted with) --
+    the what-if of users who let the runtime train at any batch the application was
+    validated at, as Pollux's jobs may (``sim.pollux.MAX_BATCH_SIZE``)."""
     out: list[TraceJob] = []
     for job in trace:
         model = job.model
         if isinstance(model, ProfiledJob) and model.batch_limits is None:
-            out.append(replace(job, model=model.adaptive()))
+            top = (ceilings or {}).get(model.app.name)
+            hi = max(model.batch_size, top) if top is not None else None
+            out.append(replace(job, model=model.adaptive(hi=hi)))
         else:
             out.append(job)
     return out

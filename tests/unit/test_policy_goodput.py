@@ -115,3 +115,28 @@ def test_only_the_sets_with_the_goodput_allocator_retune_batches() -> None:
         }
         assert limits == {name in BATCH_ADAPTIVE}, name
     assert all(j.model.batch_limits is None for j in trace if isinstance(j.model, ProfiledJob))
+
+
+@needs_data
+def test_a_batch_ceiling_raises_the_declared_limit_of_its_application_only() -> None:
+    from slurmgpu.sim.pollux import POLLUX_BATCH_CEILINGS
+    from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
+    from slurmgpu.sim.workload import TraceJob, elastic_batch
+
+    profiles = load_profiles(DATA / "profiles")
+
+    def job(app: str, batch: int, at: float) -> TraceJob:
+        return TraceJob(at, app, "u1", ProfiledJob(APPLICATIONS[app], profiles[app], batch), 4)
+
+    trace = [job("yolov3", 64, 0.0), job("cifar10", 8192, 1.0), job("bert", 96, 2.0)]
+    # cifar10 submitted above its ceiling keeps its own batch; bert has no ceiling here
+    out = elastic_batch(trace, {"yolov3": 512, "cifar10": 4096})
+    limits = [j.model.batch_limits for j in out if isinstance(j.model, ProfiledJob)]
+    assert limits == [(8, 512), (128, 8192), (APPLICATIONS["bert"].init_batch_size, 96)]
+    assert elastic_batch(trace) == elastic_batch(trace, {})  # no ceiling: the submitted batch
+    # the what-if reaches the simulator through its options, for the batch-adaptive sets
+    opts = SimOptions(batch_ceilings=POLLUX_BATCH_CEILINGS)
+    yolo = simulate(trace[:1], ClusterShape(4, 4), "malleable", opts).jobs[0].model
+    assert isinstance(yolo, ProfiledJob) and yolo.batch_limits == (8, 512)
+    plain = simulate(trace[:1], ClusterShape(4, 4), "slurm", opts).jobs[0].model
+    assert isinstance(plain, ProfiledJob) and plain.batch_limits is None
