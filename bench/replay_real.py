@@ -41,6 +41,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ from slurmgpu.lab.replay import (  # noqa: E402
     toml_text,
 )
 from slurmgpu.sim import metrics  # noqa: E402
-from slurmgpu.sim.costs import CostError, cost_set  # noqa: E402
+from slurmgpu.sim.costs import CostError, CostSet, cost_set  # noqa: E402
 from slurmgpu.sim.fairshare import (  # noqa: E402
     FairShareConfig,
     parse_fairshare,
@@ -191,6 +192,7 @@ def simulated(
     per_job: dict[int, tuple[float, ...]] | None = None,
     usage: Mapping[str, float] | None = None,
     first_calc: float | None = None,
+    shift: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, float]:
     """The simulator on the replayed jobs (trace time, its 60 s cycle: 1 s of the replay
     at C = 60), its figures divided by C: wall seconds like the replay's. Its costs: the
@@ -201,12 +203,14 @@ def simulated(
     (default) SchedulerParameters, their periods times C (``--easy``: one EASY pass at
     every change, as before). ``usage``: the fair share the lab's earlier sets left;
     ``first_calc``: wall seconds from the replay's start to the lab's first fair-share
-    calculation (:func:`first_calculation_s`; None: a period after the first job)."""
+    calculation (:func:`first_calculation_s`; None: a period after the first job).
+    ``shift``: wall seconds added to the cost set's per-job start-up (first and restarts)
+    and to its submission delay (:func:`sensitivity`)."""
     name = costs or args.costs
     fairshare = None if args.fifo else site_fairshare(None if args.fresh_usage else usage)
     options: SimOptions | None = None
     if name != "unscaled":
-        options = replay_options(cost_set(name), args.compression, fairshare)
+        options = replay_options(shifted(cost_set(name), *shift), args.compression, fairshare)
         if options.fairshare is not None and first_calc is not None:
             t0 = min(j.submit_s for j in trace)  # the replay's start, in trace time
             at = replace(options.fairshare, first_calc_s=t0 + first_calc * args.compression)
@@ -230,6 +234,41 @@ def simulated(
         "p99_jct_s": r.p99_jct_s / c,
         "makespan_s": r.makespan_s / c,
     }
+
+
+def shifted(costs: CostSet, startup_s: float, submit_s: float) -> CostSet:
+    """``costs`` with ``startup_s`` added to its per-job start-up (a first start and a
+    restart's) and ``submit_s`` to its submission delay, none below zero."""
+    if not startup_s and not submit_s:
+        return costs
+    why = f"shifted by {startup_s:+g} / {submit_s:+g} s (sensitivity)"
+    out = costs
+    for key, delta in (("first_startup", startup_s), ("startup", startup_s)):
+        out = out.with_cost(key, max(0.0, out.cost(key).seconds + delta), why)
+    return out.with_cost("submit_delay", max(0.0, out.submit_delay.seconds + submit_s), why)
+
+
+def sensitivity(
+    run: Callable[[tuple[float, float]], dict[str, float]], delta_s: float
+) -> dict[str, tuple[float, float]]:
+    """The least and the most each figure of ``run`` (the simulator on one set, given a
+    shift of its per-job start-up and submission delay) reaches over the 3 x 3 grid of
+    both shifted by -``delta_s``, 0 and +``delta_s`` wall seconds: how far the prediction
+    moves within that much uncertainty in the two per-job costs it was given. On a
+    time-compressed replay half a second is tens of trace seconds per job, and the
+    queue (fair-share ranks, whole-node starts) amplifies it."""
+    grid = [(a * delta_s, b * delta_s) for a in (-1, 0, 1) for b in (-1, 0, 1)]
+    runs = [run(g) for g in grid]
+    return {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
+
+
+def band_line(name: str, band: Mapping[str, tuple[float, float]], real: Mapping[str, float]) -> str:
+    """``slurm: avg JCT 0.94-1.09, p99 ... (simulator / real as the costs move)``."""
+    cells = []
+    for key, label in (("avg_jct_s", "avg JCT"), ("p99_jct_s", "p99"), ("makespan_s", "makespan")):
+        lo, hi = band[key]
+        cells.append(f"{label} {lo / real[key]:.2f}-{hi / real[key]:.2f}")
+    return f"{name:<10} " + ", ".join(cells)
 
 
 def from_json(args: argparse.Namespace) -> int:
@@ -256,6 +295,7 @@ def from_json(args: argparse.Namespace) -> int:
     print(f"with {args.costs}: {scheduler_line(args)}")
     print(f"{'set':<10} {'costs':<16} {'avg JCT':>8} {'p99':>6} {'makespan':>8}")
     figures: dict[str, dict[str, dict[str, float]]] = {}
+    bands: dict[str, dict[str, tuple[float, float]]] = {}
     lines: dict[str, dict[int, tuple[float, ...]]] = {}
     calc_at: dict[str, float] = dict(doc["figures"].get("first_calc_s", {}))
     if args.labs is not None:  # the run's kept labs: their slurmctld logs
@@ -310,6 +350,12 @@ def from_json(args: argparse.Namespace) -> int:
                 }
             ratios = {k: sim[k] / real[policy_set][k] for k in sim}
             figures[policy_set][name] = ratios
+            if name == args.costs and name != "unscaled" and args.sensitivity > 0:
+                calc = calc_at.get(policy_set)
+                bands[policy_set] = sensitivity(
+                    partial(simulated, replayed, args, policy_set, name, None, usage, calc),
+                    args.sensitivity,
+                )
             print(
                 f"{policy_set:<10} {name:<16} {ratios['avg_jct_s']:>8.2f} "
                 f"{ratios['p99_jct_s']:>6.2f} {ratios['makespan_s']:>8.2f}"
@@ -318,6 +364,13 @@ def from_json(args: argparse.Namespace) -> int:
         off = [abs(figures[s][name][k] - 1) for s in figures for k in figures[s][name]]
         if off:
             print(f"{name}: mean |sim / real - 1| {statistics.mean(off):.3f}, worst {max(off):.3f}")
+    if bands:
+        print(
+            f"\n{args.costs} with its per-job start-up and submission delay each "
+            f"-{args.sensitivity:g}, 0, +{args.sensitivity:g} wall s: simulator / real ranges"
+        )
+        for policy_set, band in bands.items():
+            print(band_line(policy_set, band, real[policy_set]))
     if args.per_job:
         for policy_set in sets:
             print_per_job(policy_set, doc["figures"]["jobs"].get(policy_set, []), lines[policy_set])
@@ -549,6 +602,14 @@ def main() -> int:
         "and conservative backfill passes at the lab's periods",
     )
     p.add_argument(
+        "--sensitivity",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="also the simulator with its per-job start-up and submission delay each "
+        "shifted by -S, 0 and +S wall seconds: the range of simulator / real (0: off)",
+    )
+    p.add_argument(
         "--per-job",
         action="store_true",
         help="with --from-json: each job's wait and JCT, real beside simulated",
@@ -701,15 +762,21 @@ def main() -> int:
             if not args.no_sim:
                 earlier = {n: r["jobs"] for n, r in results.items() if n != policy_set}
                 shared_lab = args.one_lab or args.running_lab  # usage left by earlier sets
-                results[policy_set]["sim"] = simulated(
-                    replayed_trace(trace, jobs, args.compression),
-                    args,
-                    policy_set,
-                    usage=earlier_usage(earlier, sets, policy_set, args.compression)  # type: ignore[arg-type]
+                replayed = replayed_trace(trace, jobs, args.compression)
+                usage = (
+                    earlier_usage(earlier, sets, policy_set, args.compression)  # type: ignore[arg-type]
                     if shared_lab
-                    else None,
-                    first_calc=None if args.one_lab else calc_at.get(policy_set),
+                    else None
                 )
+                calc = None if args.one_lab else calc_at.get(policy_set)
+                results[policy_set]["sim"] = simulated(
+                    replayed, args, policy_set, usage=usage, first_calc=calc
+                )
+                if args.costs != "unscaled" and args.sensitivity > 0:
+                    results[policy_set]["band"] = sensitivity(
+                        partial(simulated, replayed, args, policy_set, None, None, usage, calc),
+                        args.sensitivity,
+                    )
     finally:
         if lab is not None:
             lab.down(cancel_jobs=True)
@@ -744,8 +811,19 @@ def main() -> int:
             ratio = sim[key] / real[key] if real[key] else math.nan
             cells.append(f"{sim[key]:>11.1f} {ratio:>6.2f}")
         print(f"{name:<10} " + "  ".join(cells))
+    bands = {name: res["band"] for name, res in results.items() if "band" in res}
+    if bands:
+        print(
+            f"the same with its per-job start-up and submission delay each "
+            f"-{args.sensitivity:g}, 0, +{args.sensitivity:g} wall s: simulator / real ranges"
+        )
+        for name, band in bands.items():
+            real = results[name]["summary"]
+            assert isinstance(band, dict) and isinstance(real, dict)
+            print(band_line(name, band, real))
     run.figures = {name: res["summary"] for name, res in results.items() if name != "slurm"}
     run.figures["simulator"] = sims
+    run.figures["simulator_band"] = {"shift_s": args.sensitivity, "sets": bands}
     run.figures["simulator_costs"] = (
         cost_set(args.costs).as_dict() if args.costs != "unscaled" else "unscaled"
     )
