@@ -34,9 +34,7 @@ import os
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
-import sysconfig
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
@@ -48,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from slurmgpu.lab.benchrun import BenchRun, add_arguments  # noqa: E402
+from slurmgpu.lab.chroot_python import ChrootPythonError, chroot_python  # noqa: E402
 from slurmgpu.lab.cluster import LabCluster, site  # noqa: E402
 from slurmgpu.lab.replay import (  # noqa: E402
     ReplayLabError,
@@ -88,35 +87,6 @@ DATA = ROOT.parent / "shared" / "data" / "pollux"
 def runuser(user: str) -> list[str]:
     """How the bench (root) becomes a site user to submit as them."""
     return ["runuser", "-u", user, "--"]
-
-
-def chroot_users(lab: LabCluster, shared: Path) -> tuple[list[str], dict[str, str]]:
-    """A site user's interpreter and environment in a Slurm chroot lab, whose commands run
-    inside the chroot (a user may not chroot; root enters it and its ``runuser`` drops to
-    the user): a copy of the system Python in ``shared``, bound into the chroot with its
-    standard library, this checkout and the venv's site-packages (as the release tests do:
-    tests/slurm/site_users.py)."""
-    system = Path(site_python()[0]).resolve()
-    out = subprocess.run(
-        [str(system), "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    stdlib = Path(out.stdout.strip())
-    copy = shared / "python" / system.name
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(system, copy)
-    copy.parent.chmod(0o755)
-    purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
-    lab.share(stdlib, purelib, ROOT, copy.parent)
-    env = {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "PYTHONHOME": str(stdlib.parents[1]),
-        "PYTHONPATH": f"{ROOT}:{purelib}",
-    }
-    return [str(copy)], env
 
 
 def site_fairshare(usage: Mapping[str, float] | None = None) -> FairShareConfig:
@@ -697,7 +667,13 @@ def main() -> int:
         elapsed = fresh.up(timeout_s=180)
         print(f"site lab idle after {elapsed:.1f} s", flush=True)
         if fresh.chroot is not None:  # the users' commands and jobs run inside the chroot
-            python, users_env = chroot_users(fresh, fresh.root / "python")
+            try:
+                python, users_env = chroot_python(
+                    fresh, Path(site_python()[0]), fresh.root / "python", ROOT
+                )
+            except ChrootPythonError as exc:
+                fresh.down(cancel_jobs=True)
+                raise SystemExit(f"replay_real: {exc}") from exc
             chroot = str(args.slurm_root)
             as_user = lambda user: ["chroot", chroot, *runuser(user)]  # noqa: E731
         lab_env, gres_conf, bin_dir = fresh.env(), fresh.etc_dir / "gres.conf", fresh.bin_dir

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import time
@@ -22,14 +21,21 @@ from pathlib import Path
 
 import pytest
 
+from slurmgpu.lab.chroot_python import (
+    CHROOT_PATH,
+    ChrootPythonError,
+    chroot_env,
+    chroot_python,
+    stdlib_of,
+)
 from slurmgpu.lab.cluster import LabCluster
 from slurmgpu.lab.cluster.site import DAEMON_USER
+from slurmgpu.lab.replay import ReplayLabError, site_python
 from slurmgpu.slurm.cli import CliSlurmClient
 from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
-_CHROOT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def slurm_chroot() -> str | None:
@@ -61,21 +67,12 @@ def _remove(path: Path, timeout_s: float = 30.0) -> None:
 
 
 def _system_python() -> None:
-    """Skip (saying why) unless :data:`SYSTEM_PYTHON` can load the test venv's packages."""
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
-        pytest.skip(f"no {SYSTEM_PYTHON} for the site users to run slurmgpu with")
-    proc = subprocess.run(
-        [str(SYSTEM_PYTHON), "-c", "import sys; print(sys.version_info[:2])"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if proc.stdout.strip() != str(sys.version_info[:2]):
-        pytest.skip(
-            f"{SYSTEM_PYTHON} is {proc.stdout.strip()}, not {sys.version_info[:2]}: it "
-            "cannot load the test venv's packages for the site users"
-        )
+    """Skip (saying why) unless :data:`SYSTEM_PYTHON` can load the test venv's packages
+    (:func:`slurmgpu.lab.replay.site_python`, the replay bench's own check)."""
+    try:
+        site_python()
+    except ReplayLabError as exc:
+        pytest.skip(str(exc))
 
 
 def _purelib() -> Path:
@@ -83,61 +80,31 @@ def _purelib() -> Path:
     return Path(sysconfig.get_paths()["purelib"]).resolve()
 
 
-def _system_stdlib() -> Path:
-    proc = subprocess.run(
-        [str(SYSTEM_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return Path(proc.stdout.strip())
-
-
-def _bound(path: Path) -> bool:
-    """Whether ``path`` is a mount point (a bind from the same file system included)."""
-    mounts = Path("/proc/self/mounts").read_text().splitlines()
-    return any(line.split()[1:2] == [str(path)] for line in mounts)
-
-
 def user_python(lab: LabCluster, work: Path) -> list[str]:
     """The interpreter a site user runs slurmgpu with (and a job its Python); skips,
     saying why, if there is none.
 
     Natively :data:`SYSTEM_PYTHON`. In a Slurm chroot lab (the release stage) the users'
-    commands run inside the chroot, which has no Python: the same interpreter is copied
-    into ``work`` (a :func:`shared_dir`), and ``work``, its standard library, this
-    checkout and the venv's site-packages are bound into the chroot at their own paths
-    (:meth:`LabCluster.share`). The venv's own interpreter cannot serve: it lives under
+    commands run inside the chroot, which has no Python: a copy of the same interpreter
+    in ``work`` (a :func:`shared_dir`), bound in with its standard library, this checkout
+    and the venv's site-packages (:func:`slurmgpu.lab.chroot_python.chroot_python`, as
+    bench/replay_real.py does). The venv's own interpreter cannot serve: it lives under
     ``/root``, which no user may enter, in the chroot as on the host."""
     _system_python()
     if lab.chroot is None:
         return [str(SYSTEM_PYTHON)]
-    stdlib = _system_stdlib()
-    inside = lab.chroot.inside(stdlib)
-    if inside.exists() and not _bound(inside):
-        pytest.skip(
-            f"the chroot has a Python of its own at {stdlib}: the host's standard library "
-            "cannot be bound in its place"
-        )
-    binary = SYSTEM_PYTHON.resolve()
-    copy = work / "python" / binary.name
-    copy.parent.mkdir(exist_ok=True)
-    shutil.copy2(binary, copy)
-    copy.parent.chmod(0o755)
-    lab.share(stdlib, _purelib(), ROOT, work)
-    return [str(copy)]
+    try:
+        argv, _ = chroot_python(lab, SYSTEM_PYTHON, work, ROOT)
+    except ChrootPythonError as exc:
+        pytest.skip(str(exc))
+    return argv
 
 
 def chroot_user_env() -> dict[str, str]:
     """What a site user's command needs inside a Slurm chroot (:func:`user_python`'s copy
     of the interpreter): the chroot's ``PATH``, ``PYTHONHOME`` at the host's standard
     library (bound in), this checkout and the venv's site-packages importable."""
-    return {
-        "PATH": _CHROOT_PATH,
-        "PYTHONHOME": str(_system_stdlib().parents[1]),
-        "PYTHONPATH": f"{ROOT}:{_purelib()}",
-    }
+    return chroot_env(stdlib_of(SYSTEM_PYTHON), ROOT)
 
 
 def chroot_argv(user: str) -> list[str]:
@@ -159,7 +126,7 @@ def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         "LANG": "C.UTF-8",
     }
     if slurm_chroot() is not None:
-        env["PYTHONHOME"] = str(_system_stdlib().parents[1])
+        env["PYTHONHOME"] = str(stdlib_of(SYSTEM_PYTHON).parents[1])
     return {**env, **(extra or {})}
 
 
@@ -170,7 +137,7 @@ def user_argv(
     may not chroot, so the chroot's ``runuser`` drops to the user there, with the
     chroot's PATH)."""
     if slurm_chroot() is not None:
-        return [*chroot_argv(user), *argv], {**env, "PATH": _CHROOT_PATH}
+        return [*chroot_argv(user), *argv], {**env, "PATH": CHROOT_PATH}
     return ["runuser", "-u", user, "--", *argv], env
 
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -12,16 +10,13 @@ from typing import Any
 
 import pytest
 
+from tests.script_module import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check_energy.py"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check_energy", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check_energy"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check_energy", SCRIPT)
 
 
 class FakeNvml:

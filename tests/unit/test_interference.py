@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +17,7 @@ from slurmgpu.policy.interference import (
     predict,
     slowdown_with,
 )
+from tests.script_module import load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "interference.py"
 
@@ -62,12 +62,7 @@ def test_memory_rule_needs_the_margin_to_fit_too() -> None:
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_interference", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_interference", BENCH)
 
 
 @pytest.fixture(scope="module")

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from slurmgpu.sim.costs import cost_set
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_replay_real", ROOT / "bench" / "replay_real.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_replay_real", ROOT / "bench" / "replay_real.py")
 
 
 def test_shifted_moves_both_start_ups_and_the_submission_delay_never_below_zero(

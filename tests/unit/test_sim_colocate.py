@@ -11,9 +11,7 @@ so a 3,600 s job takes 3600 / 0.98933116 = 3,638.82 s next to its partner.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +36,7 @@ from slurmgpu.sim.metrics import summarise
 from slurmgpu.sim.run import ClusterShape, SimOptions, SimRun, simulate
 from slurmgpu.sim.slurm import SimJob
 from slurmgpu.sim.workload import RigidJob, TraceJob
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 LUCID = ROOT.parent / "shared" / "data" / "lucid" / "colocate_info.csv"
@@ -131,14 +130,7 @@ def test_a_job_that_uses_more_memory_than_it_declared_is_separated_onto_the_whol
 
 
 def _bench_interference() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_interference", ROOT / "bench" / "interference.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_interference", ROOT / "bench" / "interference.py")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ import pytest
 
 from slurmgpu.slurm.client import AccountingClient, FullSignalClient, SlurmClient
 from slurmgpu.slurm.config import PriorityConfigClient
+from tests.script_module import load_script
 from tests.source_tree import parsed, python_files, source
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,12 +71,7 @@ def _load(path: Path) -> ModuleType:
     name = "_bench_" + path.stem  # bench/ holds scripts, not a package
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name, path)
 
 
 def implementations() -> list[tuple[str, Path]]:
