@@ -5,8 +5,8 @@ live where they cannot execute it, e.g. under /root). In a chroot lab their comm
 inside the chroot, which has no Python of its own: a copy of the host's interpreter is
 put in a directory the chroot sees, and that directory, the interpreter's standard
 library, the venv's site-packages and the checkout are bound into the chroot at their
-own paths (:meth:`LabCluster.share`). A user may not chroot: root enters it and the
-chroot's ``runuser`` drops to the user, with the chroot's ``PATH``.
+own paths (:meth:`LabCluster.share`). A user may not chroot: root enters it and drops
+to the user there, with the chroot's ``PATH``.
 
 The trace replay's bench (bench/replay_real.py) and the release tests
 (tests/slurm/site_users.py) both set their users up this way.
