@@ -18,7 +18,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from slurmgpu.store import schema
-from slurmgpu.store.database import StoreError
+from slurmgpu.store.database import StoreError, durable_begin
 from slurmgpu.store.health import Cause, Diagnosis, StoreHealth, classify, sqlite_file
 from slurmgpu.store.sample_check import NOT_ON_NODE, JobRun, misfit
 from slurmgpu.store.sample_hold import SampleHold
@@ -492,7 +492,10 @@ class SampleIngest:
         gpu_sql, host_sql = _insert_sql("?" if self.engine.dialect.paramstyle == "qmark" else "%s")
         held = held_dupes = full = 0
         try:
-            with self.engine.begin() as conn:
+            # Durable before the reply: an agent deletes a batch from its spool once the
+            # daemon says it is stored, so a commit lost with the disk (SQLite's NORMAL
+            # sync keeps it only from a process crash) would lose samples for good.
+            with durable_begin(self.engine) as conn:
                 before = _total_changes(conn) if sqlite else None
                 counted: int | None = 0
                 for sql, rows in ((gpu_sql, gpu_rows), (host_sql, host_rows)):
