@@ -118,7 +118,8 @@ def durable_begin(engine: Engine) -> Iterator[Connection]:
     resize journal row must not be: the row says a job was requeued held, and without it
     a restarted daemon would not know to release the job. Such writes take
     ``synchronous=FULL`` (the WAL is synced at each commit) for their transaction only,
-    so frequent writes (samples, cycles) keep NORMAL's speed. Other databases: a plain
+    and so does a sample batch (an agent deletes it from its spool on the daemon's reply,
+    so the reply must mean it is on disk); cycles keep NORMAL's speed. Other databases: a plain
     transaction (PostgreSQL commits durably by default).
     """
     with engine.connect() as conn:
