@@ -1021,6 +1021,10 @@ class MalleablePolicy:
                 self._take_of_type(free, gpu_type, taken)
                 self._typed_here.add(c.job.job_id)
                 type_numbers = {"gpu_type": gpu_type}
+            else:
+                # the GPUs it grows into are no longer free for the next growth planned
+                # (two single-node jobs must not both count one node's idle GPUs)
+                self._take_blind(free, c, to)
             limit_intents, limit_numbers = self._time_limit(
                 c.job, snapshot, (c.gpus, to), (c.rate(c.gpus), after), c.remaining_s
             )
@@ -1063,6 +1067,30 @@ class MalleablePolicy:
         if now is None or there is None or now <= 0:
             return 1.0
         return there / now
+
+    @staticmethod
+    def _take_blind(free: _Free, c: _Running, to: int) -> None:
+        """Take the free GPUs ``c`` grows into when it restarts at ``to`` GPUs: a
+        single-node job on the node with the most room (its own GPUs there and that
+        node's free ones: where ``_best_growth_blind`` counted its room); any other job
+        from its own nodes first, then the freest."""
+        own: dict[str, int] = {}
+        for a in c.job.gpu_allocations:
+            own[a.node] = own.get(a.node, 0) + len(a.gpu_indices)
+        usable = [n for n in free.per_node if free.usable(c.job, n)]
+        if c.single_node and usable:
+            there = max(usable, key=lambda n: (free.per_node[n] + own.get(n, 0), n in own, n))
+            # (its GPUs on another node come free only once it has moved: not counted)
+            free.add(there, -min(free.per_node[there], to - own.get(there, 0)))
+            return
+        left = to - c.gpus
+        order = sorted(usable, key=lambda n: (n not in own, -free.per_node[n], n))
+        for node in order:
+            if left <= 0:
+                break
+            got = min(free.per_node[node], left)
+            free.add(node, -got)
+            left -= got
 
     @staticmethod
     def _take_of_type(free: _Free, gpu_type: str, count: int) -> None:

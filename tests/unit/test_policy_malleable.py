@@ -140,6 +140,28 @@ def test_idle_gpus_and_no_pending_job_expand_the_malleable_job() -> None:
     assert int(actions[0].numbers["saving_s"] or 0) > 0
 
 
+def test_two_jobs_on_one_node_do_not_both_grow_into_its_idle_gpus() -> None:
+    # Two single-node jobs at 1 GPU on a 4-GPU node: 2 idle GPUs between them. Seen on
+    # the lab (fidelity replay, `all`): both were grown (1 -> 3 and 1 -> 2) into the
+    # same 2 GPUs; 5 GPUs on a 4-GPU node, so one waited 2 min to start again.
+    # A rigid job leaves gpu2 one idle GPU: 3 idle in all, so the first growth (1 -> 3
+    # on gpu1) leaves the pool one, which gpu1 no longer has.
+    a = running_job(1, gpus={"gpu1": (0,)}, started=2 * HOUR)
+    b = running_job(2, gpus={"gpu1": (1,)}, started=2 * HOUR, user="bob")
+    rigid = running_job(3, gpus={"gpu2": (0, 1, 2)}, started=2 * HOUR, user="carol")
+    linear = {1: 100.0, 2: 200.0, 3: 300.0, 4: 400.0}
+    actions = MalleablePolicy().propose(
+        snap(
+            [a, b, rigid],
+            malleable={1: (1, 4), 2: (1, 4)},
+            throughput={1: linear, 2: linear},
+            node_count=2,
+        )
+    )
+    grown = {j: to - was for j, (was, to) in sizes(actions).items()}
+    assert grown == {1: 2}  # job 2 would only fit on gpu1, whose idle GPUs job 1 takes
+
+
 def test_expand_without_measurements_follows_the_prior() -> None:
     mall = running_job(1, gpus=two("gpu1"), started=2 * HOUR)
     actions = MalleablePolicy().propose(snap([mall], malleable={1: (1, 4)}, node_count=1))
