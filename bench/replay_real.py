@@ -41,6 +41,7 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from slurmgpu.lab.benchrun import BenchRun, add_arguments  # noqa: E402
 from slurmgpu.lab.chroot_python import ChrootPythonError, chroot_python  # noqa: E402
 from slurmgpu.lab.cluster import LabCluster, site  # noqa: E402
+from slurmgpu.lab.jobcosts import JobCostSamples, PlannedJob, job_cost_samples  # noqa: E402
 from slurmgpu.lab.replay import (  # noqa: E402
     ReplayLabError,
     ctld_timeline,
@@ -241,6 +243,26 @@ def band_line(name: str, band: Mapping[str, tuple[float, float]], real: Mapping[
     return f"{name:<10} " + ", ".join(cells)
 
 
+def lab_job_costs(
+    args: argparse.Namespace,
+    policy_set: str,
+    ctld_log: Path,
+    records: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> JobCostSamples:
+    """The per-job costs (start-up, submission delay, completing) one set's lab logged,
+    its jobs as the run planned them (lab.jobcosts)."""
+    _, jobs = plan(args, policy_set, max_gpus=4 * args.nodes)
+    planned: dict[int, PlannedJob] = {}
+    for record in records.get(policy_set, []):
+        index, job_id = record.get("index"), record.get("job_id")
+        if isinstance(index, int) and isinstance(job_id, int) and 0 <= index < len(jobs):
+            job = jobs[index]
+            resized = bool(record.get("resizes")) or bool(record.get("restarts"))
+            planned[job_id] = PlannedJob(job.gpus, None if resized else job.run_s)
+    timeline = ctld_timeline(ctld_log.read_text(errors="replace"))
+    return job_cost_samples(timeline, planned, gpus_per_node=4)
+
+
 def from_json(args: argparse.Namespace) -> int:
     """The simulator side of a saved run, recomputed: its slice planned again from its
     parameters, each set simulated bare (as the run did) and with ``--costs`` x C, both
@@ -286,6 +308,18 @@ def from_json(args: argparse.Namespace) -> int:
                     "(the fair-share model on the lab's own runs)"
                     + (": " + "; ".join(notes) if notes else "")
                 )
+    if args.labs is not None:
+        pooled = JobCostSamples((), (), ())
+        for policy_set in sets:
+            log = args.labs / f"lab-{policy_set}" / "log" / "slurmctld.log"
+            if log.is_file():
+                samples = lab_job_costs(args, policy_set, log, doc["figures"].get("jobs", {}))
+                pooled = pooled + samples
+                print(f"{policy_set}: per-job costs measured on the lab (slurmctld's log)")
+                print("\n".join(f"  {line}" for line in samples.lines()))
+        if pooled.startup:
+            print("every set's, pooled (what a cost set from this run would take)")
+            print("\n".join(f"  {line}" for line in pooled.lines()))
     if calc_at:
         print(
             "first fair-share calculation (s after the replay's start): "

@@ -98,6 +98,7 @@ TomlValue = str | int | float | bool | Sequence[float]
 _LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] (.*)$")
 _JOB_ID = re.compile(r"JobId=(\d+)")
 _INIT_PRIO = re.compile(r"InitPrio=(\d+)")
+_NODES = re.compile(r"(?:NodeList=| in \S+ on )(\S+)")
 
 
 @dataclass
@@ -111,6 +112,8 @@ class CtldTimeline:
     decay_start: datetime | None = None
     submitted: dict[int, tuple[datetime, int]] = field(default_factory=dict)
     runs: dict[int, list[tuple[datetime, datetime | None]]] = field(default_factory=dict)
+    # each run's nodes, as its allocation line names them (a hostlist expression)
+    nodes: dict[int, list[str]] = field(default_factory=dict)
 
 
 def ctld_timeline(ctld_log: str) -> CtldTimeline:
@@ -135,6 +138,8 @@ def ctld_timeline(ctld_log: str) -> CtldTimeline:
             out.submitted[job_id] = (at, int(prio.group(1)))
         elif "sched: Allocate" in text or "_start_job: Started" in text:
             out.runs.setdefault(job_id, []).append((at, None))
+            where = _NODES.search(text)
+            out.nodes.setdefault(job_id, []).append(where.group(1) if where else "")
         elif ("_job_complete" in text and text.endswith(" done")) or "equeu" in text:
             runs = out.runs.get(job_id)
             if runs and runs[-1][1] is None:

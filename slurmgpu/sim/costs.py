@@ -1,7 +1,7 @@
 """What a resize, a requeue and a job's start cost in the simulator: named, versioned
 cost sets, each cost with where it comes from.
 
-The simulator charges six costs (seconds), each :class:`Cost` carrying its provenance
+The simulator charges seven costs (seconds), each :class:`Cost` carrying its provenance
 (which bench, which Slurm release, which date, the median of how many samples):
 
 - ``checkpoint``: a checkpoint signal → the runtime's acknowledgement (the job pauses).
@@ -16,6 +16,9 @@ The simulator charges six costs (seconds), each :class:`Cost` carrying its prove
   ``fast_start = false``. The daemon's fast path does not wait it out.
 - ``reform``: a shrink in place (``scontrol update NumNodes=`` on the running job) →
   the command running again on the nodes kept.
+- ``completing``: a job's end → its GPUs free for the next job (Slurm's COMPLETING
+  state: the step's and the batch script's teardown, the epilog, the node's message
+  back). Every job's GPUs pay it once, at its end.
 
 The resize fast path's "stop" (requeue → seen pending) and "requeue delay" (pending →
 released) are not costs of a set: they follow from the executor's pacing
@@ -78,6 +81,7 @@ COSTS: tuple[str, ...] = (
     "submit_delay",
     "requeue_delay",
     "reform",
+    "completing",
 )
 _PROVENANCE = ("bench", "release", "date", "samples", "note")
 
@@ -141,6 +145,7 @@ class CostSet:
     submit_delay: Cost
     requeue_delay: Cost
     reform: Cost
+    completing: Cost
     # The resize fast path's stop + requeue delay + scheduling as measured: what the
     # Pollux baseline's restarts pay for the executor (sim.pollux.RestartCosts); our
     # sets' executor paces these steps itself.
@@ -245,16 +250,7 @@ _TORCH_STARTUP = Cost(
 _TORCH_FIRST = replace(
     _TORCH_STARTUP,
     note="a first start is a restart with no checkpoint to load: the torch start-up "
-    "(the replay's stand-in, no torch: 1.7 s, median of 28 jobs)",
-)
-_SUBMIT = Cost(
-    3.5,
-    _REPLAY,
-    "22.05",
-    _DAY,
-    11,
-    "sbatch -> start of the jobs the simulator starts at once (slurm and las sets); "
-    "Slurm's times are whole seconds",
+    "(the replay's stand-in, no torch: 0.56 s, median of 370 jobs)",
 )
 _REFORM = Cost(
     14.4,
@@ -263,6 +259,35 @@ _REFORM = Cost(
     _DAY,
     1,
     "the command's restart on the node kept (srun, torchrun); 15.6 s decision -> step",
+)
+
+# lab.jobcosts on the six labs of one quiet 63-job replay, every set pooled
+_FIDELITY = "bench/replay_real.py --first 64 --compression 60 --labs (slurmctld's log)"
+_FIDELITY_DAY = "2026-12-07"
+_COMPLETING = Cost(
+    0.93,
+    _FIDELITY,
+    "22.05",
+    _FIDELITY_DAY,
+    327,
+    "a job's end -> the next start on its node, of a job waiting for it (Slurm's "
+    "COMPLETING hold and the pass it triggers)",
+)
+_CTLD_STARTUP = Cost(
+    0.56,
+    _FIDELITY,
+    "22.05",
+    _FIDELITY_DAY,
+    370,
+    "the stand-in's run in slurmctld's log - its planned run, jobs that ran once",
+)
+_CTLD_SUBMIT = Cost(
+    1.73,
+    _FIDELITY,
+    "22.05",
+    _FIDELITY_DAY,
+    20,
+    "sbatch -> start, jobs that had room when submitted and no job before them did",
 )
 
 
@@ -280,14 +305,12 @@ def _lab(release: str, scheduling: float, fast: Phases) -> CostSet:
     checkpoint, stop, delay, sched, startup = fast
     return CostSet(
         name=f"slurm-{release}-lab",
-        version=1,
+        version=2,
         about=f"measured on the lab cluster, Slurm {release} (the job's own costs: PyTorch)",
         checkpoint=job(_TORCH_CHECKPOINT),
         startup=job(_TORCH_STARTUP),
         first_startup=job(_TORCH_FIRST),
-        submit_delay=_noted(_SUBMIT, "measured on 22.05 only (no replay on this release kept)")
-        if other
-        else _SUBMIT,
+        submit_delay=_noted(_CTLD_SUBMIT, "measured on 22.05 only") if other else _CTLD_SUBMIT,
         requeue_delay=Cost(
             121.0 + scheduling,
             _RESIZE_PATH + " (Slurm's requeue path)",
@@ -298,12 +321,15 @@ def _lab(release: str, scheduling: float, fast: Phases) -> CostSet:
             "waiting for the backfill pass (the lab: cred_expire 10, begin time 11 s)",
         ),
         reform=job(_REFORM),
+        completing=_noted(_COMPLETING, "measured on 22.05 only") if other else _COMPLETING,
         fast_path_s=round(stop + delay + sched, 2),
         notes=(
             f"resize fast path on {release} ({_RESIZE_PATH}, median of 2): checkpoint "
             f"{checkpoint:g}, stop {stop:g}, requeue delay {delay:g}, scheduling {sched:g}, "
             f"start-up {startup:g} s (the toy runtime); the simulator's executor paces stop "
             "and requeue delay as the daemon's (1 s observations, 1.5 s release delay)",
+            "v1 (2026-12-06): submission delay 3.5 s (the replay's whole-second records on a "
+            "loaded box), no completing",
         ),
     )
 
@@ -316,20 +342,13 @@ _SETS: tuple[CostSet, ...] = (
     _lab("26.05", 22.0, (1.0, 1.0, 3.6, 0.0, 0.6)),
     CostSet(
         name="replay-stand-in",
-        version=1,
+        version=2,
         about="the trace replay's stand-in job on the 22.05 site lab (cred_expire 10); "
         "scale by the replay's compression factor",
         checkpoint=Cost(1.38, _REPLAY, "22.05", _DAY, 2, "malleable set's resizes"),
-        startup=Cost(1.7, _REPLAY, "22.05", _DAY, 28, "as its first start (not split out)"),
-        first_startup=Cost(
-            1.7,
-            _REPLAY,
-            "22.05",
-            _DAY,
-            28,
-            "Slurm's run time - the planned run time, jobs never resized (slurm set)",
-        ),
-        submit_delay=_SUBMIT,
+        startup=replace(_CTLD_STARTUP, note="as its first start (a restart's not split out)"),
+        first_startup=_CTLD_STARTUP,
+        submit_delay=_CTLD_SUBMIT,
         requeue_delay=Cost(
             29.8,
             _RESIZE_PATH + " (Slurm's requeue path)",
@@ -339,10 +358,13 @@ _SETS: tuple[CostSet, ...] = (
             "cred_expire 10 + 1 s measured 11.3 s, then 18.5 s for the backfill pass",
         ),
         reform=_REFORM,
+        completing=_COMPLETING,
         fast_path_s=7.1,
         notes=(
             "replay's resizes (malleable set, median of 2): checkpoint 1.4, stop 1.4, "
             "requeue delay 5.7, scheduling 0.0, total 7.9 s",
+            "v1 (2026-12-06) took start-up 1.7 s and submission delay 3.5 s from the "
+            "replay's own whole-second records on a loaded box, and no completing",
         ),
     ),
     CostSet(
@@ -355,6 +377,7 @@ _SETS: tuple[CostSet, ...] = (
         submit_delay=Cost(0.0, _NOT_MEASURED, note="no per-job fixed cost"),
         requeue_delay=Cost(121.0, "Slurm's default cred_expire 120 + 1 s (slurm.conf)"),
         reform=Cost(10.0, _NOT_MEASURED),
+        completing=Cost(0.0, _NOT_MEASURED, note="no per-job fixed cost"),
         fast_path_s=3.0,
         notes=("resize fast path: hold, update, release, 3 s (assumed)",),
     ),

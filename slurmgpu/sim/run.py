@@ -264,9 +264,9 @@ class ClusterShape:
 class SimOptions:
     """How the simulated site behaves (Slurm's costs, the daemon's cycle).
 
-    The costs (``requeue_delay_s``, ``submit_delay_s``, ``runtime``) default to the
-    ``legacy`` cost set's, on which the unit tests pin the simulator's mechanics; the
-    tools (``sgpu simulate``, the benches) build their options from a named cost set,
+    The costs (``requeue_delay_s``, ``submit_delay_s``, ``completing_s``, ``runtime``)
+    default to the ``legacy`` cost set's, on which the unit tests pin the simulator's
+    mechanics; the tools (``sgpu simulate``, the benches) build their options from a named cost set,
     the measured ``sim.costs.DEFAULT`` unless told otherwise: :meth:`of_costs`.
     """
 
@@ -275,6 +275,7 @@ class SimOptions:
     requeue_delay_s: float = 121.0
     runtime: ElasticRuntime = field(default_factory=ElasticRuntime)
     submit_delay_s: float = 0.0  # a submission -> the first pass that may start it
+    completing_s: float = 0.0  # a job's end -> its GPUs free (Slurm's COMPLETING state)
     # How the daemon's resize executor (cycle.resize, run here as in the daemon)
     # paces a resize or preemption: its fast path by default (StartTime=now+1 with the
     # update, the release release_delay later, one observation per cycle_interval while
@@ -312,6 +313,7 @@ class SimOptions:
         return cls(
             requeue_delay_s=costs.requeue_delay.seconds,
             submit_delay_s=costs.submit_delay.seconds,
+            completing_s=costs.completing.seconds,
             runtime=costs.runtime(),
             **others,
         )
@@ -409,6 +411,7 @@ class _Runner:
             shards_per_gpu=shape.shards_per_gpu,
             requeue_delay_s=options.requeue_delay_s,
             submit_delay_s=options.submit_delay_s,
+            completing_s=options.completing_s,
             runtime=options.runtime,
             interference=options.interference,
             node_types=shape.node_types(),

@@ -47,6 +47,8 @@ class SchedulerModel(ProgressModel):
     _bf_at: float  # when the next backfill pass is due (inf: none armed)
     _main_at: float  # when the next full main pass is due (inf: none armed)
     kill_wait_s: float
+    completing_s: float  # an ended job's whole GPUs stay allocated this long (COMPLETING)
+    _holds: list[tuple[float, list[tuple[int, tuple[int, ...]]]]]  # (until, GPUs) held
     _free_counts: list[int]  # whole GPUs free, per node
     _node_objs: list[Node | None]  # each node's listing, None once a job took or left it
     _pending: dict[int, SimJob]
@@ -138,16 +140,23 @@ class SchedulerModel(ProgressModel):
             run.end_s = self.now
             job.attained_gpu_s += (run.end_s - run.start_s) * run.gpus
 
-    def _stop(self, job: SimJob) -> None:
-        """Take a running job off its GPUs (the caller sets its new state)."""
+    def _stop(self, job: SimJob, *, hold_s: float = 0.0) -> None:
+        """Take a running job off its GPUs (the caller sets its new state); with
+        ``hold_s``, its whole GPUs stay allocated that much longer (Slurm's COMPLETING)."""
         self._fold(job)
         self._close_run(job)
         sharers = self._sharers(job)
-        for n, gpus in job.alloc:
-            for g in gpus:
-                self._nodes[n].gpu_owner[g] = None
-            self._free_counts[n] += len(gpus)
-            self._node_objs[n] = None
+        if hold_s > 0 and job.alloc:
+            hold = (self.now + hold_s, list(job.alloc))
+            self._holds.append(hold)
+
+            def release() -> None:
+                self._holds.remove(hold)
+                self._free_whole(hold[1])
+
+            self.call_at(hold[0], release)
+        else:
+            self._free_whole(job.alloc)
         if job.shard_alloc is not None:
             n, g, _ = job.shard_alloc
             self._node_objs[n] = None
@@ -167,9 +176,18 @@ class SchedulerModel(ProgressModel):
         self._rates_for(sharers)
         self._dirty = True
 
+    def _free_whole(self, alloc: list[tuple[int, tuple[int, ...]]]) -> None:
+        """Give a job's whole GPUs back to their nodes (after its COMPLETING hold)."""
+        for n, gpus in alloc:
+            for g in gpus:
+                self._nodes[n].gpu_owner[g] = None
+            self._free_counts[n] += len(gpus)
+            self._node_objs[n] = None
+        self._dirty = True
+
     def _finish(self, job: SimJob, state: JobState) -> None:
         work = job.work_at(self.now)
-        self._stop(job)
+        self._stop(job, hold_s=self.completing_s)
         job.base_work = work
         job.state = state
         job.end_s = self.now
@@ -279,6 +297,16 @@ class SchedulerModel(ProgressModel):
     def _reservation(self, job: SimJob, free: list[int]) -> tuple[float, list[int]] | None:
         """Earliest time (by time limits) ``job`` fits, and the GPUs it reserves per node."""
         future = list(free)
+        if self._holds:  # GPUs of ended jobs, free in a moment
+            for _, alloc in self._holds:
+                for n, gpus in alloc:
+                    future[n] += len(gpus)
+            fit = self._fit(job, future)
+            if fit is not None:
+                reserved = [0] * len(free)
+                for n, c in fit:
+                    reserved[n] = c
+                return max(until for until, _ in self._holds), reserved
         for end, jid in self._by_limit:
             if not math.isfinite(end):
                 break
@@ -441,7 +469,9 @@ class SchedulerModel(ProgressModel):
 
     def _releases(self) -> list[tuple[float, list[tuple[int, int]]]]:
         """Each running job's end by its time limit and the whole GPUs it frees then."""
-        out: list[tuple[float, list[tuple[int, int]]]] = []
+        out: list[tuple[float, list[tuple[int, int]]]] = [
+            (until, [(n, len(gpus)) for n, gpus in alloc]) for until, alloc in self._holds
+        ]
         for end, jid in self._by_limit:
             if not math.isfinite(end):
                 break
@@ -452,6 +482,8 @@ class SchedulerModel(ProgressModel):
                 if len(self._nodes[n].gpu_shards[g]) == 1:
                     freed.append((n, 1))
             out.append((end, freed))
+        if self._holds:
+            out.sort(key=lambda r: r[0])
         return out
 
     def _backfill_pass(self) -> None:

@@ -149,6 +149,7 @@ class SimSlurm(SchedulerModel):
         mig_gpus: int = 0,
         mig_layout: Sequence[MigProfile] = (),
         scheduling: SlurmScheduling | None = None,
+        completing_s: float = 0.0,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("a cluster needs at least one node with one GPU")
@@ -193,6 +194,8 @@ class SimSlurm(SchedulerModel):
         self._bf_at = self._main_at = math.inf
         self.min_job_age_s = min_job_age_s
         self.kill_wait_s = kill_wait_s
+        self.completing_s = completing_s
+        self._holds = []
         self.slurm_version = slurm_version
         width = max(2, len(str(nodes)))
         self._nodes = [

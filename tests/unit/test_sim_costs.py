@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_an_unknown_set_is_one_line_naming_the_known_ones() -> None:
 def test_lines_print_each_cost_with_its_source() -> None:
     costs = cost_set(DEFAULT)
     lines = costs.lines()
-    assert lines[0].startswith(f"cost set {DEFAULT} v1: ")
+    assert lines[0].startswith(f"cost set {DEFAULT} v2: ")
     for key in COSTS:
         (line,) = [x for x in lines if x.strip().startswith(key + " ")]
         c = costs.cost(key)
@@ -184,6 +185,47 @@ def test_a_first_run_pays_first_startup_and_a_restart_pays_startup() -> None:
     assert sim.job(job_id).end_s == pytest.approx(100.0 + 10.0 + 5.0 + 600.0)
 
 
+def test_an_ended_job_holds_its_gpus_completing_s_before_the_next_starts() -> None:
+    # Two 4-GPU jobs on one 4-GPU node: the second starts when the first's GPUs are
+    # free, completing_s after its end (Slurm's COMPLETING), not at the end.
+    sim = SimSlurm(1, 4, completing_s=0.9)
+    first = sim.submit_job(_job(100.0, 4))
+    second = sim.submit_job(_job(50.0, 4))
+    sim.run_until(100.5)
+    assert sim.job(first).state.value == "COMPLETED" and sim.job(first).end_s == 100.0
+    assert sim.job(second).state.value == "PENDING"
+    (node,) = sim.nodes()
+    assert node.gpus_used == 4  # still held
+    sim.run_until(1e6)
+    assert sim.job(second).first_start_s == pytest.approx(100.9)
+    # a job that fits beside the ended one's GPUs does not wait for them
+    sim = SimSlurm(1, 4, completing_s=0.9)
+    sim.submit_job(_job(100.0, 2))
+    sim.run_until(100.0)
+    other = sim.submit_job(_job(10.0, 2))
+    sim.run_until(1e6)
+    assert sim.job(other).first_start_s == pytest.approx(100.0)
+
+
+def test_completing_gpus_count_for_the_backfill_reservation() -> None:
+    # While an ended job's GPUs are held, they count as freed at the hold's end: for
+    # EASY backfill's reservation and for Slurm's conservative backfill's releases.
+    sim = SimSlurm(1, 4, completing_s=1.0)
+    sim.submit_job(_job(100.0, 2))
+    sim.submit_job(replace(_job(1000.0, 2), time_limit_s=2000.0))
+    sim.run_until(100.0)
+    big = sim.submit_job(_job(10.0, 4))
+    waiting = sim.job(big)
+    sim.run_until(100.5)
+    assert waiting.state.value == "PENDING"
+    # both jobs' GPUs are needed: the held two (free at 101 s) and the running job's,
+    # at its time limit; not counting the held ones, no time would fit it
+    reservation = sim._reservation(waiting, sim._free())
+    assert reservation is not None and reservation[1] == [4]
+    until, freed = sim._releases()[0]  # the hold's end, first
+    assert until == pytest.approx(101.0) and freed == [(0, 2)]
+
+
 def test_the_measured_default_costs_a_trace_its_fixed_costs_per_job() -> None:
     trace = [_job(600.0), _job(300.0, 1)]
     legacy = summarise(simulate(trace, ClusterShape(1, 4), "slurm", SimOptions()))
@@ -233,7 +275,7 @@ def test_sgpu_simulate_says_which_costs_it_used_and_the_json_carries_them(
         main, ["simulate", str(_trace(tmp_path)), "--policies", "slurm", "--json", str(out)]
     )
     assert result.exit_code == 0, result.output
-    assert f"cost set {DEFAULT} v1" in result.output
+    assert f"cost set {DEFAULT} v2" in result.output
     assert "bench/resize_path.py --torch" in result.output  # a source, printed
     doc = json.loads(out.read_text())
     assert doc["costs"]["name"] == DEFAULT
