@@ -166,6 +166,7 @@ class PolicyCycle(Generic[R]):
             last_action_at=guard.last_action_at,
             last_action_by=guard.last_action_by,
             user_actions_last_hour=guard.user_actions_last_hour,
+            failed_at=guard.failed_at,
             opted_in=frozenset(
                 j.job_id for j in cluster.jobs if j.state is JobState.PENDING and src.opted_in(j)
             ),

@@ -1,5 +1,6 @@
 """What the engine's guardrails count: each job's last executed change (the cooldown, and
-which policy made it) and each user's changes in the last hour (the rate limit).
+which policy made it), each user's changes in the last hour (the rate limit), and each
+policy's last change on a job that Slurm refused (not retried within the cooldown).
 
 One in-memory record used by the daemon and the simulator alike. The simulator only
 appends as it acts; the daemon seeds it from its audit (the durable copy) when it starts
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from slurmgpu.policy.base import Action, is_ordering
@@ -42,6 +43,7 @@ class GuardrailView:
     last_action_at: dict[int, datetime]
     last_action_by: dict[int, str]
     user_actions_last_hour: dict[str, int]
+    failed_at: dict[tuple[int, str], datetime] = field(default_factory=dict)
 
 
 class GuardrailRecords:
@@ -51,17 +53,22 @@ class GuardrailRecords:
     forgets what has left its windows.
     """
 
-    def __init__(self, taken: Iterable[Taken] = ()) -> None:
+    def __init__(self, taken: Iterable[Taken] = (), failed: Iterable[Taken] = ()) -> None:
         self._last: dict[int, tuple[datetime, str]] = {}
         self._users: dict[str, deque[datetime]] = {}
-        self.reset(taken)
+        self._failed: dict[tuple[int, str], datetime] = {}
+        self.reset(taken, failed)
 
-    def reset(self, taken: Iterable[Taken]) -> None:
-        """Forget everything, then record ``taken`` (oldest first)."""
+    def reset(self, taken: Iterable[Taken], failed: Iterable[Taken] = ()) -> None:
+        """Forget everything, then record ``taken`` and ``failed`` (oldest first)."""
         self._last.clear()
         self._users.clear()
+        self._failed.clear()
         for t in taken:
             self.record(t.job_id, t.user, t.policy, t.at)
+        for t in failed:
+            if t.job_id is not None:
+                self._failed[(t.job_id, t.policy)] = t.at
 
     def record(self, job_id: int | None, user: str, policy: str, at: datetime) -> None:
         if job_id is not None:
@@ -69,9 +76,16 @@ class GuardrailRecords:
         self._users.setdefault(user, deque()).append(at)
 
     def record_action(self, action: Action, outcome: str, at: datetime) -> bool:
-        """Record ``action`` if its outcome is a change made; return whether it was."""
-        if outcome not in TAKEN_OUTCOMES or is_ordering(action):
+        """Record ``action`` if its outcome is a change made (or a change Slurm refused:
+        not retried within the cooldown); return whether a change was made."""
+        if is_ordering(action):
             return False
+        if outcome == "failed":
+            self._failed[(action.job_id, action.policy)] = at
+            return False
+        if outcome not in TAKEN_OUTCOMES:
+            return False
+        self._failed.pop((action.job_id, action.policy), None)
         self.record(action.job_id, action.user, action.policy, at)
         return True
 
@@ -98,4 +112,10 @@ class GuardrailRecords:
                 per_user[user] = len(times)
             else:
                 del self._users[user]
-        return GuardrailView(last_at, last_by, per_user)
+        failed: dict[tuple[int, str], datetime] = {}
+        for key, t in list(self._failed.items()):
+            if t >= since:
+                failed[key] = t
+            else:
+                del self._failed[key]
+        return GuardrailView(last_at, last_by, per_user, failed)

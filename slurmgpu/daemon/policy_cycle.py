@@ -230,8 +230,11 @@ class PolicyCycle:
     def _seed(self, at: datetime) -> None:
         """The guardrail records from the audit (the durable copy): changes made within
         the cooldown and the last hour."""
-        window = max(self.engine.settings.job_cooldown, timedelta(hours=1))
-        self.guardrails.reset(self.audit.taken_since(at - window))
+        cooldown = self.engine.settings.job_cooldown
+        window = max(cooldown, timedelta(hours=1))
+        self.guardrails.reset(
+            self.audit.taken_since(at - window), self.audit.failed_since(at - cooldown)
+        )
         self._seeded = True
 
     def act(

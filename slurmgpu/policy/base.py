@@ -127,6 +127,10 @@ class PolicySnapshot:
     last_action_by: Mapping[int, str] = field(default_factory=dict)
     # Changes executed on each user's jobs in the hour before ``at`` (the engine's rate).
     user_actions_last_hour: Mapping[str, int] = field(default_factory=dict)
+    # When a policy's change on a job last failed in Slurm (job id, policy), within the
+    # cooldown: the engine does not retry it every cycle (a release that refuses the
+    # update refuses it again).
+    failed_at: Mapping[tuple[int, str], datetime] = field(default_factory=dict)
     opted_in: frozenset[int] = frozenset()  # jobs (or array job ids) that asked for rightsizing
     # Malleable jobs (and array pools, by array id) with their bounds: only these may be
     # resized. Jobs with a resize transaction in flight are in ``resizing``: leave them be.

@@ -36,6 +36,10 @@ is a requeue, resize or cancel (which stop the job anyway; a preemption carries 
    A ``resize`` is not held by it: the malleable policy spaces one job's resizes by its
    own ``min_interval`` (a shrink and the expansion back after the waiting job ended are
    minutes apart, well within a 30-minute cooldown);
+   ``failed in Slurm`` — a change (resizes included) by the policy whose last change
+   on this job Slurm refused within ``job_cooldown`` (``snapshot.failed_at``): a
+   release that refuses an update refuses it again, and the daemon cycles every few
+   seconds (seen on the lab: 146 refused shard conversions in ten minutes on 22.05);
 5. ``rate limit`` (changes executed on one user's jobs in the past hour, counting this
    cycle's, reach ``max_actions_per_user_per_hour``) and ``cycle limit``
    (``max_actions_per_cycle`` changes this cycle) — these bound what slurmgpu does, so
@@ -262,6 +266,12 @@ class PolicyEngine:
                 ago = int((snapshot.at - last).total_seconds() // 60)
                 limit = int(s.job_cooldown.total_seconds() // 60)
                 return f"cooldown: last change {ago} min ago (wait {limit} min)"
+        if action.kind in CHANGE_KINDS and not is_ordering(action):
+            failed = snapshot.failed_at.get((job.job_id, action.policy))
+            if failed is not None and snapshot.at - failed < s.job_cooldown:
+                ago = int((snapshot.at - failed).total_seconds() // 60)
+                limit = int(s.job_cooldown.total_seconds() // 60)
+                return f"failed in Slurm {ago} min ago: not retried for {limit} min"
         return ""
 
     def _rate_limit(

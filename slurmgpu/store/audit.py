@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, func, insert, select, update
+from sqlalchemy import Engine, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -257,6 +257,26 @@ class AuditStore:
                 Taken(None if j is None else int(j), str(u), str(p), as_utc(at))
                 for j, u, p, at in conn.execute(stmt)
             ]
+
+    def failed_since(self, since: datetime) -> list[Taken]:
+        """Changes Slurm refused since ``since``, oldest first: what seeds the guardrail
+        records' retry hold (``cycle.guardrails``)."""
+        a = schema.actions
+        stmt = (
+            select(a.c.job_id, a.c.user, a.c.policy, a.c.at)
+            .where(
+                a.c.cluster == self.cluster,
+                a.c.at >= since,
+                a.c.outcome == "failed",
+                a.c.alert != ORDERING_ALERT,
+                a.c.job_id.is_not(None),
+                # a decision a daemon stop left unapplied was never sent: redo it
+                or_(a.c.error.is_(None), a.c.error.not_like("interrupted%")),
+            )
+            .order_by(a.c.at, a.c.id)
+        )
+        with self.engine.connect() as conn:
+            return [Taken(int(j), str(u), str(p), as_utc(at)) for j, u, p, at in conn.execute(stmt)]
 
     def _actions_of(
         self,

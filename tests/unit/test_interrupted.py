@@ -25,7 +25,7 @@ from slurmgpu.policy.base import Action, Decision, Mode
 from slurmgpu.policy.engine import PolicyEngine
 from slurmgpu.policy.idle import IdleGpuPolicy
 from slurmgpu.policy.settings import EngineSettings, IdleGpuSettings
-from slurmgpu.slurm.client import SlurmUnavailableError
+from slurmgpu.slurm.client import SlurmError, SlurmUnavailableError
 from slurmgpu.slurm.parse import parse_time_limit
 from slurmgpu.store import JobStore
 from slurmgpu.store.audit import AuditStore
@@ -211,7 +211,20 @@ def test_interrupted_time_limit_update_is_judged_by_the_new_limit(
             "interrupted; not applied (checked after restart): TimeLimit 10:00:00",
         )
         assert _changed_since(audit, T0 - timedelta(minutes=1)) == {}
+        # never sent, so not a refusal: the next daemon may redo it at once
+        assert audit.failed_since(T0 - timedelta(minutes=1)) == []
     assert len(slurm.updates) == (1 if point == "after_execute" else 0)  # never replayed
+
+
+def test_a_change_slurm_refused_seeds_the_next_daemons_retry_hold(store: JobStore) -> None:
+    audit = AuditStore(store.engine)
+    slurm = FakeSlurm([pending_job(7)])
+    slurm.update_fails_with = SlurmError("Invalid generic resource (gres) specification")
+    (result,) = Actuator(slurm, audit).carry_out([update_decision(7, "02:00:00")], T0)
+    assert result.outcome == "failed"
+    (refused,) = audit.failed_since(T0 - timedelta(minutes=1))
+    assert (refused.job_id, refused.at) == (7, T0)
+    assert audit.failed_since(T0 + timedelta(minutes=1)) == []
 
 
 def test_slurm_down_at_restart_leaves_them_pending_until_the_first_listing(

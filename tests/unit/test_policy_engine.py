@@ -10,6 +10,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurmgpu.cycle.guardrails import GuardrailRecords, Taken
 from slurmgpu.model import ClusterSnapshot, Job
 from slurmgpu.policy.base import Action, Decision, Mode, PolicySnapshot
 from slurmgpu.policy.engine import ACTION_PRIORITY, PolicyEngine
@@ -173,6 +174,37 @@ def test_resizes_are_spaced_by_their_policy_not_the_job_cooldown() -> None:
     out = {d.action.job_id: d for d in decide([(p, Mode.ENFORCE)], snap)}
     assert out[100].execute and not out[100].suppressed
     assert out[101].suppressed == "cooldown: last change 2 min ago (wait 30 min)"
+
+
+def test_a_change_slurm_refused_is_not_retried_by_that_policy_within_the_cooldown() -> None:
+    # Seen on the lab: 22.05 refused a shard conversion, and the daemon sent it again
+    # every cycle (146 times in ten minutes).
+    failed = {(100, "p"): T0 - MIN * 5, (101, "p"): T0 - MIN * 31}
+    snap = replace(snapshot(jobs(3)), failed_at=failed)
+    p = Fixed("p", [act(100, "update"), act(101, "update"), act(102, "resize")])
+    out = {d.action.job_id: d for d in decide([(p, Mode.ENFORCE)], snap)}
+    assert out[100].suppressed == "failed in Slurm 5 min ago: not retried for 30 min"
+    assert not out[100].execute
+    assert out[101].execute  # refused longer ago than the cooldown
+    assert out[102].execute  # nothing failed on it
+    other = Fixed("q", [act(100, "update", policy="q")])
+    assert decide([(other, Mode.ENFORCE)], snap)[0].execute  # another policy's change
+    warn = Fixed("p", [act(100, "warn")])
+    assert not decide([(warn, Mode.ENFORCE)], snap)[0].suppressed  # no change in Slurm
+
+
+def test_guardrail_records_keep_refusals_until_a_change_is_made_or_the_cooldown_ends() -> None:
+    records = GuardrailRecords()
+    update = act(100, "update")
+    assert records.record_action(update, "failed", T0) is False
+    view = records.view(T0 + MIN, cooldown=30 * MIN)
+    assert view.failed_at == {(100, "p"): T0} and view.last_action_at == {}
+    assert records.view(T0 + 31 * MIN, cooldown=30 * MIN).failed_at == {}
+    records.record_action(update, "failed", T0 + 32 * MIN)
+    assert records.record_action(update, "done", T0 + 33 * MIN) is True
+    assert records.view(T0 + 34 * MIN, cooldown=30 * MIN).failed_at == {}
+    seeded = GuardrailRecords((), [Taken(100, "alice", "p", T0)])
+    assert seeded.view(T0 + MIN, cooldown=30 * MIN).failed_at == {(100, "p"): T0}
 
 
 def test_per_user_hourly_rate_counts_this_cycle() -> None:
