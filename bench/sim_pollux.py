@@ -115,6 +115,7 @@ def _one(
     search: str = "20x10",
     costs_name: str = DEFAULT_COSTS,
     ceiling: str = "submitted",
+    phases: bool = False,
 ) -> tuple[dict[str, float], float]:
     cpu = time.process_time()
     costs = cost_set(costs_name)
@@ -127,7 +128,7 @@ def _one(
         figures = simulate_pollux(_trace(path, seed, limit), costs=restart, search=opts).figures()
         return {k: float(figures[k]) for k in FIGURES}, time.process_time() - cpu
     ceilings = POLLUX_BATCH_CEILINGS if ceiling == "pollux" else ()
-    options = SimOptions.of_costs(costs, batch_ceilings=ceilings)
+    options = SimOptions.of_costs(costs, batch_ceilings=ceilings, batch_phases=phases)
     r = summarise(simulate(_trace(path, seed, limit), ClusterShape(16, 4), policy_set, options))
     d = r.as_dict()
     return {k: float(d[k]) for k in FIGURES}, time.process_time() - cpu
@@ -161,6 +162,12 @@ def main() -> int:
         default="submitted",
         help="the batch-adaptive sets' upper batch limit: the batch each job was submitted "
         "with (default), or the largest Pollux's artifact lets the application train at",
+    )
+    ap.add_argument(
+        "--batch-phases",
+        action="store_true",
+        help="the batch-adaptive sets' jobs pick their batch at each (re)start from the "
+        "noise scale of the slice of training they are in, not the run's average",
     )
     ap.add_argument("--pollux-seeds", default="1", help="seeds the Pollux baseline runs at")
     ap.add_argument(
@@ -238,7 +245,15 @@ def main() -> int:
         job = bar.add_task("matrix", total=len(tasks))
         futures = {
             pool.submit(
-                _one, path, seed, s, limit, args.pollux_search, cname, args.batch_ceiling
+                _one,
+                path,
+                seed,
+                s,
+                limit,
+                args.pollux_search,
+                cname,
+                args.batch_ceiling,
+                args.batch_phases,
             ): (
                 load,
                 n,
@@ -271,6 +286,7 @@ def main() -> int:
                 + ", ".join(f"{k} {v}" for k, v in sorted(MAX_BATCH_SIZE.items()))
                 + ")"
             )
+            + ("; batch picked per slice of training (--batch-phases)" if args.batch_phases else "")
         )
         means: dict[str, dict[str, float]] = {}
         for load in loads:
@@ -303,6 +319,7 @@ def main() -> int:
         "mean_avg_jct_s_by_costs": by_costs,
         "verdicts": verdicts,
         "batch_ceiling": args.batch_ceiling,
+        "batch_phases": args.batch_phases,
         "matrix_wall_s": wall,
         "run_cpu_median_s": statistics.median(cpu) if cpu else math.nan,
     }

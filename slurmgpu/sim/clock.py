@@ -81,4 +81,4 @@ class EventQueue:
         if self._dirty:
             self._schedule()
 
-    _END, _LIMIT, _ELIGIBLE, _CHECKPOINT = 1, 2, 3, 4
+    _END, _LIMIT, _ELIGIBLE, _CHECKPOINT, _PHASE = 1, 2, 3, 4, 5

@@ -101,6 +101,14 @@ class Application:
         k = len(self.noise_scale)
         return k / sum((phi + b) / (phi + b0) for phi in self.noise_scale)
 
+    def efficiency_in(self, batch_size: int, phase: int) -> float:
+        """Statistical efficiency at ``batch_size`` over the ``phase``-th slice of training
+        (its noise scale ``phi_k``): ``(phi_k + B0) / (phi_k + B)``."""
+        b0 = float(self.init_batch_size)
+        b = max(float(batch_size), b0)
+        phi = self.noise_scale[min(max(phase, 0), len(self.noise_scale) - 1)]
+        return (phi + b0) / (phi + b)
+
     def steps(self, batch_size: int) -> int:
         """Return the optimiser steps a job needs at global batch size ``batch_size``."""
         b0 = float(self.init_batch_size)

@@ -19,6 +19,7 @@ from slurmgpu.model import JobState
 from slurmgpu.sim.clock import EventQueue
 from slurmgpu.sim.sharing import mig_speed, mps_speed
 from slurmgpu.sim.state import SimJob, SimNode
+from slurmgpu.sim.workload import ProfiledJob
 
 __all__ = ["ElasticRuntime", "InterferenceModel", "ProgressModel", "TypeSpeed"]
 
@@ -72,17 +73,28 @@ class ProgressModel(EventQueue):
     def _reschedule_end(self, job: SimJob) -> None:
         job.version += 1
         self._changed(job)
-        if job.rate > 0:
-            left = max(0.0, job.model.work - job.base_work)
-            self._push(max(job.busy_from, self.now) + left / job.rate, self._END, job)
+        self._push_progress(job)
         self._set_limit_event(job, bump=False)
+
+    def _push_progress(self, job: SimJob) -> None:
+        """The job's END at its rate, and (a phased model) the end of its slice of
+        training first, where its rate changes (:class:`~slurmgpu.sim.workload.ProfiledJob`)."""
+        if job.rate <= 0:
+            return
+        model = job.model
+        work = model.work
+        left = max(0.0, work - job.base_work)
+        start = max(job.busy_from, self.now)
+        self._push(start + left / job.rate, self._END, job)
+        if isinstance(model, ProfiledJob) and model.phases > 1:
+            boundary = model.phase_end(job.base_work)
+            if boundary < work:
+                self._push(start + (boundary - job.base_work) / job.rate, self._PHASE, job)
 
     def _set_limit_event(self, job: SimJob, *, bump: bool = True) -> None:
         if bump:
             job.version += 1
-            if job.rate > 0:
-                left = max(0.0, job.model.work - job.base_work)
-                self._push(max(job.busy_from, self.now) + left / job.rate, self._END, job)
+            self._push_progress(job)
         self._by_limit_remove(job)
         end = job.start_s + job.time_limit_s if job.time_limit_s is not None else math.inf
         bisect.insort(self._by_limit, (end, job.job_id))
@@ -136,7 +148,17 @@ class ProgressModel(EventQueue):
             self._fold(job)
             placement = job.placement if job.alloc else (1,)
             job.speed = self._speed(job)
-            job.rate = job.model.rate(placement) * job.speed * self.type_factor(job)
+            model = job.model
+            if isinstance(model, ProfiledJob) and model.phases > 1:
+                # the runtime picks its batch when it (re)starts on these GPUs, from the
+                # noise scale of the slice of training it is in, and keeps it
+                if job.batch_for != placement:
+                    job.batch = model.phase_batch(placement, job.base_work)
+                    job.batch_for = tuple(placement)
+                base = model.rate_in(placement, job.batch, job.base_work)
+            else:
+                base = model.rate(placement)
+            job.rate = base * job.speed * self.type_factor(job)
             self._reschedule_end(job)
 
     def _job_nodes(self, job: SimJob) -> list[int]:

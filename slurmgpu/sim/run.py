@@ -298,6 +298,9 @@ class SimOptions:
     # The batch-adaptive sets' jobs declare these upper batch limits per application
     # (sim.workload.elastic_batch); empty: the batch each job was submitted with.
     batch_ceilings: tuple[tuple[str, int], ...] = ()
+    # Their efficiency by slice of training (sim.workload.ProfiledJob.phased): the batch
+    # picked at each (re)start from the noise scale then, not the run's average.
+    batch_phases: bool = False
     # The release SimSlurm answers as (what it lets an update change: sim.slurm)
     slurm_version: str = "22.05.8"
     # The site's multifactor fair-share priority (sim.fairshare); None: priority/basic,
@@ -709,8 +712,13 @@ class _Runner:
             running = job.state is JobState.RUNNING and bool(job.runs)
             # measured on the GPU type it runs on now (a typed cluster)
             factor = sim.type_factor(job) if running else 1.0
-            # A job's runs only grow, so their count says whether its sizes changed.
-            key = (m, len(job.runs), running, factor)
+            # A job's runs only grow, so their count says whether its sizes changed; a
+            # phased job's goodput at each size changes with its slice of training.
+            model = job.model
+            phased = isinstance(model, ProfiledJob) and model.phases > 1
+            work = job.work_at(sim.now) if phased and running else 0.0
+            phase = model.phase(work) if phased and isinstance(model, ProfiledJob) else 0
+            key = (m, len(job.runs), running, factor, phase)
             hit = cache.get(job.job_id)
             if hit is None or hit[0] != key:
                 spec = MalleableSpec(job.job_id, m.min_gpus, m.max_gpus)
@@ -723,7 +731,16 @@ class _Runner:
                         if r.gpus >= 1:
                             g = int(r.gpus)
                             layouts[g] = r.placement or packed(g, sim.gpus_per_node)
-                    measured = {g: job.model.rate(layouts[g]) * factor for g in sorted(layouts)}
+                    if phased and isinstance(model, ProfiledJob):
+                        # the runtime's goodput at each size it ran at, re-evaluated at
+                        # the noise scale it measures now (the batch it would pick there)
+                        measured = {
+                            g: model.rate_in(layouts[g], model.phase_batch(layouts[g], work), work)
+                            * factor
+                            for g in sorted(layouts)
+                        }
+                    else:
+                        measured = {g: job.model.rate(layouts[g]) * factor for g in sorted(layouts)}
                 hit = cache[job.job_id] = (key, spec, measured)
             specs[job.job_id] = hit[1]
             if hit[2] is not None:
@@ -801,7 +818,9 @@ def simulate(
     """
     options = options or SimOptions()
     if policy_set in BATCH_ADAPTIVE:  # its jobs retune their batch (sim.workload)
-        trace = elastic_batch(trace, dict(options.batch_ceilings) or None)
+        trace = elastic_batch(
+            trace, dict(options.batch_ceilings) or None, phased=options.batch_phases
+        )
     return _Runner(trace, shape, policy_set, options, progress, engine).run()
 
 

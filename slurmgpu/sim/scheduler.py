@@ -69,6 +69,8 @@ class SchedulerModel(ProgressModel):
             self._finish(job, JobState.TIMEOUT)
         elif kind == self._ELIGIBLE:
             self._dirty = True
+        elif kind == self._PHASE and job.state is JobState.RUNNING:
+            self._rates_for([job])  # a new slice of training: its efficiency changed
         elif kind == self._CHECKPOINT and job.state is JobState.RUNNING:
             job.checkpoint_work = job.base_work
             job.checkpointed_s = self.now
@@ -127,6 +129,7 @@ class SchedulerModel(ProgressModel):
                 kind=kind,
             )
         )
+        job.batch_for = ()  # a new run: its runtime picks its batch again
         startup = self.runtime.startup_s if job.restarts else self.runtime.first_startup_s
         job.base_work = min(job.base_work, job.model.work)
         job.busy_from = self.now + startup

@@ -28,6 +28,10 @@ What it models, and how faithfully:
   synchronous data-parallel training does); without it every type runs alike.
 - **Submission**: a job is considered by the scheduler ``submit_delay_s`` after its
   submission (0 by default; the measured cost sets of sim.costs give the lab's).
+- **Completing**: an ended job's whole GPUs stay allocated ``completing_s`` (0 by
+  default) after its end, as slurmctld holds them through COMPLETING (teardown, epilog,
+  the node's message back); backfill counts them freed at the hold's end. Shards, MPS
+  shares and MIG slices are freed at once.
 - **MPS and MIG** (``mps_per_gpu``; ``mig_gpus`` and ``mig_layout``, sim.sharing): every
   whole GPU also serves ``gres/mps`` (a GPU is whole-allocated or shared by MPS jobs, as
   with shards; a cluster has shards or MPS, not both), and the last ``mig_gpus`` GPUs of

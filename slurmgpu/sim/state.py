@@ -49,6 +49,8 @@ class SimJob:
         "array_task_id",
         "attained_gpu_s",
         "base_work",
+        "batch",
+        "batch_for",
         "busy_from",
         "checkpoint_work",
         "checkpointed_s",
@@ -133,6 +135,10 @@ class SimJob:
         self.busy_from = math.inf
         self.rate = 0.0
         self.speed = 1.0  # relative speed from co-location (1 = alone on its GPU)
+        # a phased batch-adaptive job: the batch its runtime picked for this run, and
+        # the placement it picked it on
+        self.batch = 0
+        self.batch_for: tuple[int, ...] = ()
         self.restarts = 0
         self.steps_restart = False  # shrunk in place: the TERM to its steps restarts them
         self.version = 0

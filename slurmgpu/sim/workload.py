@@ -81,6 +81,11 @@ class ProfiledJob:
     # (:func:`slurmgpu.policy.goodput.best_batch`, as Pollux's agent does); work is then
     # the application's efficiency-weighted progress instead of steps at one batch.
     batch_limits: tuple[int, int] | None = None
+    # With batch limits: the efficiency of the slice of training the job is in (its noise
+    # scale phi_k), not the run's average; the runtime picks the batch at each (re)start
+    # from the phi it measured so far (elastic.scaling.best_global_batch) and keeps it for
+    # the run (:meth:`phase_batch`, :meth:`rate_in`).
+    phased: bool = False
     _rates: dict[tuple[int, ...], float] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -125,6 +130,39 @@ class ProfiledJob:
         lo, hi = self.batch_limits
         return _best_batch(app, self.profile, tuple(placement), lo, hi, self.batch_size)
 
+    @property
+    def phases(self) -> int:
+        """Slices of training whose efficiency differs (1: the run's average)."""
+        return len(self.app.noise_scale) if self.phased and self.batch_limits else 1
+
+    def phase(self, work: float) -> int:
+        """The slice of training ``work`` units of progress are in."""
+        k = self.phases
+        if k == 1:
+            return 0
+        return min(k - 1, int((work + 1e-9 * self.work) * k / self.work))
+
+    def phase_end(self, work: float) -> float:
+        """The progress at which the slice ``work`` is in ends (``work`` total for the
+        last slice, and for a job of one phase)."""
+        k = self.phases
+        if k == 1:
+            return self.work
+        return self.work * (self.phase(work) + 1) / k
+
+    def phase_batch(self, placement: Sequence[int], work: float) -> int:
+        """The batch the runtime picks on ``placement`` with ``work`` done: the best
+        goodput at the noise scale of the slice it is in."""
+        lo, hi = self.batch_limits or (self.batch_size, self.batch_size)
+        return _phase_best(
+            self.app, self.profile, tuple(placement), lo, hi, self.batch_size, self.phase(work)
+        ).batch
+
+    def rate_in(self, placement: Sequence[int], batch: int, work: float) -> float:
+        """Progress per second at ``batch`` on ``placement`` in the slice of ``work``."""
+        eff = self.app.efficiency_in(batch, self.phase(work))
+        return goodput(batch, self.app.init_batch_size, self._step_time(placement, batch), eff)
+
     def adaptive(self, lo: int | None = None, hi: int | None = None) -> ProfiledJob:
         """This job on the elastic runtime with batch-size adaptation within ``[lo, hi]``
         (default: the application's initial batch ``B0`` up to the batch it was
@@ -156,6 +194,33 @@ def _best_batch(
             init_batch_size=app.init_batch_size,
         ),
         app.efficiency,
+        init_batch=app.init_batch_size,
+        lo=lo,
+        hi=hi,
+        current=current,
+    )
+
+
+@lru_cache(maxsize=65536)
+def _phase_best(
+    app: Application,
+    profile: ThroughputProfile,
+    placement: tuple[int, ...],
+    lo: int,
+    hi: int,
+    current: int,
+    phase: int,
+) -> BatchChoice:
+    """The runtime's batch choice at one slice's noise scale."""
+    return best_batch(
+        sum(placement),
+        lambda b: profile.step_time(
+            placement,
+            b,
+            max_local_bsz=app.max_local_bsz,
+            init_batch_size=app.init_batch_size,
+        ),
+        lambda b: app.efficiency_in(b, phase),
         init_batch=app.init_batch_size,
         lo=lo,
         hi=hi,
@@ -263,7 +328,7 @@ class TimeLimitModel:
 
 
 def elastic_batch(
-    trace: Sequence[TraceJob], ceilings: Mapping[str, int] | None = None
+    trace: Sequence[TraceJob], ceilings: Mapping[str, int] | None = None, *, phased: bool = False
 ) -> list[TraceJob]:
     """``trace`` with its profiled jobs on the elastic runtime's batch-size adaptation
     (:meth:`ProfiledJob.adaptive`: from ``B0`` up to the batch each was submitted with);
@@ -273,14 +338,17 @@ def elastic_batch(
     ``ceilings`` (application name -> batch): a job of that application declares that
     batch as its upper limit instead (never below the batch it was submitted with) --
     the what-if of users who let the runtime train at any batch the application was
-    validated at, as Pollux's jobs may (``sim.pollux.MAX_BATCH_SIZE``)."""
+    validated at, as Pollux's jobs may (``sim.pollux.MAX_BATCH_SIZE``). ``phased``: their
+    efficiency follows the slice of training they are in (:attr:`ProfiledJob.phased`)."""
     out: list[TraceJob] = []
     for job in trace:
         model = job.model
         if isinstance(model, ProfiledJob) and model.batch_limits is None:
             top = (ceilings or {}).get(model.app.name)
             hi = max(model.batch_size, top) if top is not None else None
-            out.append(replace(job, model=model.adaptive(hi=hi)))
+            adaptive = model.adaptive(hi=hi)
+            adaptive.phased = phased
+            out.append(replace(job, model=adaptive))
         else:
             out.append(job)
     return out

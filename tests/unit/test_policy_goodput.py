@@ -140,3 +140,41 @@ def test_a_batch_ceiling_raises_the_declared_limit_of_its_application_only() -> 
     assert isinstance(yolo, ProfiledJob) and yolo.batch_limits == (8, 512)
     plain = simulate(trace[:1], ClusterShape(4, 4), "slurm", opts).jobs[0].model
     assert isinstance(plain, ProfiledJob) and plain.batch_limits is None
+
+
+@needs_data
+def test_a_phased_job_runs_each_slice_at_the_batch_its_run_started_with() -> None:
+    from slurmgpu.sim.slurm import SimSlurm
+    from slurmgpu.sim.workload import TraceJob
+
+    profiles = load_profiles(DATA / "profiles")
+    app = APPLICATIONS["yolov3"]
+    job = ProfiledJob(app, profiles["yolov3"], 512).adaptive()
+    job.phased = True
+    k = job.phases
+    assert k == len(app.noise_scale) > 1
+    assert job.phase(0.0) == 0 and job.phase(job.work) == k - 1
+    assert job.phase_end(0.0) == pytest.approx(job.work / k)
+    # yolov3's noise scale grows 70-fold: late in training a bigger batch pays
+    place = packed(8, 4)
+    assert job.phase_batch(place, 0.0) < job.phase_batch(place, job.work * 0.99)
+    # alone on 8 GPUs, never restarted: each slice at the first slice's batch
+    sim = SimSlurm(2, 4)
+    job_id = sim.submit_job(TraceJob(0.0, "yolov3", "u1", job, 8))
+    sim.run_until(1e9)
+    batch = job.phase_batch(place, 0.0)
+    expected = sum(
+        (job.work / k) / job.rate_in(place, batch, job.work * (i + 0.5) / k) for i in range(k)
+    )
+    assert sim.job(job_id).end_s == pytest.approx(expected, rel=1e-6)
+    # not phased: the run's average, a different run time
+    flat = ProfiledJob(app, profiles["yolov3"], 512).adaptive()
+    assert flat.phases == 1 and flat.run_time(8, 4) != pytest.approx(expected, rel=1e-3)
+    # the what-if reaches the batch-adaptive sets through the simulator's options
+    from slurmgpu.sim.run import ClusterShape, SimOptions, simulate
+
+    fixed = TraceJob(0.0, "yolov3", "u1", ProfiledJob(app, profiles["yolov3"], 512), 8)
+    for name, phased in (("malleable", True), ("slurm", False)):
+        run = simulate([fixed], ClusterShape(2, 4), name, SimOptions(batch_phases=True))
+        model = run.jobs[0].model
+        assert isinstance(model, ProfiledJob) and model.phased is phased, name
