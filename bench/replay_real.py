@@ -361,8 +361,8 @@ def from_json(args: argparse.Namespace) -> int:
                     args.sensitivity,
                 )
             print(
-                f"{policy_set:<10} {name:<16} {ratios['avg_jct_s']:>8.2f} "
-                f"{ratios['p99_jct_s']:>6.2f} {ratios['makespan_s']:>8.2f}"
+                f"{policy_set:<10} {name:<16} {ratios['avg_jct_s']:>8.3f} "
+                f"{ratios['p99_jct_s']:>6.3f} {ratios['makespan_s']:>8.3f}"
             )
     for name in ("unscaled", args.costs):
         off = [abs(figures[s][name][k] - 1) for s in figures for k in figures[s][name]]
