@@ -154,7 +154,7 @@ class ProfiledJob:
         """The batch the runtime picks on ``placement`` with ``work`` done: the best
         goodput at the noise scale of the slice it is in."""
         lo, hi = self.batch_limits or (self.batch_size, self.batch_size)
-        return _phase_best(
+        return _best_batch(
             self.app, self.profile, tuple(placement), lo, hi, self.batch_size, self.phase(work)
         ).batch
 
@@ -183,8 +183,10 @@ def _best_batch(
     lo: int,
     hi: int,
     current: int,
+    phase: int = -1,
 ) -> BatchChoice:
-    """The runtime's batch choice, shared by every job of the same application and limits."""
+    """The runtime's batch choice, shared by every job of the same application and limits:
+    at the run's average efficiency, or (``phase`` >= 0) at that slice's noise scale."""
     return best_batch(
         sum(placement),
         lambda b: profile.step_time(
@@ -193,34 +195,7 @@ def _best_batch(
             max_local_bsz=app.max_local_bsz,
             init_batch_size=app.init_batch_size,
         ),
-        app.efficiency,
-        init_batch=app.init_batch_size,
-        lo=lo,
-        hi=hi,
-        current=current,
-    )
-
-
-@lru_cache(maxsize=65536)
-def _phase_best(
-    app: Application,
-    profile: ThroughputProfile,
-    placement: tuple[int, ...],
-    lo: int,
-    hi: int,
-    current: int,
-    phase: int,
-) -> BatchChoice:
-    """The runtime's batch choice at one slice's noise scale."""
-    return best_batch(
-        sum(placement),
-        lambda b: profile.step_time(
-            placement,
-            b,
-            max_local_bsz=app.max_local_bsz,
-            init_batch_size=app.init_batch_size,
-        ),
-        lambda b: app.efficiency_in(b, phase),
+        app.efficiency if phase < 0 else (lambda b: app.efficiency_in(b, phase)),
         init_batch=app.init_batch_size,
         lo=lo,
         hi=hi,
