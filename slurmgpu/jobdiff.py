@@ -91,7 +91,8 @@ def diff_jobs(
             continue
         missing.pop(job.job_id, None)
         if prev is job or prev == job:
-            listing.append(prev)
+            # Slurm's priority alone moved (it is not stored): the fresh object, no write
+            listing.append(prev if prev.priority == job.priority else job)
             continue
         listing.append(job)
         diff.changed.append(job)

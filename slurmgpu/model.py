@@ -124,6 +124,11 @@ class Job:
     # --time-min (None: none): Slurm refuses a time limit below it (22.05: "Invalid
     # time-min specification"), so rightsizing never proposes one
     time_min: timedelta | None = None
+    # Slurm's priority (squeue's %Q; its nice already subtracted), None where the source
+    # has none (stored rows, accounting). Not part of equality: priorities move with each
+    # fair-share calculation, and a job whose priority alone moved has not changed
+    # (``jobdiff`` hands the fresh one on without a store write).
+    priority: int | None = field(default=None, compare=False)
 
     @property
     def display_id(self) -> str:

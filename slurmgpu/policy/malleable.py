@@ -314,9 +314,30 @@ def _partition_max_time(job: Job, snapshot: PolicySnapshot) -> timedelta | None:
 
 
 def _eligible_order(job: Job) -> tuple[int, float, float, int]:
+    """Slurm's order without priorities (priority/basic): the nice, then eligibility."""
     eligible = job.eligible_time.timestamp() if job.eligible_time else math.inf
     submitted = job.submit_time.timestamp() if job.submit_time else math.inf
     return (job.nice, eligible if eligible != math.inf else submitted, submitted, job.job_id)
+
+
+def _priority_order(job: Job) -> tuple[int, float, int]:
+    """Slurm's order where it gives priorities: the highest first (the nice is already
+    taken off), then submission."""
+    submitted = job.submit_time.timestamp() if job.submit_time else math.inf
+    return (-(job.priority or 0), submitted, job.job_id)
+
+
+def queue_order(pending: Iterable[Job]) -> list[Job]:
+    """``pending`` in the order Slurm's scheduler tries them: by the priority Slurm
+    lists where every job has one (multifactor: fair share, age, QOS; the nice
+    included), else by eligibility and nice (priority/basic, or a source without
+    priorities). Which blocked job is started smaller first, which gets a shrink, and
+    which one growths keep GPUs for follow it: planned in submit order, a fair-share
+    lab's daemon started a job smaller into a GPU Slurm then gave to a job of higher
+    priority submitted after it (issue 33)."""
+    jobs = list(pending)
+    by_priority = all(j.priority is not None for j in jobs)
+    return sorted(jobs, key=_priority_order if by_priority else _eligible_order)
 
 
 def _donor_cost_s(c: _Running, job: Job, cost_s: float) -> float:
@@ -427,7 +448,7 @@ class MalleablePolicy:
         actions: list[Action] = []
         blocked: list[Job] = []
         slack = sum(c.gpus - c.spec.min_gpus for c in candidates.values())
-        for job in sorted(pending, key=_eligible_order):
+        for job in queue_order(pending):
             if free.take(job):
                 continue
             if s.start_smaller and job.job_id not in snapshot.resizing:

@@ -81,6 +81,7 @@ and this one, the SlurmClient face
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -308,13 +309,21 @@ class SimSlurm(SchedulerModel):
         self._recent = [j for j in self._recent if j.end_s >= cutoff]
         out: list[Job] = []
         metas: set[int] = set()
+        # a priority key that gives Slurm's numbers (sim.fairshare.FairTree) lists them,
+        # as squeue's %Q; submit order (priority/basic) and ranking keys list none
+        value = getattr(self.priority, "priority", None)
         for job in self._pending.values():
             if job.array_job_id is not None:
                 if job.array_job_id not in metas:
                     metas.add(job.array_job_id)
                     out.append(self._meta_record(job.array_job_id))
                 continue
-            out.append(self._job_obj(job))
+            obj = self._job_obj(job)
+            if value is not None:
+                prio = int(value(job, self.now))
+                if obj.priority != prio:
+                    obj = job._obj = dataclasses.replace(obj, priority=prio)
+            out.append(obj)
         out.extend(self._job_obj(j) for j in self._running.values())
         out.extend(self._job_obj(j) for j in self._recent)
         return out

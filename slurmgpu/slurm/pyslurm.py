@@ -251,6 +251,7 @@ class PySlurmClient:
             nodes=nodes,
             gres_detail=gres_detail,
             restart_cnt=_attr(j, ("requeue_count", "restart_count"), int),
+            priority=_attr(j, ("priority",), int),
             requeue=_attr(j, ("is_requeueable",), bool),
             comment=_attr(j, ("comment",), str),
             admin_comment=_attr(j, ("admin_comment",), str),

@@ -83,6 +83,21 @@ def test_jobs_parse_to_the_plan(path: Path, caplog: pytest.LogCaptureFixture) ->
     assert shard_gpus and not shard_gpus & set(by_name["whole2"].gpu_allocations[0].gpu_indices)
 
 
+@pytest.mark.parametrize("path", SQUEUE, ids=_id)
+def test_jobs_carry_slurms_priority(path: Path) -> None:
+    """squeue's priority, a number (22.05) or a set/infinite/number record (24.11 on):
+    a held job's is 0; 22.05's priority/basic counts down from 0xFFFF0000 by
+    submission, so the first job submitted has the highest."""
+    jobs, _ = decode_squeue(path.read_bytes())
+    by_name = {j.name: j for j in jobs}
+    assert by_name["held"].priority == 0
+    listed = [j.priority for j in jobs if j.name != "held"]
+    assert listed and all(isinstance(p, int) and p > 0 for p in listed), listed
+    if path.parent.name == "slurm-22.05":
+        assert by_name["whole2"].priority == 4294901759
+        assert by_name["whole2"].priority > by_name["shard2"].priority  # type: ignore[operator]
+
+
 @pytest.mark.parametrize("path", NODES, ids=_id)
 def test_nodes_parse_to_the_plan(path: Path, caplog: pytest.LogCaptureFixture) -> None:
     plan = _expected(path)

@@ -424,6 +424,29 @@ def test_start_smaller_only_when_it_beats_waiting() -> None:
     assert off.propose(snap(short, malleable={3: (2, 4)})) == []
 
 
+def test_the_free_gpus_go_first_to_the_job_slurm_starts_first() -> None:
+    """gpu1 has one GPU free; job 3 (malleable 1:4, asks for 4) waits since before job
+    4 (rigid, asks for 1). In submit order job 3 is started on the free GPU; where Slurm
+    lists priorities and job 4's is higher (fair share), Slurm gives that GPU to job 4,
+    so job 3 is not changed. Without priorities (priority/basic) submit order stands."""
+    rigid_a = running_job(1, gpus={"gpu1": (0, 1, 2)}, started=HOUR, user="bob")
+    rigid_b = running_job(2, gpus=four("gpu2"), started=HOUR, user="bob")
+    early = pending_job(3, user="carol", time_limit=10 * MIN, submit_time=T0 - HOUR)
+    late = pending_job(4, user="dave", gpus_per_node=1, submit_time=T0 - MIN)
+
+    def propose(priorities: tuple[int, int] | None) -> list[Action]:
+        jobs = [early, late]
+        if priorities is not None:
+            jobs = [replace(j, priority=p) for j, p in zip(jobs, priorities, strict=True)]
+        return MalleablePolicy().propose(snap([rigid_a, rigid_b, *jobs], malleable={3: (1, 4)}))
+
+    (a,) = propose(None)
+    assert (a.job_id, a.numbers["direction"], a.numbers["to_gpus"]) == (3, "start_smaller", 1)
+    assert propose((100, 200)) == []
+    (b,) = propose((200, 100))  # Slurm's order is submit order again
+    assert (b.job_id, b.numbers["to_gpus"]) == (3, 1)
+
+
 def test_a_requeued_job_is_priced_on_its_own_runs_not_its_limit() -> None:
     """Job 3 (malleable 2:4, 7-day limit) ran 1 h, was requeued, and waits while gpu1
     has 2 GPUs free and the rest runs about 4 h more: started smaller, priced on the

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from slurmgpu.cli.main import main
 from slurmgpu.lab.cluster import site
+from slurmgpu.model import JobState
 from slurmgpu.sim.fairshare import (
     FairShareConfig,
     FairShareError,
@@ -130,6 +131,29 @@ def test_without_fair_share_submit_order_decides() -> None:
     sim = SimSlurm(1, 1)
     starts = run_three(sim)
     assert (starts["h1"], starts["l1"]) == (600, 700)
+
+
+def test_pending_jobs_list_their_fair_share_priority_as_squeue_does() -> None:
+    """The policies order the queue by the priority Slurm lists (policy.malleable
+    queue_order): the simulator lists the one its Fair Tree ranks by, and none under
+    submit order (priority/basic gives the policies no number to read either)."""
+    sim = SimSlurm(1, 1)
+    tree = sim.priority = FairTree(sim, CONFIG)
+    sim.submit_job(job("h0", "heavy", 600, 0))
+    sim.submit_job(job("h1", "heavy", 100, 100))
+    sim.submit_job(job("l1", "light", 100, 101))
+    sim.run_until(200)
+    pending = {j.name: j for j in sim.jobs() if j.state is JobState.PENDING}
+    assert set(pending) == {"h1", "l1"}
+    for name, listed in pending.items():
+        sim_job = next(j for j in sim.all_jobs.values() if j.name == name)
+        assert listed.priority == int(tree.priority(sim_job, sim.now))
+    assert pending["l1"].priority > pending["h1"].priority  # type: ignore[operator]
+    plain = SimSlurm(1, 1)
+    plain.submit_job(job("h0", "heavy", 600, 0))
+    plain.submit_job(job("h1", "heavy", 100, 100))
+    plain.run_until(200)
+    assert [j.priority for j in plain.jobs()] == [None, None]
 
 
 def test_usage_left_by_earlier_work_counts_from_the_start() -> None:
