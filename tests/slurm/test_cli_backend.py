@@ -107,9 +107,11 @@ def test_pending_job_hold_release_update(client: CliSlurmClient) -> None:
     )
     job = until(client, job_id, lambda j: j.state is JobState.PENDING, "pending")
     assert job.time_limit == timedelta(minutes=30)
+    assert job.priority is not None and job.priority > 0  # squeue's, for queue order
 
     client.hold(job_id)
-    until(client, job_id, lambda j: j.reason.startswith("JobHeld"), "held")
+    held = until(client, job_id, lambda j: j.reason.startswith("JobHeld"), "held")
+    assert held.priority == 0  # a held job's priority is 0: Slurm never starts it
     client.release(job_id)
     until(client, job_id, lambda j: not j.reason.startswith("JobHeld"), "released")
 
