@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import random
 import shutil
 import sqlite3
 import statistics
@@ -165,6 +166,7 @@ def simulated(
     usage: Mapping[str, float] | None = None,
     first_calc: float | None = None,
     shift: tuple[float, float] = (0.0, 0.0),
+    origin_s: float | None = None,
 ) -> dict[str, float]:
     """The simulator on the replayed jobs (trace time, its 60 s cycle: 1 s of the replay
     at C = 60), its figures divided by C: wall seconds like the replay's. Its costs: the
@@ -177,14 +179,15 @@ def simulated(
     ``first_calc``: wall seconds from the replay's start to the lab's first fair-share
     calculation (:func:`first_calculation_s`; None: a period after the first job).
     ``shift``: wall seconds added to the cost set's per-job start-up (first and restarts)
-    and to its submission delay (:func:`sensitivity`)."""
+    and to its submission delay (:func:`sensitivity`). ``origin_s``: the replay's start
+    in trace time (default: the first submission; :func:`ensemble` moves those)."""
     name = costs or args.costs
     fairshare = None if args.fifo else site_fairshare(None if args.fresh_usage else usage)
     options: SimOptions | None = None
     if name != "unscaled":
         options = replay_options(shifted(cost_set(name), *shift), args.compression, fairshare)
         if options.fairshare is not None and first_calc is not None:
-            t0 = min(j.submit_s for j in trace)  # the replay's start, in trace time
+            t0 = origin_s if origin_s is not None else min(j.submit_s for j in trace)
             at = replace(options.fairshare, first_calc_s=t0 + first_calc * args.compression)
             options = replace(options, fairshare=at)
         if not args.easy:
@@ -193,7 +196,7 @@ def simulated(
     r = metrics.summarise(run)
     c = args.compression
     if per_job is not None:  # trace line -> (submit, first start, end, restarts), wall s
-        t0 = min(j.submit_s for j in trace)
+        t0 = origin_s if origin_s is not None else min(j.submit_s for j in trace)
         for job in run.jobs:
             per_job[job.spec.line] = (
                 (job.submit_s - t0) / c,
@@ -232,6 +235,60 @@ def sensitivity(
     grid = [(a * delta_s, b * delta_s) for a in (-1, 0, 1) for b in (-1, 0, 1)]
     runs = [run(g) for g in grid]
     return {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
+
+
+def ensemble(
+    run: Callable[..., dict[str, float]],
+    trace: Sequence[TraceJob],
+    compression: float,
+    runs: int,
+    jitter_s: float,
+) -> dict[str, list[float]]:
+    """Each figure of ``run`` (the simulator on one set, given a trace and the replay's
+    start) over ``runs`` runs: the first as planned, the others with every job submitted
+    late by a draw of U(0, ``jitter_s``) wall seconds (seeded by the run's number). A
+    replay's schedule is chaotic at the second: one job's start a second apart moves
+    which job a free GPU goes to, and the queue carries it on. The mean over the runs is
+    the simulator's prediction for a replay whose arrivals are that uncertain; its
+    spread is how far one run of it may fall."""
+    t0 = min(j.submit_s for j in trace)
+    out: dict[str, list[float]] = {}
+    for k in range(max(1, runs)):
+        draw = random.Random(k)
+        late = [0.0 if k == 0 else draw.uniform(0.0, jitter_s) for _ in trace]
+        moved = [
+            replace(j, submit_s=j.submit_s + d * compression)
+            for j, d in zip(trace, late, strict=True)
+        ]
+        for key, value in run(moved, origin_s=t0).items():
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def ensemble_line(name: str, runs: Mapping[str, Sequence[float]], real: Mapping[str, float]) -> str:
+    """One set's ensemble: the mean of simulator / real and its p10-p90, per figure."""
+    cells = []
+    for key, label in (("avg_jct_s", "avg JCT"), ("p99_jct_s", "p99"), ("makespan_s", "makespan")):
+        ratios = sorted(v / real[key] for v in runs[key]) if real.get(key) else []
+        if not ratios:
+            cells.append(f"{label} -")
+            continue
+        lo, hi = _decile(ratios, 0.1), _decile(ratios, 0.9)
+        cells.append(f"{label} {statistics.mean(ratios):.3f} ({lo:.2f}-{hi:.2f})")
+    return f"{name:<10} " + ", ".join(cells)
+
+
+def ensemble_header(args: argparse.Namespace) -> str:
+    return (
+        f"\n{args.costs} over {max(1, args.ensemble)} runs, every submission late by "
+        f"U(0, {args.ensemble_jitter:g} s) in all but the first: mean simulator / real "
+        "(p10-p90)"
+    )
+
+
+def _decile(ordered: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``ordered`` (sorted)."""
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def band_line(name: str, band: Mapping[str, tuple[float, float]], real: Mapping[str, float]) -> str:
@@ -288,6 +345,7 @@ def from_json(args: argparse.Namespace) -> int:
     print(f"{'set':<10} {'costs':<16} {'avg JCT':>8} {'p99':>6} {'makespan':>8}")
     figures: dict[str, dict[str, dict[str, float]]] = {}
     bands: dict[str, dict[str, tuple[float, float]]] = {}
+    ensembles: dict[str, dict[str, list[float]]] = {}
     lines: dict[str, dict[int, tuple[float, ...]]] = {}
     calc_at: dict[str, float] = dict(doc["figures"].get("first_calc_s", {}))
     if args.labs is not None:  # the run's kept labs: their slurmctld logs
@@ -360,6 +418,21 @@ def from_json(args: argparse.Namespace) -> int:
                     partial(simulated, replayed, args, policy_set, name, None, usage, calc),
                     args.sensitivity,
                 )
+            if name == args.costs and name != "unscaled" and args.ensemble > 0:
+                ensembles[policy_set] = ensemble(
+                    partial(
+                        simulated,
+                        args=args,
+                        policy_set=policy_set,
+                        costs=name,
+                        usage=usage,
+                        first_calc=calc_at.get(policy_set),
+                    ),
+                    replayed,
+                    args.compression,
+                    args.ensemble,
+                    args.ensemble_jitter,
+                )
             print(
                 f"{policy_set:<10} {name:<16} {ratios['avg_jct_s']:>8.3f} "
                 f"{ratios['p99_jct_s']:>6.3f} {ratios['makespan_s']:>8.3f}"
@@ -375,6 +448,10 @@ def from_json(args: argparse.Namespace) -> int:
         )
         for policy_set, band in bands.items():
             print(band_line(policy_set, band, real[policy_set]))
+    if ensembles:
+        print(ensemble_header(args))
+        for policy_set, runs in ensembles.items():
+            print(ensemble_line(policy_set, runs, real[policy_set]))
     if args.per_job:
         for policy_set in sets:
             print_per_job(policy_set, doc["figures"]["jobs"].get(policy_set, []), lines[policy_set])
@@ -614,6 +691,23 @@ def main() -> int:
         "shifted by -S, 0 and +S wall seconds: the range of simulator / real (0: off)",
     )
     p.add_argument(
+        "--ensemble",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also the simulator over K runs, every job's submission late by U(0, "
+        "--ensemble-jitter) wall seconds in all but the first: the mean of simulator / "
+        "real and its p10-p90 (0: off)",
+    )
+    p.add_argument(
+        "--ensemble-jitter",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="the ensemble's largest lateness per submission, wall s (default 1: the "
+        "replay's submissions were 0-1.2 s late on its 1 s tick until 2026-12-07)",
+    )
+    p.add_argument(
         "--per-job",
         action="store_true",
         help="with --from-json: each job's wait and JCT, real beside simulated",
@@ -787,6 +881,20 @@ def main() -> int:
                         partial(simulated, replayed, args, policy_set, None, None, usage, calc),
                         args.sensitivity,
                     )
+                if args.costs != "unscaled" and args.ensemble > 0:
+                    results[policy_set]["ensemble"] = ensemble(
+                        partial(
+                            simulated,
+                            args=args,
+                            policy_set=policy_set,
+                            usage=usage,
+                            first_calc=calc,
+                        ),
+                        replayed,
+                        args.compression,
+                        args.ensemble,
+                        args.ensemble_jitter,
+                    )
     finally:
         if lab is not None:
             lab.down(cancel_jobs=True)
@@ -831,9 +939,22 @@ def main() -> int:
             real = results[name]["summary"]
             assert isinstance(band, dict) and isinstance(real, dict)
             print(band_line(name, band, real))
+    ensembles = {name: res["ensemble"] for name, res in results.items() if "ensemble" in res}
+    if ensembles:
+        print(ensemble_header(args))
+        for name, runs in ensembles.items():
+            real = results[name]["summary"]
+            assert isinstance(runs, dict) and isinstance(real, dict)
+            print(ensemble_line(name, runs, real))
     run.figures = {name: res["summary"] for name, res in results.items() if name != "slurm"}
     run.figures["simulator"] = sims
     run.figures["simulator_band"] = {"shift_s": args.sensitivity, "sets": bands}
+    if ensembles:
+        run.figures["simulator_ensemble"] = {
+            "runs": args.ensemble,
+            "jitter_s": args.ensemble_jitter,
+            "sets": ensembles,
+        }
     run.figures["simulator_costs"] = (
         cost_set(args.costs).as_dict() if args.costs != "unscaled" else "unscaled"
     )

@@ -4,6 +4,7 @@ its watcher's bookkeeping (lab/replay.py's Replayer over a scripted Slurm listin
 from __future__ import annotations
 
 import math
+import time
 import tomllib
 from collections.abc import Sequence
 from dataclasses import replace
@@ -344,3 +345,29 @@ def test_ctld_timeline_reads_submissions_priorities_and_runs() -> None:
     assert first == (datetime(2026, 12, 7, 5, 23, 54), datetime(2026, 12, 7, 5, 24, 10, 1000))
     assert second[1] == datetime(2026, 12, 7, 5, 24, 30)
     assert timeline.runs[2] == [(datetime(2026, 12, 7, 5, 24, 31), None)]  # still running
+
+
+def test_replayer_submits_each_job_at_its_time_not_at_its_next_poll() -> None:
+    """Arrivals between two polls are submitted when due (on a fixed 1 s tick they were
+    0-1.2 s late, 60 trace s each at C = 60); Slurm is still listed once a poll."""
+
+    class Clock(_Clock):  # lets the submitting threads run between fake sleeps
+        def sleep(self, s: float) -> None:
+            time.sleep(0.01)
+            super().sleep(s)
+
+    clock = Clock()
+    first = ReplayJob(0, "ncf", "sgpu-u1", 0.0, 1, 1, 1, 1.0, (1.0,), 60.0, 1.0)
+    second = replace(first, index=1, at_s=0.3)
+    done = replace(_job(JobState.COMPLETED, 0, 1000.5, 1000.9), job_id=8)
+    slurm = _Slurm([[], [_job(JobState.COMPLETED, 0, 1000.2, 1000.6), done]])
+    replayer = Replayer(
+        lambda s: 7 if s.index == 0 else 8,
+        slurm,  # type: ignore[arg-type]
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    a, b = replayer.run([first, second], timeout_s=60)
+    assert a.submitted_s == 0.0 and b.submitted_s == pytest.approx(0.3)
+    assert a.state == b.state == "COMPLETED"
+    assert slurm.calls == 3  # at 0, 1 and 2 s (an end holds one poll): none at 0.3 s
