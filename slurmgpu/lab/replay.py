@@ -466,9 +466,9 @@ class Replayer:
                     by_id[o.job_id] = o
                 if self.clock() >= listed_at + self.poll_s - _EARLY_S:  # not on an arrival
                     listed = {j.job_id: j for j in self.slurm.jobs() if j.job_id in by_id}
-                    now = listed_at = self.clock()
+                    listed_at = self.clock()
                     for job_id, o in by_id.items():
-                        self._update(o, listed.get(job_id), now, t0)
+                        self._update(o, listed.get(job_id), listed_at, t0)
                 now = self.clock()
                 open_jobs = [o for o in by_id.values() if not _ended(o)]
                 if self.progress is not None and now - said >= 30:

@@ -81,7 +81,6 @@ and this one, the SlurmClient face
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import re
@@ -107,6 +106,7 @@ from slurmgpu.intent import (
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.slices import MigProfile, converts_request
 from slurmgpu.sim.clock import EPOCH
+from slurmgpu.sim.fairshare import FairTree
 from slurmgpu.sim.progress import ElasticRuntime, InterferenceModel, TypeSpeed
 from slurmgpu.sim.scheduler import PriorityKey, SchedulerModel
 from slurmgpu.sim.slurmsched import SlurmScheduling
@@ -309,9 +309,9 @@ class SimSlurm(SchedulerModel):
         self._recent = [j for j in self._recent if j.end_s >= cutoff]
         out: list[Job] = []
         metas: set[int] = set()
-        # a priority key that gives Slurm's numbers (sim.fairshare.FairTree) lists them,
-        # as squeue's %Q; submit order (priority/basic) and ranking keys list none
-        value = getattr(self.priority, "priority", None)
+        # Fair Tree gives Slurm's numbers: listed as squeue's %Q; submit order
+        # (priority/basic) and the baselines' ranking keys list none
+        tree = self.priority if isinstance(self.priority, FairTree) else None
         for job in self._pending.values():
             if job.array_job_id is not None:
                 if job.array_job_id not in metas:
@@ -319,10 +319,10 @@ class SimSlurm(SchedulerModel):
                     out.append(self._meta_record(job.array_job_id))
                 continue
             obj = self._job_obj(job)
-            if value is not None:
-                prio = int(value(job, self.now))
+            if tree is not None:
+                prio = int(tree.priority(job, self.now))
                 if obj.priority != prio:
-                    obj = job._obj = dataclasses.replace(obj, priority=prio)
+                    obj = job._obj = _replace_job(obj, priority=prio)
             out.append(obj)
         out.extend(self._job_obj(j) for j in self._running.values())
         out.extend(self._job_obj(j) for j in self._recent)

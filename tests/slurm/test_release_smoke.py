@@ -148,7 +148,8 @@ def test_shards_and_whole_gpus_on_one_node(slurm: CliSlurmClient) -> None:
 def test_rightsize_update_applies_in_this_release(slurm: CliSlurmClient) -> None:
     version = slurm.version()
     job_id = _sbatch(slurm, "-H", "--gres=gpu:2", "-t", "60", "--wrap", "sleep 300")
-    wait_for("the held job listed", lambda: listed_job(job_id, slurm))
+    held = wait_for("the held job listed", lambda: listed_job(job_id, slurm))
+    assert held.priority == 0, held  # this release's squeue priority, read (0: held)
     intents = (SetGpus(1), SetTimeLimit(30 * 60))  # what the rightsize policy proposes
     assert version  # update_job spells the intents for this release
     slurm.update_job(job_id, intents)
@@ -163,6 +164,7 @@ def test_rightsize_update_applies_in_this_release(slurm: CliSlurmClient) -> None
     slurm.release(job_id)
     ran = wait_for("the job running at 1 GPU", lambda: running_job(job_id, 1, slurm))
     assert ran.gpus.gpus == 1
+    assert ran.priority is not None and ran.priority > 0, ran  # released: ranked again
 
 
 # A malleable job in plain sh: on the checkpoint signal it writes the acknowledgement
