@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from slurmgpu.model import JobState, Node
 from slurmgpu.policy.slices import MIG_COMPUTE_SLICES, MigProfile
@@ -26,9 +27,17 @@ from slurmgpu.sim.progress import ElasticRuntime, ProgressModel
 from slurmgpu.sim.slurmsched import NodePlans, SlurmScheduling
 from slurmgpu.sim.state import JobRun, SimJob
 
-__all__ = ["PriorityKey", "SchedulerModel"]
+__all__ = ["ListsPriority", "PriorityKey", "SchedulerModel"]
 
 PriorityKey = Callable[["SimJob", float], tuple[float, ...]]
+
+
+@runtime_checkable
+class ListsPriority(Protocol):
+    """A priority key that also gives Slurm's number for a job, as squeue's %Q lists it
+    (sim.fairshare.FairTree); submit order and the baselines' ranking keys give none."""
+
+    def priority(self, job: SimJob, now: float) -> float: ...
 
 
 class SchedulerModel(ProgressModel):

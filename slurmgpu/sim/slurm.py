@@ -106,9 +106,8 @@ from slurmgpu.intent import (
 from slurmgpu.model import GpuRequest, Job, JobState, Node, NodeGpuAllocation
 from slurmgpu.policy.slices import MigProfile, converts_request
 from slurmgpu.sim.clock import EPOCH
-from slurmgpu.sim.fairshare import FairTree
 from slurmgpu.sim.progress import ElasticRuntime, InterferenceModel, TypeSpeed
-from slurmgpu.sim.scheduler import PriorityKey, SchedulerModel
+from slurmgpu.sim.scheduler import ListsPriority, PriorityKey, SchedulerModel
 from slurmgpu.sim.slurmsched import SlurmScheduling
 from slurmgpu.sim.state import JobRun, SimJob, SimNode
 from slurmgpu.sim.workload import TraceJob
@@ -309,9 +308,8 @@ class SimSlurm(SchedulerModel):
         self._recent = [j for j in self._recent if j.end_s >= cutoff]
         out: list[Job] = []
         metas: set[int] = set()
-        # Fair Tree gives Slurm's numbers: listed as squeue's %Q; submit order
-        # (priority/basic) and the baselines' ranking keys list none
-        tree = self.priority if isinstance(self.priority, FairTree) else None
+        # a key that gives Slurm's numbers (Fair Tree) lists them, as squeue's %Q
+        tree = self.priority if isinstance(self.priority, ListsPriority) else None
         for job in self._pending.values():
             if job.array_job_id is not None:
                 if job.array_job_id not in metas:
